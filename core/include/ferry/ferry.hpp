@@ -1,0 +1,263 @@
+// ferry.hpp - the C++ API: engines, descriptors, transfers, sessions.
+//
+// The model is MORI-IO's: an Engine per process, backends loaded as plugins,
+// engine and memory descriptors exchanged out of band by the application,
+// one-sided READ/WRITE (single or batched, or through a Session), and a
+// TransferStatus per transfer. Errors found before anything moves (unknown
+// memory, out-of-range offsets, no backend) end the returned status at once.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+// Codes as MORI-IO's, plus ERR_TIMEOUT and ERR_TRANSPORT.
+enum class StatusCode : int {
+  SUCCESS = 0,
+  INIT = 1,
+  IN_PROGRESS = 2,
+  ERR_INVALID_ARGS = 11,
+  ERR_NOT_FOUND = 12,
+  ERR_RDMA_OP = 13,
+  ERR_BAD_STATE = 14,
+  ERR_GPU_OP = 15,
+  ERR_TIMEOUT = 16,
+  ERR_TRANSPORT = 17,
+};
+const char* to_string(StatusCode c);
+
+enum class MemoryLocation : uint8_t { UNKNOWN = 0, CPU = 1, GPU = 2 };
+const char* to_string(MemoryLocation l);
+
+enum class Op : uint8_t { READ = 1, WRITE = 2 };
+
+// Thrown by constructors and by calls that configure (never by transfers).
+class Error : public std::runtime_error {
+ public:
+  Error(StatusCode code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  StatusCode code() const { return code_; }
+
+ private:
+  StatusCode code_;
+};
+
+// The outcome of a call that does not move data.
+struct Result {
+  StatusCode code = StatusCode::SUCCESS;
+  std::string message;
+  bool ok() const { return code == StatusCode::SUCCESS; }
+  explicit operator bool() const { return ok(); }
+};
+
+// ---- descriptors -------------------------------------------------------------
+
+// Everything a peer needs to reach this engine; produced by Engine::desc().
+struct EngineDesc {
+  std::string key;
+  std::string host;
+  uint16_t port = 0;
+  std::string node_id;
+  uint32_t pid = 0;
+  std::map<std::string, std::vector<uint8_t>> backends;  // plugin name -> conn blob
+
+  std::vector<uint8_t> pack() const;
+  // Throws ferry::Error(ERR_INVALID_ARGS) on a truncated, oversized or forged blob.
+  static EngineDesc unpack(const std::vector<uint8_t>& bytes);
+  std::string to_json() const;
+  bool operator==(const EngineDesc&) const = default;
+};
+
+// A registered memory region; produced by Engine::register_memory().
+struct MemoryDesc {
+  std::string engine_key;
+  uint64_t id = 0;
+  MemoryLocation location = MemoryLocation::UNKNOWN;
+  int32_t device = -1;
+  std::string bus_id;
+  uint64_t addr = 0;
+  uint64_t size = 0;
+  std::map<std::string, std::vector<uint8_t>> backends;  // plugin name -> mem blob
+
+  std::vector<uint8_t> pack() const;
+  static MemoryDesc unpack(const std::vector<uint8_t>& bytes);
+  std::string to_json() const;
+  bool operator==(const MemoryDesc&) const = default;
+};
+
+// ---- transfer status -----------------------------------------------------------
+
+// Shared handle to one transfer's state: copies observe the same transfer.
+// Thread-safe. The first final code sticks; later reports are ignored.
+class TransferStatus {
+ public:
+  TransferStatus();  // a fresh status in INIT
+
+  StatusCode Code() const;
+  std::string Message() const;
+  bool Init() const { return Code() == StatusCode::INIT; }
+  bool InProgress() const;
+  bool Succeeded() const { return Code() == StatusCode::SUCCESS; }
+  bool Failed() const;
+  // Block until the transfer ends; returns its code.
+  StatusCode Wait() const;
+  // Block at most `timeout`; returns true when the transfer has ended.
+  bool WaitFor(std::chrono::milliseconds timeout) const;
+
+  // Set by the engine; public for backends written in C++ and for tests.
+  void SetInProgress();
+  // Returns false when the status had already ended (first code sticks).
+  bool Finish(StatusCode code, std::string message = {});
+
+  struct State;
+  const std::shared_ptr<State>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Wait for every status; false if any did not end within timeout.
+bool wait_all(const std::vector<TransferStatus>& statuses,
+              std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+
+using TransferUid = uint64_t;
+
+// ---- engine --------------------------------------------------------------------
+
+struct EngineConfig {
+  std::string host = "127.0.0.1";  // address the control listener binds and advertises
+  uint16_t port = 0;               // 0 = any free port
+  std::string node_id;             // empty: FERRY_NODE_ID, then boot id, then hostname
+  std::string policy_file;         // empty: FERRY_POLICY, then the built-in policy
+  std::vector<std::string> plugin_dirs;  // searched after FERRY_PLUGIN_PATH
+  std::chrono::milliseconds timeout{0};  // per-transfer deadline; 0 = the policy's
+};
+
+struct BackendStats {
+  uint64_t bytes = 0;
+  uint64_t transfers = 0;
+  uint64_t failures = 0;
+  uint64_t failovers = 0;    // transfers re-run elsewhere after failing here
+  uint64_t quarantines = 0;  // times a peer was quarantined on this backend
+};
+struct EngineStats {
+  std::map<std::string, BackendStats> backends;
+  uint64_t inbound_notifications = 0;
+  uint64_t ctrl_rejected = 0;  // control connections refused
+};
+
+class Session;
+class EngineImpl;
+
+class Engine {
+ public:
+  // Binds the control listener and loads the policy. Throws ferry::Error.
+  Engine(std::string key, EngineConfig config = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const std::string& key() const;
+
+  // Load plugin `name` (libferry-<name>.so) and start it with settings (JSON;
+  // empty = the policy's settings for it). Fails with the loader's reason.
+  Result add_backend(const std::string& name, const std::string& settings_json = {});
+  Result remove_backend(const std::string& name);
+  std::vector<std::string> backends() const;
+
+  EngineDesc desc() const;
+  Result register_remote_engine(const EngineDesc& desc);
+  Result deregister_remote_engine(const std::string& key);
+
+  // Register local memory. location UNKNOWN = detect (CPU without a GPU runtime).
+  // Throws ferry::Error(ERR_INVALID_ARGS) for a null pointer or zero size.
+  MemoryDesc register_memory(void* addr, size_t size, int device = -1,
+                             MemoryLocation location = MemoryLocation::CPU);
+  Result deregister_memory(const MemoryDesc& mem);
+
+  TransferUid allocate_transfer_uid();
+
+  // One-sided transfers. `notify`: the target can pop the inbound status.
+  TransferStatus read(const MemoryDesc& local, size_t local_off, const MemoryDesc& remote,
+                      size_t remote_off, size_t size, TransferUid uid, bool notify = true);
+  TransferStatus write(const MemoryDesc& local, size_t local_off, const MemoryDesc& remote,
+                       size_t remote_off, size_t size, TransferUid uid, bool notify = true);
+  TransferStatus batch_read(const MemoryDesc& local, const std::vector<size_t>& local_offs,
+                            const MemoryDesc& remote, const std::vector<size_t>& remote_offs,
+                            const std::vector<size_t>& sizes, TransferUid uid,
+                            bool notify = true);
+  TransferStatus batch_write(const MemoryDesc& local, const std::vector<size_t>& local_offs,
+                             const MemoryDesc& remote, const std::vector<size_t>& remote_offs,
+                             const std::vector<size_t>& sizes, TransferUid uid,
+                             bool notify = true);
+
+  // A pre-resolved (local, remote) pair; nullptr with the reason in *why when
+  // no backend can serve it (e.g. none loaded: ERR_BAD_STATE).
+  std::unique_ptr<Session> create_session(const MemoryDesc& local, const MemoryDesc& remote,
+                                          Result* why = nullptr);
+
+  // Target side: the status of an inbound transfer from engine `remote_key`
+  // with `uid`, removed from the table; nullopt when none has arrived.
+  std::optional<TransferStatus> pop_inbound_transfer_status(const std::string& remote_key,
+                                                            TransferUid uid);
+
+  // As pop_inbound_transfer_status, waiting up to `timeout` for it to land.
+  std::optional<TransferStatus> wait_inbound_transfer_status(const std::string& remote_key,
+                                                             TransferUid uid,
+                                                             std::chrono::milliseconds timeout);
+
+  EngineStats stats() const;
+  // The policy in force, and where it came from ("built-in" or a file name).
+  std::string policy_source() const;
+
+ private:
+  std::unique_ptr<EngineImpl> impl_;
+};
+
+// Transfers between one local and one remote region, resolved once.
+class Session {
+ public:
+  ~Session();
+  TransferUid allocate_transfer_uid();
+  TransferStatus read(size_t local_off, size_t remote_off, size_t size, TransferUid uid,
+                      bool notify = true);
+  TransferStatus write(size_t local_off, size_t remote_off, size_t size, TransferUid uid,
+                       bool notify = true);
+  TransferStatus batch_read(const std::vector<size_t>& local_offs,
+                            const std::vector<size_t>& remote_offs,
+                            const std::vector<size_t>& sizes, TransferUid uid,
+                            bool notify = true);
+  TransferStatus batch_write(const std::vector<size_t>& local_offs,
+                             const std::vector<size_t>& remote_offs,
+                             const std::vector<size_t>& sizes, TransferUid uid,
+                             bool notify = true);
+  bool alive() const;
+
+  struct Impl;
+  explicit Session(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Plugin discovery for `ferry info`.
+struct PluginInfo {
+  std::string name;
+  std::string path;
+  bool loaded = false;
+  std::string error;  // why it did not load
+  std::string version;
+  uint32_t abi_major = 0, abi_minor = 0;
+  uint64_t caps = 0;
+  std::string description;  // the plugin's describe() line, when it has one
+};
+std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_dirs = {});
+std::string caps_to_string(uint64_t caps);
+
+}  // namespace ferry

@@ -1,0 +1,98 @@
+#include "control_frame.h"
+
+#include "wire_codec.h"
+
+namespace ferry {
+
+std::vector<uint8_t> encode_ctrl_frame(CtrlType type, const std::vector<uint8_t>& body) {
+  wire::Writer w;
+  w.u32(kCtrlMagic);
+  w.u8(kCtrlVersion);
+  w.u8(static_cast<uint8_t>(type));
+  w.u16(0);
+  w.u32(static_cast<uint32_t>(body.size()));
+  w.bytes(body.data(), body.size());
+  return std::move(w.buf());
+}
+
+bool CtrlFrameReader::feed(const uint8_t* data, size_t n, std::vector<CtrlFrame>& out) {
+  if (!error_.empty()) return false;
+  buf_.insert(buf_.end(), data, data + n);
+  size_t pos = 0;
+  while (buf_.size() - pos >= kCtrlHeaderSize) {
+    wire::Reader r(buf_.data() + pos, kCtrlHeaderSize);
+    uint32_t magic, len;
+    uint8_t version, type;
+    uint16_t reserved;
+    r.u32(magic);
+    r.u8(version);
+    r.u8(type);
+    r.u16(reserved);
+    r.u32(len);
+    if (magic != kCtrlMagic) error_ = "bad magic";
+    else if (version != kCtrlVersion) error_ = "unsupported version " + std::to_string(version);
+    else if (type < 1 || type > 5) error_ = "unknown frame type " + std::to_string(type);
+    else if (reserved != 0) error_ = "reserved bits set";
+    else if (len > kMaxCtrlBody) error_ = "frame body of " + std::to_string(len) + " bytes exceeds limit";
+    if (!error_.empty()) {
+      buf_.clear();
+      return false;
+    }
+    if (buf_.size() - pos - kCtrlHeaderSize < len) break;
+    const uint8_t* b = buf_.data() + pos + kCtrlHeaderSize;
+    out.push_back({static_cast<CtrlType>(type), std::vector<uint8_t>(b, b + len)});
+    pos += kCtrlHeaderSize + len;
+  }
+  buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(pos));
+  return true;
+}
+
+bool decode_hello(const std::vector<uint8_t>& body, std::string& key) {
+  wire::Reader r(body.data(), body.size());
+  return r.str8(key) && !key.empty() && r.left() == 0;
+}
+
+bool decode_refused(const std::vector<uint8_t>& body, std::string& reason) {
+  wire::Reader r(body.data(), body.size());
+  return r.str8(reason) && r.left() == 0;
+}
+
+bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t& payload_off) {
+  wire::Reader r(body.data(), body.size());
+  if (!r.str8(plugin) || plugin.empty()) return false;
+  payload_off = body.size() - r.left();
+  return true;
+}
+
+bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status) {
+  wire::Reader r(body.data(), body.size());
+  return r.u64(uid) && r.i32(status) && r.left() == 0;
+}
+
+std::vector<uint8_t> hello_body(const std::string& key) {
+  wire::Writer w;
+  w.str8(key);
+  return std::move(w.buf());
+}
+
+std::vector<uint8_t> refused_body(const std::string& reason) {
+  wire::Writer w;
+  w.str8(reason.substr(0, 255));
+  return std::move(w.buf());
+}
+
+std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload, size_t n) {
+  wire::Writer w;
+  w.str8(plugin);
+  w.bytes(payload, n);
+  return std::move(w.buf());
+}
+
+std::vector<uint8_t> notify_body(uint64_t uid, int32_t status) {
+  wire::Writer w;
+  w.u64(uid);
+  w.i32(status);
+  return std::move(w.buf());
+}
+
+}  // namespace ferry

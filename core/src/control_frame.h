@@ -1,0 +1,56 @@
+// The control plane's wire format. Every frame:
+//   magic "FRYC" (u32 LE) | version u8 | type u8 | reserved u16 (0) | body length u32 | body
+// Bodies are little-endian fields (wire_codec.h). A frame is at most kMaxCtrlBody
+// bytes of body; anything malformed closes the connection.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+constexpr uint32_t kCtrlMagic = 0x43595246;  // "FRYC" little-endian
+constexpr uint8_t kCtrlVersion = 1;
+constexpr size_t kCtrlHeaderSize = 12;
+constexpr uint32_t kMaxCtrlBody = 1u << 20;
+
+enum class CtrlType : uint8_t {
+  HELLO = 1,          // body: str8 sender key          (first frame on a connection)
+  HELLO_OK = 2,       // body: empty
+  HELLO_REFUSED = 3,  // body: str8 reason
+  PLUGIN = 4,         // body: str8 plugin name, then the plugin's opaque payload
+  NOTIFY = 5,         // body: u64 uid, i32 status      (a transfer to the receiver landed)
+};
+
+std::vector<uint8_t> encode_ctrl_frame(CtrlType type, const std::vector<uint8_t>& body);
+
+struct CtrlFrame {
+  CtrlType type;
+  std::vector<uint8_t> body;
+};
+
+// Accumulates bytes from a stream and cuts frames; after an error it stays failed.
+class CtrlFrameReader {
+ public:
+  // Feed bytes; complete frames are appended to out. Returns false (with error())
+  // on a malformed header; frames cut before the error are still in out.
+  bool feed(const uint8_t* data, size_t n, std::vector<CtrlFrame>& out);
+  const std::string& error() const { return error_; }
+
+ private:
+  std::vector<uint8_t> buf_;
+  std::string error_;
+};
+
+// Body decoders: false when the body does not have exactly the expected shape.
+bool decode_hello(const std::vector<uint8_t>& body, std::string& key);
+bool decode_refused(const std::vector<uint8_t>& body, std::string& reason);
+bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t& payload_off);
+bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status);
+
+std::vector<uint8_t> hello_body(const std::string& key);
+std::vector<uint8_t> refused_body(const std::string& reason);
+std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload, size_t n);
+std::vector<uint8_t> notify_body(uint64_t uid, int32_t status);
+
+}  // namespace ferry

@@ -1,0 +1,186 @@
+// The engine's private state, shared by engine.cpp (registration, backends),
+// transfer.cpp (validation, routing, attempts, failover) and session.cpp.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "control_plane.h"
+#include "ferry/ferry.hpp"
+#include "ferry/plugin.h"
+#include "health.h"
+#include "inbound_table.h"
+#include "plugin_loader.h"
+#include "policy.h"
+#include "router.h"
+#include "watchdog.h"
+
+namespace ferry {
+
+class EngineImpl;
+
+struct BackendCounters {
+  std::atomic<uint64_t> bytes{0}, transfers{0}, failures{0}, failovers{0}, quarantines{0};
+};
+
+// One loaded plugin instance in this engine.
+struct Backend {
+  std::string name;
+  std::shared_ptr<PluginLibrary> lib;
+  const ferry_plugin_ops_v1* ops = nullptr;
+  void* ctx = nullptr;
+  uint64_t caps = 0;
+  std::vector<uint8_t> conn_blob;
+  ferry_host_v1 host{};
+  EngineImpl* engine = nullptr;
+  std::shared_ptr<BackendCounters> counters;
+  // Calls into the plugin hold `life` shared; removal holds it unique and sets
+  // `removed`, so nothing reaches a plugin instance after fini().
+  std::shared_mutex life;
+  bool removed = false;
+};
+using BackendPtr = std::shared_ptr<Backend>;
+
+struct PeerEntry {
+  EngineDesc desc;
+  bool same_host = false;
+  std::set<std::string> advertised;       // backends in the peer's descriptor
+  std::map<std::string, void*> handles;   // backend -> plugin peer handle (engine mu_)
+  std::map<std::string, std::string> unreachable;  // backend -> why peer_add failed
+};
+
+struct LocalMem {
+  MemoryDesc desc;
+  void* addr = nullptr;
+  std::set<std::string> advertised;
+  std::map<std::string, void*> handles;  // engine mu_
+  // Transfers using this region as local memory; deregistration waits for zero.
+  std::mutex mu;
+  std::condition_variable idle;
+  uint64_t inflight = 0;
+};
+
+struct RemoteMem {
+  MemoryDesc desc;
+  std::set<std::string> advertised;
+  std::map<std::string, void*> handles;  // engine mu_
+};
+
+// A resolved (local, remote) pair: what a Session keeps.
+struct MemPair {
+  std::shared_ptr<PeerEntry> peer;
+  std::shared_ptr<LocalMem> local;
+  std::shared_ptr<RemoteMem> remote;
+};
+
+// One logical transfer, across however many backends it takes.
+struct Transfer {
+  EngineImpl* engine = nullptr;
+  TransferStatus status;
+  MemPair pair;
+  uint32_t op = FERRY_OP_WRITE;
+  uint32_t flags = 0;
+  uint64_t uid = 0;
+  std::vector<ferry_iov_v1> iov;
+  uint64_t total = 0;
+  std::vector<BackendPtr> route;
+  size_t next = 0;
+  uint32_t attempts = 0;
+  StatusCode last_code = StatusCode::ERR_BAD_STATE;
+  std::string history;  // "tcp: connection reset; ofi: timeout"
+  ~Transfer();
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+// One try of a transfer on one backend. The plugin holds a reference until it
+// calls complete(); the watchdog fires if it never does.
+struct Attempt : WatchItem, std::enable_shared_from_this<Attempt> {
+  TransferPtr transfer;
+  BackendPtr backend;
+  std::atomic<bool> settled{false};
+  void on_deadline() override;
+  ~Attempt() override;
+};
+
+class EngineImpl {
+ public:
+  EngineImpl(std::string key, EngineConfig config);
+  ~EngineImpl();
+
+  // engine.cpp
+  Result add_backend(const std::string& name, const std::string& settings_json);
+  Result remove_backend(const std::string& name);
+  std::vector<std::string> backend_names() const;
+  EngineDesc desc() const;
+  Result register_remote_engine(const EngineDesc& d);
+  Result deregister_remote_engine(const std::string& key);
+  MemoryDesc register_memory(void* addr, size_t size, int device, MemoryLocation loc);
+  Result deregister_memory(const MemoryDesc& m);
+  EngineStats stats() const;
+
+  // transfer.cpp
+  TransferStatus submit(Op op, const MemoryDesc& local, const MemoryDesc& remote,
+                        const size_t* local_offs, const size_t* remote_offs, const size_t* sizes,
+                        size_t n, TransferUid uid, bool notify);
+  TransferStatus submit_pair(const MemPair& pair, Op op, const size_t* local_offs,
+                             const size_t* remote_offs, const size_t* sizes, size_t n,
+                             TransferUid uid, bool notify);
+  // Resolve descriptors into registered state; error code + message on failure.
+  StatusCode resolve(const MemoryDesc& local, const MemoryDesc& remote, MemPair& out,
+                     std::string& why);
+  std::vector<BackendPtr> route_for(const MemPair& pair, Op op, uint64_t bytes,
+                                    std::string& why);
+  void attempt_done(const std::shared_ptr<Attempt>& a, int status, const std::string& msg);
+
+  // host services (plugin callbacks), see host_services in engine.cpp
+  int ctrl_send(Backend& b, const char* peer_key, const void* msg, size_t len);
+  void inbound(const char* peer_key, uint64_t uid, int status);
+
+  const std::string key_;
+  const EngineConfig config_;
+  std::string node_id_;
+  Policy policy_;
+  std::unique_ptr<Health> health_;
+  InboundTable inbound_;
+  std::atomic<uint64_t> next_uid_{1};
+  std::atomic<uint64_t> inbound_count_{0};
+  std::atomic<bool> shutting_down_{false};
+  // Declared before anything whose destruction completes transfers.
+  Watchdog watchdog_;
+
+  mutable std::shared_mutex mu_;  // guards everything below
+  std::vector<BackendPtr> backends_;  // load order
+  std::vector<std::pair<std::string, uint64_t>> loaded_;  // name, caps (for the router)
+  uint64_t backend_generation_ = 0;
+  std::map<std::string, std::shared_ptr<BackendCounters>> counters_;
+  std::map<std::string, std::shared_ptr<PeerEntry>> peers_;
+  std::unordered_map<uint64_t, std::shared_ptr<LocalMem>> local_mems_;
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<RemoteMem>> remote_mems_;
+  // Imports replaced by a newer descriptor, kept until their peer goes away.
+  std::multimap<std::string, std::shared_ptr<RemoteMem>> retired_remote_mems_;
+  uint64_t next_mem_id_ = 1;
+
+  std::unique_ptr<ControlPlane> control_;  // last: its thread calls into the above
+
+ private:
+  void start_next(const TransferPtr& t);
+  int post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why);
+  void finish(const TransferPtr& t, StatusCode code, std::string msg);
+  std::shared_ptr<RemoteMem> import_remote(const std::shared_ptr<PeerEntry>& peer,
+                                           const MemoryDesc& d);
+  void release_backend_handles(const BackendPtr& b);
+  void release_remote(const std::shared_ptr<RemoteMem>& r);
+};
+
+// Plugin error codes -> the user's status codes.
+StatusCode status_from_plugin(int rc);
+std::string plugin_error_name(int rc);
+
+}  // namespace ferry

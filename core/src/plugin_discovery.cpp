@@ -1,0 +1,91 @@
+// `ferry info`: every plugin file found, whether it loads, and what it offers.
+// Each loadable plugin is started once with empty settings, so a plugin whose
+// hardware or library is missing reports why (e.g. "no RDMA device").
+#include <dirent.h>
+
+#include <algorithm>
+#include <set>
+
+#include "ferry/ferry.hpp"
+#include "plugin_loader.h"
+
+namespace ferry {
+
+namespace {
+void probe_log(void*, int, const char*) {}
+uint64_t probe_now(void*) { return 0; }
+int probe_ctrl(void*, const char*, const void*, size_t) { return FERRY_ERR_BAD_STATE; }
+void probe_complete(void*, void*, int, const char*) {}
+void probe_inbound(void*, const char*, uint64_t, int) {}
+}  // namespace
+
+std::string caps_to_string(uint64_t caps) {
+  static const std::pair<uint64_t, const char*> names[] = {
+      {FERRY_CAP_MEM_CPU, "cpu"},           {FERRY_CAP_MEM_GPU, "gpu"},
+      {FERRY_CAP_OP_READ, "read"},          {FERRY_CAP_OP_WRITE, "write"},
+      {FERRY_CAP_NATIVE_NOTIFY, "notify"},  {FERRY_CAP_SAME_HOST_ONLY, "same-host-only"},
+      {FERRY_CAP_TARGET_PROGRESS, "target-progress"}};
+  std::string s;
+  for (const auto& [bit, name] : names)
+    if (caps & bit) s += (s.empty() ? "" : ",") + std::string(name);
+  return s;
+}
+
+std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_dirs) {
+  std::vector<PluginInfo> out;
+  std::set<std::string> seen;
+  for (const auto& dir : plugin_search_dirs(extra_dirs)) {
+    DIR* d = opendir(dir.c_str());
+    if (!d) continue;
+    std::vector<std::string> files;
+    while (dirent* e = readdir(d))
+      if (!plugin_name_from_file(e->d_name).empty()) files.push_back(e->d_name);
+    closedir(d);
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      PluginInfo info;
+      info.name = plugin_name_from_file(f);
+      info.path = dir + "/" + f;
+      if (!seen.insert(info.name).second) {
+        info.error = "shadowed by an earlier " + f + " in the search path";
+        out.push_back(info);
+        continue;
+      }
+      PluginLoad load = load_plugin_file(info.path, info.name);
+      if (!load.lib) {
+        info.error = load.error;
+        out.push_back(info);
+        continue;
+      }
+      const ferry_plugin_ops_v1* ops = load.lib->ops;
+      info.abi_major = FERRY_PLUGIN_ABI_MAJOR;
+      info.abi_minor = ops->abi_minor;
+      info.version = ops->version ? ops->version : "";
+      info.caps = ops->caps;
+      ferry_host_v1 host{};
+      host.struct_size = sizeof host;
+      host.log = probe_log;
+      host.now_ns = probe_now;
+      host.ctrl_send = probe_ctrl;
+      host.complete = probe_complete;
+      host.inbound = probe_inbound;
+      void* ctx = nullptr;
+      char err[512] = {};
+      int rc = ops->init(&host, "ferry-info", "ferry-info", "{}", &ctx, err, sizeof err);
+      if (rc != FERRY_OK) {
+        info.error = std::string("init failed: ") + (err[0] ? err : "error " + std::to_string(rc));
+      } else {
+        info.loaded = true;
+        if (FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, describe) && ops->describe) {
+          char desc[1024] = {};
+          if (ops->describe(ctx, desc, sizeof desc) == FERRY_OK) info.description = desc;
+        }
+        ops->fini(ctx);
+      }
+      out.push_back(info);
+    }
+  }
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,152 @@
+#include "plugin_loader.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+namespace ferry {
+namespace {
+
+// Smallest ops table of ABI 1.0: everything up to and including on_ctrl.
+constexpr size_t kMinOpsSize = offsetof(ferry_plugin_ops_v1, on_ctrl) + sizeof(void*);
+
+std::string dir_of_this_library() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&plugin_search_dirs), &info) == 0 || !info.dli_fname)
+    return {};
+  std::string p = info.dli_fname;
+  auto slash = p.rfind('/');
+  return slash == std::string::npos ? std::string(".") : p.substr(0, slash);
+}
+
+bool file_exists(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string check_ops(const ferry_plugin_ops_v1* ops, const std::string& expected) {
+  if (ops->struct_size < kMinOpsSize) {
+    std::ostringstream o;
+    o << "ops table is " << ops->struct_size << " bytes, ABI 1.0 needs at least " << kMinOpsSize;
+    return o.str();
+  }
+  if (!ops->name || !*ops->name) return "plugin has no name";
+  if (!expected.empty() && expected != ops->name)
+    return std::string("file is named for '") + expected + "' but the plugin calls itself '" +
+           ops->name + "'";
+  struct Req {
+    const void* fn;
+    const char* what;
+  } reqs[] = {{(const void*)ops->init, "init"},
+              {(const void*)ops->fini, "fini"},
+              {(const void*)ops->conn_info, "conn_info"},
+              {(const void*)ops->peer_add, "peer_add"},
+              {(const void*)ops->peer_remove, "peer_remove"},
+              {(const void*)ops->mem_register, "mem_register"},
+              {(const void*)ops->mem_deregister, "mem_deregister"},
+              {(const void*)ops->mem_import, "mem_import"},
+              {(const void*)ops->mem_release, "mem_release"},
+              {(const void*)ops->post, "post"},
+              {(const void*)ops->on_ctrl, "on_ctrl"}};
+  for (const auto& r : reqs)
+    if (!r.fn) return std::string("required function '") + r.what + "' is NULL";
+  return {};
+}
+
+}  // namespace
+
+PluginLibrary::~PluginLibrary() {
+  if (handle) dlclose(handle);
+}
+
+std::vector<std::string> plugin_search_dirs(const std::vector<std::string>& configured) {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("FERRY_PLUGIN_PATH")) {
+    std::stringstream ss(env);
+    std::string d;
+    while (std::getline(ss, d, ':'))
+      if (!d.empty()) dirs.push_back(d);
+  }
+  dirs.insert(dirs.end(), configured.begin(), configured.end());
+  if (auto self = dir_of_this_library(); !self.empty()) dirs.push_back(self + "/ferry/plugins");
+  return dirs;
+}
+
+std::string plugin_name_from_file(const std::string& filename) {
+  const std::string pre = "libferry-", suf = ".so";
+  if (filename.size() <= pre.size() + suf.size()) return {};
+  if (filename.compare(0, pre.size(), pre) != 0) return {};
+  if (filename.compare(filename.size() - suf.size(), suf.size(), suf) != 0) return {};
+  return filename.substr(pre.size(), filename.size() - pre.size() - suf.size());
+}
+
+PluginLoad load_plugin_file(const std::string& path, const std::string& expected_name) {
+  PluginLoad out;
+  std::string expected = expected_name;
+  if (expected.empty()) {
+    auto slash = path.rfind('/');
+    expected = plugin_name_from_file(slash == std::string::npos ? path : path.substr(slash + 1));
+  }
+  // dlerror() is process-global state; keep concurrent loads from mixing messages.
+  static std::mutex dl_mu;
+  std::lock_guard<std::mutex> lk(dl_mu);
+  dlerror();
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = dlerror();
+    out.error = std::string("dlopen failed: ") + (e ? e : "unknown error");
+    return out;
+  }
+  auto ops = static_cast<const ferry_plugin_ops_v1*>(dlsym(h, FERRY_PLUGIN_SYMBOL_V1));
+  if (!ops) {
+    // Say which ABI it was built for when it exports a newer entry point.
+    std::string newer;
+    for (int major = 2; major <= 9 && newer.empty(); ++major) {
+      std::string sym = "ferry_plugin_v" + std::to_string(major);
+      if (dlsym(h, sym.c_str())) newer = std::to_string(major);
+    }
+    out.error = newer.empty()
+                    ? std::string("no entry symbol '") + FERRY_PLUGIN_SYMBOL_V1 +
+                          "': not a ferry plugin"
+                    : "built for plugin ABI " + newer + ", this core serves ABI " +
+                          std::to_string(FERRY_PLUGIN_ABI_MAJOR);
+    dlclose(h);
+    return out;
+  }
+  if (auto why = check_ops(ops, expected); !why.empty()) {
+    out.error = why;
+    dlclose(h);
+    return out;
+  }
+  auto lib = std::make_shared<PluginLibrary>();
+  lib->name = ops->name;
+  lib->path = path;
+  lib->handle = h;
+  lib->ops = ops;
+  out.lib = std::move(lib);
+  return out;
+}
+
+PluginLoad load_plugin(const std::string& name, const std::vector<std::string>& dirs) {
+  PluginLoad out;
+  if (name.empty() || name.find('/') != std::string::npos) {
+    out.error = "bad plugin name '" + name + "'";
+    return out;
+  }
+  const std::string file = "libferry-" + name + ".so";
+  for (const auto& d : dirs) {
+    std::string p = d + "/" + file;
+    if (file_exists(p)) return load_plugin_file(p, name);
+  }
+  std::string searched;
+  for (const auto& d : dirs) searched += (searched.empty() ? "" : ":") + d;
+  out.error = file + " not found (searched " + (searched.empty() ? "nothing" : searched) +
+              "; set FERRY_PLUGIN_PATH)";
+  return out;
+}
+
+}  // namespace ferry

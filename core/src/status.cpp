@@ -1,0 +1,117 @@
+// TransferStatus: one transfer's shared, thread-safe state; the first final code sticks.
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+
+struct TransferStatus::State {
+  std::atomic<int> code{static_cast<int>(StatusCode::INIT)};
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  std::string message;  // guarded by mu; written once, with the final code
+};
+
+namespace {
+bool is_final(int c) {
+  return c != static_cast<int>(StatusCode::INIT) && c != static_cast<int>(StatusCode::IN_PROGRESS);
+}
+}  // namespace
+
+const char* to_string(StatusCode c) {
+  switch (c) {
+    case StatusCode::SUCCESS: return "SUCCESS";
+    case StatusCode::INIT: return "INIT";
+    case StatusCode::IN_PROGRESS: return "IN_PROGRESS";
+    case StatusCode::ERR_INVALID_ARGS: return "ERR_INVALID_ARGS";
+    case StatusCode::ERR_NOT_FOUND: return "ERR_NOT_FOUND";
+    case StatusCode::ERR_RDMA_OP: return "ERR_RDMA_OP";
+    case StatusCode::ERR_BAD_STATE: return "ERR_BAD_STATE";
+    case StatusCode::ERR_GPU_OP: return "ERR_GPU_OP";
+    case StatusCode::ERR_TIMEOUT: return "ERR_TIMEOUT";
+    case StatusCode::ERR_TRANSPORT: return "ERR_TRANSPORT";
+  }
+  return "UNKNOWN";
+}
+
+const char* to_string(MemoryLocation l) {
+  switch (l) {
+    case MemoryLocation::CPU: return "cpu";
+    case MemoryLocation::GPU: return "gpu";
+    case MemoryLocation::UNKNOWN: break;
+  }
+  return "unknown";
+}
+
+TransferStatus::TransferStatus() : state_(std::make_shared<State>()) {}
+
+StatusCode TransferStatus::Code() const {
+  return static_cast<StatusCode>(state_->code.load(std::memory_order_acquire));
+}
+
+std::string TransferStatus::Message() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->message;
+}
+
+bool TransferStatus::InProgress() const {
+  return !is_final(state_->code.load(std::memory_order_acquire));
+}
+
+bool TransferStatus::Failed() const {
+  int c = state_->code.load(std::memory_order_acquire);
+  return is_final(c) && c != static_cast<int>(StatusCode::SUCCESS);
+}
+
+void TransferStatus::SetInProgress() {
+  int expected = static_cast<int>(StatusCode::INIT);
+  state_->code.compare_exchange_strong(expected, static_cast<int>(StatusCode::IN_PROGRESS),
+                                       std::memory_order_acq_rel);
+}
+
+bool TransferStatus::Finish(StatusCode code, std::string message) {
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    if (is_final(state_->code.load(std::memory_order_relaxed))) return false;
+    state_->message = std::move(message);
+    state_->code.store(static_cast<int>(code), std::memory_order_release);
+  }
+  state_->cv.notify_all();
+  return true;
+}
+
+StatusCode TransferStatus::Wait() const {
+  if (!InProgress()) return Code();
+  std::unique_lock<std::mutex> lk(state_->mu);
+  state_->cv.wait(lk, [&] { return is_final(state_->code.load(std::memory_order_acquire)); });
+  return Code();
+}
+
+bool TransferStatus::WaitFor(std::chrono::milliseconds timeout) const {
+  if (!InProgress()) return true;
+  std::unique_lock<std::mutex> lk(state_->mu);
+  auto done = [&] { return is_final(state_->code.load(std::memory_order_acquire)); };
+  if (timeout == std::chrono::milliseconds::max()) {
+    state_->cv.wait(lk, done);
+    return true;
+  }
+  return state_->cv.wait_for(lk, timeout, done);
+}
+
+bool wait_all(const std::vector<TransferStatus>& statuses, std::chrono::milliseconds timeout) {
+  if (timeout == std::chrono::milliseconds::max()) {
+    for (const auto& s : statuses) s.Wait();
+    return true;
+  }
+  auto end = std::chrono::steady_clock::now() + timeout;
+  for (const auto& s : statuses) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end - std::chrono::steady_clock::now());
+    if (!s.WaitFor(std::max(left, std::chrono::milliseconds(0)))) return false;
+  }
+  return true;
+}
+
+}  // namespace ferry

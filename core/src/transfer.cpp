@@ -1,0 +1,384 @@
+// The life of a transfer: validate, resolve, route, post, and on failure re-run
+// the whole transfer on the next backend until one succeeds or the policy's
+// attempt budget is spent; the final error names every attempt.
+#include <chrono>
+
+#include "engine_impl.h"
+#include "log.h"
+
+namespace ferry {
+
+namespace {
+
+// The core's watchdog fires this long after the plugin's own deadline, so a
+// plugin reports its own (more precise) timeout first when it works properly.
+constexpr auto kWatchdogGrace = std::chrono::milliseconds(1000);
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+TransferStatus failed(StatusCode code, std::string msg) {
+  TransferStatus s;
+  s.Finish(code, std::move(msg));
+  return s;
+}
+
+}  // namespace
+
+Transfer::~Transfer() {
+  if (!pair.local) return;
+  std::lock_guard<std::mutex> lk(pair.local->mu);
+  if (--pair.local->inflight == 0) pair.local->idle.notify_all();
+}
+
+Attempt::~Attempt() { transfer->engine->watchdog_.disarm(this); }
+
+void Attempt::on_deadline() {
+  if (settled.exchange(true)) return;
+  transfer->engine->attempt_done(shared_from_this(), FERRY_ERR_TIMEOUT,
+                                 "no completion from the backend within the deadline");
+}
+
+std::shared_ptr<RemoteMem> EngineImpl::import_remote(const std::shared_ptr<PeerEntry>& peer,
+                                                     const MemoryDesc& d) {
+  auto r = std::make_shared<RemoteMem>();
+  r->desc = d;
+  for (const auto& [name, blob] : d.backends) r->advertised.insert(name);
+  std::vector<BackendPtr> bs;
+  {
+    std::shared_lock lk(mu_);
+    bs = backends_;
+  }
+  for (const auto& b : bs) {
+    auto blob = d.backends.find(b->name);
+    if (blob == d.backends.end()) continue;
+    void* ph;
+    {
+      std::shared_lock lk(mu_);
+      auto h = peer->handles.find(b->name);
+      if (h == peer->handles.end()) continue;
+      ph = h->second;
+    }
+    std::shared_lock life(b->life);
+    if (b->removed) continue;
+    void* rh = nullptr;
+    int rc = b->ops->mem_import(b->ctx, ph, d.id, d.size, blob->second.data(), blob->second.size(),
+                                &rh);
+    if (rc == FERRY_OK) r->handles[b->name] = rh;
+    else
+      FERRY_LOG(WARN, key_, b->name + " could not import memory " + std::to_string(d.id) + " of " +
+                                d.engine_key + ": " + plugin_error_name(rc));
+  }
+  return r;
+}
+
+StatusCode EngineImpl::resolve(const MemoryDesc& local, const MemoryDesc& remote, MemPair& out,
+                               std::string& why) {
+  {
+    std::shared_lock lk(mu_);
+    auto lm = local.engine_key == key_ ? local_mems_.find(local.id) : local_mems_.end();
+    if (lm == local_mems_.end()) {
+      why = "local memory " + std::to_string(local.id) + " of '" + local.engine_key +
+            "' is not registered with engine '" + key_ + "'";
+      return StatusCode::ERR_NOT_FOUND;
+    }
+    out.local = lm->second;
+    auto p = peers_.find(remote.engine_key);
+    if (p == peers_.end()) {
+      why = "remote engine '" + remote.engine_key + "' is not registered with engine '" + key_ + "'";
+      return StatusCode::ERR_NOT_FOUND;
+    }
+    out.peer = p->second;
+    auto r = remote_mems_.find({remote.engine_key, remote.id});
+    // A descriptor that no longer matches the cached one (re-registered memory) is re-imported.
+    if (r != remote_mems_.end() && r->second->desc.addr == remote.addr &&
+        r->second->desc.size == remote.size && r->second->desc.backends == remote.backends) {
+      out.remote = r->second;
+      return StatusCode::SUCCESS;
+    }
+  }
+  auto fresh = import_remote(out.peer, remote);
+  {
+    std::unique_lock lk(mu_);
+    auto p = peers_.find(remote.engine_key);
+    if (p != peers_.end() && p->second == out.peer) {
+      auto& slot = remote_mems_[{remote.engine_key, remote.id}];
+      // Transfers in flight may still use the old import; it is released with the peer.
+      if (slot) retired_remote_mems_.emplace(remote.engine_key, slot);
+      slot = fresh;
+      out.remote = fresh;
+      return StatusCode::SUCCESS;
+    }
+  }
+  why = "remote engine '" + remote.engine_key + "' was deregistered";
+  release_remote(fresh);
+  return StatusCode::ERR_NOT_FOUND;
+}
+
+void EngineImpl::release_remote(const std::shared_ptr<RemoteMem>& r) {
+  std::vector<BackendPtr> bs;
+  {
+    std::shared_lock lk(mu_);
+    bs = backends_;
+  }
+  for (const auto& b : bs) {
+    void* h = nullptr;
+    {
+      std::unique_lock lk(mu_);
+      auto it = r->handles.find(b->name);
+      if (it == r->handles.end()) continue;
+      h = it->second;
+      r->handles.erase(it);
+    }
+    std::shared_lock life(b->life);
+    if (!b->removed) b->ops->mem_release(b->ctx, h);
+  }
+}
+
+
+std::vector<BackendPtr> EngineImpl::route_for(const MemPair& pair, Op op, uint64_t bytes,
+                                              std::string& why) {
+  RouteInputs in;
+  in.query.peer_key = pair.peer->desc.key;
+  in.query.peer_host = pair.peer->desc.host;
+  in.query.same_host = pair.peer->same_host;
+  in.query.local = pair.local->desc.location;
+  in.query.remote = pair.remote->desc.location;
+  in.query.bytes = bytes;
+  in.query.op = op;
+  in.peer_backends = &pair.peer->advertised;
+  in.local_mem_backends = &pair.local->advertised;
+  in.remote_mem_backends = &pair.remote->advertised;
+  std::vector<BackendPtr> out;
+  std::shared_lock lk(mu_);
+  in.loaded = loaded_;
+  in.unusable = [&](const std::string& name) -> std::string {
+    if (!pair.peer->handles.count(name)) {
+      auto u = pair.peer->unreachable.find(name);
+      return "cannot reach the peer" + (u == pair.peer->unreachable.end() ? "" : ": " + u->second);
+    }
+    if (!pair.remote->handles.count(name)) return "remote memory could not be imported";
+    return {};
+  };
+  RouteDecision d = route(policy_, in);
+  for (const auto& name : d.kept())
+    for (const auto& b : backends_)
+      if (b->name == name) out.push_back(b);
+  if (out.empty()) why = "no backend can serve this transfer (" + d.dropped_summary() + ")";
+  return out;
+}
+
+TransferStatus EngineImpl::submit(Op op, const MemoryDesc& local, const MemoryDesc& remote,
+                                  const size_t* local_offs, const size_t* remote_offs,
+                                  const size_t* sizes, size_t n, TransferUid uid, bool notify) {
+  MemPair pair;
+  std::string why;
+  StatusCode c = resolve(local, remote, pair, why);
+  if (c != StatusCode::SUCCESS) return failed(c, why);
+  return submit_pair(pair, op, local_offs, remote_offs, sizes, n, uid, notify);
+}
+
+TransferStatus EngineImpl::submit_pair(const MemPair& pair, Op op, const size_t* local_offs,
+                                       const size_t* remote_offs, const size_t* sizes, size_t n,
+                                       TransferUid uid, bool notify) {
+  if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
+  if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
+  auto t = std::make_shared<Transfer>();
+  t->engine = this;
+  t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
+  t->flags = notify ? FERRY_XFER_NOTIFY : 0;
+  t->uid = uid;
+  t->iov.reserve(n);
+  const uint64_t lsize = pair.local->desc.size, rsize = pair.remote->desc.size;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t lo = local_offs[i], ro = remote_offs[i], len = sizes[i];
+    if (len == 0)
+      return failed(StatusCode::ERR_INVALID_ARGS, "item " + std::to_string(i) + " has size 0");
+    if (lo > lsize || len > lsize - lo)
+      return failed(StatusCode::ERR_INVALID_ARGS,
+                    "item " + std::to_string(i) + ": local range [" + std::to_string(lo) + ", +" +
+                        std::to_string(len) + ") exceeds the local region of " +
+                        std::to_string(lsize) + " bytes");
+    if (ro > rsize || len > rsize - ro)
+      return failed(StatusCode::ERR_INVALID_ARGS,
+                    "item " + std::to_string(i) + ": remote range [" + std::to_string(ro) + ", +" +
+                        std::to_string(len) + ") exceeds the remote region of " +
+                        std::to_string(rsize) + " bytes");
+    t->iov.push_back({lo, ro, len});
+    t->total += len;
+  }
+  std::string why;
+  t->route = route_for(pair, op, t->total, why);
+  if (t->route.empty()) return failed(StatusCode::ERR_BAD_STATE, why);
+  {
+    std::lock_guard<std::mutex> lk(pair.local->mu);
+    ++pair.local->inflight;
+  }
+  t->pair = pair;  // from here on ~Transfer releases the local region
+  t->status.SetInProgress();
+  TransferStatus status = t->status;
+  start_next(t);
+  return status;
+}
+
+void EngineImpl::finish(const TransferPtr& t, StatusCode code, std::string msg) {
+  t->status.Finish(code, std::move(msg));
+}
+
+void EngineImpl::start_next(const TransferPtr& t) {
+  while (t->next < t->route.size() && t->attempts < policy_.max_attempts) {
+    if (shutting_down_) {
+      t->history += std::string(t->history.empty() ? "" : "; ") + "engine shutting down";
+      break;
+    }
+    BackendPtr b = t->route[t->next++];
+    auto hs = health_->state(t->pair.peer->desc.key, b->name);
+    if (hs == Health::State::QUARANTINED) {
+      t->history += std::string(t->history.empty() ? "" : "; ") + b->name + ": quarantined";
+      continue;
+    }
+    ++t->attempts;
+    std::string why;
+    int rc = post_attempt(t, b, why);
+    if (rc == FERRY_OK) return;  // the completion continues from attempt_done
+    t->last_code = status_from_plugin(rc);
+    t->history += std::string(t->history.empty() ? "" : "; ") + b->name + ": " + why;
+    ++b->counters->failures;
+    if (health_->fail(t->pair.peer->desc.key, b->name)) ++b->counters->quarantines;
+    if (t->next < t->route.size()) ++b->counters->failovers;
+  }
+  if (t->history.empty()) t->history = "no backend left to try";
+  finish(t, t->last_code, t->history);
+}
+
+int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why) {
+  void *ph, *lh, *rh;
+  {
+    std::shared_lock lk(mu_);
+    auto p = t->pair.peer->handles.find(b->name);
+    auto l = t->pair.local->handles.find(b->name);
+    auto r = t->pair.remote->handles.find(b->name);
+    if (p == t->pair.peer->handles.end() || l == t->pair.local->handles.end() ||
+        r == t->pair.remote->handles.end()) {
+      why = "backend no longer has the peer or memory";
+      return FERRY_ERR_NOT_FOUND;
+    }
+    ph = p->second;
+    lh = l->second;
+    rh = r->second;
+  }
+  auto a = std::make_shared<Attempt>();
+  a->transfer = t;
+  a->backend = b;
+  uint64_t deadline = now_ns() + static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(policy_.timeout).count());
+  ferry_xfer_v1 x{};
+  x.struct_size = sizeof x;
+  x.op = t->op;
+  x.flags = t->flags;
+  x.n_iov = static_cast<uint32_t>(t->iov.size());
+  x.peer = ph;
+  x.local_mem = lh;
+  x.remote_mem = rh;
+  x.iov = t->iov.data();
+  x.uid = t->uid;
+  x.deadline_ns = deadline;
+  x.total_bytes = t->total;
+  auto* ref = new std::shared_ptr<Attempt>(a);
+  x.xfer_ctx = ref;
+  watchdog_.arm(a, std::chrono::steady_clock::now() + policy_.timeout + kWatchdogGrace);
+  std::shared_lock life(b->life);
+  if (b->removed) {
+    delete ref;
+    a->settled = true;
+    why = "backend was removed";
+    return FERRY_ERR_BAD_STATE;
+  }
+  int rc = b->ops->post(b->ctx, &x);
+  if (rc != FERRY_OK) {
+    delete ref;
+    a->settled = true;
+    why = "refused the transfer: " + plugin_error_name(rc);
+  }
+  return rc;
+}
+
+void EngineImpl::attempt_done(const std::shared_ptr<Attempt>& a, int status,
+                              const std::string& msg) {
+  watchdog_.disarm(a.get());
+  const TransferPtr& t = a->transfer;
+  Backend& b = *a->backend;
+  const std::string& peer = t->pair.peer->desc.key;
+  std::string message = msg;
+  if (status == FERRY_OK && (t->flags & FERRY_XFER_NOTIFY) && !(b.caps & FERRY_CAP_NATIVE_NOTIFY)) {
+    // The backend cannot tell the target itself; the data is in place, so say it now.
+    std::string err;
+    int rc = control_ ? control_->send(peer, t->pair.peer->desc.host, t->pair.peer->desc.port,
+                                       CtrlType::NOTIFY, notify_body(t->uid, 0), &err)
+                      : FERRY_ERR_BAD_STATE;
+    if (rc != FERRY_OK) {
+      status = rc;
+      message = "data delivered but the target could not be notified: " + err;
+    }
+  }
+  if (status == FERRY_OK) {
+    b.counters->bytes += t->total;
+    ++b.counters->transfers;
+    health_->succeed(peer, b.name);
+    finish(t, StatusCode::SUCCESS, t->history.empty() ? std::string() : "after: " + t->history);
+    return;
+  }
+  t->last_code = status_from_plugin(status);
+  t->history += std::string(t->history.empty() ? "" : "; ") + b.name + ": " +
+                (message.empty() ? plugin_error_name(status) : message);
+  ++b.counters->failures;
+  if (health_->fail(peer, b.name)) ++b.counters->quarantines;
+  if (t->next < t->route.size() && t->attempts < policy_.max_attempts && !shutting_down_) {
+    ++b.counters->failovers;
+    FERRY_LOG(INFO, key_, "transfer " + std::to_string(t->uid) + " to " + peer + " failed on " +
+                              b.name + " (" + message + "); trying " + t->route[t->next]->name);
+  }
+  start_next(t);
+}
+
+// ---- the public transfer calls -------------------------------------------------------
+
+TransferStatus Engine::read(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
+                            size_t roff, size_t size, TransferUid uid, bool notify) {
+  return impl_->submit(Op::READ, local, remote, &loff, &roff, &size, 1, uid, notify);
+}
+
+TransferStatus Engine::write(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
+                             size_t roff, size_t size, TransferUid uid, bool notify) {
+  return impl_->submit(Op::WRITE, local, remote, &loff, &roff, &size, 1, uid, notify);
+}
+
+namespace {
+bool same_lengths(const std::vector<size_t>& a, const std::vector<size_t>& b,
+                  const std::vector<size_t>& c) {
+  return a.size() == b.size() && b.size() == c.size();
+}
+}  // namespace
+
+TransferStatus Engine::batch_read(const MemoryDesc& local, const std::vector<size_t>& loffs,
+                                  const MemoryDesc& remote, const std::vector<size_t>& roffs,
+                                  const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
+  if (!same_lengths(loffs, roffs, sizes))
+    return failed(StatusCode::ERR_INVALID_ARGS, "batch: offsets and sizes differ in length");
+  return impl_->submit(Op::READ, local, remote, loffs.data(), roffs.data(), sizes.data(),
+                       sizes.size(), uid, notify);
+}
+
+TransferStatus Engine::batch_write(const MemoryDesc& local, const std::vector<size_t>& loffs,
+                                   const MemoryDesc& remote, const std::vector<size_t>& roffs,
+                                   const std::vector<size_t>& sizes, TransferUid uid,
+                                   bool notify) {
+  if (!same_lengths(loffs, roffs, sizes))
+    return failed(StatusCode::ERR_INVALID_ARGS, "batch: offsets and sizes differ in length");
+  return impl_->submit(Op::WRITE, local, remote, loffs.data(), roffs.data(), sizes.data(),
+                       sizes.size(), uid, notify);
+}
+
+}  // namespace ferry

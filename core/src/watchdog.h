@@ -1,0 +1,52 @@
+// Guarantees that every transfer ends. Items are kept in an intrusive list in
+// deadline order (every deadline is now + the engine's timeout, so appending keeps
+// the order); one thread sleeps until the head's deadline, so an idle engine
+// costs no CPU and the memory held is bounded by what is in flight.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace ferry {
+
+class Watchdog;
+
+class WatchItem {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  virtual ~WatchItem() = default;
+  // Runs on the watchdog thread once the deadline passed, unless disarmed first.
+  virtual void on_deadline() = 0;
+
+ private:
+  friend class Watchdog;
+  TimePoint when_{};
+  WatchItem* prev_ = nullptr;
+  WatchItem* next_ = nullptr;
+  bool linked_ = false;
+  std::weak_ptr<WatchItem> self_;
+};
+
+class Watchdog {
+ public:
+  Watchdog();
+  ~Watchdog();
+  // Arm an item; its deadline should not be earlier than those armed before
+  // (an earlier one is still honoured, only later than exact).
+  void arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint when);
+  void disarm(WatchItem* item);
+
+ private:
+  void loop();
+  void unlink_locked(WatchItem* item);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  WatchItem* head_ = nullptr;
+  WatchItem* tail_ = nullptr;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ferry

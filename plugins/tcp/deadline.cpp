@@ -1,0 +1,70 @@
+#include "deadline.h"
+
+#include <chrono>
+#include <vector>
+
+#include "xfer.h"
+
+namespace ferry_tcp {
+
+DeadlineWatcher::DeadlineWatcher(const ferry_host_v1* host, Expire on_expire)
+    : host_(host), on_expire_(std::move(on_expire)) {}
+
+DeadlineWatcher::~DeadlineWatcher() { Stop(); }
+
+void DeadlineWatcher::Start() { thread_ = std::thread([this] { Main(); }); }
+
+void DeadlineWatcher::Stop() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DeadlineWatcher::Add(const std::shared_ptr<Xfer>& x) {
+  if (x->deadline_ns == 0) return;
+  bool earliest;
+  {
+    std::lock_guard lk(mu_);
+    x->deadline_token = next_token_++;
+    auto it = by_deadline_.emplace(std::make_pair(x->deadline_ns, x->deadline_token), x).first;
+    earliest = it == by_deadline_.begin();
+  }
+  if (earliest) cv_.notify_all();
+}
+
+void DeadlineWatcher::Remove(const Xfer& x) {
+  if (x.deadline_ns == 0) return;
+  std::lock_guard lk(mu_);
+  by_deadline_.erase({x.deadline_ns, x.deadline_token});
+}
+
+void DeadlineWatcher::Main() {
+  std::unique_lock lk(mu_);
+  while (!stop_) {
+    if (by_deadline_.empty()) {
+      cv_.wait(lk);
+      continue;
+    }
+    const uint64_t now = host_->now_ns(host_->host_ctx);
+    const uint64_t first = by_deadline_.begin()->first.first;
+    if (first > now) {
+      cv_.wait_for(lk, std::chrono::nanoseconds(first - now));
+      continue;
+    }
+    std::vector<std::shared_ptr<Xfer>> expired;
+    while (!by_deadline_.empty() && by_deadline_.begin()->first.first <= now) {
+      if (auto x = by_deadline_.begin()->second.lock()) expired.push_back(std::move(x));
+      by_deadline_.erase(by_deadline_.begin());
+    }
+    // on_expire resets lanes, whose threads complete transfers and call Remove.
+    lk.unlock();
+    for (const auto& x : expired) on_expire_(x);
+    expired.clear();
+    lk.lock();
+  }
+}
+
+}  // namespace ferry_tcp

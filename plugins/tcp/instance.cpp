@@ -1,0 +1,239 @@
+#include "instance.h"
+
+#include <cstring>
+
+#include "log.h"
+#include "wire.h"
+
+namespace ferry_tcp {
+namespace {
+
+// A deregistration waits this long for I/O in progress before cutting its socket.
+constexpr std::chrono::milliseconds kRevokeGrace{200};
+
+bool IsWildcard(const std::string& h) { return h == "0.0.0.0" || h == "::" || h == "[::]"; }
+
+}  // namespace
+
+Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings settings)
+    : host_(host),
+      engine_key_(std::move(engine_key)),
+      settings_(std::move(settings)),
+      watcher_(host, &Instance::OnExpired),
+      target_(host, settings_, &regions_) {}
+
+Instance::~Instance() {
+  // Initiator side first: it fails our own pending transfers with BAD_STATE.
+  std::set<PeerHandle*> peers;
+  {
+    std::lock_guard lk(handles_mu_);
+    peers.swap(peers_);
+  }
+  for (PeerHandle* p : peers) p->peer->Stop(FERRY_ERR_BAD_STATE, "tcp plugin shutting down");
+  target_.Stop();
+  watcher_.Stop();
+  for (PeerHandle* p : peers) delete p;
+  for (auto& r : regions_.TakeAll()) r->Revoke(kRevokeGrace);
+  std::lock_guard lk(handles_mu_);
+  for (LocalMem* m : locals_) delete m;
+  for (RemoteMem* m : remotes_) delete m;
+}
+
+void Instance::OnExpired(const std::shared_ptr<Xfer>& x) {
+  auto peer = x->peer.lock();
+  if (!peer) return;
+  const uint64_t now = x->host->now_ns(x->host->host_ctx);
+  const std::string msg = "transfer uid " + std::to_string(x->uid) + " to " +
+                          peer->info().label + " passed its deadline (" +
+                          std::to_string((now - x->posted_ns) / 1000000) + " ms after post)";
+  x->MarkError(FERRY_ERR_TIMEOUT, msg);
+  Log(x->host, FERRY_LOG_WARN, "%s; resetting its lanes", msg.c_str());
+  // A peer that lets one transfer hang is not trusted with the others either.
+  peer->ResetLanes(FERRY_ERR_TIMEOUT, "lanes to " + peer->info().label +
+                                          " were reset after a transfer timed out");
+}
+
+bool Instance::Start(std::string* err) {
+  if (!target_.Start(err)) return false;
+  watcher_.Start();
+  return true;
+}
+
+int Instance::ConnInfo(void* buf, size_t* len) {
+  if (buf == nullptr || len == nullptr) return FERRY_ERR_INVALID_ARGS;
+  wire::ConnInfo ci;
+  ci.port = target_.port();
+  ci.host = settings_.advertise_host.empty() ? settings_.listen_host : settings_.advertise_host;
+  // A wildcard address is not somewhere to dial: let peers use the core's host.
+  if (IsWildcard(ci.host)) ci.host.clear();
+  const std::vector<uint8_t> blob = wire::EncodeConnBlob(ci);
+  if (*len < blob.size()) return FERRY_ERR_INVALID_ARGS;
+  std::memcpy(buf, blob.data(), blob.size());
+  *len = blob.size();
+  return FERRY_OK;
+}
+
+int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
+  if (p == nullptr || handle == nullptr || !FERRY_HAS_FIELD(ferry_peer_v1, p, conn_blob_len) ||
+      p->key == nullptr || p->key[0] == '\0') {
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  if (p->conn_blob_len == 0) return FERRY_ERR_NOT_FOUND;
+  wire::ConnInfo ci;
+  std::string why;
+  if (!wire::DecodeConnBlob(p->conn_blob, p->conn_blob_len, &ci, &why)) {
+    Log(host_, FERRY_LOG_WARN, "peer %s: %s", p->key, why.c_str());
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  if (ci.host.empty()) ci.host = p->host != nullptr ? p->host : "";
+  if (ci.host.empty()) {
+    Log(host_, FERRY_LOG_WARN, "peer %s: no host to connect to", p->key);
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  PeerInfo info;
+  info.host = host_;
+  info.key = p->key;
+  info.addr = ci.host;
+  info.port = ci.port;
+  info.label = info.key + " (" + ci.host + ":" + std::to_string(ci.port) + ")";
+  info.my_key = engine_key_;
+  info.connect_timeout_ms = settings_.connect_timeout_ms;
+
+  if (!target_.AddPeer(info.key)) {
+    Log(host_, FERRY_LOG_WARN, "peer %s is already added", p->key);
+    return FERRY_ERR_BAD_STATE;
+  }
+  try {
+    auto h = std::make_unique<PeerHandle>();
+    h->peer = std::make_shared<Peer>(std::move(info), settings_.lanes, settings_.chunk_bytes,
+                                     &watcher_);
+    std::lock_guard lk(handles_mu_);
+    peers_.insert(h.get());
+    *handle = h.release();
+  } catch (...) {
+    target_.RemovePeer(p->key);
+    throw;
+  }
+  return FERRY_OK;
+}
+
+void Instance::PeerRemove(void* handle) {
+  auto* h = static_cast<PeerHandle*>(handle);
+  if (h == nullptr) return;
+  {
+    std::lock_guard lk(handles_mu_);
+    if (peers_.erase(h) == 0) return;
+  }
+  h->peer->Stop(FERRY_ERR_BAD_STATE, "peer " + h->peer->info().key + " was removed");
+  target_.RemovePeer(h->peer->info().key);
+  delete h;
+}
+
+int Instance::MemRegister(const ferry_mem_v1* m, void** handle, void* blob, size_t* blob_len) {
+  if (m == nullptr || handle == nullptr || !FERRY_HAS_FIELD(ferry_mem_v1, m, size)) {
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  if (m->location == FERRY_MEM_GPU) return FERRY_ERR_UNSUPPORTED;
+  if (m->location != FERRY_MEM_CPU || m->addr == nullptr || m->size == 0) {
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  if (blob == nullptr || blob_len == nullptr || *blob_len < wire::kMemBlobSize) {
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  const std::vector<uint8_t> b = wire::EncodeMemBlob({m->id, m->size});
+  auto r = std::make_shared<Region>(m->id, static_cast<uint8_t*>(m->addr), m->size);
+  auto h = std::make_unique<LocalMem>();
+  h->region = r;
+  {
+    std::lock_guard lk(handles_mu_);
+    locals_.insert(h.get());
+  }
+  if (!regions_.Add(r)) {
+    std::lock_guard lk(handles_mu_);
+    locals_.erase(h.get());
+    Log(host_, FERRY_LOG_WARN, "memory id %llu is already registered",
+        static_cast<unsigned long long>(m->id));
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  std::memcpy(blob, b.data(), b.size());
+  *blob_len = b.size();
+  *handle = h.release();
+  return FERRY_OK;
+}
+
+void Instance::MemDeregister(void* handle) {
+  auto* h = static_cast<LocalMem*>(handle);
+  if (h == nullptr) return;
+  {
+    std::lock_guard lk(handles_mu_);
+    if (locals_.erase(h) == 0) return;
+  }
+  // Out of the table first, so requests arriving from now on find nothing.
+  regions_.Remove(h->region->id());
+  h->region->Revoke(kRevokeGrace);
+  delete h;
+}
+
+int Instance::MemImport(void* peer, uint64_t remote_id, uint64_t remote_size, const void* blob,
+                        size_t blob_len, void** handle) {
+  if (peer == nullptr || handle == nullptr) return FERRY_ERR_INVALID_ARGS;
+  wire::MemInfo mi;
+  std::string why;
+  if (!wire::DecodeMemBlob(blob, blob_len, &mi, &why)) {
+    Log(host_, FERRY_LOG_WARN, "import of memory %llu: %s",
+        static_cast<unsigned long long>(remote_id), why.c_str());
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  if (mi.id != remote_id || mi.size != remote_size) {
+    Log(host_, FERRY_LOG_WARN,
+        "import of memory %llu: blob describes memory %llu of %llu bytes, descriptor says %llu",
+        static_cast<unsigned long long>(remote_id), static_cast<unsigned long long>(mi.id),
+        static_cast<unsigned long long>(mi.size), static_cast<unsigned long long>(remote_size));
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  auto h = std::make_unique<RemoteMem>(RemoteMem{static_cast<PeerHandle*>(peer), mi.id, mi.size});
+  std::lock_guard lk(handles_mu_);
+  remotes_.insert(h.get());
+  *handle = h.release();
+  return FERRY_OK;
+}
+
+void Instance::MemRelease(void* handle) {
+  auto* h = static_cast<RemoteMem*>(handle);
+  if (h == nullptr) return;
+  std::lock_guard lk(handles_mu_);
+  if (remotes_.erase(h) != 0) delete h;
+}
+
+int Instance::Post(const ferry_xfer_v1* x) {
+  if (x == nullptr || !FERRY_HAS_FIELD(ferry_xfer_v1, x, xfer_ctx)) return FERRY_ERR_INVALID_ARGS;
+  auto* peer = static_cast<PeerHandle*>(x->peer);
+  auto* local = static_cast<LocalMem*>(x->local_mem);
+  auto* remote = static_cast<RemoteMem*>(x->remote_mem);
+  std::string why;
+  int rc = FERRY_ERR_INVALID_ARGS;
+  if (peer == nullptr || local == nullptr || remote == nullptr) {
+    why = "missing peer or memory handle";
+  } else if (remote->peer != peer) {
+    why = "remote memory was imported for another peer";
+  } else {
+    rc = peer->peer->Post(*x, local->region, remote->id, &why);
+    if (rc == FERRY_OK) return rc;
+  }
+  Log(host_, FERRY_LOG_WARN, "post refused: %s", why.c_str());
+  return rc;
+}
+
+int Instance::Describe(char* buf, size_t len) {
+  if (buf == nullptr || len == 0) return FERRY_ERR_INVALID_ARGS;
+  std::string s = "lanes=" + std::to_string(settings_.lanes) +
+                  " chunk=" + FormatBytes(settings_.chunk_bytes) +
+                  " listen=" + settings_.listen_host + ":" + std::to_string(target_.port());
+  if (!settings_.advertise_host.empty()) s += " advertise=" + settings_.advertise_host;
+  s += " connect_timeout=" + std::to_string(settings_.connect_timeout_ms) +
+       "ms io_timeout=" + std::to_string(settings_.io_timeout_ms) + "ms";
+  std::snprintf(buf, len, "%s", s.c_str());
+  return FERRY_OK;
+}
+
+}  // namespace ferry_tcp

@@ -1,0 +1,69 @@
+// One plugin instance (one engine): ties settings, registered memory, peers,
+// the target server and the deadline watcher together behind the C ABI.
+// Methods may throw (std::bad_alloc, std::system_error); tcp_plugin.cpp catches.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "deadline.h"
+#include "ferry/plugin.h"
+#include "peer.h"
+#include "region.h"
+#include "settings.h"
+#include "target.h"
+
+namespace ferry_tcp {
+
+// Plugin-owned handles handed to the core.
+struct PeerHandle {
+  std::shared_ptr<Peer> peer;
+};
+struct LocalMem {
+  std::shared_ptr<Region> region;
+};
+struct RemoteMem {
+  PeerHandle* peer;
+  uint64_t id;
+  uint64_t size;
+};
+
+class Instance {
+ public:
+  Instance(const ferry_host_v1* host, std::string engine_key, Settings settings);
+  ~Instance();  // fini: fails what is pending, joins every thread, frees every handle
+
+  bool Start(std::string* err);
+  int ConnInfo(void* buf, size_t* len);
+  int PeerAdd(const ferry_peer_v1* p, void** handle);
+  void PeerRemove(void* handle);
+  int MemRegister(const ferry_mem_v1* m, void** handle, void* blob, size_t* blob_len);
+  void MemDeregister(void* handle);
+  int MemImport(void* peer, uint64_t remote_id, uint64_t remote_size, const void* blob,
+                size_t blob_len, void** handle);
+  void MemRelease(void* handle);
+  int Post(const ferry_xfer_v1* x);
+  int Describe(char* buf, size_t len);
+  const ferry_host_v1* host() const { return host_; }
+
+ private:
+  static void OnExpired(const std::shared_ptr<Xfer>& x);
+
+  const ferry_host_v1* host_;
+  const std::string engine_key_;
+  const Settings settings_;
+  RegionTable regions_;
+  DeadlineWatcher watcher_;
+  TargetServer target_;
+
+  // Handles still held by the core, freed by fini if it never returned them.
+  std::mutex handles_mu_;
+  std::set<PeerHandle*> peers_;
+  std::set<LocalMem*> locals_;
+  std::set<RemoteMem*> remotes_;
+};
+
+}  // namespace ferry_tcp

@@ -1,0 +1,385 @@
+#include "lane.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <optional>
+#include <system_error>
+#include <utility>
+
+#include "log.h"
+#include "wire.h"
+
+namespace ferry_tcp {
+namespace {
+
+// SendOne's answer when the local region was deregistered under the frame.
+constexpr int kLocalRevoked = -2;
+
+}  // namespace
+
+Lane::Lane(const PeerInfo* info, int index) : info_(info), index_(index) {
+  wire::Header h;
+  h.type = wire::Type::kHello;
+  h.payload_len = info_->my_key.size();
+  hello_ = wire::EncodeFrameHead(h, {});
+  hello_.insert(hello_.end(), info_->my_key.begin(), info_->my_key.end());
+}
+
+Lane::~Lane() { Stop(FERRY_ERR_BAD_STATE, "lane destroyed"); }
+
+void Lane::EnsureStarted() {
+  std::lock_guard lk(mu_);
+  if (started_ || stopping_) return;
+  if (!waker_.ok()) throw std::system_error(errno, std::generic_category(), "eventfd");
+  sender_ = std::thread([this] { SenderMain(); });
+  started_ = true;
+}
+
+std::string Lane::Lost(int err) const {
+  return "connection to " + info_->label + " lost: " + IoErrorString(err);
+}
+
+void Lane::Fail(Doomed& doomed) {
+  for (auto& [f, status, msg] : doomed) f->Resolve(status, msg);
+  doomed.clear();
+}
+
+void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed) {
+  if (state_ == State::kUp) {
+    state_ = State::kBroken;
+    reason_status_ = status;
+    reason_msg_ = msg;
+    // Wakes the receiver (recv returns 0) and any blocked send; the sender
+    // thread closes the fd once both are done with it.
+    ::shutdown(fd_, SHUT_RDWR);
+  } else if (state_ == State::kConnecting) {
+    abort_connect_ = true;
+    waker_.Signal();
+  }
+  const bool broken = state_ == State::kBroken;
+  for (auto& f : queue_) {
+    doomed->emplace_back(f, broken ? reason_status_ : status, broken ? reason_msg_ : msg);
+  }
+  queue_.clear();
+  cv_.notify_all();
+}
+
+void Lane::Reset(int status, const std::string& msg) {
+  Doomed doomed;
+  {
+    std::lock_guard lk(mu_);
+    BreakLocked(status, msg, &doomed);
+  }
+  Fail(doomed);
+}
+
+void Lane::Stop(int status, const std::string& msg) {
+  Doomed doomed;
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+    BreakLocked(status, msg, &doomed);
+  }
+  Fail(doomed);
+  if (sender_.joinable()) sender_.join();
+}
+
+int Lane::SendOne(Frame& f, int flags) {
+  std::optional<RegionUse> use;
+  if (f.is_write) {
+    use.emplace(f.xfer->local.get(), fd_);
+    if (!use->ok()) return kLocalRevoked;
+  }
+  std::vector<iovec> iov = f.WireIov();
+  return SendIov(fd_, iov.data(), iov.size(), &f.sent, flags);
+}
+
+void Lane::AfterSendLocked(const FramePtr& f, int err, Doomed* doomed) {
+  f->sending = false;
+  if (err == kLocalRevoked && f->sent == 0) {
+    // Nothing of it reached the socket, so the connection stays in step.
+    inflight_.erase(f->req_id);
+    doomed->emplace_back(f, FERRY_ERR_BAD_STATE,
+                         "local memory was deregistered during a transfer to " + info_->label);
+    return;
+  }
+  if (err == kLocalRevoked) {
+    BreakLocked(FERRY_ERR_BAD_STATE,
+                "local memory was deregistered during a transfer to " + info_->label, doomed);
+  } else if (err != 0) {
+    BreakLocked(FERRY_ERR_TRANSPORT, Lost(err), doomed);
+  }
+  // The receiver has gone (or will not answer): whoever sent the frame fails it.
+  if (state_ != State::kUp && inflight_.erase(f->req_id)) {
+    doomed->emplace_back(f, reason_status_, reason_msg_);
+  }
+}
+
+void Lane::Submit(FramePtr f, bool try_direct) {
+  if (try_direct && send_mu_.try_lock()) {
+    std::unique_lock s(send_mu_, std::adopt_lock);
+    std::unique_lock lk(mu_);
+    if (state_ == State::kUp && !stopping_ && queue_.empty() && !partial_ && inflight_.empty()) {
+      f->sending = true;
+      inflight_.emplace(f->req_id, f);
+      lk.unlock();
+      // MSG_DONTWAIT: post() must not block on a slow peer.
+      const int err = SendOne(*f, MSG_DONTWAIT);
+      Doomed doomed;
+      lk.lock();
+      if (err == EAGAIN || err == EWOULDBLOCK) {
+        partial_ = f;  // still `sending`; nothing else may use the socket first
+        cv_.notify_all();
+      } else {
+        AfterSendLocked(f, err, &doomed);
+      }
+      lk.unlock();
+      s.unlock();
+      Fail(doomed);
+      return;
+    }
+  }
+  {
+    std::lock_guard lk(mu_);
+    if (!stopping_) {
+      queue_.push_back(std::move(f));
+      cv_.notify_all();
+      return;
+    }
+  }
+  f->Resolve(FERRY_ERR_BAD_STATE, "tcp lane to " + info_->label + " is shut down");
+}
+
+bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
+  state_ = State::kConnecting;
+  abort_connect_ = false;
+  waker_.Clear();
+  lk.unlock();
+
+  int fd = -1;
+  std::string err;
+  int rc = ConnectTcp(info_->addr, info_->port, info_->connect_timeout_ms, waker_.fd(), &fd, &err);
+  if (rc == 0) {
+    SetNoDelay(fd);
+    rc = SendAll(fd, hello_.data(), hello_.size());
+    if (rc != 0) err = Lost(rc);
+  }
+  lk.lock();
+  if (rc == 0 && !abort_connect_ && !stopping_) {
+    try {
+      receiver_done_ = false;
+      receiver_ = std::thread([this, fd] { ReceiverMain(fd); });
+      fd_ = fd;
+      state_ = State::kUp;
+      return true;
+    } catch (const std::exception& e) {
+      rc = EAGAIN;
+      err = std::string("cannot start a receiver thread: ") + e.what();
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  state_ = State::kDown;
+  // An abort already failed what was queued then; anything newer gets a fresh try.
+  if (abort_connect_ || stopping_) return false;
+  Doomed doomed;
+  for (auto& f : queue_) doomed.emplace_back(f, FERRY_ERR_TRANSPORT, err);
+  queue_.clear();
+  lk.unlock();
+  Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: %s", index_, info_->label.c_str(), err.c_str());
+  Fail(doomed);
+  lk.lock();
+  return false;
+}
+
+void Lane::SenderMain() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] {
+      if (partial_) return true;
+      if (state_ == State::kBroken) return receiver_done_;
+      return stopping_ || !queue_.empty();
+    });
+
+    if (partial_) {
+      FramePtr f = std::move(partial_);
+      lk.unlock();
+      Doomed doomed;
+      {
+        std::lock_guard s(send_mu_);
+        const int err = SendOne(*f, 0);
+        std::lock_guard l2(mu_);
+        AfterSendLocked(f, err, &doomed);
+      }
+      Fail(doomed);
+      lk.lock();
+      continue;
+    }
+
+    if (state_ == State::kBroken) {
+      // Both users of the fd are done: the receiver exited, no send is running
+      // once we hold send_mu_, and no direct send starts on a broken lane.
+      lk.unlock();
+      if (receiver_.joinable()) receiver_.join();
+      Doomed doomed;
+      {
+        std::lock_guard s(send_mu_);
+        std::lock_guard l2(mu_);
+        ::close(fd_);
+        fd_ = -1;
+        for (auto& [id, f] : inflight_) doomed.emplace_back(f, reason_status_, reason_msg_);
+        inflight_.clear();
+        state_ = State::kDown;
+        receiver_done_ = false;
+      }
+      Fail(doomed);
+      lk.lock();
+      continue;
+    }
+
+    if (stopping_) break;
+
+    if (state_ == State::kDown) {
+      ConnectLocked(lk);
+      continue;
+    }
+
+    // kUp with frames queued.
+    lk.unlock();
+    std::unique_lock s(send_mu_);
+    lk.lock();
+    if (state_ != State::kUp || queue_.empty() || partial_) continue;
+    FramePtr f = std::move(queue_.front());
+    queue_.pop_front();
+    Doomed doomed;
+    if (f->xfer->failed()) {
+      // Another frame of it already failed: don't spend the bandwidth.
+      int status;
+      std::string msg;
+      f->xfer->Error(&status, &msg);
+      doomed.emplace_back(std::move(f), status, msg);
+    } else {
+      f->sending = true;
+      inflight_.emplace(f->req_id, f);
+      lk.unlock();
+      const int err = SendOne(*f, 0);
+      lk.lock();
+      AfterSendLocked(f, err, &doomed);
+    }
+    lk.unlock();
+    s.unlock();
+    Fail(doomed);
+    lk.lock();
+  }
+}
+
+void Lane::ReceiverMain(int fd) {
+  int status = FERRY_ERR_TRANSPORT;
+  std::string msg;
+  FramePtr current;  // taken out of inflight_ while its payload arrives
+  uint8_t hb[wire::kHeaderSize];
+  std::string text;
+  for (;;) {
+    int err = RecvAll(fd, hb, sizeof(hb));
+    if (err != 0) {
+      msg = Lost(err);
+      break;
+    }
+    wire::Header h;
+    std::string why;
+    if (!wire::DecodeHeader(hb, &h, &why)) {
+      status = FERRY_ERR_PROTOCOL;
+      msg = "malformed frame from " + info_->label + ": " + why;
+      break;
+    }
+    if (h.type == wire::Type::kError) {
+      text.resize(h.payload_len);
+      err = RecvAll(fd, text.data(), text.size());
+      if (err != 0) {
+        msg = Lost(err);
+        break;
+      }
+      if (h.req_id == 0) {
+        status = FERRY_ERR_REMOTE;
+        msg = info_->label + " refused the connection: " + text;
+        break;
+      }
+    } else if (h.type != wire::Type::kWriteAck && h.type != wire::Type::kReadData) {
+      status = FERRY_ERR_PROTOCOL;
+      msg = std::string("unexpected ") + wire::TypeName(h.type) + " frame from " + info_->label;
+      break;
+    }
+    {
+      std::lock_guard lk(mu_);
+      auto it = inflight_.find(h.req_id);
+      if (it != inflight_.end()) {
+        current = std::move(it->second);
+        inflight_.erase(it);
+      }
+    }
+    if (!current) {
+      status = FERRY_ERR_PROTOCOL;
+      msg = "response to an unknown request from " + info_->label;
+      break;
+    }
+    if (h.type == wire::Type::kError) {
+      std::exchange(current, nullptr)->Resolve(FERRY_ERR_REMOTE,
+                                               info_->label + " refused the request: " + text);
+      continue;
+    }
+    if ((h.type == wire::Type::kWriteAck) != current->is_write ||
+        (h.type == wire::Type::kReadData && h.payload_len != current->payload_bytes)) {
+      status = FERRY_ERR_PROTOCOL;
+      msg = std::string("mismatched ") + wire::TypeName(h.type) + " from " + info_->label;
+      break;
+    }
+    if (h.type == wire::Type::kReadData) {
+      RegionUse use(current->xfer->local.get(), fd);
+      if (!use.ok()) {
+        err = Discard(fd, h.payload_len);
+        if (err != 0) {
+          msg = Lost(err);
+          break;
+        }
+        std::exchange(current, nullptr)
+            ->Resolve(FERRY_ERR_BAD_STATE,
+                      "local memory was deregistered during a READ from " + info_->label);
+        continue;
+      }
+      // Straight into the caller's memory: no staging copy.
+      err = RecvIov(fd, current->local.data(), current->local.size());
+      if (err != 0) {
+        msg = Lost(err);
+        break;
+      }
+    }
+    std::exchange(current, nullptr)->Resolve(FERRY_OK, {});
+  }
+
+  Doomed doomed;
+  bool ours;
+  {
+    std::lock_guard lk(mu_);
+    ours = state_ == State::kBroken;  // we broke it on purpose (reset, stop, timeout)
+    BreakLocked(status, msg, &doomed);
+    for (auto it = inflight_.begin(); it != inflight_.end();) {
+      // A frame still being sent is failed by its sender, which owns its memory.
+      if (it->second->sending) {
+        ++it;
+        continue;
+      }
+      doomed.emplace_back(it->second, reason_status_, reason_msg_);
+      it = inflight_.erase(it);
+    }
+    if (current) doomed.emplace_back(current, reason_status_, reason_msg_);
+    receiver_done_ = true;
+    cv_.notify_all();
+  }
+  if (!ours) {
+    Log(info_->host, status == FERRY_ERR_TRANSPORT ? FERRY_LOG_WARN : FERRY_LOG_ERROR,
+        "lane %d: %s", index_, msg.c_str());
+  }
+  Fail(doomed);
+}
+
+}  // namespace ferry_tcp

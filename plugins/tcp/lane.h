@@ -1,0 +1,93 @@
+// One initiator-side data connection to a peer.
+//
+// The lane's sender thread connects lazily (never inside post()), says HELLO,
+// then writes frames from its queue; its receiver thread matches responses to
+// frames in flight and completes them. A broken connection fails every frame
+// queued or in flight on it, and the next frame submitted reconnects.
+//
+// Locks: send_mu_ (the socket's send side) is taken before mu_ (everything
+// else). Frames are resolved - which may call host->complete - with no lock held.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/plugin.h"
+#include "socket_util.h"
+#include "xfer.h"
+
+namespace ferry_tcp {
+
+// What every lane of one peer needs to know; fixed at peer_add.
+struct PeerInfo {
+  const ferry_host_v1* host = nullptr;
+  std::string key;    // the peer's engine key
+  std::string addr;   // host to dial
+  uint16_t port = 0;
+  std::string label;  // "key (addr:port)" for messages
+  std::string my_key; // sent in HELLO
+  int connect_timeout_ms = 5000;
+};
+
+class Lane {
+ public:
+  Lane(const PeerInfo* info, int index);
+  ~Lane();
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  // Starts the sender thread on first use; throws std::system_error.
+  void EnsureStarted();
+  // With try_direct, an idle connected lane sends from the calling thread
+  // (without blocking) instead of waking the sender thread.
+  void Submit(FramePtr f, bool try_direct);
+  // Drops the connection; everything queued or in flight fails with status/msg.
+  void Reset(int status, const std::string& msg);
+  // Reset, then join the lane's threads. Later submissions fail at once.
+  void Stop(int status, const std::string& msg);
+
+ private:
+  enum class State { kDown, kConnecting, kUp, kBroken };
+  // Frames to resolve once the locks are released.
+  using Doomed = std::vector<std::tuple<FramePtr, int, std::string>>;
+
+  void SenderMain();
+  void ReceiverMain(int fd);
+  bool ConnectLocked(std::unique_lock<std::mutex>& lk);
+  int SendOne(Frame& f, int flags);
+  void AfterSendLocked(const FramePtr& f, int err, Doomed* doomed);
+  void BreakLocked(int status, const std::string& msg, Doomed* doomed);
+  static void Fail(Doomed& doomed);
+  std::string Lost(int err) const;
+
+  const PeerInfo* info_;
+  const int index_;
+  std::vector<uint8_t> hello_;
+
+  std::mutex send_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::kDown;
+  int fd_ = -1;  // written by the sender thread only, under both locks
+  bool started_ = false;
+  bool stopping_ = false;
+  bool abort_connect_ = false;
+  bool receiver_done_ = false;
+  int reason_status_ = FERRY_OK;  // why the current connection broke
+  std::string reason_msg_;
+  std::deque<FramePtr> queue_;
+  FramePtr partial_;  // half-sent by a direct send; the sender thread finishes it
+  std::unordered_map<uint64_t, FramePtr> inflight_;
+  Waker waker_;  // aborts a connect in progress
+  std::thread sender_;
+  std::thread receiver_;
+};
+
+}  // namespace ferry_tcp

@@ -1,0 +1,149 @@
+#include "peer.h"
+
+#include <algorithm>
+
+#include "deadline.h"
+#include "planner.h"
+#include "wire.h"
+
+namespace ferry_tcp {
+namespace {
+
+// Small enough to fit an idle socket's send buffer, so a direct send from the
+// posting thread does not wait for the network.
+constexpr uint64_t kDirectSendMax = 64 * 1024;
+
+}  // namespace
+
+Peer::Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, DeadlineWatcher* watcher)
+    : info_(std::move(info)), chunk_bytes_(chunk_bytes), watcher_(watcher) {
+  for (int i = 0; i < lanes; ++i) lanes_.push_back(std::make_unique<Lane>(&info_, i));
+}
+
+Peer::~Peer() { Stop(FERRY_ERR_BAD_STATE, "peer " + info_.key + " destroyed"); }
+
+void Peer::ResetLanes(int status, const std::string& msg) {
+  for (auto& l : lanes_) l->Reset(status, msg);
+}
+
+void Peer::Stop(int status, const std::string& msg) {
+  stopped_ = true;
+  for (auto& l : lanes_) l->Stop(status, msg);
+}
+
+void Peer::Finished(const Xfer& x) {
+  if (!x.notify) return;
+  std::lock_guard lk(seq_mu_);
+  notify_inflight_.erase(x.seq);
+}
+
+int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uint64_t remote_id,
+               std::string* why) {
+  if (stopped_) {
+    *why = "peer " + info_.key + " was removed";
+    return FERRY_ERR_BAD_STATE;
+  }
+  if (x.op != FERRY_OP_READ && x.op != FERRY_OP_WRITE) {
+    *why = "unknown op " + std::to_string(x.op);
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  if (x.n_iov == 0 || x.iov == nullptr) {
+    *why = "transfer has no items";
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  if (local->revoked()) {
+    *why = "local memory " + std::to_string(local->id()) + " is deregistered";
+    return FERRY_ERR_NOT_FOUND;
+  }
+  // Local ranges are ours to guard: the socket calls touch them directly. Remote
+  // ranges are the target's to check, so a bad one still goes on the wire.
+  for (uint32_t i = 0; i < x.n_iov; ++i) {
+    if (!local->Contains(x.iov[i].local_off, x.iov[i].len)) {
+      *why = "item " + std::to_string(i) + " is outside local memory " +
+             std::to_string(local->id());
+      return FERRY_ERR_INVALID_ARGS;
+    }
+  }
+  std::vector<PlannedFrame> plan =
+      PlanFrames(x.iov, x.n_iov, local->addr(), chunk_bytes_, wire::kMaxItems);
+  if (plan.empty()) {
+    *why = "transfer has no bytes";
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  if (plan.size() > UINT32_MAX) {
+    *why = "transfer too large";
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  const auto n_frames = static_cast<uint32_t>(plan.size());
+
+  auto xfer = std::make_shared<Xfer>();
+  xfer->host = info_.host;
+  xfer->ctx = x.xfer_ctx;
+  xfer->op = x.op;
+  xfer->notify = (x.flags & FERRY_XFER_NOTIFY) != 0;
+  xfer->uid = x.uid;
+  xfer->deadline_ns = x.deadline_ns;
+  xfer->posted_ns = info_.host->now_ns(info_.host->host_ctx);
+  xfer->peer = weak_from_this();
+  xfer->watcher = watcher_;
+  xfer->local = local;
+  xfer->SetFrameCount(n_frames);
+
+  const uint64_t first_lane = next_lane_.fetch_add(n_frames);
+  const size_t used_lanes = std::min<size_t>(n_frames, lanes_.size());
+  for (size_t i = 0; i < used_lanes; ++i) {
+    lanes_[(first_lane + i) % lanes_.size()]->EnsureStarted();
+  }
+
+  std::vector<FramePtr> frames;
+  frames.reserve(n_frames);
+  uint64_t low_seq;
+  {
+    std::lock_guard lk(seq_mu_);
+    xfer->seq = next_seq_++;
+    if (xfer->notify) notify_inflight_.insert(xfer->seq);
+    low_seq = notify_inflight_.empty() ? xfer->seq
+                                       : std::min(*notify_inflight_.begin(), xfer->seq);
+  }
+  try {
+    for (PlannedFrame& p : plan) {
+      auto f = std::make_shared<Frame>();
+      f->xfer = xfer;
+      f->req_id = next_req_.fetch_add(1);
+      f->is_write = x.op == FERRY_OP_WRITE;
+      f->payload_bytes = p.bytes;
+      wire::Header h;
+      h.type = f->is_write ? wire::Type::kWrite : wire::Type::kRead;
+      h.flags = xfer->notify ? wire::kFlagNotify : 0;
+      h.n_items = static_cast<uint32_t>(p.remote.size());
+      h.frame_count = n_frames;
+      h.req_id = f->req_id;
+      h.region_id = remote_id;
+      h.payload_len = f->is_write ? p.bytes : 0;
+      h.xfer_seq = xfer->seq;
+      h.uid = x.uid;
+      h.low_seq = low_seq;
+      f->head = wire::EncodeFrameHead(h, p.remote);
+      f->local = std::move(p.local);
+      frames.push_back(std::move(f));
+    }
+    watcher_->Add(xfer);
+  } catch (...) {
+    Finished(*xfer);
+    throw;
+  }
+
+  // Accepted: from here on every outcome goes through complete().
+  const bool direct = n_frames == 1 && plan[0].bytes <= kDirectSendMax;
+  for (uint32_t i = 0; i < n_frames; ++i) {
+    FramePtr& f = frames[i];
+    try {
+      lanes_[(first_lane + i) % lanes_.size()]->Submit(f, direct);
+    } catch (...) {
+      f->Resolve(FERRY_ERR_NO_MEMORY, "out of memory queueing a frame to " + info_.label);
+    }
+  }
+  return FERRY_OK;
+}
+
+}  // namespace ferry_tcp

@@ -1,0 +1,49 @@
+// The initiator side of one remote engine: its lanes, and the per-peer transfer
+// sequence that the target uses to count a transfer's frames for notification.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ferry/plugin.h"
+#include "lane.h"
+#include "region.h"
+#include "xfer.h"
+
+namespace ferry_tcp {
+
+class DeadlineWatcher;
+
+class Peer : public std::enable_shared_from_this<Peer> {
+ public:
+  Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, DeadlineWatcher* watcher);
+  ~Peer();
+
+  // All or nothing, as plugin.h's post(): on FERRY_OK complete() follows exactly
+  // once; otherwise *why says what was wrong and nothing was started.
+  int Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uint64_t remote_id,
+           std::string* why);
+  void ResetLanes(int status, const std::string& msg);
+  void Stop(int status, const std::string& msg);
+  // Called once per transfer as it completes.
+  void Finished(const Xfer& x);
+  const PeerInfo& info() const { return info_; }
+
+ private:
+  const PeerInfo info_;
+  const uint64_t chunk_bytes_;
+  DeadlineWatcher* const watcher_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::atomic<uint64_t> next_req_{1};
+  std::atomic<uint64_t> next_lane_{0};
+  std::atomic<bool> stopped_{false};
+  std::mutex seq_mu_;
+  uint64_t next_seq_ = 1;
+  std::set<uint64_t> notify_inflight_;  // seqs of unfinished notify transfers
+};
+
+}  // namespace ferry_tcp

@@ -1,0 +1,134 @@
+#include "settings.h"
+
+#include <nlohmann/json.hpp>
+
+#include "wire.h"
+
+namespace ferry_tcp {
+namespace {
+
+using json = nlohmann::json;
+
+bool GetInt(const json& v, const char* key, int64_t lo, int64_t hi, int64_t* out,
+            std::string* err) {
+  if (!v.is_number_integer()) {
+    *err = std::string("setting '") + key + "' must be an integer";
+    return false;
+  }
+  const bool neg = v.is_number_unsigned() ? false : v.get<int64_t>() < 0;
+  const uint64_t u = neg ? 0 : v.get<uint64_t>();
+  if (neg || u < static_cast<uint64_t>(lo) || u > static_cast<uint64_t>(hi)) {
+    *err = std::string("setting '") + key + "' must be in " + std::to_string(lo) + ".." +
+           std::to_string(hi);
+    return false;
+  }
+  *out = static_cast<int64_t>(u);
+  return true;
+}
+
+// Accepts 1048576 or "1MiB" / "64KiB" / "4096B" / "1GiB", as the policy YAML writes sizes.
+bool GetBytes(const json& v, const char* key, uint64_t* out, std::string* err) {
+  if (v.is_number_integer()) {
+    int64_t n = 0;
+    if (!GetInt(v, key, 0, INT64_MAX, &n, err)) return false;
+    *out = static_cast<uint64_t>(n);
+    return true;
+  }
+  if (!v.is_string()) {
+    *err = std::string("setting '") + key + "' must be a byte count like 1048576 or \"1MiB\"";
+    return false;
+  }
+  const std::string s = v.get<std::string>();
+  size_t i = 0;
+  uint64_t n = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+    if (n > (UINT64_MAX - 9) / 10) break;
+    n = n * 10 + static_cast<uint64_t>(s[i] - '0');
+    ++i;
+  }
+  const std::string unit = s.substr(i);
+  uint64_t mult = 0;
+  if (unit.empty() || unit == "B") mult = 1;
+  if (unit == "KiB") mult = 1ull << 10;
+  if (unit == "MiB") mult = 1ull << 20;
+  if (unit == "GiB") mult = 1ull << 30;
+  if (i == 0 || mult == 0 || n > UINT64_MAX / mult) {
+    *err = std::string("setting '") + key + "': cannot read \"" + s +
+           "\" as a size (use B, KiB, MiB or GiB)";
+    return false;
+  }
+  *out = n * mult;
+  return true;
+}
+
+bool GetHost(const json& v, const char* key, std::string* out, std::string* err) {
+  if (!v.is_string() || v.get<std::string>().empty() || v.get<std::string>().size() > 253) {
+    *err = std::string("setting '") + key + "' must be a host name or address";
+    return false;
+  }
+  for (char c : v.get<std::string>()) {
+    if (c <= 0x20 || c >= 0x7f) {
+      *err = std::string("setting '") + key + "' has a bad character";
+      return false;
+    }
+  }
+  *out = v.get<std::string>();
+  return true;
+}
+
+}  // namespace
+
+bool ParseSettings(const char* text, Settings* out, std::string* err) {
+  Settings s;
+  const json j = json::parse(text ? text : "{}", nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    *err = "tcp settings are not valid JSON";
+    return false;
+  }
+  if (!j.is_object()) {
+    *err = "tcp settings must be a JSON object";
+    return false;
+  }
+  for (const auto& [key, v] : j.items()) {
+    int64_t n = 0;
+    if (key == "lanes") {
+      if (!GetInt(v, "lanes", 1, 16, &n, err)) return false;
+      s.lanes = static_cast<int>(n);
+    } else if (key == "chunk_bytes") {
+      if (!GetBytes(v, "chunk_bytes", &s.chunk_bytes, err)) return false;
+      if (s.chunk_bytes < 4096 || s.chunk_bytes > wire::kMaxPayload) {
+        *err = "setting 'chunk_bytes' must be in 4KiB.." + FormatBytes(wire::kMaxPayload);
+        return false;
+      }
+    } else if (key == "listen_host") {
+      if (!GetHost(v, "listen_host", &s.listen_host, err)) return false;
+    } else if (key == "listen_port") {
+      if (!GetInt(v, "listen_port", 0, 65535, &n, err)) return false;
+      s.listen_port = static_cast<uint16_t>(n);
+    } else if (key == "advertise_host") {
+      if (!GetHost(v, "advertise_host", &s.advertise_host, err)) return false;
+    } else if (key == "connect_timeout_ms") {
+      if (!GetInt(v, "connect_timeout_ms", 1, 600000, &n, err)) return false;
+      s.connect_timeout_ms = static_cast<int>(n);
+    } else if (key == "io_timeout_ms") {
+      if (!GetInt(v, "io_timeout_ms", 1, 3600000, &n, err)) return false;
+      s.io_timeout_ms = static_cast<int>(n);
+    } else {
+      *err = "unknown tcp setting '" + key +
+             "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
+             "connect_timeout_ms, io_timeout_ms)";
+      return false;
+    }
+  }
+  *out = std::move(s);
+  return true;
+}
+
+std::string FormatBytes(uint64_t n) {
+  if (n != 0 && n % (1ull << 30) == 0) return std::to_string(n >> 30) + "GiB";
+  if (n != 0 && n % (1ull << 20) == 0) return std::to_string(n >> 20) + "MiB";
+  if (n != 0 && n % (1ull << 10) == 0) return std::to_string(n >> 10) + "KiB";
+  return std::to_string(n) + "B";
+}
+
+}  // namespace ferry_tcp

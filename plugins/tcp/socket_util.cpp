@@ -1,0 +1,299 @@
+#include "socket_util.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <vector>
+
+namespace ferry_tcp {
+namespace {
+
+// Skips `*skip` bytes of iov into a private copy the loops can trim in place.
+std::vector<iovec> Remaining(const iovec* iov, size_t n, size_t skip) {
+  std::vector<iovec> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (iov[i].iov_len == 0) continue;
+    if (skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      continue;
+    }
+    out.push_back({static_cast<char*>(iov[i].iov_base) + skip, iov[i].iov_len - skip});
+    skip = 0;
+  }
+  return out;
+}
+
+void Advance(std::vector<iovec>& v, size_t* first, size_t done) {
+  while (done > 0 && *first < v.size()) {
+    iovec& cur = v[*first];
+    const size_t take = std::min(done, cur.iov_len);
+    cur.iov_base = static_cast<char*>(cur.iov_base) + take;
+    cur.iov_len -= take;
+    done -= take;
+    if (cur.iov_len == 0) ++*first;
+  }
+}
+
+bool SetBlocking(int fd, bool blocking) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0) return false;
+  const int want = blocking ? (flags & ~O_NONBLOCK) : (flags | O_NONBLOCK);
+  return fcntl(fd, F_SETFL, want) == 0;
+}
+
+}  // namespace
+
+std::string IoErrorString(int err) {
+  if (err == 0) return "no error";
+  if (err == kEof) return "connection closed by peer";
+  if (err == EAGAIN || err == EWOULDBLOCK) return "no progress within the I/O timeout";
+  return std::strerror(err);
+}
+
+int SendIov(int fd, const iovec* iov, size_t n, size_t* progress, int extra_flags) {
+  std::vector<iovec> v = Remaining(iov, n, *progress);
+  size_t first = 0;
+  while (first < v.size()) {
+    msghdr msg{};
+    msg.msg_iov = v.data() + first;
+    msg.msg_iovlen = std::min<size_t>(v.size() - first, IOV_MAX);
+    const ssize_t r = sendmsg(fd, &msg, MSG_NOSIGNAL | extra_flags);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    *progress += static_cast<size_t>(r);
+    Advance(v, &first, static_cast<size_t>(r));
+  }
+  return 0;
+}
+
+int SendAll(int fd, const void* buf, size_t len) {
+  iovec iov{const_cast<void*>(buf), len};
+  size_t progress = 0;
+  return SendIov(fd, &iov, 1, &progress);
+}
+
+int RecvIov(int fd, const iovec* iov, size_t n, bool idle_ok) {
+  std::vector<iovec> v = Remaining(iov, n, 0);
+  size_t first = 0;
+  bool any = false;
+  while (first < v.size()) {
+    ssize_t r;
+    if (v.size() - first == 1) {
+      r = recv(fd, v[first].iov_base, v[first].iov_len, 0);
+    } else {
+      r = readv(fd, v.data() + first, static_cast<int>(std::min<size_t>(v.size() - first, IOV_MAX)));
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if ((errno == EAGAIN || errno == EWOULDBLOCK) && idle_ok && !any) continue;
+      return errno;
+    }
+    if (r == 0) return kEof;
+    any = true;
+    Advance(v, &first, static_cast<size_t>(r));
+  }
+  return 0;
+}
+
+int RecvAll(int fd, void* buf, size_t len, bool idle_ok) {
+  iovec iov{buf, len};
+  return RecvIov(fd, &iov, 1, idle_ok);
+}
+
+int Discard(int fd, uint64_t len) {
+  std::vector<char> scratch(std::min<uint64_t>(len, 256 * 1024));
+  while (len > 0) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(len, scratch.size()));
+    const int err = RecvAll(fd, scratch.data(), take);
+    if (err) return err;
+    len -= take;
+  }
+  return 0;
+}
+
+int ConnectTcp(const std::string& host, uint16_t port, int timeout_ms, int abort_fd, int* out_fd,
+               std::string* err) {
+  const std::string where = host + ":" + std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  const int gai = getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+  if (gai != 0) {
+    *err = "cannot resolve " + host + ": " + gai_strerror(gai);
+    return EHOSTUNREACH;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int last = ECONNREFUSED;
+  std::string last_msg = "no address";
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    const int fd =
+        socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) {
+      last = errno;
+      last_msg = std::strerror(last);
+      continue;
+    }
+    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno != EINPROGRESS) {
+      last = errno;
+      last_msg = std::strerror(last);
+      close(fd);
+      continue;
+    }
+    bool aborted = false;
+    while (rc != 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) {
+        last = ETIMEDOUT;
+        last_msg = "no answer within " + std::to_string(timeout_ms) + " ms";
+        break;
+      }
+      pollfd pfd[2] = {{fd, POLLOUT, 0}, {abort_fd, POLLIN, 0}};
+      const int n = poll(pfd, abort_fd >= 0 ? 2 : 1, static_cast<int>(left));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        last = errno;
+        last_msg = std::strerror(last);
+        break;
+      }
+      if (abort_fd >= 0 && (pfd[1].revents & POLLIN)) {
+        aborted = true;
+        last = ECANCELED;
+        last_msg = "connect aborted";
+        break;
+      }
+      if (pfd[0].revents) {
+        int soerr = 0;
+        socklen_t sl = sizeof(soerr);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+        if (soerr == 0) {
+          rc = 0;
+        } else {
+          last = soerr;
+          last_msg = std::strerror(soerr);
+          break;
+        }
+      }
+    }
+    if (rc == 0 && SetBlocking(fd, true)) {
+      freeaddrinfo(res);
+      *out_fd = fd;
+      return 0;
+    }
+    close(fd);
+    if (aborted) break;
+  }
+  freeaddrinfo(res);
+  *err = "connect to " + where + " failed: " + last_msg;
+  return last;
+}
+
+int ListenTcp(const std::string& host, uint16_t port, int* out_fd, uint16_t* bound_port,
+              std::string* err) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  const int gai = getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+  if (gai != 0) {
+    *err = "cannot resolve listen_host " + host + ": " + gai_strerror(gai);
+    return EINVAL;
+  }
+  int last = EADDRNOTAVAIL;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last = errno;
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+      last = errno;
+      close(fd);
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof(ss);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl);
+    *bound_port = ntohs(ss.ss_family == AF_INET6
+                            ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                            : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    freeaddrinfo(res);
+    *out_fd = fd;
+    return 0;
+  }
+  freeaddrinfo(res);
+  *err = "cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(last);
+  return last;
+}
+
+void SetNoDelay(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void SetIoTimeout(int fd, int timeout_ms) {
+  timeval tv{};
+  tv.tv_sec = timeout_ms / 1000;
+  tv.tv_usec = (timeout_ms % 1000) * 1000;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+std::string PeerAddress(int fd) {
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = {0};
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+    return std::string("[") + host + "]:" + std::to_string(port);
+  }
+  auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+  inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+  port = ntohs(a->sin_port);
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+Waker::Waker() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+Waker::~Waker() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void Waker::Signal() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t r = write(fd_, &one, sizeof(one));
+}
+
+void Waker::Clear() {
+  uint64_t v;
+  [[maybe_unused]] ssize_t r = read(fd_, &v, sizeof(v));
+}
+
+}  // namespace ferry_tcp

@@ -1,0 +1,63 @@
+// Blocking socket helpers: whole-buffer send/recv loops that survive EINTR and
+// short transfers, connect with a timeout that another thread can abort, and
+// listening sockets.
+//
+// Errors are returned as an int: 0 = done, kEof = orderly close by the peer,
+// otherwise an errno value. IoErrorString() turns either into words.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ferry_tcp {
+
+inline constexpr int kEof = -1;
+
+std::string IoErrorString(int err);
+
+// Sends iov[0..n) starting `*progress` bytes in, advancing *progress as bytes
+// leave. With MSG_DONTWAIT in extra_flags it may return EAGAIN part-way.
+int SendIov(int fd, const iovec* iov, size_t n, size_t* progress, int extra_flags = 0);
+int SendAll(int fd, const void* buf, size_t len);
+
+// Receives exactly the bytes described by iov. With idle_ok, a receive timeout
+// (SO_RCVTIMEO) before the first byte is not an error: an idle connection is
+// fine, a stalled frame is not.
+int RecvIov(int fd, const iovec* iov, size_t n, bool idle_ok = false);
+int RecvAll(int fd, void* buf, size_t len, bool idle_ok = false);
+// Reads and discards len bytes, keeping the stream in step after a refused frame.
+int Discard(int fd, uint64_t len);
+
+// Resolves host, connects within timeout_ms; gives up early when abort_fd (an
+// eventfd) becomes readable. Returns 0 and *out_fd (blocking, CLOEXEC) or an error
+// with *err saying what failed.
+int ConnectTcp(const std::string& host, uint16_t port, int timeout_ms, int abort_fd, int* out_fd,
+               std::string* err);
+int ListenTcp(const std::string& host, uint16_t port, int* out_fd, uint16_t* bound_port,
+              std::string* err);
+
+void SetNoDelay(int fd);
+// SO_RCVTIMEO and SO_SNDTIMEO; 0 = block forever.
+void SetIoTimeout(int fd, int timeout_ms);
+std::string PeerAddress(int fd);
+
+// An eventfd that wakes a poll() in another thread.
+class Waker {
+ public:
+  Waker();
+  ~Waker();
+  Waker(const Waker&) = delete;
+  Waker& operator=(const Waker&) = delete;
+  bool ok() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  void Signal();
+  void Clear();
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace ferry_tcp

@@ -1,0 +1,339 @@
+#include "target.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "log.h"
+#include "socket_util.h"
+
+namespace ferry_tcp {
+
+TargetServer::TargetServer(const ferry_host_v1* host, const Settings& settings,
+                           RegionTable* regions)
+    : host_(host), settings_(settings), regions_(regions) {}
+
+TargetServer::~TargetServer() { Stop(); }
+
+bool TargetServer::Start(std::string* err) {
+  if (ListenTcp(settings_.listen_host, settings_.listen_port, &listen_fd_, &port_, err) != 0) {
+    return false;
+  }
+  accept_thread_ = std::thread([this] { AcceptMain(); });
+  return true;
+}
+
+bool TargetServer::AddPeer(const std::string& key) {
+  std::lock_guard lk(mu_);
+  return peers_.emplace(key, std::make_shared<TargetPeer>(key)).second;
+}
+
+void TargetServer::RemovePeer(const std::string& key) {
+  std::shared_ptr<TargetPeer> tp;
+  {
+    std::lock_guard lk(mu_);
+    auto it = peers_.find(key);
+    if (it == peers_.end()) return;
+    tp = std::move(it->second);
+    peers_.erase(it);
+  }
+  tp->Remove();
+}
+
+void TargetServer::Stop() {
+  {
+    std::lock_guard lk(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    // shutdown (not close) wakes accept() and every blocked recv; the owners close.
+    if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+    for (auto& c : conns_) {
+      if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
+    }
+  }
+  cv_.notify_all();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
+  // No new connections now; the list is ours.
+  for (auto& c : conns_) {
+    if (c->thread.joinable()) c->thread.join();
+  }
+  conns_.clear();
+  peers_.clear();
+}
+
+void TargetServer::ReapLocked() {
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    if ((*it)->done) {
+      (*it)->thread.join();  // it has nothing left to do but return
+      it = conns_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TargetServer::AcceptMain() {
+  for (;;) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    std::unique_lock lk(mu_);
+    if (stopping_) {
+      if (fd >= 0) ::close(fd);
+      return;
+    }
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        // Out of descriptors: the pending connection stays in the backlog; retry
+        // when something may have been freed rather than spin on it.
+        lk.unlock();
+        Log(host_, FERRY_LOG_WARN, "accept failed: %s", std::strerror(err));
+        lk.lock();
+        ReapLocked();
+        cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return stopping_; });
+        continue;
+      }
+      lk.unlock();
+      Log(host_, FERRY_LOG_ERROR, "accept failed, no more lanes accepted: %s",
+          std::strerror(err));
+      return;
+    }
+    ReapLocked();
+    try {
+      conns_.push_back(std::make_unique<Conn>());
+      Conn* c = conns_.back().get();
+      c->fd = fd;
+      c->thread = std::thread([this, c] { Serve(c); });
+    } catch (const std::exception& e) {
+      if (!conns_.empty() && conns_.back()->fd == fd && !conns_.back()->thread.joinable()) {
+        conns_.pop_back();
+      }
+      ::close(fd);
+      lk.unlock();
+      Log(host_, FERRY_LOG_WARN, "cannot serve a new lane: %s", e.what());
+    }
+  }
+}
+
+void TargetServer::Serve(Conn* c) {
+  int fd;
+  {
+    std::lock_guard lk(mu_);
+    fd = c->fd;
+  }
+  try {
+    ServeLane(fd, PeerAddress(fd));
+  } catch (const std::exception& e) {
+    Log(host_, FERRY_LOG_ERROR, "lane thread failed: %s", e.what());
+  }
+  std::lock_guard lk(mu_);
+  ::close(c->fd);
+  c->fd = -1;
+  c->done = true;
+}
+
+int TargetServer::SendError(int fd, uint64_t req_id, int status, const std::string& msg) {
+  wire::Header h;
+  h.type = wire::Type::kError;
+  h.req_id = req_id;
+  h.status = status;
+  const std::string text = msg.substr(0, wire::kMaxErrorLen);
+  h.payload_len = text.size();
+  std::vector<uint8_t> out = wire::EncodeFrameHead(h, {});
+  out.insert(out.end(), text.begin(), text.end());
+  return SendAll(fd, out.data(), out.size());
+}
+
+void TargetServer::ServeLane(int fd, const std::string& from) {
+  SetNoDelay(fd);
+  // A frame that stops moving for io_timeout_ms is given up on.
+  SetIoTimeout(fd, settings_.io_timeout_ms);
+
+  uint8_t hb[wire::kHeaderSize];
+  wire::Header h;
+  std::string why;
+  int err = RecvAll(fd, hb, sizeof(hb));
+  if (err != 0) {
+    Log(host_, FERRY_LOG_DEBUG, "lane from %s ended before HELLO: %s", from.c_str(),
+        IoErrorString(err).c_str());
+    return;
+  }
+  if (!wire::DecodeHeader(hb, &h, &why) || h.type != wire::Type::kHello) {
+    if (why.empty()) why = std::string("got ") + wire::TypeName(h.type) + " before HELLO";
+    Log(host_, FERRY_LOG_WARN, "closing lane from %s: %s", from.c_str(), why.c_str());
+    return;
+  }
+  std::string key(h.payload_len, '\0');
+  err = RecvAll(fd, key.data(), key.size());
+  if (err != 0) {
+    Log(host_, FERRY_LOG_WARN, "closing lane from %s: %s", from.c_str(),
+        IoErrorString(err).c_str());
+    return;
+  }
+  std::shared_ptr<TargetPeer> tp;
+  {
+    std::lock_guard lk(mu_);
+    auto it = peers_.find(key);
+    if (it != peers_.end()) tp = it->second;
+  }
+  if (!tp || !tp->Attach(fd)) {
+    const std::string msg = "engine '" + key + "' is not a registered peer here";
+    Log(host_, FERRY_LOG_WARN, "refusing lane from %s: %s", from.c_str(), msg.c_str());
+    SendError(fd, 0, FERRY_ERR_NOT_FOUND, msg);
+    return;
+  }
+  const std::string who = "'" + key + "' (" + from + ")";
+  Log(host_, FERRY_LOG_DEBUG, "lane from %s open", who.c_str());
+
+  std::vector<uint8_t> item_buf;
+  std::vector<wire::Item> items;
+  std::string close_why;
+  for (;;) {
+    err = RecvAll(fd, hb, sizeof(hb), /*idle_ok=*/true);
+    if (err != 0) {
+      if (err == kEof) {
+        Log(host_, FERRY_LOG_DEBUG, "lane from %s closed", who.c_str());
+      } else {
+        close_why = IoErrorString(err);
+      }
+      break;
+    }
+    if (!wire::DecodeHeader(hb, &h, &why)) {
+      close_why = "malformed frame: " + why;
+      break;
+    }
+    if (h.type != wire::Type::kWrite && h.type != wire::Type::kRead) {
+      close_why = std::string("unexpected ") + wire::TypeName(h.type) + " frame";
+      break;
+    }
+    item_buf.resize(size_t{h.n_items} * wire::kItemSize);
+    err = RecvAll(fd, item_buf.data(), item_buf.size());
+    if (err != 0) {
+      close_why = IoErrorString(err);
+      break;
+    }
+    uint64_t total = 0;
+    if (!wire::DecodeItems(item_buf.data(), h.n_items, &items, &total, &why)) {
+      close_why = "malformed frame: " + why;
+      break;
+    }
+    if (h.type == wire::Type::kWrite && total != h.payload_len) {
+      close_why = "malformed frame: WRITE items do not add up to its payload";
+      break;
+    }
+
+    int status = FERRY_OK;
+    std::string reason;
+    const Outcome out = ServeRequest(fd, *tp, h, items, &status, &reason, &close_why);
+    if (out == Outcome::kCloseLane) break;
+    if (out == Outcome::kRefused) {
+      Log(host_, FERRY_LOG_INFO, "refused %s from %s: %s", wire::TypeName(h.type), who.c_str(),
+          reason.c_str());
+    }
+
+    int report = FERRY_OK;
+    const TargetPeer::Count c = tp->CountFrame(h, status, &report, &why);
+    if (c == TargetPeer::Count::kBad) {
+      close_why = "malformed frame: " + why;
+      break;
+    }
+    // Before the ack: when the initiator sees SUCCESS, the target already knows.
+    if (c == TargetPeer::Count::kReport && host_->inbound != nullptr) {
+      host_->inbound(host_->host_ctx, key.c_str(), h.uid, report);
+    }
+
+    err = 0;
+    if (out == Outcome::kRefused) {
+      err = SendError(fd, h.req_id, status, reason);
+    } else if (h.type == wire::Type::kWrite) {
+      wire::Header ack;
+      ack.type = wire::Type::kWriteAck;
+      ack.req_id = h.req_id;
+      uint8_t ab[wire::kHeaderSize];
+      wire::EncodeHeader(ack, ab);
+      err = SendAll(fd, ab, sizeof(ab));
+    }
+    if (err != 0) {
+      close_why = "cannot answer: " + IoErrorString(err);
+      break;
+    }
+  }
+  if (!close_why.empty()) {
+    Log(host_, FERRY_LOG_WARN, "closing lane from %s: %s", who.c_str(), close_why.c_str());
+  }
+  tp->Detach(fd);
+}
+
+TargetServer::Outcome TargetServer::ServeRequest(int fd, TargetPeer& tp, const wire::Header& h,
+                                                 const std::vector<wire::Item>& items,
+                                                 int* status, std::string* reason,
+                                                 std::string* close_why) {
+  const bool is_write = h.type == wire::Type::kWrite;
+  std::shared_ptr<Region> r;
+  if (tp.removed()) {
+    *status = FERRY_ERR_NOT_FOUND;
+    *reason = "peer '" + tp.key() + "' is not registered here";
+  } else if (!(r = regions_->Find(h.region_id))) {
+    *status = FERRY_ERR_NOT_FOUND;
+    *reason = "memory " + std::to_string(h.region_id) + " is not registered (or was deregistered)";
+  } else {
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!r->Contains(items[i].offset, items[i].len)) {
+        *status = FERRY_ERR_INVALID_ARGS;
+        *reason = "item " + std::to_string(i) + " [" + std::to_string(items[i].offset) + ", +" +
+                  std::to_string(items[i].len) + ") is outside memory " +
+                  std::to_string(h.region_id) + " of " + std::to_string(r->size()) + " bytes";
+        break;
+      }
+    }
+  }
+
+  if (*status == FERRY_OK) {
+    RegionUse use(r.get(), fd);
+    if (!use.ok()) {
+      *status = FERRY_ERR_NOT_FOUND;
+      *reason = "memory " + std::to_string(h.region_id) + " was deregistered";
+    } else {
+      std::vector<iovec> iov;
+      iov.reserve(items.size() + 1);
+      uint8_t rb[wire::kHeaderSize];
+      uint64_t total = 0;
+      if (!is_write) {
+        for (const auto& it : items) total += it.len;
+        wire::Header resp;
+        resp.type = wire::Type::kReadData;
+        resp.req_id = h.req_id;
+        resp.payload_len = total;
+        wire::EncodeHeader(resp, rb);
+        iov.push_back({rb, sizeof(rb)});
+      }
+      for (const auto& it : items) iov.push_back({r->addr() + it.offset, it.len});
+      // Straight between the socket and registered memory: no staging copy.
+      size_t progress = 0;
+      const int err = is_write ? RecvIov(fd, iov.data(), iov.size())
+                               : SendIov(fd, iov.data(), iov.size(), &progress);
+      if (err != 0) {
+        *close_why = IoErrorString(err);
+        return Outcome::kCloseLane;
+      }
+      return Outcome::kServed;
+    }
+  }
+
+  // Refused: a WRITE's payload is still on its way and must be skipped.
+  if (is_write) {
+    const int err = Discard(fd, h.payload_len);
+    if (err != 0) {
+      *close_why = IoErrorString(err);
+      return Outcome::kCloseLane;
+    }
+  }
+  return Outcome::kRefused;
+}
+
+}  // namespace ferry_tcp

@@ -1,0 +1,92 @@
+// The tcp plugin's wire format: frames on data lanes and the two opaque blobs
+// (connection info, memory info) that travel inside ferry descriptors.
+//
+// Everything here is pure encode/decode with no I/O, so the hostile-input rules
+// live in one place: a decoder never trusts a length or count from the wire and
+// says in words what it rejected.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ferry_tcp::wire {
+
+// "FRRY" as bytes on the wire; all integers are little-endian.
+inline constexpr uint8_t kMagic[4] = {'F', 'R', 'R', 'Y'};
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 72;
+inline constexpr size_t kItemSize = 16;
+inline constexpr uint32_t kMaxItems = 8192;
+// Also the upper bound of the chunk_bytes setting: one frame's payload.
+inline constexpr uint64_t kMaxPayload = 64ull << 20;
+inline constexpr size_t kMaxKeyLen = 255;
+inline constexpr size_t kMaxErrorLen = 1024;
+
+enum class Type : uint8_t {
+  kHello = 1,     // initiator -> target, first frame of a lane; payload = engine key
+  kWrite = 2,     // items + payload; answered by kWriteAck or kError
+  kRead = 3,      // items only; answered by kReadData or kError
+  kWriteAck = 4,  // the payload is in the target's memory
+  kReadData = 5,  // payload = the requested bytes, items in request order
+  kError = 6,     // status < 0, payload = reason text; req_id 0 = whole lane refused
+};
+
+inline constexpr uint16_t kFlagNotify = 1;
+
+struct Header {
+  Type type = Type::kHello;
+  uint16_t flags = 0;
+  uint32_t n_items = 0;
+  uint32_t frame_count = 0;  // frames in the whole transfer (requests)
+  uint64_t req_id = 0;       // matches a response to its request on one lane
+  uint64_t region_id = 0;    // the target's region (requests)
+  uint64_t payload_len = 0;  // bytes after the item array
+  uint64_t xfer_seq = 0;     // per (initiator, target) transfer sequence
+  uint64_t uid = 0;          // the application's uid (notification key)
+  uint64_t low_seq = 0;      // every notify transfer below this one is finished
+  int32_t status = 0;        // responses: FERRY_OK or FERRY_ERR_*
+};
+
+struct Item {
+  uint64_t offset = 0;  // in the target's region
+  uint64_t len = 0;
+};
+
+void EncodeHeader(const Header& h, uint8_t out[kHeaderSize]);
+// Checks everything a header can be checked for on its own; *why says what failed.
+bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why);
+
+void EncodeItem(const Item& item, uint8_t out[kItemSize]);
+// Decodes n items; each must be non-empty and their sum must not exceed kMaxPayload.
+bool DecodeItems(const uint8_t* in, uint32_t n, std::vector<Item>* items, uint64_t* total,
+                 std::string* why);
+
+// A whole request/hello/error frame minus any payload, ready to send.
+std::vector<uint8_t> EncodeFrameHead(const Header& h, const std::vector<Item>& items);
+
+// Connection info: version, port, host. An empty host means "use the host the
+// core knows the peer by" (set when listening on a wildcard address).
+struct ConnInfo {
+  std::string host;
+  uint16_t port = 0;
+};
+inline constexpr uint8_t kConnBlobVersion = 1;
+std::vector<uint8_t> EncodeConnBlob(const ConnInfo& info);
+bool DecodeConnBlob(const void* blob, size_t len, ConnInfo* info, std::string* why);
+
+// Memory info: the region id and size, so an import can be cross-checked.
+struct MemInfo {
+  uint64_t id = 0;
+  uint64_t size = 0;
+};
+inline constexpr uint8_t kMemBlobVersion = 1;
+inline constexpr size_t kMemBlobSize = 17;
+std::vector<uint8_t> EncodeMemBlob(const MemInfo& info);
+bool DecodeMemBlob(const void* blob, size_t len, MemInfo* info, std::string* why);
+
+const char* TypeName(Type t);
+
+}  // namespace ferry_tcp::wire

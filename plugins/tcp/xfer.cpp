@@ -1,0 +1,56 @@
+#include "xfer.h"
+
+#include "deadline.h"
+#include "peer.h"
+
+namespace ferry_tcp {
+
+void Xfer::FrameDone(int status, const std::string& msg) {
+  int final_status;
+  std::string final_msg;
+  {
+    std::lock_guard lk(mu_);
+    if (status != FERRY_OK && status_ == FERRY_OK) {
+      status_ = status;
+      msg_ = msg;
+      failed_.store(true, std::memory_order_release);
+    }
+    if (frames_left_ == 0 || --frames_left_ != 0) return;
+    final_status = status_;
+    final_msg = msg_;
+  }
+  // Bookkeeping first: complete() may post again, or free the caller's context.
+  if (watcher != nullptr) watcher->Remove(*this);
+  if (auto p = peer.lock()) p->Finished(*this);
+  host->complete(host->host_ctx, ctx, final_status,
+                 final_status == FERRY_OK ? nullptr : final_msg.c_str());
+}
+
+void Xfer::MarkError(int status, const std::string& msg) {
+  std::lock_guard lk(mu_);
+  if (status_ != FERRY_OK) return;
+  status_ = status;
+  msg_ = msg;
+  failed_.store(true, std::memory_order_release);
+}
+
+void Xfer::Error(int* status, std::string* msg) const {
+  std::lock_guard lk(mu_);
+  *status = status_;
+  *msg = msg_;
+}
+
+void Frame::Resolve(int status, const std::string& msg) {
+  if (resolved.exchange(true)) return;
+  xfer->FrameDone(status, msg);
+}
+
+std::vector<iovec> Frame::WireIov() {
+  std::vector<iovec> v;
+  v.reserve(1 + (is_write ? local.size() : 0));
+  v.push_back({head.data(), head.size()});
+  if (is_write) v.insert(v.end(), local.begin(), local.end());
+  return v;
+}
+
+}  // namespace ferry_tcp

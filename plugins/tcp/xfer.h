@@ -1,0 +1,78 @@
+// One accepted transfer on the initiator side, and the frames it was cut into.
+//
+// A transfer completes exactly once: when the last of its frames is resolved
+// (acknowledged, refused, or abandoned with its lane). Waiting for every frame,
+// even after the first failure, means nothing writes into or reads from the
+// caller's memory once complete() has told it the transfer is over.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ferry/plugin.h"
+#include "region.h"
+
+namespace ferry_tcp {
+
+class Peer;
+class DeadlineWatcher;
+
+class Xfer {
+ public:
+  const ferry_host_v1* host = nullptr;
+  void* ctx = nullptr;  // xfer_ctx for host->complete
+  uint32_t op = 0;
+  bool notify = false;
+  uint64_t uid = 0;
+  uint64_t seq = 0;
+  uint64_t deadline_ns = 0;  // 0 = none
+  uint64_t deadline_token = 0;
+  uint64_t posted_ns = 0;
+  std::weak_ptr<Peer> peer;
+  DeadlineWatcher* watcher = nullptr;
+  std::shared_ptr<Region> local;
+
+  void SetFrameCount(uint32_t n) { frames_left_ = n; }
+  // Resolves one frame; the last one completes the transfer with the first error seen.
+  void FrameDone(int status, const std::string& msg);
+  // Records an error that the transfer will end with, without resolving a frame.
+  void MarkError(int status, const std::string& msg);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // The status/message frames of a failed transfer are dropped with.
+  void Error(int* status, std::string* msg) const;
+
+ private:
+  mutable std::mutex mu_;
+  uint32_t frames_left_ = 0;
+  int status_ = FERRY_OK;
+  std::string msg_;
+  std::atomic<bool> failed_{false};
+};
+
+// A frame ready for a lane: encoded head (header + items) plus the local memory
+// it sends from (WRITE) or receives into (READ).
+struct Frame {
+  std::shared_ptr<Xfer> xfer;
+  uint64_t req_id = 0;
+  bool is_write = false;
+  std::vector<uint8_t> head;
+  std::vector<iovec> local;
+  uint64_t payload_bytes = 0;
+  size_t sent = 0;       // bytes of head+payload already on the socket
+  bool sending = false;  // guarded by the lane: a thread is copying from `local`
+  std::atomic<bool> resolved{false};
+
+  // Exactly once per frame; later calls are ignored.
+  void Resolve(int status, const std::string& msg);
+  // head followed by the payload pieces (WRITE) - what goes on the wire.
+  std::vector<iovec> WireIov();
+};
+using FramePtr = std::shared_ptr<Frame>;
+
+}  // namespace ferry_tcp

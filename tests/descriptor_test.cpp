@@ -1,0 +1,115 @@
+// Descriptors survive a round trip; hostile bytes are clear errors, never crashes.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "ferry/ferry.hpp"
+
+using namespace ferry;
+
+namespace {
+
+EngineDesc sample_engine() {
+  EngineDesc d;
+  d.key = "prefill-0";
+  d.host = "10.0.0.7";
+  d.port = 4242;
+  d.node_id = "node-a";
+  d.pid = 1234;
+  d.backends["tcp"] = {1, 2, 3, 4};
+  d.backends["rdma"] = std::vector<uint8_t>(300, 7);
+  return d;
+}
+
+MemoryDesc sample_mem() {
+  MemoryDesc m;
+  m.engine_key = "prefill-0";
+  m.id = 42;
+  m.location = MemoryLocation::GPU;
+  m.device = 3;
+  m.bus_id = "0000:1b:00.0";
+  m.addr = 0x7f0000001000;
+  m.size = 1 << 30;
+  m.backends["xgmi"] = std::vector<uint8_t>(64, 9);
+  return m;
+}
+
+TEST(Descriptors, EngineRoundTrip) {
+  EngineDesc d = sample_engine();
+  EXPECT_EQ(EngineDesc::unpack(d.pack()), d);
+  EXPECT_NE(d.to_json().find("\"prefill-0\""), std::string::npos);
+}
+
+TEST(Descriptors, MemoryRoundTrip) {
+  MemoryDesc m = sample_mem();
+  EXPECT_EQ(MemoryDesc::unpack(m.pack()), m);
+  EXPECT_NE(m.to_json().find("0000:1b:00.0"), std::string::npos);
+}
+
+TEST(Descriptors, EveryTruncationIsAnError) {
+  auto bytes = sample_engine().pack();
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<long>(n));
+    EXPECT_THROW(EngineDesc::unpack(cut), Error) << "length " << n;
+  }
+  auto mbytes = sample_mem().pack();
+  for (size_t n = 0; n < mbytes.size(); ++n) {
+    std::vector<uint8_t> cut(mbytes.begin(), mbytes.begin() + static_cast<long>(n));
+    EXPECT_THROW(MemoryDesc::unpack(cut), Error) << "length " << n;
+  }
+}
+
+TEST(Descriptors, WrongKindIsAnError) {
+  EXPECT_THROW(MemoryDesc::unpack(sample_engine().pack()), Error);
+  EXPECT_THROW(EngineDesc::unpack(sample_mem().pack()), Error);
+}
+
+TEST(Descriptors, ForgedFieldsAreErrors) {
+  MemoryDesc m = sample_mem();
+  m.size = 0;
+  EXPECT_THROW(MemoryDesc::unpack(m.pack()), Error);
+  m = sample_mem();
+  m.addr = UINT64_MAX - 10;  // range wraps
+  EXPECT_THROW(MemoryDesc::unpack(m.pack()), Error);
+  m = sample_mem();
+  m.backends["x"] = std::vector<uint8_t>(5000, 1);  // blob over the limit
+  EXPECT_THROW(MemoryDesc::unpack(m.pack()), Error);
+  EngineDesc e = sample_engine();
+  e.key = std::string(300, 'k');
+  EXPECT_THROW(EngineDesc::unpack(e.pack()), Error);
+  e = sample_engine();
+  e.port = 0;
+  EXPECT_THROW(EngineDesc::unpack(e.pack()), Error);
+  try {
+    EngineDesc::unpack({0xc1});
+    FAIL() << "no error";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), StatusCode::ERR_INVALID_ARGS);
+    EXPECT_NE(std::string(err.what()).find("malformed descriptor"), std::string::npos);
+  }
+}
+
+TEST(Descriptors, OversizedAndDeeplyNestedInputIsRejected) {
+  EXPECT_THROW(EngineDesc::unpack(std::vector<uint8_t>(300 * 1024, 0x90)), Error);
+  // 100k nested one-element arrays: must not recurse until the stack breaks.
+  std::vector<uint8_t> nested(100000, 0x91);
+  nested.push_back(0xc0);
+  EXPECT_THROW(EngineDesc::unpack(nested), Error);
+}
+
+TEST(Descriptors, RandomBytesNeverCrash) {
+  std::mt19937_64 rng(7);
+  auto good = sample_mem().pack();
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<uint8_t> b = good;
+    int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) b[rng() % b.size()] = static_cast<uint8_t>(rng());
+    try {
+      MemoryDesc::unpack(b);  // may decode to something valid; must not crash
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), StatusCode::ERR_INVALID_ARGS);
+    }
+  }
+}
+
+}  // namespace

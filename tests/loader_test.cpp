@@ -1,0 +1,82 @@
+// The loader reports every unusable plugin with its reason and never crashes.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "ferry/ferry.hpp"
+#include "plugin_loader.h"
+
+using namespace ferry;
+
+namespace {
+const std::string kDir = FERRY_TEST_PLUGIN_DIR;
+
+std::string load_error(const std::string& name) {
+  PluginLoad l = load_plugin(name, {kDir});
+  EXPECT_FALSE(l.lib) << name << " should not load";
+  return l.error;
+}
+}  // namespace
+
+TEST(Loader, MissingPluginSaysWhereItLooked) {
+  auto e = load_error("doesnotexist");
+  EXPECT_NE(e.find("libferry-doesnotexist.so not found"), std::string::npos) << e;
+  EXPECT_NE(e.find(kDir), std::string::npos) << e;
+}
+
+TEST(Loader, NotAnElfFileGivesTheDlerror) {
+  auto dir = std::filesystem::temp_directory_path() / ("ferry-loader-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "libferry-garbage.so") << "this is not a shared object";
+  PluginLoad l = load_plugin("garbage", {dir.string()});
+  std::filesystem::remove_all(dir);
+  EXPECT_FALSE(l.lib);
+  EXPECT_NE(l.error.find("dlopen failed"), std::string::npos) << l.error;
+}
+
+TEST(Loader, MissingEntrySymbol) {
+  EXPECT_NE(load_error("nosym").find("no entry symbol 'ferry_plugin_v1'"), std::string::npos);
+}
+
+TEST(Loader, PluginForAnotherAbiMajor) {
+  auto e = load_error("newabi");
+  EXPECT_NE(e.find("built for plugin ABI 2"), std::string::npos) << e;
+}
+
+TEST(Loader, OpsTableTooSmall) {
+  EXPECT_NE(load_error("smallops").find("ops table is 16 bytes"), std::string::npos);
+}
+
+TEST(Loader, NameMismatch) {
+  EXPECT_NE(load_error("misnamed").find("calls itself 'someoneelse'"), std::string::npos);
+}
+
+TEST(Loader, RequiredFunctionMissing) {
+  EXPECT_NE(load_error("nopost").find("'post' is NULL"), std::string::npos);
+}
+
+TEST(Loader, InitFailureIsReportedByTheEngine) {
+  setenv("FERRY_PLUGIN_PATH", kDir.c_str(), 1);
+  Engine e("loader-test");
+  Result r = e.add_backend("initfail");
+  EXPECT_FALSE(r);
+  EXPECT_NE(r.message.find("no widget present"), std::string::npos) << r.message;
+  EXPECT_TRUE(e.backends().empty());
+  Result r2 = e.add_backend("nosym");
+  EXPECT_EQ(r2.code, StatusCode::ERR_NOT_FOUND);
+  unsetenv("FERRY_PLUGIN_PATH");
+}
+
+TEST(Loader, DiscoveryListsEveryPluginWithItsReason) {
+  auto infos = discover_plugins({kDir});
+  int failed = 0;
+  for (const auto& p : infos) {
+    if (p.path.rfind(kDir, 0) != 0) continue;
+    EXPECT_FALSE(p.loaded) << p.name;
+    EXPECT_FALSE(p.error.empty()) << p.name;
+    ++failed;
+  }
+  EXPECT_EQ(failed, 6);
+}
