@@ -65,7 +65,7 @@ class Pair {
     return std::stoull(ans.substr(5));
   }
   uint64_t local_hash(const std::vector<Item>& items) {
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = test::kFnvBasis;
     for (const auto& it : items) h = test::fnv1a(local_.data() + it.loff, it.len, h);
     return h;
   }

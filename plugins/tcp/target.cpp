@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <optional>
 
 #include "log.h"
 #include "socket_util.h"
@@ -184,7 +186,12 @@ void TargetServer::ServeLane(int fd, const std::string& from) {
   if (!tp || !tp->Attach(fd)) {
     const std::string msg = "engine '" + key + "' is not a registered peer here";
     Log(host_, FERRY_LOG_WARN, "refusing lane from %s: %s", from.c_str(), msg.c_str());
-    SendError(fd, 0, FERRY_ERR_NOT_FOUND, msg);
+    if (SendError(fd, 0, FERRY_ERR_NOT_FOUND, msg) == 0) {
+      // Closing with the initiator's frames unread would reset the connection and
+      // could destroy the refusal before it is read; let the initiator close first.
+      ::shutdown(fd, SHUT_WR);
+      Discard(fd, wire::kMaxPayload);
+    }
     return;
   }
   const std::string who = "'" + key + "' (" + from + ")";
@@ -227,28 +234,29 @@ void TargetServer::ServeLane(int fd, const std::string& from) {
       break;
     }
 
+    // Counts the frame for notification and tells the host when the transfer is
+    // complete. Always before the response that lets the initiator complete, so
+    // the initiator's low-sequence watermark never overtakes an uncounted frame.
+    auto count = [&](int frame_status) {
+      int report = FERRY_OK;
+      const TargetPeer::Count c = tp->CountFrame(h, frame_status, &report, &why);
+      if (c == TargetPeer::Count::kBad) {
+        close_why = "malformed frame: " + why;
+        return false;
+      }
+      if (c == TargetPeer::Count::kReport && host_->inbound != nullptr) {
+        host_->inbound(host_->host_ctx, key.c_str(), h.uid, report);
+      }
+      return true;
+    };
     int status = FERRY_OK;
     std::string reason;
-    const Outcome out = ServeRequest(fd, *tp, h, items, &status, &reason, &close_why);
+    const Outcome out = ServeRequest(fd, *tp, h, items, count, &status, &reason, &close_why);
     if (out == Outcome::kCloseLane) break;
+    err = 0;
     if (out == Outcome::kRefused) {
       Log(host_, FERRY_LOG_INFO, "refused %s from %s: %s", wire::TypeName(h.type), who.c_str(),
           reason.c_str());
-    }
-
-    int report = FERRY_OK;
-    const TargetPeer::Count c = tp->CountFrame(h, status, &report, &why);
-    if (c == TargetPeer::Count::kBad) {
-      close_why = "malformed frame: " + why;
-      break;
-    }
-    // Before the ack: when the initiator sees SUCCESS, the target already knows.
-    if (c == TargetPeer::Count::kReport && host_->inbound != nullptr) {
-      host_->inbound(host_->host_ctx, key.c_str(), h.uid, report);
-    }
-
-    err = 0;
-    if (out == Outcome::kRefused) {
       err = SendError(fd, h.req_id, status, reason);
     } else if (h.type == wire::Type::kWrite) {
       wire::Header ack;
@@ -271,6 +279,7 @@ void TargetServer::ServeLane(int fd, const std::string& from) {
 
 TargetServer::Outcome TargetServer::ServeRequest(int fd, TargetPeer& tp, const wire::Header& h,
                                                  const std::vector<wire::Item>& items,
+                                                 const std::function<bool(int)>& count,
                                                  int* status, std::string* reason,
                                                  std::string* close_why) {
   const bool is_write = h.type == wire::Type::kWrite;
@@ -294,16 +303,16 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, TargetPeer& tp, const w
   }
 
   if (*status == FERRY_OK) {
-    RegionUse use(r.get(), fd);
-    if (!use.ok()) {
+    std::optional<RegionUse> use(std::in_place, r.get(), fd);
+    if (!use->ok()) {
       *status = FERRY_ERR_NOT_FOUND;
       *reason = "memory " + std::to_string(h.region_id) + " was deregistered";
     } else {
       std::vector<iovec> iov;
       iov.reserve(items.size() + 1);
       uint8_t rb[wire::kHeaderSize];
-      uint64_t total = 0;
       if (!is_write) {
+        uint64_t total = 0;
         for (const auto& it : items) total += it.len;
         wire::Header resp;
         resp.type = wire::Type::kReadData;
@@ -314,14 +323,37 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, TargetPeer& tp, const w
       }
       for (const auto& it : items) iov.push_back({r->addr() + it.offset, it.len});
       // Straight between the socket and registered memory: no staging copy.
+      if (is_write) {
+        const int err = RecvIov(fd, iov.data(), iov.size());
+        use.reset();
+        if (err != 0) {
+          *close_why = IoErrorString(err);
+          return Outcome::kCloseLane;
+        }
+        return count(FERRY_OK) ? Outcome::kServed : Outcome::kCloseLane;
+      }
+      // A notify READ holds back its last byte (copied out) until it is counted:
+      // the initiator cannot complete before the target has been told, and the
+      // target is told only once its memory has been read in full.
+      const bool notify = (h.flags & wire::kFlagNotify) != 0;
+      uint8_t last = 0;
+      if (notify) {
+        iovec& tail = iov.back();
+        tail.iov_len -= 1;
+        last = static_cast<uint8_t*>(tail.iov_base)[tail.iov_len];
+      }
       size_t progress = 0;
-      const int err = is_write ? RecvIov(fd, iov.data(), iov.size())
-                               : SendIov(fd, iov.data(), iov.size(), &progress);
+      int err = SendIov(fd, iov.data(), iov.size(), &progress);
+      use.reset();
+      if (err == 0 && notify) {
+        if (!count(FERRY_OK)) return Outcome::kCloseLane;
+        err = SendAll(fd, &last, 1);
+      }
       if (err != 0) {
         *close_why = IoErrorString(err);
         return Outcome::kCloseLane;
       }
-      return Outcome::kServed;
+      return notify || count(FERRY_OK) ? Outcome::kServed : Outcome::kCloseLane;
     }
   }
 
@@ -333,7 +365,7 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, TargetPeer& tp, const w
       return Outcome::kCloseLane;
     }
   }
-  return Outcome::kRefused;
+  return count(*status) ? Outcome::kRefused : Outcome::kCloseLane;
 }
 
 }  // namespace ferry_tcp

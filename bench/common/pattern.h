@@ -27,7 +27,9 @@ inline int64_t find_mismatch(const uint8_t* base, uint64_t off, uint64_t len, ui
   return -1;
 }
 
-inline uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ull) {
+constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+
+inline uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = kFnvBasis) {
   for (size_t i = 0; i < n; ++i) {
     h ^= p[i];
     h *= 1099511628211ull;

@@ -1,0 +1,32 @@
+// The target side of ferry-bench: an engine with one registered region, driven
+// by line commands over a pair of file descriptors (pipes when both ranks run
+// on this machine, a TCP socket between hosts).
+#pragma once
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ferry::bench {
+
+struct TargetOptions {
+  std::string key = "target";
+  std::vector<std::string> backends{"tcp"};
+  std::string host = "127.0.0.1";
+  size_t region_bytes = 0;
+  std::string policy_file;
+  std::chrono::milliseconds timeout{0};
+};
+
+// Serves commands read from in_fd, answering on out_fd, until "quit" or EOF.
+// Prints "READY <engine desc hex> <memory desc hex>" first. Each command gets
+// one line back:
+//   register <engine desc hex>      -> OK | ERR <why>
+//   fill <seed>                     -> OK          (whole region = pattern(seed))
+//   hash <n> <off> <len> ...        -> HASH <fnv1a of the n ranges in order>
+//   pop <key> <uid> <timeout_ms>    -> INBOUND <code> | NONE
+//   stats                           -> STATS <inbound notifications> <ctrl rejected>
+//   quit                            -> BYE, and returns
+// Returns an exit code.
+int run_target(const TargetOptions& opt, int in_fd, int out_fd);
+
+}  // namespace ferry::bench
