@@ -71,7 +71,7 @@ bool parse_size_arg(const std::string& s, size_t& out) {
 [[noreturn]] void usage(const char* why = nullptr) {
   if (why) std::fprintf(stderr, "ferry-bench: %s\n", why);
   std::fprintf(stderr,
-      "usage: ferry-bench [--backend tcp|NAME|policy] [--policy FILE] [--op WRITE|READ]\n"
+      "usage: ferry-bench [--backend tcp|NAME[,NAME...]|policy] [--policy FILE] [--op WRITE|READ]\n"
       "         [--start-block-size N] [--max-block-size N] [--start-batch-size N]\n"
       "         [--max-batch-size N] [--num-iter N] [--warmup-iter N]\n"
       "         [--large-block-iter-factor N] [--check-consistency] [--session]\n"
@@ -139,9 +139,15 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
+// "tcp", "fault,tcp" (load all, the policy ranks them) or "policy" (whatever
+// of the known backends loads here).
 std::vector<std::string> backends_of(const Options& o) {
-  if (o.backend != "policy") return {o.backend};
-  return {"tcp", "ofi", "rdma", "xgmi"};  // whatever of these loads; the policy ranks them
+  if (o.backend == "policy") return {"tcp", "ofi", "rdma", "xgmi"};
+  std::vector<std::string> out;
+  std::stringstream ss(o.backend);
+  for (std::string b; std::getline(ss, b, ',');)
+    if (!b.empty()) out.push_back(b);
+  return out;
 }
 
 bool split_host_port(const std::string& s, std::string& host, std::string& port) {
@@ -343,6 +349,18 @@ class Initiator {
     return verified;
   }
 
+  void print_stats() {
+    EngineStats st = engine_->stats();
+    std::printf("stats (initiator):");
+    for (const auto& [name, b] : st.backends)
+      std::printf(" %s{transfers=%llu bytes=%llu failures=%llu failovers=%llu quarantines=%llu}",
+                  name.c_str(), static_cast<unsigned long long>(b.transfers),
+                  static_cast<unsigned long long>(b.bytes), static_cast<unsigned long long>(b.failures),
+                  static_cast<unsigned long long>(b.failovers),
+                  static_cast<unsigned long long>(b.quarantines));
+    std::printf("\n");
+  }
+
   StatusCode quit() {
     ch_.ask("quit", 10000);
     return StatusCode::SUCCESS;
@@ -424,6 +442,7 @@ int run_initiator(const Options& o, bench::LineChannel& ch, size_t region) {
     }
   }
   write_files(o, rows);
+  ini.print_stats();
   ini.quit();
   if (!ok) std::fprintf(stderr, "ferry-bench: stopped early (see above)\n");
   return ok ? 0 : 1;

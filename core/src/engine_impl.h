@@ -9,6 +9,7 @@
 #include <set>
 #include <shared_mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -67,10 +68,23 @@ struct LocalMem {
   uint64_t inflight = 0;
 };
 
+// A routing decision kept for one (local region, remote region, op, rule); valid
+// while neither the loaded backends nor any health state changed, and no
+// quarantine it relied on has ended.
+struct CachedRoute {
+  uint64_t backend_generation = 0;
+  uint64_t health_generation = 0;
+  std::chrono::steady_clock::time_point valid_until;
+  std::vector<std::shared_ptr<struct Backend>> route;
+  std::string why;
+};
+
 struct RemoteMem {
   MemoryDesc desc;
   std::set<std::string> advertised;
   std::map<std::string, void*> handles;  // engine mu_
+  std::mutex route_mu;
+  std::map<std::tuple<uint64_t, int, int>, CachedRoute> routes;  // (local id, op, rule)
 };
 
 // A resolved (local, remote) pair: what a Session keeps.
@@ -158,7 +172,7 @@ class EngineImpl {
   mutable std::shared_mutex mu_;  // guards everything below
   std::vector<BackendPtr> backends_;  // load order
   std::vector<std::pair<std::string, uint64_t>> loaded_;  // name, caps (for the router)
-  uint64_t backend_generation_ = 0;
+  std::atomic<uint64_t> backend_generation_{0};
   std::map<std::string, std::shared_ptr<BackendCounters>> counters_;
   std::map<std::string, std::shared_ptr<PeerEntry>> peers_;
   std::unordered_map<uint64_t, std::shared_ptr<LocalMem>> local_mems_;

@@ -149,25 +149,56 @@ std::vector<BackendPtr> EngineImpl::route_for(const MemPair& pair, Op op, uint64
   in.query.remote = pair.remote->desc.location;
   in.query.bytes = bytes;
   in.query.op = op;
+  const int rule = policy_.match(in.query);
+  const auto key = std::make_tuple(pair.local->desc.id, static_cast<int>(op), rule);
+  const uint64_t bgen = backend_generation_.load(std::memory_order_acquire);
+  const uint64_t hgen = health_->generation();
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lk(pair.remote->route_mu);
+    auto it = pair.remote->routes.find(key);
+    if (it != pair.remote->routes.end() && it->second.backend_generation == bgen &&
+        it->second.health_generation == hgen && now < it->second.valid_until) {
+      why = it->second.why;
+      return it->second.route;
+    }
+  }
+  CachedRoute c;
+  c.backend_generation = bgen;
+  c.health_generation = hgen;
+  c.valid_until = std::chrono::steady_clock::time_point::max();
   in.peer_backends = &pair.peer->advertised;
   in.local_mem_backends = &pair.local->advertised;
   in.remote_mem_backends = &pair.remote->advertised;
-  std::vector<BackendPtr> out;
-  std::shared_lock lk(mu_);
-  in.loaded = loaded_;
-  in.unusable = [&](const std::string& name) -> std::string {
-    if (!pair.peer->handles.count(name)) {
-      auto u = pair.peer->unreachable.find(name);
-      return "cannot reach the peer" + (u == pair.peer->unreachable.end() ? "" : ": " + u->second);
-    }
-    if (!pair.remote->handles.count(name)) return "remote memory could not be imported";
-    return {};
-  };
-  RouteDecision d = route(policy_, in);
-  for (const auto& name : d.kept())
-    for (const auto& b : backends_)
-      if (b->name == name) out.push_back(b);
-  if (out.empty()) why = "no backend can serve this transfer (" + d.dropped_summary() + ")";
+  {
+    std::shared_lock lk(mu_);
+    in.loaded = loaded_;
+    in.unusable = [&](const std::string& name) -> std::string {
+      if (!pair.peer->handles.count(name)) {
+        auto u = pair.peer->unreachable.find(name);
+        return "cannot reach the peer" +
+               (u == pair.peer->unreachable.end() ? "" : ": " + u->second);
+      }
+      if (!pair.remote->handles.count(name)) return "remote memory could not be imported";
+      if (health_->state(pair.peer->desc.key, name) == Health::State::QUARANTINED) {
+        auto until = health_->quarantined_until(pair.peer->desc.key, name);
+        c.valid_until = std::min(c.valid_until, until);
+        return "quarantined for this peer for another " +
+               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) +
+               " ms";
+      }
+      return {};
+    };
+    RouteDecision d = route(policy_, in);
+    for (const auto& name : d.kept())
+      for (const auto& b : backends_)
+        if (b->name == name) c.route.push_back(b);
+    if (c.route.empty()) c.why = "no backend can serve this transfer (" + d.dropped_summary() + ")";
+  }
+  why = c.why;
+  std::vector<BackendPtr> out = c.route;
+  std::lock_guard<std::mutex> lk(pair.remote->route_mu);
+  pair.remote->routes[key] = std::move(c);
   return out;
 }
 

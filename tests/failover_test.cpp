@@ -1,0 +1,159 @@
+// Failover: a transfer that fails on one backend, at submit or at completion,
+// or that never completes, is re-run whole on the next backend of the policy;
+// the data arrives intact, the target hears of it once, the stats show it.
+// The broken backend is tests/plugins/fault_plugin.cpp; the good one is tcp.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "pattern.h"
+
+using namespace ferry;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr size_t kBytes = 1 << 20;
+
+std::string write_policy(const std::string& body) {
+  static int n = 0;
+  auto path = std::filesystem::temp_directory_path() /
+              ("ferry-failover-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".yaml");
+  std::ofstream(path) << body;
+  return path.string();
+}
+
+std::string policy(int after_failures = 100, int max_attempts = 3) {
+  return "backends:\n  fault: {}\n"
+         "rules:\n  - prefer: [fault, tcp]\n"
+         "failover:\n  max_attempts: " + std::to_string(max_attempts) +
+         "\n  quarantine: { after_failures: " + std::to_string(after_failures) +
+         ", within: 60s, for: 60s }\n"
+         "timeout: 1s\n";
+}
+
+// Two engines in this process: `ini` writes/reads `tgt`'s memory.
+struct Rig {
+  explicit Rig(const std::string& fault_mode, const std::string& policy_text = policy()) {
+    setenv("FERRY_PLUGIN_PATH", (std::string(FERRY_TEST_PLUGIN_DIR) + ":" + FERRY_PLUGIN_BUILD_DIR).c_str(), 1);
+    policy_path = write_policy(policy_text);
+    EngineConfig cfg;
+    cfg.policy_file = policy_path;
+    ini = std::make_unique<Engine>("ini", cfg);
+    tgt = std::make_unique<Engine>("tgt", cfg);
+    std::string settings = "{\"mode\":\"" + fault_mode + "\",\"n\":2}";
+    for (Engine* e : {ini.get(), tgt.get()}) {
+      Result r1 = e->add_backend("fault", settings);
+      Result r2 = e->add_backend("tcp");
+      if (!r1 || !r2) throw std::runtime_error(r1.message + " / " + r2.message);
+    }
+    ini->register_remote_engine(tgt->desc());
+    tgt->register_remote_engine(ini->desc());
+    src.resize(kBytes);
+    dst.resize(kBytes);
+    lmem = ini->register_memory(src.data(), src.size());
+    rmem = tgt->register_memory(dst.data(), dst.size());
+  }
+  ~Rig() { std::filesystem::remove(policy_path); }
+
+  // One transfer with fresh data, verified, and the target's inbound status checked once.
+  TransferStatus run(Op op, uint64_t seed) {
+    std::vector<uint8_t>& from = op == Op::WRITE ? src : dst;
+    std::vector<uint8_t>& to = op == Op::WRITE ? dst : src;
+    test::fill_pattern(from.data(), 0, kBytes, seed);
+    std::fill(to.begin(), to.end(), 0);
+    TransferUid uid = ini->allocate_transfer_uid();
+    TransferStatus st = op == Op::WRITE ? ini->write(lmem, 0, rmem, 0, kBytes, uid)
+                                        : ini->read(lmem, 0, rmem, 0, kBytes, uid);
+    EXPECT_TRUE(st.WaitFor(20s));
+    if (st.Succeeded()) {
+      EXPECT_EQ(test::find_mismatch(to.data(), 0, kBytes, seed, 0), -1) << "data corrupted";
+      auto landed = tgt->wait_inbound_transfer_status("ini", uid, 5s);
+      EXPECT_TRUE(landed.has_value()) << "target never heard of the transfer";
+      EXPECT_FALSE(tgt->wait_inbound_transfer_status("ini", uid, 200ms).has_value())
+          << "target heard of the transfer twice";
+    }
+    return st;
+  }
+
+  BackendStats stats(const std::string& b) { return ini->stats().backends[b]; }
+
+  std::string policy_path;
+  std::unique_ptr<Engine> ini, tgt;
+  std::vector<uint8_t> src, dst;
+  MemoryDesc lmem, rmem;
+};
+
+class FailoverByMode : public testing::TestWithParam<std::string> {};
+
+TEST_P(FailoverByMode, WriteAndReadCompleteOnTheNextBackend) {
+  Rig rig(GetParam());
+  for (Op op : {Op::WRITE, Op::READ}) {
+    TransferStatus st = rig.run(op, op == Op::WRITE ? 11 : 12);
+    ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+    EXPECT_NE(st.Message().find("fault"), std::string::npos)
+        << "a success after failover says what failed first: " << st.Message();
+  }
+  EXPECT_EQ(rig.stats("fault").failures, 2u);
+  EXPECT_EQ(rig.stats("fault").failovers, 2u);
+  EXPECT_EQ(rig.stats("fault").transfers, 0u);
+  EXPECT_EQ(rig.stats("tcp").transfers, 2u);
+  EXPECT_EQ(rig.stats("tcp").bytes, 2u * kBytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, FailoverByMode,
+                         testing::Values("fail_submit", "fail_complete", "hang", "drop",
+                                         "notify_then_fail"));
+
+TEST(Failover, HealthyBackendIsUsedFirstAndNotifiesOnce) {
+  Rig rig("ok");
+  TransferStatus st = rig.run(Op::WRITE, 5);
+  ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+  EXPECT_EQ(rig.stats("fault").transfers, 1u);
+  EXPECT_EQ(rig.stats("tcp").transfers, 0u);
+}
+
+TEST(Failover, FailFirstNThenRecover) {
+  Rig rig("fail_first_n");
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(rig.run(Op::WRITE, 20 + i).Succeeded());
+  EXPECT_EQ(rig.stats("fault").failures, 2u);
+  EXPECT_EQ(rig.stats("fault").transfers, 2u) << "recovered after the first two";
+  EXPECT_EQ(rig.stats("tcp").transfers, 2u);
+}
+
+TEST(Failover, QuarantinedBackendIsSkippedWithoutATry) {
+  Rig rig("fail_complete", policy(/*after_failures=*/2));
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(rig.run(Op::WRITE, 30 + i).Succeeded());
+  EXPECT_EQ(rig.stats("fault").failures, 2u) << "after quarantine the route skips it";
+  EXPECT_EQ(rig.stats("fault").quarantines, 1u);
+  EXPECT_EQ(rig.stats("tcp").transfers, 4u);
+}
+
+TEST(Failover, AttemptBudgetEndsWithEveryReason) {
+  // Only one attempt allowed: the failure on fault is final and says why.
+  Rig rig("fail_complete", policy(100, /*max_attempts=*/1));
+  TransferStatus st = rig.run(Op::WRITE, 40);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_TRANSPORT);
+  EXPECT_NE(st.Message().find("fault: fault: scripted completion failure"), std::string::npos)
+      << st.Message();
+}
+
+TEST(Failover, SessionsFailOverToo) {
+  Rig rig("fail_submit");
+  Result why;
+  auto sess = rig.ini->create_session(rig.lmem, rig.rmem, &why);
+  ASSERT_TRUE(sess) << why.message;
+  test::fill_pattern(rig.src.data(), 0, kBytes, 77);
+  auto st = sess->write(0, 0, kBytes, sess->allocate_transfer_uid());
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  EXPECT_EQ(test::find_mismatch(rig.dst.data(), 0, kBytes, 77, 0), -1);
+  EXPECT_EQ(rig.stats("tcp").transfers, 1u);
+}
+
+}  // namespace

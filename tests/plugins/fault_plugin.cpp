@@ -1,0 +1,219 @@
+// libferry-fault.so: a test-only backend whose failures are scripted, so the
+// failover tests can break one backend on purpose and watch the policy move the
+// transfer to another. Data moves with memcpy (the memory blob carries the
+// address), so a transfer succeeds only between engines of one process; the
+// scripted failures work across processes too (ferry-bench runs with a failing
+// backend). Never installed.
+//
+// Settings (JSON): {"mode": M, "n": N}
+//   ok                 copy and succeed
+//   fail_submit        post() refuses the transfer
+//   fail_complete      accept, then complete with FERRY_ERR_TRANSPORT
+//   hang               accept and never complete (until fini): the core's deadline must act
+//   drop               accept, complete with "connection dropped" from another thread
+//   fail_first_n       the first N transfers fail at completion, later ones succeed
+//   notify_then_fail   copy, tell the target it landed, then report failure
+// On success it notifies the target itself AND lacks FERRY_CAP_NATIVE_NOTIFY, so
+// the core notifies too: the target must still see each transfer once.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/plugin.h"
+
+namespace {
+
+enum class Mode { OK, FAIL_SUBMIT, FAIL_COMPLETE, HANG, DROP, FAIL_FIRST_N, NOTIFY_THEN_FAIL };
+
+struct Instance {
+  const ferry_host_v1* host;
+  std::string key;
+  Mode mode = Mode::OK;
+  int n = 0;
+  std::atomic<int> seen{0};
+  std::mutex mu;
+  std::vector<void*> hung;  // xfer_ctx of hung transfers, completed at fini
+  std::vector<std::thread> threads;
+};
+
+struct Peer {
+  std::string key;
+  bool same_process;  // data moves only then (memcpy); failures work anywhere
+};
+struct Mem {
+  uint8_t* addr;
+  uint64_t size;
+};
+
+struct Blob {
+  uint64_t pid, addr, size;
+};
+
+int f_init(const ferry_host_v1* host, const char* key, const char*, const char* settings,
+           void** ctx, char* err, size_t errlen) {
+  auto* in = new Instance();
+  in->host = host;
+  in->key = key;
+  auto j = nlohmann::json::parse(settings, nullptr, false);
+  std::string mode = j.is_object() ? j.value("mode", "ok") : "?";
+  in->n = j.is_object() ? j.value("n", 0) : 0;
+  static const std::pair<const char*, Mode> modes[] = {
+      {"ok", Mode::OK},       {"fail_submit", Mode::FAIL_SUBMIT}, {"fail_complete", Mode::FAIL_COMPLETE},
+      {"hang", Mode::HANG},   {"drop", Mode::DROP},               {"fail_first_n", Mode::FAIL_FIRST_N},
+      {"notify_then_fail", Mode::NOTIFY_THEN_FAIL}};
+  bool found = false;
+  for (const auto& [name, m] : modes)
+    if (mode == name) {
+      in->mode = m;
+      found = true;
+    }
+  if (!found) {
+    std::snprintf(err, errlen, "fault: unknown mode '%s'", mode.c_str());
+    delete in;
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  *ctx = in;
+  return FERRY_OK;
+}
+
+void f_fini(void* ctx) {
+  auto* in = static_cast<Instance*>(ctx);
+  for (auto& t : in->threads) t.join();
+  for (void* x : in->hung) in->host->complete(in->host->host_ctx, x, FERRY_ERR_BAD_STATE, "fault: shut down");
+  delete in;
+}
+
+int f_conn_info(void*, void* buf, size_t* len) {
+  uint64_t pid = static_cast<uint64_t>(getpid());
+  std::memcpy(buf, &pid, sizeof pid);
+  *len = sizeof pid;
+  return FERRY_OK;
+}
+
+int f_peer_add(void*, const ferry_peer_v1* p, void** h) {
+  uint64_t pid = 0;
+  if (p->conn_blob_len != sizeof pid) return FERRY_ERR_INVALID_ARGS;
+  std::memcpy(&pid, p->conn_blob, sizeof pid);
+  *h = new Peer{p->key, pid == static_cast<uint64_t>(getpid())};
+  return FERRY_OK;
+}
+void f_peer_remove(void*, void* h) { delete static_cast<Peer*>(h); }
+
+int f_mem_register(void*, const ferry_mem_v1* m, void** h, void* blob, size_t* len) {
+  if (m->location != FERRY_MEM_CPU) return FERRY_ERR_UNSUPPORTED;
+  Blob b{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(m->addr), m->size};
+  std::memcpy(blob, &b, sizeof b);
+  *len = sizeof b;
+  *h = new Mem{static_cast<uint8_t*>(m->addr), m->size};
+  return FERRY_OK;
+}
+void f_mem_deregister(void*, void* h) { delete static_cast<Mem*>(h); }
+
+int f_mem_import(void*, void*, uint64_t, uint64_t size, const void* blob, size_t len, void** h) {
+  Blob b;
+  if (len != sizeof b) return FERRY_ERR_INVALID_ARGS;
+  std::memcpy(&b, blob, sizeof b);
+  if (b.size != size) return FERRY_ERR_INVALID_ARGS;
+  *h = new Mem{reinterpret_cast<uint8_t*>(b.addr), b.size};
+  return FERRY_OK;
+}
+void f_mem_release(void*, void* h) { delete static_cast<Mem*>(h); }
+
+void copy(const ferry_xfer_v1* x) {
+  auto* l = static_cast<Mem*>(x->local_mem);
+  auto* r = static_cast<Mem*>(x->remote_mem);
+  for (uint32_t i = 0; i < x->n_iov; ++i) {
+    const auto& v = x->iov[i];
+    if (x->op == FERRY_OP_WRITE) std::memcpy(r->addr + v.remote_off, l->addr + v.local_off, v.len);
+    else std::memcpy(l->addr + v.local_off, r->addr + v.remote_off, v.len);
+  }
+}
+
+// Tell the target's instance that uid landed, over the core's control channel.
+void notify_target(Instance* in, const ferry_xfer_v1* x) {
+  if (!(x->flags & FERRY_XFER_NOTIFY)) return;
+  auto* p = static_cast<Peer*>(x->peer);
+  in->host->ctrl_send(in->host->host_ctx, p->key.c_str(), &x->uid, sizeof x->uid);
+}
+
+int f_post(void* ctx, const ferry_xfer_v1* x) {
+  auto* in = static_cast<Instance*>(ctx);
+  int nth = in->seen.fetch_add(1);
+  void* hc = in->host->host_ctx;
+  switch (in->mode) {
+    case Mode::FAIL_SUBMIT:
+      return FERRY_ERR_TRANSPORT;
+    case Mode::FAIL_COMPLETE:
+      in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT, "fault: scripted completion failure");
+      return FERRY_OK;
+    case Mode::HANG: {
+      std::lock_guard<std::mutex> lk(in->mu);
+      in->hung.push_back(x->xfer_ctx);
+      return FERRY_OK;
+    }
+    case Mode::DROP: {
+      std::lock_guard<std::mutex> lk(in->mu);
+      void* xc = x->xfer_ctx;
+      in->threads.emplace_back([in, xc] {
+        in->host->complete(in->host->host_ctx, xc, FERRY_ERR_TRANSPORT, "fault: connection dropped");
+      });
+      return FERRY_OK;
+    }
+    case Mode::FAIL_FIRST_N:
+      if (nth < in->n) {
+        in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT, "fault: failing the first N");
+        return FERRY_OK;
+      }
+      break;
+    case Mode::NOTIFY_THEN_FAIL:
+      if (static_cast<Peer*>(x->peer)->same_process) copy(x);
+      notify_target(in, x);
+      in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT, "fault: failed after notifying");
+      return FERRY_OK;
+    case Mode::OK:
+      break;
+  }
+  if (!static_cast<Peer*>(x->peer)->same_process) {
+    in->host->complete(hc, x->xfer_ctx, FERRY_ERR_UNSUPPORTED, "fault: moves data only within one process");
+    return FERRY_OK;
+  }
+  copy(x);
+  notify_target(in, x);
+  in->host->complete(hc, x->xfer_ctx, FERRY_OK, nullptr);
+  return FERRY_OK;
+}
+
+void f_on_ctrl(void* ctx, const char* peer, const void* msg, size_t len) {
+  auto* in = static_cast<Instance*>(ctx);
+  uint64_t uid;
+  if (len != sizeof uid) return;
+  std::memcpy(&uid, msg, sizeof uid);
+  in->host->inbound(in->host->host_ctx, peer, uid, FERRY_OK);
+}
+
+}  // namespace
+
+extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
+    sizeof(ferry_plugin_ops_v1),
+    FERRY_PLUGIN_ABI_MINOR,
+    "fault",
+    "0.1-test",
+    FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY,
+    f_init,
+    f_fini,
+    f_conn_info,
+    f_peer_add,
+    f_peer_remove,
+    f_mem_register,
+    f_mem_deregister,
+    f_mem_import,
+    f_mem_release,
+    f_post,
+    f_on_ctrl,
+    nullptr};
