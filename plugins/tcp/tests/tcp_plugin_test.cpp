@@ -910,7 +910,7 @@ TEST(TcpPerf, DISABLED_Bandwidth) {
   Mem* src = a.Register(1, 64 << 20);
   Mem* dst = b.Register(1, 64 << 20);
   void* remote = a.Import(pb, *dst);
-  for (uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
+  for (uint32_t op : {FERRY_OP_READ, FERRY_OP_WRITE}) {
     for (uint64_t size : {uint64_t{4096}, uint64_t{64 << 10}, uint64_t{1 << 20}, uint64_t{64 << 20}}) {
       const int iters = static_cast<int>(std::max<uint64_t>(8, (1ull << 30) / size / 4));
       const auto t0 = std::chrono::steady_clock::now();
