@@ -76,6 +76,11 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
     } else if (cmd == "stats") {
       auto st = engine->stats();
       out << "STATS " << st.inbound_notifications << " " << st.ctrl_rejected;
+    } else if (cmd == "remove_backend") {
+      std::string name;
+      in >> name;
+      auto r = engine->remove_backend(name);
+      out << (r ? "OK" : "ERR " + r.message);
     } else if (cmd == "quit") {
       ch.send("BYE");
       return 0;

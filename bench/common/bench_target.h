@@ -25,6 +25,7 @@ struct TargetOptions {
 //   hash <n> <off> <len> ...        -> HASH <fnv1a of the n ranges in order>
 //   pop <key> <uid> <timeout_ms>    -> INBOUND <code> | NONE
 //   stats                           -> STATS <inbound notifications> <ctrl rejected>
+//   remove_backend <name>           -> OK | ERR <why>  (cuts that backend's connections)
 //   quit                            -> BYE, and returns
 // Returns an exit code.
 int run_target(const TargetOptions& opt, int in_fd, int out_fd);

@@ -389,7 +389,7 @@ Result EngineImpl::deregister_remote_engine(const std::string& key) {
   }
   control_->forget_peer(key);
   for (const auto& b : bs) {
-    std::shared_lock life(b->life);
+    std::unique_lock life(b->life);  // no post() may be using the handles freed here
     if (b->removed) continue;
     void* ph = nullptr;
     std::vector<void*> rhs;
@@ -483,7 +483,7 @@ Result EngineImpl::deregister_memory(const MemoryDesc& d) {
     bs = backends_;
   }
   for (const auto& b : bs) {
-    std::shared_lock life(b->life);
+    std::unique_lock life(b->life);  // no post() may be using the handle freed here
     if (b->removed) continue;
     void* h = nullptr;
     {

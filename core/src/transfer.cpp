@@ -133,7 +133,7 @@ void EngineImpl::release_remote(const std::shared_ptr<RemoteMem>& r) {
       h = it->second;
       r->handles.erase(it);
     }
-    std::shared_lock life(b->life);
+    std::unique_lock life(b->life);  // no post() may be using the handle
     if (!b->removed) b->ops->mem_release(b->ctx, h);
   }
 }
@@ -286,6 +286,14 @@ void EngineImpl::start_next(const TransferPtr& t) {
 }
 
 int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why) {
+  // Hold the backend's life lock from the handle lookup through post(): the
+  // calls that free plugin handles take it exclusively, so a handle found here
+  // stays valid until the plugin has taken the transfer.
+  std::shared_lock life(b->life);
+  if (b->removed) {
+    why = "backend was removed";
+    return FERRY_ERR_BAD_STATE;
+  }
   void *ph, *lh, *rh;
   {
     std::shared_lock lk(mu_);
@@ -294,7 +302,7 @@ int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::str
     auto r = t->pair.remote->handles.find(b->name);
     if (p == t->pair.peer->handles.end() || l == t->pair.local->handles.end() ||
         r == t->pair.remote->handles.end()) {
-      why = "backend no longer has the peer or memory";
+      why = "the peer or the memory is no longer registered with this backend";
       return FERRY_ERR_NOT_FOUND;
     }
     ph = p->second;
@@ -304,7 +312,6 @@ int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::str
   auto a = std::make_shared<Attempt>();
   a->transfer = t;
   a->backend = b;
-  uint64_t deadline = now_ns() + static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(policy_.timeout).count());
   ferry_xfer_v1 x{};
   x.struct_size = sizeof x;
   x.op = t->op;
@@ -315,18 +322,12 @@ int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::str
   x.remote_mem = rh;
   x.iov = t->iov.data();
   x.uid = t->uid;
-  x.deadline_ns = deadline;
+  x.deadline_ns = now_ns() + static_cast<uint64_t>(
+                                 std::chrono::duration_cast<std::chrono::nanoseconds>(policy_.timeout).count());
   x.total_bytes = t->total;
   auto* ref = new std::shared_ptr<Attempt>(a);
   x.xfer_ctx = ref;
   watchdog_.arm(a, std::chrono::steady_clock::now() + policy_.timeout + kWatchdogGrace);
-  std::shared_lock life(b->life);
-  if (b->removed) {
-    delete ref;
-    a->settled = true;
-    why = "backend was removed";
-    return FERRY_ERR_BAD_STATE;
-  }
   int rc = b->ops->post(b->ctx, &x);
   if (rc != FERRY_OK) {
     delete ref;

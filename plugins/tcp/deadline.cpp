@@ -12,7 +12,9 @@ DeadlineWatcher::DeadlineWatcher(const ferry_host_v1* host, Expire on_expire)
 
 DeadlineWatcher::~DeadlineWatcher() { Stop(); }
 
-void DeadlineWatcher::Start() { thread_ = std::thread([this] { Main(); }); }
+void DeadlineWatcher::Start() {
+  thread_ = std::thread([this] { Main(); });
+}
 
 void DeadlineWatcher::Stop() {
   {

@@ -43,14 +43,14 @@ void Instance::OnExpired(const std::shared_ptr<Xfer>& x) {
   auto peer = x->peer.lock();
   if (!peer) return;
   const uint64_t now = x->host->now_ns(x->host->host_ctx);
-  const std::string msg = "transfer uid " + std::to_string(x->uid) + " to " +
-                          peer->info().label + " passed its deadline (" +
+  const std::string msg = "transfer uid " + std::to_string(x->uid) + " to " + peer->info().label +
+                          " passed its deadline (" +
                           std::to_string((now - x->posted_ns) / 1000000) + " ms after post)";
   x->MarkError(FERRY_ERR_TIMEOUT, msg);
   Log(x->host, FERRY_LOG_WARN, "%s; resetting its lanes", msg.c_str());
   // A peer that lets one transfer hang is not trusted with the others either.
-  peer->ResetLanes(FERRY_ERR_TIMEOUT, "lanes to " + peer->info().label +
-                                          " were reset after a transfer timed out");
+  peer->ResetLanes(FERRY_ERR_TIMEOUT,
+                   "lanes to " + peer->info().label + " were reset after a transfer timed out");
 }
 
 bool Instance::Start(std::string* err) {
@@ -105,8 +105,8 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   }
   try {
     auto h = std::make_unique<PeerHandle>();
-    h->peer = std::make_shared<Peer>(std::move(info), settings_.lanes, settings_.chunk_bytes,
-                                     &watcher_);
+    h->peer =
+        std::make_shared<Peer>(std::move(info), settings_.lanes, settings_.chunk_bytes, &watcher_);
     std::lock_guard lk(handles_mu_);
     peers_.insert(h.get());
     *handle = h.release();

@@ -323,8 +323,8 @@ void Lane::ReceiverMain(int fd) {
       break;
     }
     if (h.type == wire::Type::kError) {
-      std::exchange(current, nullptr)->Resolve(FERRY_ERR_REMOTE,
-                                               info_->label + " refused the request: " + text);
+      std::exchange(current, nullptr)
+          ->Resolve(FERRY_ERR_REMOTE, info_->label + " refused the request: " + text);
       continue;
     }
     if ((h.type == wire::Type::kWriteAck) != current->is_write ||

@@ -28,11 +28,11 @@ namespace ferry_tcp {
 // What every lane of one peer needs to know; fixed at peer_add.
 struct PeerInfo {
   const ferry_host_v1* host = nullptr;
-  std::string key;    // the peer's engine key
-  std::string addr;   // host to dial
+  std::string key;   // the peer's engine key
+  std::string addr;  // host to dial
   uint16_t port = 0;
-  std::string label;  // "key (addr:port)" for messages
-  std::string my_key; // sent in HELLO
+  std::string label;   // "key (addr:port)" for messages
+  std::string my_key;  // sent in HELLO
   int connect_timeout_ms = 5000;
 };
 

@@ -59,8 +59,8 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   // ranges are the target's to check, so a bad one still goes on the wire.
   for (uint32_t i = 0; i < x.n_iov; ++i) {
     if (!local->Contains(x.iov[i].local_off, x.iov[i].len)) {
-      *why = "item " + std::to_string(i) + " is outside local memory " +
-             std::to_string(local->id());
+      *why =
+          "item " + std::to_string(i) + " is outside local memory " + std::to_string(local->id());
       return FERRY_ERR_INVALID_ARGS;
     }
   }
@@ -102,8 +102,7 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
     std::lock_guard lk(seq_mu_);
     xfer->seq = next_seq_++;
     if (xfer->notify) notify_inflight_.insert(xfer->seq);
-    low_seq = notify_inflight_.empty() ? xfer->seq
-                                       : std::min(*notify_inflight_.begin(), xfer->seq);
+    low_seq = notify_inflight_.empty() ? xfer->seq : std::min(*notify_inflight_.begin(), xfer->seq);
   }
   try {
     for (PlannedFrame& p : plan) {

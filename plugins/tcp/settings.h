@@ -7,13 +7,13 @@
 namespace ferry_tcp {
 
 struct Settings {
-  int lanes = 4;                    // data connections per peer
-  uint64_t chunk_bytes = 1 << 20;   // most payload bytes in one frame
+  int lanes = 4;                   // data connections per peer
+  uint64_t chunk_bytes = 1 << 20;  // most payload bytes in one frame
   std::string listen_host = "127.0.0.1";
-  uint16_t listen_port = 0;         // 0 = any free port
-  std::string advertise_host;       // what peers dial; empty = listen_host
+  uint16_t listen_port = 0;    // 0 = any free port
+  std::string advertise_host;  // what peers dial; empty = listen_host
   int connect_timeout_ms = 5000;
-  int io_timeout_ms = 30000;        // a frame that stops moving for this long is dropped
+  int io_timeout_ms = 30000;  // a frame that stops moving for this long is dropped
 };
 
 // Rejects bad JSON, unknown keys, wrong types and out-of-range values, saying which.

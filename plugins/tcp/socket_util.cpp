@@ -96,7 +96,8 @@ int RecvIov(int fd, const iovec* iov, size_t n, bool idle_ok) {
     if (v.size() - first == 1) {
       r = recv(fd, v[first].iov_base, v[first].iov_len, 0);
     } else {
-      r = readv(fd, v.data() + first, static_cast<int>(std::min<size_t>(v.size() - first, IOV_MAX)));
+      r = readv(fd, v.data() + first,
+                static_cast<int>(std::min<size_t>(v.size() - first, IOV_MAX)));
     }
     if (r < 0) {
       if (errno == EINTR) continue;
@@ -237,9 +238,8 @@ int ListenTcp(const std::string& host, uint16_t port, int* out_fd, uint16_t* bou
     sockaddr_storage ss{};
     socklen_t sl = sizeof(ss);
     getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl);
-    *bound_port = ntohs(ss.ss_family == AF_INET6
-                            ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                            : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    *bound_port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                                 : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
     freeaddrinfo(res);
     *out_fd = fd;
     return 0;

@@ -101,8 +101,7 @@ void TargetServer::AcceptMain() {
         continue;
       }
       lk.unlock();
-      Log(host_, FERRY_LOG_ERROR, "accept failed, no more lanes accepted: %s",
-          std::strerror(err));
+      Log(host_, FERRY_LOG_ERROR, "accept failed, no more lanes accepted: %s", std::strerror(err));
       return;
     }
     ReapLocked();
@@ -279,9 +278,8 @@ void TargetServer::ServeLane(int fd, const std::string& from) {
 
 TargetServer::Outcome TargetServer::ServeRequest(int fd, TargetPeer& tp, const wire::Header& h,
                                                  const std::vector<wire::Item>& items,
-                                                 const std::function<bool(int)>& count,
-                                                 int* status, std::string* reason,
-                                                 std::string* close_why) {
+                                                 const std::function<bool(int)>& count, int* status,
+                                                 std::string* reason, std::string* close_why) {
   const bool is_write = h.type == wire::Type::kWrite;
   std::shared_ptr<Region> r;
   if (tp.removed()) {

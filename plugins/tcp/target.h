@@ -51,9 +51,8 @@ class TargetServer {
   void Serve(Conn* c);
   void ServeLane(int fd, const std::string& from);
   Outcome ServeRequest(int fd, TargetPeer& tp, const wire::Header& h,
-                       const std::vector<wire::Item>& items,
-                       const std::function<bool(int)>& count, int* status, std::string* reason,
-                       std::string* close_why);
+                       const std::vector<wire::Item>& items, const std::function<bool(int)>& count,
+                       int* status, std::string* reason, std::string* close_why);
   int SendError(int fd, uint64_t req_id, int status, const std::string& msg);
   void ReapLocked();
 

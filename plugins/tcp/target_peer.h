@@ -39,7 +39,7 @@ class TargetPeer {
     bool reported = false;
   };
   // Bounds memory a buggy or hostile initiator can pin with never-finished transfers.
-  static constexpr size_t kMaxPending = 1 << 20;
+  static constexpr size_t kMaxPending = 1 << 16;
 
   const std::string key_;
   mutable std::mutex mu_;

@@ -41,9 +41,8 @@ void SetErr(char* err, size_t errlen, const std::string& msg) {
 int Init(const ferry_host_v1* host, const char* engine_key, const char* node_id,
          const char* settings_json, void** ctx, char* err, size_t errlen) {
   try {
-    if (host == nullptr || ctx == nullptr ||
-        !FERRY_HAS_FIELD(ferry_host_v1, host, complete) || host->complete == nullptr ||
-        host->now_ns == nullptr) {
+    if (host == nullptr || ctx == nullptr || !FERRY_HAS_FIELD(ferry_host_v1, host, complete) ||
+        host->complete == nullptr || host->now_ns == nullptr) {
       SetErr(err, errlen, "tcp: host services table is missing or too old");
       return FERRY_ERR_INVALID_ARGS;
     }

@@ -3,6 +3,7 @@
 // broken peers. Every wait is on a completion or a socket, never a sleep.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -22,8 +23,6 @@
 #include <thread>
 #include <tuple>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "ferry/plugin.h"
 #include "planner.h"
@@ -74,9 +73,7 @@ class FakeHost {
                    level >= 0 && level <= 3 ? kLevels[level] : "?", msg);
     };
     host_.now_ns = [](void*) { return NowNs(); };
-    host_.ctrl_send = [](void*, const char*, const void*, size_t) {
-      return FERRY_ERR_UNSUPPORTED;
-    };
+    host_.ctrl_send = [](void*, const char*, const void*, size_t) { return FERRY_ERR_UNSUPPORTED; };
     host_.complete = [](void*, void* xfer_ctx, int status, const char* msg) {
       auto* c = static_cast<Completion*>(xfer_ctx);
       std::lock_guard lk(c->mu);
@@ -135,8 +132,8 @@ class Engine {
   explicit Engine(std::string key, const std::string& settings = "{}")
       : key_(std::move(key)), host_(key_) {
     char err[256] = {0};
-    const int rc = ops.init(host_.host(), key_.c_str(), "node", settings.c_str(), &ctx_, err,
-                            sizeof(err));
+    const int rc =
+        ops.init(host_.host(), key_.c_str(), "node", settings.c_str(), &ctx_, err, sizeof(err));
     EXPECT_EQ(rc, FERRY_OK) << err;
     if (rc != FERRY_OK) ctx_ = nullptr;
   }
@@ -172,8 +169,10 @@ class Engine {
     p.conn_blob_len = blob.size();
     void* h = nullptr;
     const int rc = ops.peer_add(ctx_, &p, &h);
-    if (rc_out) *rc_out = rc;
-    else EXPECT_EQ(rc, FERRY_OK);
+    if (rc_out)
+      *rc_out = rc;
+    else
+      EXPECT_EQ(rc, FERRY_OK);
     return h;
   }
 
@@ -225,8 +224,8 @@ struct Result {
 
 // Posts a transfer and waits for its completion.
 Result Transfer(Engine& e, uint32_t op, void* peer, Mem* local, void* remote,
-           const std::vector<ferry_iov_v1>& iov, uint32_t flags = 0, uint64_t uid = 0,
-           uint64_t deadline_ns = 0) {
+                const std::vector<ferry_iov_v1>& iov, uint32_t flags = 0, uint64_t uid = 0,
+                uint64_t deadline_ns = 0) {
   Completion c;
   ferry_xfer_v1 x{};
   x.struct_size = sizeof(x);
@@ -300,18 +299,27 @@ uint16_t PortOf(const std::vector<uint8_t>& conn_blob) {
   return ci.port;
 }
 
-// A port on which nothing listens (any more).
-uint16_t ClosedPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+// A port on which nothing listens: bound but never listening, so connects are
+// refused and no other process can take the port while the test runs.
+class RefusingPort {
+ public:
+  RefusingPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~RefusingPort() { close(fd_); }
+  uint16_t port() const { return port_; }
+
+ private:
+  int fd_;
+  uint16_t port_;
+};
 
 // ---- settings and blobs ------------------------------------------------------
 
@@ -362,8 +370,8 @@ TEST(TcpAbi, TableIsComplete) {
   EXPECT_EQ(ops.struct_size, sizeof(ferry_plugin_ops_v1));
   EXPECT_EQ(ops.abi_minor, FERRY_PLUGIN_ABI_MINOR);
   EXPECT_STREQ(ops.name, "tcp");
-  EXPECT_EQ(ops.caps, FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
-                          FERRY_CAP_NATIVE_NOTIFY);
+  EXPECT_EQ(ops.caps,
+            FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_NATIVE_NOTIFY);
 }
 
 TEST(TcpAbi, BlobsAndRegistrationAreChecked) {
@@ -529,7 +537,8 @@ TEST_F(TcpPair, BatchOfNonContiguousSmallItems) {
   Result r = Transfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, iov);
   ASSERT_EQ(r.status, FERRY_OK) << r.msg;
   for (const auto& it : iov) {
-    ASSERT_TRUE(SameBytes(back->data.data() + it.local_off, dst->data.data() + it.remote_off, 4096));
+    ASSERT_TRUE(
+        SameBytes(back->data.data() + it.local_off, dst->data.data() + it.remote_off, 4096));
   }
   ops.mem_release(a_->ctx(), remote);
 }
@@ -562,16 +571,17 @@ TEST_F(TcpPair, ManyFramesOverSmallChunksAndItemLimit) {
   std::vector<ferry_iov_v1> iov;
   for (uint64_t i = 0; i < 10000; ++i) iov.push_back({i * 16, (2 << 20) + i * 24, 8});
   iov.push_back({1 << 20, 0, 1 << 20});
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov, FERRY_XFER_NOTIFY, 500).status,
-            FERRY_OK);
+  ASSERT_EQ(
+      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov, FERRY_XFER_NOTIFY, 500).status,
+      FERRY_OK);
   for (const auto& it : iov) {
-    ASSERT_TRUE(SameBytes(src->data.data() + it.local_off, dst->data.data() + it.remote_off,
-                          it.len));
+    ASSERT_TRUE(
+        SameBytes(src->data.data() + it.local_off, dst->data.data() + it.remote_off, it.len));
   }
   ASSERT_EQ(Transfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, iov).status, FERRY_OK);
   for (const auto& it : iov) {
-    ASSERT_TRUE(SameBytes(back->data.data() + it.local_off, src->data.data() + it.local_off,
-                          it.len));
+    ASSERT_TRUE(
+        SameBytes(back->data.data() + it.local_off, src->data.data() + it.local_off, it.len));
   }
   EXPECT_EQ(b_->host().CountInbound(500), 1);
   ops.mem_release(a_->ctx(), remote);
@@ -583,10 +593,10 @@ TEST_F(TcpPair, NotifyExactlyOnceAndOnlyWhenAsked) {
   void* remote = a_->Import(a_peer_b_, *dst);
 
   // WRITE: inbound comes before the ack, so it is there once complete() is.
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, FERRY_XFER_NOTIFY,
-                42)
-                .status,
-            FERRY_OK);
+  ASSERT_EQ(
+      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, FERRY_XFER_NOTIFY, 42)
+          .status,
+      FERRY_OK);
   ASSERT_EQ(b_->host().CountInbound(42), 1);
   auto in = b_->host().inbound();
   EXPECT_EQ(in[0].peer, "engine-a");
@@ -597,24 +607,24 @@ TEST_F(TcpPair, NotifyExactlyOnceAndOnlyWhenAsked) {
   EXPECT_EQ(b_->host().CountInbound(43), 0);
 
   // Many frames over all lanes still make one notification.
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 8 << 20}}, FERRY_XFER_NOTIFY,
-                44)
+  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 8 << 20}},
+                     FERRY_XFER_NOTIFY, 44)
                 .status,
             FERRY_OK);
   EXPECT_EQ(b_->host().CountInbound(44), 1);
 
   // READ: the target learns after sending the data, so wait for it.
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, 0, 3 << 20}}, FERRY_XFER_NOTIFY,
-                45)
-                .status,
-            FERRY_OK);
+  ASSERT_EQ(
+      Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, 0, 3 << 20}}, FERRY_XFER_NOTIFY, 45)
+          .status,
+      FERRY_OK);
   ASSERT_TRUE(b_->host().WaitInbound(45));
   ASSERT_EQ(Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, 0, 4096}}, 0, 46).status,
             FERRY_OK);
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, FERRY_XFER_NOTIFY,
-                47)
-                .status,
-            FERRY_OK);
+  ASSERT_EQ(
+      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, FERRY_XFER_NOTIFY, 47)
+          .status,
+      FERRY_OK);
   EXPECT_EQ(b_->host().CountInbound(45), 1);
   EXPECT_EQ(b_->host().CountInbound(46), 0);
   EXPECT_EQ(b_->host().inbound().size(), 4u);
@@ -627,8 +637,8 @@ TEST_F(TcpPair, OutOfRangeRemoteIsRefusedByTarget) {
   Mem* dst = b_->Register(1, 4096);
   void* remote = a_->Import(a_peer_b_, *dst);
   // The core would catch these; here they go on the wire on purpose.
-  Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 4000, 200}}, FERRY_XFER_NOTIFY,
-                 9);
+  Result w =
+      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 4000, 200}}, FERRY_XFER_NOTIFY, 9);
   EXPECT_EQ(w.status, FERRY_ERR_REMOTE);
   EXPECT_NE(w.msg.find("outside"), std::string::npos) << w.msg;
   EXPECT_EQ(w.calls, 1);
@@ -638,7 +648,8 @@ TEST_F(TcpPair, OutOfRangeRemoteIsRefusedByTarget) {
   Result r = Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, UINT64_MAX - 10, 100}});
   EXPECT_EQ(r.status, FERRY_ERR_REMOTE);
   // A multi-frame WRITE with one bad frame fails as a whole, once.
-  Result m = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}, {8192, 1 << 30, 8}});
+  Result m =
+      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}, {8192, 1 << 30, 8}});
   EXPECT_EQ(m.status, FERRY_ERR_REMOTE);
   EXPECT_EQ(m.calls, 1);
 
@@ -780,7 +791,7 @@ TEST_F(TcpPair, ConcurrentPostsFromManyThreads) {
         const uint32_t op = i % 3 == 2 ? FERRY_OP_READ : FERRY_OP_WRITE;
         const uint32_t flags = i % 5 == 0 ? FERRY_XFER_NOTIFY : 0;
         Result r = Transfer(*a_, op, a_peer_b_, srcs[t], remotes[t], {{off, off, 4096}}, flags,
-                       1000000 + t * kPerThread + i);
+                            1000000 + t * kPerThread + i);
         if (r.status != FERRY_OK || r.calls != 1) ++failures;
       }
     });
@@ -885,9 +896,9 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
     Mem* dst = b.Register(1, 4 << 20);
     void* remote = a.Import(pb, *dst);
     ASSERT_EQ(Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4 << 20}}).status, FERRY_OK);
-    ASSERT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}}, FERRY_XFER_NOTIFY, 1)
-                  .status,
-              FERRY_OK);
+    ASSERT_EQ(
+        Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}}, FERRY_XFER_NOTIFY, 1).status,
+        FERRY_OK);
     EXPECT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 1 << 30, 8}}).status,
               FERRY_ERR_REMOTE);
     // Every plugin thread now blocks: a quiet stretch must cost (almost) no CPU.
@@ -910,8 +921,9 @@ TEST(TcpPerf, DISABLED_Bandwidth) {
   Mem* src = a.Register(1, 64 << 20);
   Mem* dst = b.Register(1, 64 << 20);
   void* remote = a.Import(pb, *dst);
-  for (uint32_t op : {FERRY_OP_READ, FERRY_OP_WRITE}) {
-    for (uint64_t size : {uint64_t{4096}, uint64_t{64 << 10}, uint64_t{1 << 20}, uint64_t{64 << 20}}) {
+  for (uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
+    for (uint64_t size :
+         {uint64_t{4096}, uint64_t{64 << 10}, uint64_t{1 << 20}, uint64_t{64 << 20}}) {
       const int iters = static_cast<int>(std::max<uint64_t>(8, (1ull << 30) / size / 4));
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters; ++i) {
@@ -946,8 +958,9 @@ void* ImportFake(Engine& e, void* peer) {
 }
 
 TEST(TcpFailure, ClosedPortFailsWithTransportQuickly) {
+  RefusingPort closed;
   Engine a("a");
-  void* peer = a.AddPeer("ghost", wire::EncodeConnBlob({"127.0.0.1", ClosedPort()}));
+  void* peer = a.AddPeer("ghost", wire::EncodeConnBlob({"127.0.0.1", closed.port()}));
   Mem* src = a.Register(1, 4096);
   void* remote = ImportFake(a, peer);
   const auto t0 = std::chrono::steady_clock::now();
@@ -956,7 +969,8 @@ TEST(TcpFailure, ClosedPortFailsWithTransportQuickly) {
   EXPECT_NE(w.msg.find("refused"), std::string::npos) << w.msg;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   // Each later post tries again and fails the same way.
-  EXPECT_EQ(Transfer(a, FERRY_OP_READ, peer, src, remote, {{0, 0, 4096}}).status, FERRY_ERR_TRANSPORT);
+  EXPECT_EQ(Transfer(a, FERRY_OP_READ, peer, src, remote, {{0, 0, 4096}}).status,
+            FERRY_ERR_TRANSPORT);
   ops.mem_release(a.ctx(), remote);
 }
 
@@ -996,6 +1010,7 @@ class MuteListener {
   }
   ~MuteListener() { close(fd_); }
   uint16_t port() const { return port_; }
+  int fd() const { return fd_; }
 
  private:
   int fd_;
@@ -1010,14 +1025,47 @@ TEST(TcpFailure, SilentTargetTimesOutAtDeadline) {
   void* remote = ImportFake(a, peer);
   for (int round = 0; round < 2; ++round) {  // the second round reconnects after the reset
     const auto t0 = std::chrono::steady_clock::now();
-    Result w = Transfer(a, round ? FERRY_OP_READ : FERRY_OP_WRITE, peer, src, remote, {{0, 0, 4096}},
-                   0, 1, NowNs() + 300'000'000);
+    Result w = Transfer(a, round ? FERRY_OP_READ : FERRY_OP_WRITE, peer, src, remote,
+                        {{0, 0, 4096}}, 0, 1, NowNs() + 300'000'000);
     const auto took = std::chrono::steady_clock::now() - t0;
     EXPECT_EQ(w.status, FERRY_ERR_TIMEOUT) << w.msg;
     EXPECT_GE(took, 290ms);
     EXPECT_LT(took, 3s);
   }
   ops.mem_release(a.ctx(), remote);
+}
+
+// A target that reads one request and answers with `reply`.
+TEST(TcpFailure, MalformedResponsesFailWithProtocol) {
+  wire::Header ack;  // well-formed, but for a request never made
+  ack.type = wire::Type::kWriteAck;
+  ack.req_id = 999999;
+  std::vector<uint8_t> stray(wire::kHeaderSize);
+  wire::EncodeHeader(ack, stray.data());
+  std::vector<uint8_t> garbage(wire::kHeaderSize, 0x5a);
+  for (const auto& reply : {garbage, stray}) {
+    MuteListener target;  // we accept on it ourselves
+    Engine a("a");
+    void* peer = a.AddPeer("evil", wire::EncodeConnBlob({"127.0.0.1", target.port()}));
+    Mem* dst = a.Register(1, 4096);
+    void* remote = ImportFake(a, peer);
+    std::thread server([&] {
+      const int c = accept(target.fd(), nullptr, nullptr);
+      ASSERT_GE(c, 0);
+      timeval tv{10, 0};
+      setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      // HELLO (header + "a") then a READ request (header + one item).
+      std::vector<uint8_t> in(2 * wire::kHeaderSize + 1 + wire::kItemSize);
+      ASSERT_EQ(recv(c, in.data(), in.size(), MSG_WAITALL), static_cast<ssize_t>(in.size()));
+      RawSend(c, reply);
+      EXPECT_TRUE(ClosedByPeer(c));
+      close(c);
+    });
+    Result r = Transfer(a, FERRY_OP_READ, peer, dst, remote, {{0, 0, 4096}});
+    EXPECT_EQ(r.status, FERRY_ERR_PROTOCOL) << r.msg;
+    server.join();
+    ops.mem_release(a.ctx(), remote);
+  }
 }
 
 TEST(TcpFailure, PeerRemoveAndFiniFailPendingWithBadState) {
