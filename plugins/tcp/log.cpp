@@ -7,11 +7,11 @@ namespace ferry_tcp {
 
 void Log(const ferry_host_v1* host, int level, const char* fmt, ...) {
   if (host == nullptr || host->log == nullptr) return;
+  // No "tcp:" prefix: the core already names the backend in every log line.
   char buf[1024];
-  const int prefix = std::snprintf(buf, sizeof(buf), "tcp: ");
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(buf + prefix, sizeof(buf) - prefix, fmt, ap);
+  std::vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
   host->log(host->host_ctx, level, buf);
 }

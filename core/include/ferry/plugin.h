@@ -23,7 +23,9 @@
  * init/fini (never concurrent with anything). A plugin calls the host services
  * from any thread, including its own progress threads, and may do so before the
  * function that triggered them returns. The core never holds a lock of its own
- * while calling into a plugin that could call back into the core.
+ * while calling into a plugin that could call back into the core, and never
+ * calls fini(), peer_remove() or mem_deregister() from inside a host callback
+ * (complete, inbound), so a plugin may join its own threads there.
  */
 #ifndef FERRY_PLUGIN_H
 #define FERRY_PLUGIN_H
@@ -114,7 +116,9 @@ typedef struct ferry_host_v1 {
 
   /* Target side, plugins with FERRY_CAP_NATIVE_NOTIFY: a transfer flagged
    * FERRY_XFER_NOTIFY from `peer_key` (borrowed) with `uid` has landed (or failed,
-   * status < 0). The core de-duplicates, so a repeat is harmless. */
+   * status < 0). The core records only landings (a failed attempt may be retried
+   * on another backend, whose landing still counts) and de-duplicates them, so a
+   * repeat is harmless. */
   void (*inbound)(void *host_ctx, const char *peer_key, uint64_t uid, int status);
 } ferry_host_v1;
 
@@ -147,7 +151,7 @@ typedef struct ferry_mem_v1 {
 
 /* One piece of a transfer: `len` bytes at local_off in the local region and at
  * remote_off in the remote region. The core has checked both ranges against the
- * region sizes it knows. */
+ * region sizes it knows, and never passes len == 0. */
 typedef struct ferry_iov_v1 {
   uint64_t local_off;
   uint64_t remote_off;
@@ -166,7 +170,8 @@ typedef struct ferry_xfer_v1 {
   void *remote_mem;       /* plugin-owned handle from mem_import()    */
   const ferry_iov_v1 *iov; /* n_iov entries, n_iov >= 1                */
   uint64_t uid;           /* the application's transfer uid (notification key) */
-  uint64_t deadline_ns;   /* now_ns() value by which the transfer must end */
+  uint64_t deadline_ns;   /* now_ns() value by which the transfer must end; the core
+                           * always sets one (0 would mean "none") */
   void *xfer_ctx;         /* core-owned; hand back to host->complete()  */
   uint64_t total_bytes;   /* sum of iov[i].len                          */
 } ferry_xfer_v1;
