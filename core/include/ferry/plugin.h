@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 0
+#define FERRY_PLUGIN_ABI_MINOR 1
 
 /* Name of the entry symbol for ABI major 1 (for dlsym). */
 #define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
@@ -90,6 +90,52 @@ extern "C" {
 /* Largest opaque blob (connection info, memory info) a plugin may produce. */
 #define FERRY_MAX_BLOB 4096u
 
+/* ---- the GPU runtime shim (ABI 1.1) ---------------------------------------
+ * The core dlopens the GPU runtime (libcudart or libamdhip64) at run time and
+ * offers the few calls backends need through this table, so a plugin needs no
+ * GPU SDK and one plugin serves both vendors. Every function returns FERRY_OK
+ * or FERRY_ERR_GPU (last_error() then says why). Streams and events are opaque.
+ * Device pointers and host pointers share one address space (unified
+ * addressing), so memcpy_* take no direction. */
+#define FERRY_GPU_NONE 0u
+#define FERRY_GPU_CUDA 1u
+#define FERRY_GPU_HIP 2u
+
+typedef struct ferry_gpu_v1 {
+  uint32_t struct_size;
+  uint32_t vendor; /* FERRY_GPU_CUDA or FERRY_GPU_HIP */
+  void *gpu_ctx;   /* core-owned; first argument of every call below */
+  int device_count;
+  int reserved;
+
+  /* *device = the device that owns ptr, or -1 for host memory. */
+  int (*pointer_device)(void *gpu_ctx, const void *ptr, int32_t *device);
+  /* The allocation that contains ptr: its base and size (for IPC export). */
+  int (*mem_range)(void *gpu_ctx, const void *ptr, void **base, size_t *size);
+  int (*set_device)(void *gpu_ctx, int32_t device);
+  int (*stream_create)(void *gpu_ctx, void **stream);
+  int (*stream_destroy)(void *gpu_ctx, void *stream);
+  int (*stream_sync)(void *gpu_ctx, void *stream);
+  int (*memcpy_async)(void *gpu_ctx, void *dst, const void *src, size_t n, void *stream);
+  int (*event_create)(void *gpu_ctx, void **event);
+  int (*event_destroy)(void *gpu_ctx, void *event);
+  int (*event_record)(void *gpu_ctx, void *event, void *stream);
+  /* FERRY_OK when the work before the event is done, 1 when not yet. */
+  int (*event_query)(void *gpu_ctx, void *event);
+  int (*event_sync)(void *gpu_ctx, void *event);
+  /* IPC: export the allocation at base_ptr (64-byte handle), open it in another
+   * process on `device`, close what was opened. */
+  int (*ipc_get_handle)(void *gpu_ctx, const void *base_ptr, uint8_t handle[64]);
+  int (*ipc_open)(void *gpu_ctx, const uint8_t handle[64], int32_t device, void **ptr);
+  int (*ipc_close)(void *gpu_ctx, void *ptr);
+  int (*enable_peer_access)(void *gpu_ctx, int32_t device, int32_t peer_device);
+  /* Pinned host memory for staging. */
+  int (*host_alloc)(void *gpu_ctx, void **ptr, size_t n);
+  int (*host_free)(void *gpu_ctx, void *ptr);
+  /* Why the last call on this thread failed; static string. */
+  const char *(*last_error)(void *gpu_ctx);
+} ferry_gpu_v1;
+
 /* ---- services the core offers to a plugin --------------------------------- */
 typedef struct ferry_host_v1 {
   uint32_t struct_size;
@@ -120,6 +166,21 @@ typedef struct ferry_host_v1 {
    * on another backend, whose landing still counts) and de-duplicates them, so a
    * repeat is harmless. */
   void (*inbound)(void *host_ctx, const char *peer_key, uint64_t uid, int status);
+
+  /* ---- ABI 1.1 ---- */
+
+  /* The GPU runtime shim; NULL when no GPU runtime could be loaded. */
+  const ferry_gpu_v1 *gpu;
+
+  /* Prove knowledge of the engine's shared secret without seeing it: writes
+   * HMAC-SHA256(secret, challenge) into mac. FERRY_ERR_UNSUPPORTED when no
+   * secret is configured (then connections are not authenticated). A plugin
+   * that opens its own connections uses it for a challenge/response handshake
+   * and compares with auth_verify. */
+  int (*auth_sign)(void *host_ctx, const void *challenge, size_t len, uint8_t mac[32]);
+  /* FERRY_OK when mac is HMAC-SHA256(secret, challenge) (constant-time compare),
+   * FERRY_ERR_REMOTE when it is not, FERRY_ERR_UNSUPPORTED without a secret. */
+  int (*auth_verify)(void *host_ctx, const void *challenge, size_t len, const uint8_t mac[32]);
 } ferry_host_v1;
 
 /* ---- what the core tells a plugin ---------------------------------------- */
