@@ -3,11 +3,19 @@
 // One command on one machine (the target rank is this same binary, started with
 // fork+exec and driven over pipes):
 //   ferry-bench --backend tcp --op WRITE --start-block-size 4KiB --max-block-size 64MiB
-// Two hosts:
-//   host B: ferry-bench --rank 1 --listen 0.0.0.0:7000 [--host B_ADDR]
+// Two hosts (give both ranks the same size/thread/queue flags: they size the region):
+//   host B: ferry-bench --rank 1 --listen 0.0.0.0:7000 --host B_ADDR
+//             --backend-settings 'tcp={"listen_host":"0.0.0.0"}' ...
 //   host A: ferry-bench --rank 0 --peer B_ADDR:7000 --host A_ADDR ...
 // Every figure comes from real transfers; --check-consistency verifies every
 // byte against a pattern that changes per iteration.
+//
+// Per iteration (nixlbench's columns): prep = building the iteration's
+// descriptors (offsets, sizes, uid); post = the read/write call itself;
+// tx = from the post call until the transfer's status is final; latency =
+// prep + tx. B/W = bytes of the timed iterations of all threads / wall time.
+// MORI's columns: total MB, max BW (one iteration's bytes / fastest tx), avg BW
+// (= B/W), min and avg latency.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -17,21 +25,28 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_target.h"
 #include "ferry/ferry.hpp"
 #include "line_channel.h"
 #include "pattern.h"
+#include "segment.h"
 
 using namespace ferry;
+using bench::SegType;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -39,14 +54,21 @@ namespace {
 struct Options {
   std::string backend = "tcp";  // or "policy": load every backend the policy names
   std::string policy_file;
+  std::map<std::string, std::string> backend_settings;  // name -> JSON, both ranks
   Op op = Op::WRITE;
-  size_t start_block = 4096, max_block = 64u << 20;
-  size_t start_batch = 1, max_batch = 1;
+  size_t start_block = 4096, max_block = 64u << 20, block_mult = 2;
+  size_t start_batch = 1, max_batch = 1, batch_mult = 2;
   int num_iter = 64, warmup_iter = 8;
   int large_block_iter_factor = 16;  // iterations / this for blocks >= 1 MiB
+  int num_threads = 1;
+  int queue_depth = 1;  // transfers in flight per thread (as ucx_perftest -O)
   bool check = false;
   bool session = false;
   bool notify = true;
+  bool strided = false;
+  int progress = -1;  // -1: when stderr is a terminal
+  SegType init_seg = SegType::DRAM, target_seg = SegType::DRAM;
+  int init_dev = -1, target_dev = -1;  // -1: 0 for VRAM
   std::string json_file, csv_file;
   int rank = -1;  // -1: both ranks locally
   std::string peer, listen, host = "127.0.0.1";
@@ -55,7 +77,10 @@ struct Options {
 bool parse_size_arg(const std::string& s, size_t& out) {
   size_t i = 0;
   unsigned long long v = 0;
-  while (i < s.size() && isdigit(static_cast<unsigned char>(s[i]))) v = v * 10 + (s[i++] - '0');
+  while (i < s.size() && isdigit(static_cast<unsigned char>(s[i]))) {
+    if (v > (~0ull) / 10 - 9) return false;
+    v = v * 10 + static_cast<unsigned long long>(s[i++] - '0');
+  }
   if (i == 0) return false;
   std::string u = s.substr(i);
   unsigned long long m = u.empty() || u == "B" ? 1
@@ -63,7 +88,7 @@ bool parse_size_arg(const std::string& s, size_t& out) {
                          : (u == "M" || u == "MiB") ? 1ull << 20
                          : (u == "G" || u == "GiB") ? 1ull << 30
                                                     : 0;
-  if (!m) return false;
+  if (!m || v > (~0ull) / m) return false;
   out = static_cast<size_t>(v * m);
   return true;
 }
@@ -71,13 +96,25 @@ bool parse_size_arg(const std::string& s, size_t& out) {
 [[noreturn]] void usage(const char* why = nullptr) {
   if (why) std::fprintf(stderr, "ferry-bench: %s\n", why);
   std::fprintf(stderr,
-      "usage: ferry-bench [--backend tcp|NAME[,NAME...]|policy] [--policy FILE] [--op WRITE|READ]\n"
-      "         [--start-block-size N] [--max-block-size N] [--start-batch-size N]\n"
-      "         [--max-batch-size N] [--num-iter N] [--warmup-iter N]\n"
-      "         [--large-block-iter-factor N] [--check-consistency] [--session]\n"
-      "         [--no-notify] [--json FILE] [--csv FILE]\n"
-      "         [--rank 0 --peer HOST:PORT | --rank 1 --listen ADDR:PORT] [--host ADDR]\n"
-      "  sizes take K/KiB, M/MiB, G/GiB; block and batch sizes double from start to max.\n");
+      "usage: ferry-bench [options]   (nixlbench spellings with '_' work too: --num_iter)\n"
+      "  --backend tcp|NAME[,NAME...]|policy   backends to load (policy: all known ones)\n"
+      "  --policy FILE                          policy YAML (ranking, timeout, settings)\n"
+      "  --backend-settings NAME=JSON           plugin settings, both ranks (repeatable)\n"
+      "  --op WRITE|READ  (--op-type)\n"
+      "  --initiator-seg-type DRAM|VRAM  --initiator-device N\n"
+      "  --target-seg-type DRAM|VRAM     --target-device N\n"
+      "  --start-block-size N --max-block-size N --block-multiplier N (2)\n"
+      "  --start-batch-size N --max-batch-size N --batch-multiplier N (2)\n"
+      "  --num-iter N (64) --warmup-iter N (8) --large-block-iter-factor N (16, >= 1 MiB)\n"
+      "  --num-threads N        initiator threads, each its own region slice (and session)\n"
+      "  --queue-depth N        transfers in flight per thread (1)\n"
+      "  --session              session API (default: engine API)\n"
+      "  --strided              batch items non-contiguous (a gap after each block)\n"
+      "  --check-consistency    verify every byte, pattern changes per iteration\n"
+      "  --no-notify            no target notification\n"
+      "  --json FILE --csv FILE --progress|--no-progress\n"
+      "  --rank 0 --peer HOST:PORT | --rank 1 --listen ADDR:PORT (port 0: any)  [--host ADDR]\n"
+      "  sizes take K/KiB, M/MiB, G/GiB; block and batch sizes grow by their multiplier.\n");
   std::exit(2);
 }
 
@@ -85,6 +122,8 @@ Options parse_args(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    // nixlbench writes --start_block_size; accept both spellings.
+    if (a.rfind("--", 0) == 0) std::replace(a.begin() + 2, a.end(), '_', '-');
     auto val = [&]() -> std::string {
       if (i + 1 >= argc) usage(("missing value for " + a).c_str());
       return argv[++i];
@@ -96,29 +135,52 @@ Options parse_args(int argc, char** argv) {
     auto int_val = [&](int& out, int min) {
       std::string v = val();
       try {
-        out = std::stoi(v);
+        size_t used = 0;
+        out = std::stoi(v, &used);
+        if (used != v.size()) throw std::invalid_argument(v);
       } catch (...) {
         usage(("bad number '" + v + "' for " + a).c_str());
       }
       if (out < min) usage(("value too small for " + a).c_str());
     };
+    auto seg_val = [&](SegType& out) {
+      std::string v = val();
+      if (!bench::parse_seg_type(v, &out)) usage((a + " must be DRAM or VRAM").c_str());
+    };
     if (a == "--backend") o.backend = val();
     else if (a == "--policy") o.policy_file = val();
-    else if (a == "--op") {
+    else if (a == "--backend-settings") {
+      std::string v = val();
+      auto eq = v.find('=');
+      if (eq == std::string::npos || eq == 0) usage("--backend-settings wants NAME=JSON");
+      o.backend_settings[v.substr(0, eq)] = v.substr(eq + 1);
+    } else if (a == "--op" || a == "--op-type") {
       std::string v = val();
       for (auto& c : v) c = static_cast<char>(toupper(c));
       if (v != "READ" && v != "WRITE") usage("--op must be READ or WRITE");
       o.op = v == "READ" ? Op::READ : Op::WRITE;
-    } else if (a == "--start-block-size") size_val(o.start_block);
+    } else if (a == "--initiator-seg-type") seg_val(o.init_seg);
+    else if (a == "--target-seg-type") seg_val(o.target_seg);
+    else if (a == "--initiator-device") int_val(o.init_dev, 0);
+    else if (a == "--target-device") int_val(o.target_dev, 0);
+    else if (a == "--start-block-size") size_val(o.start_block);
     else if (a == "--max-block-size") size_val(o.max_block);
+    else if (a == "--block-multiplier") size_val(o.block_mult);
     else if (a == "--start-batch-size") size_val(o.start_batch);
     else if (a == "--max-batch-size") size_val(o.max_batch);
+    else if (a == "--batch-multiplier") size_val(o.batch_mult);
     else if (a == "--num-iter") int_val(o.num_iter, 1);
     else if (a == "--warmup-iter") int_val(o.warmup_iter, 0);
-    else if (a == "--large-block-iter-factor") int_val(o.large_block_iter_factor, 1);
+    else if (a == "--large-block-iter-factor" || a == "--large-blk-iter-ftr")
+      int_val(o.large_block_iter_factor, 1);
+    else if (a == "--num-threads") int_val(o.num_threads, 1);
+    else if (a == "--queue-depth") int_val(o.queue_depth, 1);
     else if (a == "--check-consistency") o.check = true;
     else if (a == "--session") o.session = true;
+    else if (a == "--strided") o.strided = true;
     else if (a == "--no-notify") o.notify = false;
+    else if (a == "--progress") o.progress = 1;
+    else if (a == "--no-progress") o.progress = 0;
     else if (a == "--json") o.json_file = val();
     else if (a == "--csv") o.csv_file = val();
     else if (a == "--rank") {
@@ -134,8 +196,15 @@ Options parse_args(int argc, char** argv) {
   }
   if (o.start_block > o.max_block) usage("--start-block-size is above --max-block-size");
   if (o.start_batch > o.max_batch) usage("--start-batch-size is above --max-batch-size");
+  if (o.block_mult < 2 || o.batch_mult < 2) usage("multipliers must be at least 2");
+  if (o.num_threads > 256) usage("--num-threads is at most 256");
+  if (o.queue_depth > 1024) usage("--queue-depth is at most 1024");
   if (o.rank == 0 && o.peer.empty()) usage("--rank 0 needs --peer HOST:PORT");
   if (o.rank == 1 && o.listen.empty()) usage("--rank 1 needs --listen ADDR:PORT");
+  if (o.init_seg == SegType::VRAM && o.init_dev < 0) o.init_dev = 0;
+  if (o.target_seg == SegType::VRAM && o.target_dev < 0) o.target_dev = 0;
+  if (o.check && (o.init_seg == SegType::VRAM || o.target_seg == SegType::VRAM))
+    usage("--check-consistency needs DRAM segments on both sides for now");
   return o;
 }
 
@@ -150,17 +219,51 @@ std::vector<std::string> backends_of(const Options& o) {
   return out;
 }
 
+const char* op_name(Op op) { return op == Op::READ ? "READ" : "WRITE"; }
+
+// Where each thread's transfers land: thread t owns queue_depth slots, each big
+// enough for the largest batch; strided items leave a block-sized gap behind them.
+struct Layout {
+  size_t stride_factor = 1;
+  size_t slot_bytes = 0;
+  size_t region = 0;
+  int queue_depth = 1;
+
+  explicit Layout(const Options& o) : stride_factor(o.strided ? 2 : 1), queue_depth(o.queue_depth) {
+    slot_bytes = o.max_block * o.max_batch * stride_factor;
+    region = slot_bytes * static_cast<size_t>(o.queue_depth) * static_cast<size_t>(o.num_threads);
+  }
+  size_t item_offset(int thread, int slot, size_t item, size_t block) const {
+    return (static_cast<size_t>(thread) * static_cast<size_t>(queue_depth) +
+            static_cast<size_t>(slot)) * slot_bytes + item * block * stride_factor;
+  }
+};
+
+bench::TargetOptions target_options(const Options& o) {
+  bench::TargetOptions t;
+  t.backends = backends_of(o);
+  t.backend_settings = o.backend_settings;
+  t.host = o.host;
+  t.region_bytes = Layout(o).region;
+  t.policy_file = o.policy_file;
+  t.seg_type = o.target_seg;
+  t.device = o.target_dev;
+  t.key = "ferry-bench-target";
+  return t;
+}
+
 bool split_host_port(const std::string& s, std::string& host, std::string& port) {
   auto c = s.rfind(':');
   if (c == std::string::npos) return false;
   host = s.substr(0, c);
   port = s.substr(c + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   return !host.empty() && !port.empty();
 }
 
 // ---- target rank ----------------------------------------------------------------
 
-int serve_over_socket(const Options& o, size_t region) {
+int serve_over_socket(const Options& o) {
   std::string host, port;
   if (!split_host_port(o.listen, host, port)) usage("--listen wants ADDR:PORT");
   addrinfo hints{}, *res = nullptr;
@@ -168,24 +271,27 @@ int serve_over_socket(const Options& o, size_t region) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) usage("cannot resolve --listen");
-  int ls = socket(res->ai_family, SOCK_STREAM, 0);
+  int ls = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (bind(ls, res->ai_addr, res->ai_addrlen) != 0 || listen(ls, 1) != 0) {
     std::perror("ferry-bench: listen");
+    freeaddrinfo(res);
     return 1;
   }
   freeaddrinfo(res);
-  std::fprintf(stderr, "ferry-bench: target waiting on %s\n", o.listen.c_str());
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof ss;
+  getsockname(ls, reinterpret_cast<sockaddr*>(&ss), &sl);
+  unsigned bound = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                                  : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  // The port line is what scripts wait for (port 0 = any free one).
+  std::fprintf(stderr, "ferry-bench: target waiting on %s:%u\n", host.c_str(), bound);
+  std::fflush(stderr);
   int fd = accept(ls, nullptr, nullptr);
   close(ls);
   if (fd < 0) return 1;
-  bench::TargetOptions t;
-  t.backends = backends_of(o);
-  t.host = o.host;
-  t.region_bytes = region;
-  t.policy_file = o.policy_file;
-  int rc = bench::run_target(t, fd, fd);
+  int rc = bench::run_target(target_options(o), fd, fd);
   close(fd);
   return rc;
 }
@@ -193,13 +299,19 @@ int serve_over_socket(const Options& o, size_t region) {
 // ---- initiator rank -------------------------------------------------------------
 
 struct Row {
-  size_t block, batch;
-  int iters;
-  double bw_gbs, max_bw_gbs;
-  double avg_lat_us, p99_lat_us, min_lat_us;
-  double avg_post_us, p99_post_us;
-  double total_mb;
-  bool verified;
+  size_t block = 0, batch = 0;
+  int iters = 0;  // per thread
+  double bw_gbs = 0, max_bw_gbs = 0;
+  double avg_lat_us = 0, p50_lat_us = 0, p99_lat_us = 0, min_lat_us = 0;
+  double avg_prep_us = 0, p99_prep_us = 0;
+  double avg_post_us = 0, p99_post_us = 0;
+  double avg_tx_us = 0, p99_tx_us = 0, min_tx_us = 0;
+  double total_mb = 0;
+  bool verified = false;
+};
+
+struct Sample {
+  double prep, post, tx, lat;  // microseconds
 };
 
 double pct(std::vector<double> v, double p) {
@@ -215,9 +327,11 @@ double avg(const std::vector<double>& v) {
   return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
+double us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
 class Initiator {
  public:
-  Initiator(const Options& o, bench::LineChannel& ch, size_t region) : o_(o), ch_(ch), local_(region) {}
+  Initiator(const Options& o, bench::LineChannel& ch) : o_(o), ch_(ch), layout_(o) {}
 
   bool setup() {
     std::string ready;
@@ -228,13 +342,25 @@ class Initiator {
     std::istringstream in(ready.substr(6));
     std::string ehex, mhex;
     in >> ehex >> mhex;
+    std::string why;
+    local_ = bench::Segment::allocate(o_.init_seg, o_.init_dev, layout_.region, &why);
+    if (!local_) {
+      std::fprintf(stderr, "ferry-bench: initiator memory: %s\n", why.c_str());
+      return false;
+    }
     EngineConfig cfg;
     cfg.host = o_.host;
     cfg.policy_file = o_.policy_file;
-    engine_ = std::make_unique<Engine>("ferry-bench-initiator", cfg);
+    try {
+      engine_ = std::make_unique<Engine>("ferry-bench-initiator", cfg);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ferry-bench: %s\n", e.what());
+      return false;
+    }
     int loaded = 0;
     for (const auto& b : backends_of(o_)) {
-      Result r = engine_->add_backend(b);
+      auto s = o_.backend_settings.find(b);
+      Result r = engine_->add_backend(b, s == o_.backend_settings.end() ? std::string() : s->second);
       if (r) ++loaded;
       else if (o_.backend != "policy") {
         std::fprintf(stderr, "ferry-bench: %s\n", r.message.c_str());
@@ -245,108 +371,107 @@ class Initiator {
       std::fprintf(stderr, "ferry-bench: no backend loaded\n");
       return false;
     }
-    EngineDesc target = EngineDesc::unpack(test::from_hex(ehex));
-    remote_ = MemoryDesc::unpack(test::from_hex(mhex));
-    if (Result r = engine_->register_remote_engine(target); !r) {
-      std::fprintf(stderr, "ferry-bench: %s\n", r.message.c_str());
+    try {
+      EngineDesc target = EngineDesc::unpack(test::from_hex(ehex));
+      remote_ = MemoryDesc::unpack(test::from_hex(mhex));
+      if (Result r = engine_->register_remote_engine(target); !r) {
+        std::fprintf(stderr, "ferry-bench: %s\n", r.message.c_str());
+        return false;
+      }
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ferry-bench: bad descriptor from the target: %s\n", e.what());
       return false;
     }
-    std::string ok = ch_.ask("register " + test::to_hex(engine_->desc().pack()));
+    if (remote_.size < layout_.region) {
+      std::fprintf(stderr,
+                   "ferry-bench: the target's region has %llu bytes, this run needs %zu; give "
+                   "both ranks the same --max-block-size, --max-batch-size, --num-threads, "
+                   "--queue-depth and --strided\n",
+                   static_cast<unsigned long long>(remote_.size), layout_.region);
+      return false;
+    }
+    std::string ok = ask("register " + test::to_hex(engine_->desc().pack()));
     if (ok != "OK") {
       std::fprintf(stderr, "ferry-bench: target could not register us: %s\n", ok.c_str());
       return false;
     }
-    local_mem_ = engine_->register_memory(local_.data(), local_.size());
+    try {
+      local_mem_ = engine_->register_memory(local_->data(), local_->size(),
+                                            local_->registration_device(), local_->location());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ferry-bench: register_memory: %s\n", e.what());
+      return false;
+    }
     if (o_.session) {
-      Result why;
-      session_ = engine_->create_session(local_mem_, remote_, &why);
-      if (!session_) {
-        std::fprintf(stderr, "ferry-bench: no session: %s\n", why.message.c_str());
-        return false;
+      for (int t = 0; t < o_.num_threads; ++t) {
+        Result why_s;
+        auto s = engine_->create_session(local_mem_, remote_, &why_s);
+        if (!s) {
+          std::fprintf(stderr, "ferry-bench: no session: %s\n", why_s.message.c_str());
+          return false;
+        }
+        sessions_.push_back(std::move(s));
       }
     }
     return true;
   }
 
-  TransferStatus post(const std::vector<size_t>& offs, const std::vector<size_t>& sizes, TransferUid uid) {
-    bool rd = o_.op == Op::READ;
-    if (offs.size() == 1) {
-      if (session_) return rd ? session_->read(offs[0], offs[0], sizes[0], uid, o_.notify)
-                              : session_->write(offs[0], offs[0], sizes[0], uid, o_.notify);
-      return rd ? engine_->read(local_mem_, offs[0], remote_, offs[0], sizes[0], uid, o_.notify)
-                : engine_->write(local_mem_, offs[0], remote_, offs[0], sizes[0], uid, o_.notify);
-    }
-    if (session_) return rd ? session_->batch_read(offs, offs, sizes, uid, o_.notify)
-                            : session_->batch_write(offs, offs, sizes, uid, o_.notify);
-    return rd ? engine_->batch_read(local_mem_, offs, remote_, offs, sizes, uid, o_.notify)
-              : engine_->batch_write(local_mem_, offs, remote_, offs, sizes, uid, o_.notify);
-  }
-
-  // Verify the bytes of one iteration: the pattern of `seed` must be on the destination.
-  bool verify(const std::vector<size_t>& offs, size_t block, uint64_t seed) {
-    if (o_.op == Op::READ) {
-      for (size_t off : offs)
-        if (test::find_mismatch(local_.data(), off, block, seed, off) != -1) return false;
-      return true;
-    }
-    std::ostringstream cmd;
-    cmd << "hash " << offs.size();
-    uint64_t h = test::kFnvBasis;
-    for (size_t off : offs) {
-      cmd << " " << off << " " << block;
-      h = test::fnv1a(local_.data() + off, block, h);
-    }
-    return ch_.ask(cmd.str()) == "HASH " + std::to_string(h);
-  }
-
-  bool prepare_data(uint64_t seed, size_t bytes) {
-    if (o_.op == Op::WRITE) {
-      test::fill_pattern(local_.data(), 0, bytes, seed);
-      return true;
-    }
-    std::fill(local_.begin(), local_.begin() + static_cast<long>(bytes), 0);
-    return ch_.ask("fill " + std::to_string(seed)) == "OK";
-  }
-
   bool run_point(size_t block, size_t batch, Row& row) {
     int iters = o_.num_iter;
     if (block >= (1u << 20)) iters = std::max(1, iters / o_.large_block_iter_factor);
-    std::vector<size_t> offs(batch), sizes(batch, block);
-    for (size_t i = 0; i < batch; ++i) offs[i] = i * block;
-    std::vector<double> lat, post_us;
-    bool verified = true;
-    double busy_s = 0;
-    for (int it = -o_.warmup_iter; it < iters; ++it) {
-      uint64_t seed = next_seed_++;
-      if (o_.check && !prepare_data(seed, block * batch)) return false;
-      TransferUid uid = engine_->allocate_transfer_uid();
-      auto t0 = Clock::now();
-      TransferStatus st = post(offs, sizes, uid);
-      auto t1 = Clock::now();
-      StatusCode code = st.Wait();
-      auto t2 = Clock::now();
-      if (code != StatusCode::SUCCESS) {
-        std::fprintf(stderr, "ferry-bench: transfer failed: %s: %s\n", to_string(code),
-                     st.Message().c_str());
-        return false;
-      }
-      if (o_.check && !verify(offs, block, seed)) {
-        std::fprintf(stderr, "ferry-bench: DATA MISMATCH at block %zu batch %zu iteration %d\n",
-                     block, batch, it);
-        verified = false;
-      }
-      if (it < 0) continue;
-      lat.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
-      post_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      busy_s += std::chrono::duration<double>(t2 - t0).count();
+    const int n = o_.num_threads;
+    std::vector<std::vector<Sample>> samples(static_cast<size_t>(n));
+    std::vector<Clock::time_point> start(static_cast<size_t>(n)), end(static_cast<size_t>(n));
+    std::vector<double> excluded_s(static_cast<size_t>(n), 0.0);
+    std::atomic<bool> failed{false}, mismatch{false};
+    std::barrier sync(n);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < n; ++t) {
+      threads.emplace_back([&, t] {
+        const auto ti = static_cast<size_t>(t);
+        ThreadRun run{*this, t, block, batch};
+        run.loop(o_.warmup_iter, nullptr, failed, mismatch, nullptr);
+        sync.arrive_and_wait();  // every thread starts the timed part together
+        start[ti] = Clock::now();
+        if (!failed) run.loop(iters, &samples[ti], failed, mismatch, &excluded_s[ti]);
+        end[ti] = Clock::now();
+      });
     }
-    double bytes = static_cast<double>(block) * static_cast<double>(batch);
-    row = {block, batch, iters,
-           bytes * iters / busy_s / 1e9, bytes / (pct(lat, 0.0) * 1e-6) / 1e9,
-           avg(lat), pct(lat, 0.99), pct(lat, 0.0),
-           avg(post_us), pct(post_us, 0.99),
-           bytes * iters / 1e6, o_.check ? verified : false};
-    return verified;
+    for (auto& th : threads) th.join();
+    if (failed) return false;
+
+    double wall = 0;
+    std::vector<double> prep, post, tx, lat;
+    for (size_t t = 0; t < static_cast<size_t>(n); ++t) {
+      wall = std::max(wall, std::chrono::duration<double>(end[t] - start[t]).count() - excluded_s[t]);
+      for (const Sample& s : samples[t]) {
+        prep.push_back(s.prep);
+        post.push_back(s.post);
+        tx.push_back(s.tx);
+        lat.push_back(s.lat);
+      }
+    }
+    const double bytes = static_cast<double>(block) * static_cast<double>(batch);
+    const double total = bytes * static_cast<double>(iters) * n;
+    row.block = block;
+    row.batch = batch;
+    row.iters = iters;
+    row.bw_gbs = wall > 0 ? total / wall / 1e9 : 0;
+    row.min_tx_us = pct(tx, 0.0);
+    row.max_bw_gbs = row.min_tx_us > 0 ? bytes / (row.min_tx_us * 1e-6) / 1e9 : 0;
+    row.avg_lat_us = avg(lat);
+    row.p50_lat_us = pct(lat, 0.50);
+    row.p99_lat_us = pct(lat, 0.99);
+    row.min_lat_us = pct(lat, 0.0);
+    row.avg_prep_us = avg(prep);
+    row.p99_prep_us = pct(prep, 0.99);
+    row.avg_post_us = avg(post);
+    row.p99_post_us = pct(post, 0.99);
+    row.avg_tx_us = avg(tx);
+    row.p99_tx_us = pct(tx, 0.99);
+    row.total_mb = total / 1e6;
+    row.verified = o_.check && !mismatch;
+    return !mismatch;
   }
 
   void print_stats() {
@@ -361,87 +486,302 @@ class Initiator {
     std::printf("\n");
   }
 
-  StatusCode quit() {
+  void quit() {
     // Close our side first, so the target's exit is not a lost connection to us.
-    session_.reset();
+    sessions_.clear();
     engine_.reset();
-    ch_.ask("quit", 10000);
-    return StatusCode::SUCCESS;
+    ask("quit", 10000);
   }
 
  private:
+  // One thread's iterations at one (block, batch) point, queue_depth in flight.
+  struct ThreadRun {
+    Initiator& ini;
+    int thread;
+    size_t block, batch;
+
+    struct Slot {
+      bool busy = false;
+      TransferStatus st;
+      Clock::time_point t_prep, t_post0, t_post1;
+      uint64_t seed = 0;
+      std::vector<size_t> offs, sizes;
+    };
+
+    // samples == nullptr: warm-up (nothing recorded). excluded: seconds spent
+    // preparing and checking data, taken out of the wall time.
+    void loop(int iters, std::vector<Sample>* samples, std::atomic<bool>& failed,
+              std::atomic<bool>& mismatch, double* excluded) {
+      const Options& o = ini.o_;
+      std::vector<Slot> slots(static_cast<size_t>(o.queue_depth));
+      if (samples) samples->reserve(static_cast<size_t>(iters));
+      auto complete = [&](Slot& s) {
+        StatusCode code = s.st.Wait();
+        auto t_done = Clock::now();
+        s.busy = false;
+        if (code != StatusCode::SUCCESS) {
+          std::fprintf(stderr, "ferry-bench: transfer failed: %s: %s\n", to_string(code),
+                       s.st.Message().c_str());
+          failed = true;
+          return;
+        }
+        if (samples)
+          samples->push_back({us(s.t_post0 - s.t_prep), us(s.t_post1 - s.t_post0),
+                              us(t_done - s.t_post0), us(t_done - s.t_prep)});
+        if (o.check) {
+          auto c0 = Clock::now();
+          if (!ini.verify(s.offs, block, s.seed)) {
+            std::fprintf(stderr,
+                         "ferry-bench: DATA MISMATCH at block %zu batch %zu thread %d\n", block,
+                         batch, thread);
+            mismatch = true;
+          }
+          if (excluded) *excluded += std::chrono::duration<double>(Clock::now() - c0).count();
+        }
+      };
+      for (int it = 0; it < iters && !failed; ++it) {
+        const int si = it % o.queue_depth;
+        Slot& s = slots[static_cast<size_t>(si)];
+        if (s.busy) complete(s);
+        if (failed) break;
+        if (o.check) {
+          auto c0 = Clock::now();
+          s.seed = ini.next_seed_.fetch_add(1);
+          std::vector<size_t> offs(batch);
+          for (size_t i = 0; i < batch; ++i) offs[i] = ini.layout_.item_offset(thread, si, i, block);
+          if (!ini.prepare_data(offs, block, s.seed)) {
+            std::fprintf(stderr, "ferry-bench: target could not prepare data\n");
+            failed = true;
+            break;
+          }
+          if (excluded) *excluded += std::chrono::duration<double>(Clock::now() - c0).count();
+        }
+        // prep: this iteration's descriptors.
+        s.t_prep = Clock::now();
+        s.offs.resize(batch);
+        for (size_t i = 0; i < batch; ++i) s.offs[i] = ini.layout_.item_offset(thread, si, i, block);
+        s.sizes.assign(batch, block);
+        TransferUid uid = ini.engine_->allocate_transfer_uid();
+        s.t_post0 = Clock::now();
+        s.st = ini.post(thread, s.offs, s.sizes, uid);
+        s.t_post1 = Clock::now();
+        s.busy = true;
+      }
+      for (auto& s : slots)
+        if (s.busy) complete(s);
+    }
+  };
+
+  std::string ask(const std::string& line, int timeout_ms = 120000) {
+    std::lock_guard lk(ch_mu_);
+    return ch_.ask(line, timeout_ms);
+  }
+
+  TransferStatus post(int thread, const std::vector<size_t>& offs, const std::vector<size_t>& sizes,
+                      TransferUid uid) {
+    const bool rd = o_.op == Op::READ;
+    if (!sessions_.empty()) {
+      Session& s = *sessions_[static_cast<size_t>(thread)];
+      if (offs.size() == 1)
+        return rd ? s.read(offs[0], offs[0], sizes[0], uid, o_.notify)
+                  : s.write(offs[0], offs[0], sizes[0], uid, o_.notify);
+      return rd ? s.batch_read(offs, offs, sizes, uid, o_.notify)
+                : s.batch_write(offs, offs, sizes, uid, o_.notify);
+    }
+    Engine& e = *engine_;
+    if (offs.size() == 1)
+      return rd ? e.read(local_mem_, offs[0], remote_, offs[0], sizes[0], uid, o_.notify)
+                : e.write(local_mem_, offs[0], remote_, offs[0], sizes[0], uid, o_.notify);
+    return rd ? e.batch_read(local_mem_, offs, remote_, offs, sizes, uid, o_.notify)
+              : e.batch_write(local_mem_, offs, remote_, offs, sizes, uid, o_.notify);
+  }
+
+  std::string ranges(const std::vector<size_t>& offs, size_t block) {
+    std::ostringstream r;
+    r << offs.size();
+    for (size_t off : offs) r << " " << off << " " << block;
+    return r.str();
+  }
+
+  // The pattern of `seed` must be on the destination of every item.
+  bool verify(const std::vector<size_t>& offs, size_t block, uint64_t seed) {
+    if (o_.op == Op::READ) {
+      for (size_t off : offs)
+        if (test::find_mismatch(local_->data(), off, block, seed, off) != -1) return false;
+      return true;
+    }
+    uint64_t h = test::kFnvBasis;
+    for (size_t off : offs) h = test::fnv1a(local_->data() + off, block, h);
+    return ask("hash " + ranges(offs, block)) == "HASH " + std::to_string(h);
+  }
+
+  // The source holds pattern(seed), the destination something else.
+  bool prepare_data(const std::vector<size_t>& offs, size_t block, uint64_t seed) {
+    if (o_.op == Op::WRITE) {
+      for (size_t off : offs) test::fill_pattern(local_->data(), off, block, seed);
+      return true;
+    }
+    for (size_t off : offs) std::memset(local_->data() + off, 0, block);
+    return ask("fill " + std::to_string(seed) + " " + ranges(offs, block)) == "OK";
+  }
+
   const Options& o_;
   bench::LineChannel& ch_;
-  std::vector<uint8_t> local_;
+  std::mutex ch_mu_;
+  const Layout layout_;
+  std::unique_ptr<bench::Segment> local_;  // outlives the engine
   std::unique_ptr<Engine> engine_;
-  std::unique_ptr<Session> session_;
+  std::vector<std::unique_ptr<Session>> sessions_;
   MemoryDesc local_mem_, remote_;
-  uint64_t next_seed_ = 1;
+  std::atomic<uint64_t> next_seed_{1};
 };
 
 void print_header(const Options& o) {
-  std::printf("ferry-bench: backend=%s op=%s api=%s notify=%s check=%s\n", o.backend.c_str(),
-              o.op == Op::READ ? "READ" : "WRITE", o.session ? "session" : "engine",
-              o.notify ? "on" : "off", o.check ? "on" : "off");
-  std::printf("%12s %6s %10s %10s %10s %10s %10s %10s %10s %10s %9s\n", "Block (B)", "Batch",
-              "B/W GB/s", "Max GB/s", "Avg Lat us", "P99 Lat us", "Min Lat us", "Avg Post us",
-              "P99 Post us", "Total MB", "Verified");
+  std::printf(
+      "ferry-bench: backend=%s op=%s api=%s threads=%d queue_depth=%d items=%s notify=%s "
+      "check=%s initiator=%s target=%s\n",
+      o.backend.c_str(), op_name(o.op), o.session ? "session" : "engine", o.num_threads,
+      o.queue_depth, o.strided ? "strided" : "contiguous", o.notify ? "on" : "off",
+      o.check ? "on" : "off", bench::to_string(o.init_seg), bench::to_string(o.target_seg));
+  std::printf("%11s %6s %9s %10s %9s %9s %9s %9s %10s %10s %10s %9s %10s %10s %8s\n", "Block (B)",
+              "Batch", "B/W GB/s", "Avg Lat us", "Avg Prep", "P99 Prep", "Avg Post", "P99 Post",
+              "Avg Tx us", "P99 Tx us", "Total MB", "Max GB/s", "Min Lat us", "P99 Lat us",
+              "Verified");
 }
 
 void print_row(const Row& r, bool checked) {
-  std::printf("%12zu %6zu %10.3f %10.3f %10.1f %10.1f %10.1f %10.2f %10.2f %10.1f %9s\n",
-              r.block, r.batch, r.bw_gbs, r.max_bw_gbs, r.avg_lat_us, r.p99_lat_us, r.min_lat_us,
-              r.avg_post_us, r.p99_post_us, r.total_mb, !checked ? "off" : r.verified ? "yes" : "NO");
+  std::printf("%11zu %6zu %9.3f %10.1f %9.2f %9.2f %9.2f %9.2f %10.1f %10.1f %10.1f %9.3f %10.1f "
+              "%10.1f %8s\n",
+              r.block, r.batch, r.bw_gbs, r.avg_lat_us, r.avg_prep_us, r.p99_prep_us, r.avg_post_us,
+              r.p99_post_us, r.avg_tx_us, r.p99_tx_us, r.total_mb, r.max_bw_gbs, r.min_lat_us,
+              r.p99_lat_us, !checked ? "off" : r.verified ? "yes" : "NO");
   std::fflush(stdout);
 }
 
+std::string fmt(double v) {
+  std::ostringstream s;
+  s.precision(6);
+  s << v;
+  return s.str();
+}
+
 void write_files(const Options& o, const std::vector<Row>& rows) {
+  // One list of columns serves both files; `text` columns are quoted in JSON.
+  struct Col {
+    const char* name;
+    bool text;
+    std::string (*get)(const Options&, const Row&);
+  };
+#define FERRY_BENCH_COL(field) \
+  {#field, false, [](const Options&, const Row& r) { return fmt(r.field); }}
+  static const Col cols[] = {
+      {"backend", true, [](const Options& o, const Row&) { return o.backend; }},
+      {"op", true, [](const Options& o, const Row&) { return std::string(op_name(o.op)); }},
+      {"api", true,
+       [](const Options& o, const Row&) { return std::string(o.session ? "session" : "engine"); }},
+      {"threads", false, [](const Options& o, const Row&) { return std::to_string(o.num_threads); }},
+      {"queue_depth", false,
+       [](const Options& o, const Row&) { return std::to_string(o.queue_depth); }},
+      {"strided", false, [](const Options& o, const Row&) { return std::to_string(o.strided ? 1 : 0); }},
+      {"notify", false, [](const Options& o, const Row&) { return std::to_string(o.notify ? 1 : 0); }},
+      {"initiator_seg", true,
+       [](const Options& o, const Row&) { return std::string(bench::to_string(o.init_seg)); }},
+      {"target_seg", true,
+       [](const Options& o, const Row&) { return std::string(bench::to_string(o.target_seg)); }},
+      {"block_bytes", false, [](const Options&, const Row& r) { return std::to_string(r.block); }},
+      {"batch", false, [](const Options&, const Row& r) { return std::to_string(r.batch); }},
+      {"iters", false, [](const Options&, const Row& r) { return std::to_string(r.iters); }},
+      FERRY_BENCH_COL(bw_gbs),
+      FERRY_BENCH_COL(avg_lat_us),
+      FERRY_BENCH_COL(p50_lat_us),
+      FERRY_BENCH_COL(p99_lat_us),
+      FERRY_BENCH_COL(min_lat_us),
+      FERRY_BENCH_COL(avg_prep_us),
+      FERRY_BENCH_COL(p99_prep_us),
+      FERRY_BENCH_COL(avg_post_us),
+      FERRY_BENCH_COL(p99_post_us),
+      FERRY_BENCH_COL(avg_tx_us),
+      FERRY_BENCH_COL(p99_tx_us),
+      FERRY_BENCH_COL(min_tx_us),
+      FERRY_BENCH_COL(total_mb),
+      FERRY_BENCH_COL(max_bw_gbs),
+      {"avg_bw_gbs", false, [](const Options&, const Row& r) { return fmt(r.bw_gbs); }},
+      // Empty (CSV) / null (JSON) when the run did not check the data.
+      {"verified", false,
+       [](const Options& o, const Row& r) {
+         return std::string(!o.check ? "" : r.verified ? "1" : "0");
+       }},
+  };
+#undef FERRY_BENCH_COL
   if (!o.csv_file.empty()) {
     std::ofstream f(o.csv_file);
-    f << "backend,op,block_bytes,batch,iters,bw_gbs,max_bw_gbs,avg_lat_us,p99_lat_us,min_lat_us,"
-         "avg_post_us,p99_post_us,total_mb,verified\n";
-    for (const auto& r : rows)
-      f << o.backend << "," << (o.op == Op::READ ? "READ" : "WRITE") << "," << r.block << ","
-        << r.batch << "," << r.iters << "," << r.bw_gbs << "," << r.max_bw_gbs << ","
-        << r.avg_lat_us << "," << r.p99_lat_us << "," << r.min_lat_us << "," << r.avg_post_us
-        << "," << r.p99_post_us << "," << r.total_mb << "," << (r.verified ? 1 : 0) << "\n";
+    for (size_t c = 0; c < std::size(cols); ++c) f << (c ? "," : "") << cols[c].name;
+    f << "\n";
+    for (const auto& r : rows) {
+      for (size_t c = 0; c < std::size(cols); ++c) f << (c ? "," : "") << cols[c].get(o, r);
+      f << "\n";
+    }
+    if (!f) std::fprintf(stderr, "ferry-bench: cannot write %s\n", o.csv_file.c_str());
   }
   if (!o.json_file.empty()) {
     std::ofstream f(o.json_file);
     f << "[";
     for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      f << (i ? ",\n " : "\n ") << "{\"backend\":\"" << o.backend << "\",\"op\":\""
-        << (o.op == Op::READ ? "READ" : "WRITE") << "\",\"block_bytes\":" << r.block
-        << ",\"batch\":" << r.batch << ",\"iters\":" << r.iters << ",\"bw_gbs\":" << r.bw_gbs
-        << ",\"max_bw_gbs\":" << r.max_bw_gbs << ",\"avg_lat_us\":" << r.avg_lat_us
-        << ",\"p99_lat_us\":" << r.p99_lat_us << ",\"min_lat_us\":" << r.min_lat_us
-        << ",\"avg_post_us\":" << r.avg_post_us << ",\"p99_post_us\":" << r.p99_post_us
-        << ",\"total_mb\":" << r.total_mb << ",\"verified\":" << (r.verified ? "true" : "false")
-        << "}";
+      f << (i ? ",\n {" : "\n {");
+      for (size_t c = 0; c < std::size(cols); ++c) {
+        std::string v = cols[c].get(o, rows[i]);
+        if (cols[c].text) v = "\"" + v + "\"";
+        else if (v.empty()) v = "null";
+        else if (std::strcmp(cols[c].name, "verified") == 0) v = v == "1" ? "true" : "false";
+        f << (c ? "," : "") << "\"" << cols[c].name << "\":" << v;
+      }
+      f << "}";
     }
     f << "\n]\n";
+    if (!f) std::fprintf(stderr, "ferry-bench: cannot write %s\n", o.json_file.c_str());
   }
 }
 
-int run_initiator(const Options& o, bench::LineChannel& ch, size_t region) {
-  Initiator ini(o, ch, region);
-  if (!ini.setup()) return 1;
+// The sweep's points, in order.
+std::vector<std::pair<size_t, size_t>> sweep(const Options& o) {
+  std::vector<std::pair<size_t, size_t>> pts;
+  for (size_t block = o.start_block; block <= o.max_block; block *= o.block_mult) {
+    for (size_t batch = o.start_batch; batch <= o.max_batch; batch *= o.batch_mult) {
+      pts.emplace_back(block, batch);
+      if (batch > o.max_batch / o.batch_mult) break;
+    }
+    if (block > o.max_block / o.block_mult) break;
+  }
+  return pts;
+}
+
+int run_initiator(const Options& o, bench::LineChannel& ch) {
+  Initiator ini(o, ch);
+  if (!ini.setup()) {
+    ini.quit();
+    return 1;
+  }
   print_header(o);
   std::vector<Row> rows;
   bool ok = true;
-  for (size_t block = o.start_block; block <= o.max_block && ok; block *= 2) {
-    for (size_t batch = o.start_batch; batch <= o.max_batch && ok; batch *= 2) {
-      // A progress line for long sweeps, only where someone is watching.
-      bool tty = isatty(STDERR_FILENO);
-      if (tty) std::fprintf(stderr, "[ferry-bench] block %zu batch %zu ...", block, batch);
-      Row r{};
-      ok = ini.run_point(block, batch, r);
-      if (tty) std::fprintf(stderr, "\r%60s\r", "");
-      if (ok) {
-        rows.push_back(r);
-        print_row(r, o.check);
-      }
+  const auto points = sweep(o);
+  const bool progress = o.progress < 0 ? isatty(STDERR_FILENO) != 0 : o.progress == 1;
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < points.size() && ok; ++i) {
+    auto [block, batch] = points[i];
+    if (progress) {
+      // A progress line for long sweeps: point, size, elapsed time.
+      std::fprintf(stderr, "\r[ferry-bench] %zu/%zu block %zu batch %zu, %.0f s elapsed   ",
+                   i + 1, points.size(), block, batch,
+                   std::chrono::duration<double>(Clock::now() - t0).count());
+      std::fflush(stderr);
+    }
+    Row r{};
+    ok = ini.run_point(block, batch, r);
+    if (progress) std::fprintf(stderr, "\r%78s\r", "");
+    if (ok || r.iters > 0) {
+      rows.push_back(r);
+      print_row(r, o.check);
     }
   }
   write_files(o, rows);
@@ -454,60 +794,56 @@ int run_initiator(const Options& o, bench::LineChannel& ch, size_t region) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Internal: the target rank when both ranks run on this machine.
+  // Internal: the target rank when both ranks run on this machine; the rest of
+  // the command line is the initiator's, so both size the region the same way.
   if (argc >= 2 && std::string(argv[1]) == "--serve-target-on-stdio") {
-    if (argc < 7) return 2;
-    bench::TargetOptions t;
-    Options target_opts;
-    target_opts.backend = argv[2];
-    t.backends = backends_of(target_opts);
-    t.region_bytes = std::stoull(argv[3]);
-    t.host = argv[4];
-    t.policy_file = std::string(argv[5]) == "-" ? "" : argv[5];
-    t.key = argv[6];
-    return bench::run_target(t, 0, 1);
+    Options o = parse_args(argc - 1, argv + 1);
+    return bench::run_target(target_options(o), 0, 1);
   }
   Options o = parse_args(argc, argv);
-  size_t region = o.max_block * o.max_batch;
-  if (o.rank == 1) return serve_over_socket(o, region);
+  signal(SIGPIPE, SIG_IGN);
+  if (o.rank == 1) return serve_over_socket(o);
   if (o.rank == 0) {
     std::string host, port;
     if (!split_host_port(o.peer, host, port)) usage("--peer wants HOST:PORT");
     addrinfo hints{}, *res = nullptr;
     hints.ai_socktype = SOCK_STREAM;
     if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) usage("cannot resolve --peer");
-    int fd = socket(res->ai_family, SOCK_STREAM, 0);
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
       std::perror("ferry-bench: connect to --peer");
+      freeaddrinfo(res);
       return 1;
     }
     freeaddrinfo(res);
     bench::LineChannel ch(fd, fd);
-    int rc = run_initiator(o, ch, region);
+    int rc = run_initiator(o, ch);
     close(fd);
     return rc;
   }
   // Both ranks here: the target is this binary again, started with exec.
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) return 1;
+  std::vector<char*> args;
+  args.push_back(argv[0]);
+  args.push_back(const_cast<char*>("--serve-target-on-stdio"));
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
     dup2(to_child[0], 0);
     dup2(from_child[1], 1);
+    close(to_child[0]);
     close(to_child[1]);
     close(from_child[0]);
-    std::string region_s = std::to_string(region);
-    std::string policy = o.policy_file.empty() ? "-" : o.policy_file;
-    execl("/proc/self/exe", argv[0], "--serve-target-on-stdio", o.backend.c_str(),
-          region_s.c_str(), o.host.c_str(), policy.c_str(), "ferry-bench-target",
-          static_cast<char*>(nullptr));
+    close(from_child[1]);
+    execv("/proc/self/exe", args.data());
     _exit(127);
   }
   close(to_child[0]);
   close(from_child[1]);
-  signal(SIGPIPE, SIG_IGN);
   bench::LineChannel ch(from_child[0], to_child[1]);
-  int rc = run_initiator(o, ch, region);
+  int rc = run_initiator(o, ch);
   close(to_child[1]);
   close(from_child[0]);
   int st = 0;

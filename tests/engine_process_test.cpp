@@ -25,6 +25,21 @@ const char* backend_under_test() {
   return b && *b ? b : "tcp";
 }
 
+// Two-host runs (tests/netns/netns_pair.sh) set where this engine listens and a
+// prefix command that starts the target elsewhere (e.g. "/usr/sbin/ip netns exec B").
+std::string initiator_host() {
+  const char* h = std::getenv("FERRY_TEST_INITIATOR_HOST");
+  return h && *h ? h : "127.0.0.1";
+}
+std::vector<std::string> peer_argv(std::vector<std::string> argv) {
+  const char* w = std::getenv("FERRY_TEST_PEER_WRAPPER");
+  std::istringstream words(w ? w : "");
+  std::vector<std::string> out;
+  for (std::string word; words >> word;) out.push_back(word);
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
 constexpr size_t kRegion = (64u << 20) + (2u << 20);
 
 struct Item {
@@ -35,14 +50,15 @@ struct Item {
 class Pair {
  public:
   explicit Pair(int timeout_ms = 10000, size_t region = kRegion)
-      : local_(region), child_({FERRY_TEST_PEER, "target", backend_under_test(),
-                               std::to_string(region), std::to_string(timeout_ms)}) {
+      : local_(region), child_(peer_argv({FERRY_TEST_PEER, "target", backend_under_test(),
+                                          std::to_string(region), std::to_string(timeout_ms)})) {
     std::string ready = child_.read_line(60000);
     std::istringstream in(ready);
     std::string word, ehex, mhex;
     in >> word >> ehex >> mhex;
     if (word != "READY") throw std::runtime_error("peer did not start: " + ready);
     EngineConfig cfg;
+    cfg.host = initiator_host();
     cfg.timeout = std::chrono::milliseconds(timeout_ms);
     engine_ = std::make_unique<Engine>("initiator", cfg);
     auto r = engine_->add_backend(backend_under_test());

@@ -16,6 +16,8 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
   cfg.host = opt.host;
   cfg.policy_file = opt.policy_file;
   cfg.timeout = opt.timeout;
+  // The region outlives the engine: nothing may land in unmapped memory.
+  std::unique_ptr<Segment> seg;
   std::unique_ptr<Engine> engine;
   try {
     engine = std::make_unique<Engine>(opt.key, cfg);
@@ -24,13 +26,34 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
     return 1;
   }
   for (const auto& b : opt.backends) {
-    if (auto r = engine->add_backend(b); !r) {
+    auto settings = opt.backend_settings.find(b);
+    if (auto r = engine->add_backend(
+            b, settings == opt.backend_settings.end() ? std::string() : settings->second);
+        !r) {
       ch.send("ERR " + r.message);
       return 1;
     }
   }
-  std::vector<uint8_t> region(opt.region_bytes);
-  MemoryDesc mem = engine->register_memory(region.data(), region.size());
+  std::string why;
+  seg = Segment::allocate(opt.seg_type, opt.device, opt.region_bytes, &why);
+  if (!seg) {
+    ch.send("ERR " + why);
+    return 1;
+  }
+  MemoryDesc mem;
+  try {
+    mem = engine->register_memory(seg->data(), seg->size(), seg->registration_device(),
+                                  seg->location());
+  } catch (const Error& e) {
+    ch.send(std::string("ERR ") + e.what());
+    return 1;
+  }
+  const size_t region_size = seg->size();
+  uint8_t* const region = seg->data();
+  // Ranges "<off> <len>" from the command, checked against the region.
+  auto in_region = [&](uint64_t off, uint64_t len) {
+    return off <= region_size && len <= region_size - off;
+  };
   ch.send("READY " + test::to_hex(engine->desc().pack()) + " " + test::to_hex(mem.pack()));
   std::string line;
   while (ch.recv(line)) {
@@ -47,24 +70,42 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
       } catch (const Error& e) {
         out << "ERR " << e.what();
       }
-    } else if (cmd == "fill") {
-      uint64_t seed;
-      in >> seed;
-      test::fill_pattern(region.data(), 0, region.size(), seed);
-      out << "OK";
-    } else if (cmd == "hash") {
-      size_t n = 0;
-      in >> n;
-      uint64_t h = test::kFnvBasis;
-      bool ok = true;
-      for (size_t i = 0; i < n && ok; ++i) {
-        uint64_t off = 0, len = 0;
-        in >> off >> len;
-        ok = off <= region.size() && len <= region.size() - off;
-        if (ok) h = test::fnv1a(region.data() + off, len, h);
+    } else if (cmd == "fill" || cmd == "hash") {
+      if (!seg->host_visible()) {
+        out << "ERR " << cmd << " needs host-visible memory, the region is "
+            << to_string(seg->type());
+      } else if (cmd == "fill") {
+        uint64_t seed = 0;
+        size_t n = 0;
+        in >> seed;
+        if (!(in >> n)) {
+          test::fill_pattern(region, 0, region_size, seed);
+          out << "OK";
+        } else {
+          bool ok = true;
+          for (size_t i = 0; i < n && ok; ++i) {
+            uint64_t off = 0, len = 0;
+            in >> off >> len;
+            ok = in_region(off, len);
+            if (ok) test::fill_pattern(region, off, len, seed);
+          }
+          if (ok) out << "OK";
+          else out << "ERR range outside the region";
+        }
+      } else {
+        size_t n = 0;
+        in >> n;
+        uint64_t h = test::kFnvBasis;
+        bool ok = true;
+        for (size_t i = 0; i < n && ok; ++i) {
+          uint64_t off = 0, len = 0;
+          in >> off >> len;
+          ok = in_region(off, len);
+          if (ok) h = test::fnv1a(region + off, len, h);
+        }
+        if (ok) out << "HASH " << h;
+        else out << "ERR range outside the region";
       }
-      if (ok) out << "HASH " << h;
-      else out << "ERR range outside the region";
     } else if (cmd == "pop") {
       std::string key;
       uint64_t uid = 0;

@@ -3,8 +3,11 @@
 // on this machine, a TCP socket between hosts).
 #pragma once
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "segment.h"
 
 namespace ferry::bench {
 
@@ -15,6 +18,9 @@ struct TargetOptions {
   size_t region_bytes = 0;
   std::string policy_file;
   std::chrono::milliseconds timeout{0};
+  SegType seg_type = SegType::DRAM;  // where the region lives
+  int device = -1;                   // GPU ordinal for VRAM
+  std::map<std::string, std::string> backend_settings;  // plugin name -> JSON
 };
 
 // Serves commands read from in_fd, answering on out_fd, until "quit" or EOF.
@@ -22,6 +28,7 @@ struct TargetOptions {
 // one line back:
 //   register <engine desc hex>      -> OK | ERR <why>
 //   fill <seed>                     -> OK          (whole region = pattern(seed))
+//   fill <seed> <n> <off> <len> ... -> OK          (only those n ranges)
 //   hash <n> <off> <len> ...        -> HASH <fnv1a of the n ranges in order>
 //   pop <key> <uid> <timeout_ms>    -> INBOUND <code> | NONE
 //   stats                           -> STATS <inbound notifications> <ctrl rejected>

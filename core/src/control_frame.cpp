@@ -1,5 +1,7 @@
 #include "control_frame.h"
 
+#include <cstring>
+
 #include "wire_codec.h"
 
 namespace ferry {
@@ -31,9 +33,9 @@ bool CtrlFrameReader::feed(const uint8_t* data, size_t n, std::vector<CtrlFrame>
     r.u32(len);
     if (magic != kCtrlMagic) error_ = "bad magic";
     else if (version != kCtrlVersion) error_ = "unsupported version " + std::to_string(version);
-    else if (type < 1 || type > 5) error_ = "unknown frame type " + std::to_string(type);
+    else if (type < 1 || type > kMaxCtrlType) error_ = "unknown frame type " + std::to_string(type);
     else if (reserved != 0) error_ = "reserved bits set";
-    else if (len > kMaxCtrlBody) error_ = "frame body of " + std::to_string(len) + " bytes exceeds limit";
+    else if (len > max_body_) error_ = "frame body of " + std::to_string(len) + " bytes exceeds limit";
     if (!error_.empty()) {
       buf_.clear();
       return false;
@@ -50,6 +52,34 @@ bool CtrlFrameReader::feed(const uint8_t* data, size_t n, std::vector<CtrlFrame>
 bool decode_hello(const std::vector<uint8_t>& body, std::string& key) {
   wire::Reader r(body.data(), body.size());
   return r.str8(key) && !key.empty() && r.left() == 0;
+}
+
+bool decode_hello(const std::vector<uint8_t>& body, std::string& key,
+                  uint8_t nonce[kCtrlNonceSize], bool* has_nonce) {
+  wire::Reader r(body.data(), body.size());
+  if (!r.str8(key) || key.empty()) return false;
+  if (r.left() == 0) {
+    *has_nonce = false;
+    return true;
+  }
+  if (r.left() != kCtrlNonceSize) return false;
+  std::memcpy(nonce, r.rest(), kCtrlNonceSize);
+  *has_nonce = true;
+  return true;
+}
+
+bool decode_challenge(const std::vector<uint8_t>& body, uint8_t nonce[kCtrlNonceSize],
+                      uint8_t mac[kCtrlMacSize]) {
+  if (body.size() != kCtrlNonceSize + kCtrlMacSize) return false;
+  std::memcpy(nonce, body.data(), kCtrlNonceSize);
+  std::memcpy(mac, body.data() + kCtrlNonceSize, kCtrlMacSize);
+  return true;
+}
+
+bool decode_proof(const std::vector<uint8_t>& body, uint8_t mac[kCtrlMacSize]) {
+  if (body.size() != kCtrlMacSize) return false;
+  std::memcpy(mac, body.data(), kCtrlMacSize);
+  return true;
 }
 
 bool decode_refused(const std::vector<uint8_t>& body, std::string& reason) {
@@ -72,6 +102,27 @@ bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& sta
 std::vector<uint8_t> hello_body(const std::string& key) {
   wire::Writer w;
   w.str8(key);
+  return std::move(w.buf());
+}
+
+std::vector<uint8_t> hello_body(const std::string& key, const uint8_t nonce[kCtrlNonceSize]) {
+  wire::Writer w;
+  w.str8(key);
+  w.bytes(nonce, kCtrlNonceSize);
+  return std::move(w.buf());
+}
+
+std::vector<uint8_t> challenge_body(const uint8_t nonce[kCtrlNonceSize],
+                                    const uint8_t mac[kCtrlMacSize]) {
+  wire::Writer w;
+  w.bytes(nonce, kCtrlNonceSize);
+  w.bytes(mac, kCtrlMacSize);
+  return std::move(w.buf());
+}
+
+std::vector<uint8_t> proof_body(const uint8_t mac[kCtrlMacSize]) {
+  wire::Writer w;
+  w.bytes(mac, kCtrlMacSize);
   return std::move(w.buf());
 }
 

@@ -1,7 +1,17 @@
 // The control plane's wire format. Every frame:
 //   magic "FRYC" (u32 LE) | version u8 | type u8 | reserved u16 (0) | body length u32 | body
 // Bodies are little-endian fields (wire_codec.h). A frame is at most kMaxCtrlBody
-// bytes of body; anything malformed closes the connection.
+// bytes of body (kMaxHandshakeBody before the peer has been admitted); anything
+// malformed closes the connection.
+//
+// Handshake. Without a token: HELLO(key) -> HELLO_OK | HELLO_REFUSED.
+// With a token (both sides must have one, the same):
+//   client: HELLO(key, Nc)              Nc: 32 random bytes
+//   server: AUTH_CHALLENGE(Ns, MACs)    MACs = HMAC(token, "ferry-ctrl-v1 server" Nc Ns keys)
+//   client: checks MACs (the server knows the token), then
+//           AUTH_PROOF(MACc)            MACc = HMAC(token, "ferry-ctrl-v1 client" Nc Ns keys)
+//   server: checks MACc -> HELLO_OK | HELLO_REFUSED
+// (auth::ctrl_transcript). The token itself never travels.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,14 +23,20 @@ constexpr uint32_t kCtrlMagic = 0x43595246;  // "FRYC" little-endian
 constexpr uint8_t kCtrlVersion = 1;
 constexpr size_t kCtrlHeaderSize = 12;
 constexpr uint32_t kMaxCtrlBody = 1u << 20;
+constexpr uint32_t kMaxHandshakeBody = 512;
+constexpr size_t kCtrlNonceSize = 32;
+constexpr size_t kCtrlMacSize = 32;
 
 enum class CtrlType : uint8_t {
-  HELLO = 1,          // body: str8 sender key          (first frame on a connection)
+  HELLO = 1,          // body: str8 sender key [, 32-byte nonce when it has a token]
   HELLO_OK = 2,       // body: empty
   HELLO_REFUSED = 3,  // body: str8 reason
   PLUGIN = 4,         // body: str8 plugin name, then the plugin's opaque payload
   NOTIFY = 5,         // body: u64 uid, i32 status      (a transfer to the receiver landed)
+  AUTH_CHALLENGE = 6, // body: 32-byte server nonce, 32-byte server MAC
+  AUTH_PROOF = 7,     // body: 32-byte client MAC
 };
+constexpr uint8_t kMaxCtrlType = 7;
 
 std::vector<uint8_t> encode_ctrl_frame(CtrlType type, const std::vector<uint8_t>& body);
 
@@ -36,19 +52,32 @@ class CtrlFrameReader {
   // on a malformed header; frames cut before the error are still in out.
   bool feed(const uint8_t* data, size_t n, std::vector<CtrlFrame>& out);
   const std::string& error() const { return error_; }
+  // Frames with a longer body are malformed (kMaxCtrlBody by default).
+  void set_max_body(uint32_t n) { max_body_ = n < kMaxCtrlBody ? n : kMaxCtrlBody; }
 
  private:
+  uint32_t max_body_ = kMaxCtrlBody;
   std::vector<uint8_t> buf_;
   std::string error_;
 };
 
 // Body decoders: false when the body does not have exactly the expected shape.
 bool decode_hello(const std::vector<uint8_t>& body, std::string& key);
+// As above; *has_nonce says whether the sender has a token and sent its nonce.
+bool decode_hello(const std::vector<uint8_t>& body, std::string& key,
+                  uint8_t nonce[kCtrlNonceSize], bool* has_nonce);
+bool decode_challenge(const std::vector<uint8_t>& body, uint8_t nonce[kCtrlNonceSize],
+                      uint8_t mac[kCtrlMacSize]);
+bool decode_proof(const std::vector<uint8_t>& body, uint8_t mac[kCtrlMacSize]);
 bool decode_refused(const std::vector<uint8_t>& body, std::string& reason);
 bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t& payload_off);
 bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status);
 
 std::vector<uint8_t> hello_body(const std::string& key);
+std::vector<uint8_t> hello_body(const std::string& key, const uint8_t nonce[kCtrlNonceSize]);
+std::vector<uint8_t> challenge_body(const uint8_t nonce[kCtrlNonceSize],
+                                    const uint8_t mac[kCtrlMacSize]);
+std::vector<uint8_t> proof_body(const uint8_t mac[kCtrlMacSize]);
 std::vector<uint8_t> refused_body(const std::string& reason);
 std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload, size_t n);
 std::vector<uint8_t> notify_body(uint64_t uid, int32_t status);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "ferry/ferry.hpp"
@@ -21,8 +22,14 @@
 namespace ferry {
 
 struct ControlPlane::Inbound {
+  enum class State { HELLO, PROOF, OPEN };
   int fd = -1;
-  std::string peer;  // set after a good HELLO
+  State state = State::HELLO;
+  std::string peer;  // the key claimed in HELLO; trusted once OPEN
+  std::string from;  // address:port, for messages
+  uint64_t seq = 0;  // accept order (the oldest handshake is evicted first)
+  std::chrono::steady_clock::time_point deadline;  // for the handshake
+  auth::Nonce client_nonce{}, server_nonce{};
   CtrlFrameReader reader;
 };
 
@@ -30,6 +37,28 @@ namespace {
 
 constexpr int kConnectTimeoutMs = 3000;
 constexpr int kHelloTimeoutMs = 3000;
+constexpr const char* kServerLabel = "ferry-ctrl-v1 server";
+constexpr const char* kClientLabel = "ferry-ctrl-v1 client";
+constexpr const char* kTokenHint =
+    "set the same EngineConfig::auth_token or FERRY_AUTH_TOKEN on both engines";
+
+std::string address_of(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
 
 bool resolve(const std::string& host, uint16_t port, sockaddr_storage& ss, socklen_t& len) {
   addrinfo hints{}, *res = nullptr;
@@ -70,6 +99,34 @@ bool read_exact(int fd, uint8_t* p, size_t n, int timeout_ms) {
   return true;
 }
 
+// One whole frame (header, then body) within timeout_ms; a handshake frame only,
+// so its body is small. False with *why on timeout, EOF or a malformed frame.
+bool read_frame(int fd, CtrlFrame& out, int timeout_ms, std::string* why) {
+  uint8_t hdr[kCtrlHeaderSize];
+  CtrlFrameReader reader;
+  reader.set_max_body(kMaxHandshakeBody);
+  std::vector<CtrlFrame> frames;
+  if (!read_exact(fd, hdr, sizeof hdr, timeout_ms)) {
+    *why = "no answer";
+    return false;
+  }
+  if (!reader.feed(hdr, sizeof hdr, frames)) {
+    *why = "malformed answer (" + reader.error() + ")";
+    return false;
+  }
+  if (frames.empty()) {
+    uint32_t blen = hdr[8] | hdr[9] << 8 | hdr[10] << 16 | static_cast<uint32_t>(hdr[11]) << 24;
+    std::vector<uint8_t> body(blen);
+    if (!read_exact(fd, body.data(), blen, timeout_ms) || !reader.feed(body.data(), blen, frames) ||
+        frames.size() != 1) {
+      *why = "truncated answer";
+      return false;
+    }
+  }
+  out = std::move(frames[0]);
+  return true;
+}
+
 // A connection whose peer closed shows up readable (EOF) or hung up.
 bool looks_dead(int fd) {
   pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
@@ -79,8 +136,8 @@ bool looks_dead(int fd) {
 }  // namespace
 
 ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16_t port,
-                           Handlers handlers)
-    : self_key_(std::move(self_key)), handlers_(std::move(handlers)) {
+                           Handlers handlers, const auth::Secret* secret)
+    : self_key_(std::move(self_key)), handlers_(std::move(handlers)), secret_(secret) {
   sockaddr_storage ss{};
   socklen_t len = 0;
   if (!resolve(host, port, ss, len))
@@ -127,7 +184,8 @@ ControlPlane::~ControlPlane() {
 void ControlPlane::io_loop() {
   epoll_event evs[32];
   while (!stop_) {
-    int n = epoll_wait(epoll_fd_, evs, 32, -1);  // blocks: an idle engine costs no CPU
+    // Blocks without a timeout when no handshake is pending: an idle engine costs no CPU.
+    int n = epoll_wait(epoll_fd_, evs, 32, expire_handshakes());
     if (n < 0 && errno == EINTR) continue;
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
@@ -144,6 +202,11 @@ void ControlPlane::accept_all() {
     if (fd < 0) return;
     auto c = std::make_unique<Inbound>();
     c->fd = fd;
+    c->from = address_of(fd);
+    c->seq = ++accept_seq_;
+    c->deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kHandshakeTimeoutMs);
+    c->reader.set_max_body(kMaxHandshakeBody);
+    evict_oldest_pending();
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
@@ -153,6 +216,55 @@ void ControlPlane::accept_all() {
     }
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   }
+}
+
+void ControlPlane::evict_oldest_pending() {
+  int victim = -1;
+  uint64_t oldest = UINT64_MAX;
+  size_t pending = 0;
+  std::string from;
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    for (auto& [fd, c] : inbound_) {
+      if (c->state == Inbound::State::OPEN) continue;
+      ++pending;
+      if (c->seq < oldest) {
+        oldest = c->seq;
+        victim = fd;
+        from = c->from;
+      }
+    }
+  }
+  if (pending < kMaxPendingInbound || victim < 0) return;
+  FERRY_LOG(WARN, "control", "dropping connection from " + from +
+                                 ": more than " + std::to_string(kMaxPendingInbound) +
+                                 " connections are in the handshake");
+  ++rejected_;
+  close_inbound(victim);
+}
+
+int ControlPlane::expire_handshakes() {
+  auto now = std::chrono::steady_clock::now();
+  std::vector<std::pair<int, std::string>> overdue;
+  auto next = std::chrono::steady_clock::time_point::max();
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    for (auto& [fd, c] : inbound_) {
+      if (c->state == Inbound::State::OPEN) continue;
+      if (c->deadline <= now) overdue.emplace_back(fd, c->from);
+      else next = std::min(next, c->deadline);
+    }
+  }
+  for (auto& [fd, from] : overdue) {
+    FERRY_LOG(WARN, "control", "closing connection from " + from +
+                                   ": handshake not completed within " +
+                                   std::to_string(kHandshakeTimeoutMs) + " ms");
+    ++rejected_;
+    close_inbound(fd);
+  }
+  if (next == std::chrono::steady_clock::time_point::max()) return -1;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+  return static_cast<int>(std::min<int64_t>(ms, kHandshakeTimeoutMs));
 }
 
 void ControlPlane::close_inbound(int fd) {
@@ -176,6 +288,12 @@ void ControlPlane::read_from(int fd) {
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (k <= 0) {
+      if (c->state != Inbound::State::OPEN) {
+        FERRY_LOG(WARN, "control", "connection from " + c->from +
+                                       (c->peer.empty() ? "" : " ('" + c->peer + "')") +
+                                       " closed during the handshake");
+        ++rejected_;
+      }
       close_inbound(fd);
       return;
     }
@@ -189,7 +307,9 @@ void ControlPlane::read_from(int fd) {
     }
     if (!ok) {
       FERRY_LOG(WARN, "control",
-                "closing connection from " + (c->peer.empty() ? "unknown peer" : c->peer) +
+                "closing connection from " +
+                    (c->state == Inbound::State::OPEN ? "'" + c->peer + "' (" + c->from + ")"
+                                                      : c->from) +
                     ": malformed frame (" + c->reader.error() + ")");
       ++rejected_;
       close_inbound(fd);
@@ -198,26 +318,69 @@ void ControlPlane::read_from(int fd) {
   }
 }
 
-bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
-  if (c.peer.empty()) {
-    std::string key;
-    if (f.type != CtrlType::HELLO || !decode_hello(f.body, key)) {
-      FERRY_LOG(WARN, "control", "refusing connection: first frame is not a valid HELLO");
-      ++rejected_;
-      return false;
-    }
-    if (!handlers_.is_known_peer(key)) {
-      std::string why = "engine '" + key + "' is not registered with engine '" + self_key_ + "'";
-      FERRY_LOG(WARN, "control", "refusing connection: " + why);
-      auto frame = encode_ctrl_frame(CtrlType::HELLO_REFUSED, refused_body(why));
-      write_all(c.fd, frame.data(), frame.size());
-      ++rejected_;
-      return false;
-    }
+bool ControlPlane::reject(Inbound& c, const std::string& why, bool answer) {
+  FERRY_LOG(WARN, "control", "refusing connection from " + c.from + ": " + why);
+  if (answer) {
+    auto frame = encode_ctrl_frame(CtrlType::HELLO_REFUSED, refused_body(why));
+    write_all(c.fd, frame.data(), frame.size());
+  }
+  ++rejected_;
+  return false;
+}
+
+bool ControlPlane::handle_hello(Inbound& c, CtrlFrame& f) {
+  std::string key;
+  bool has_nonce = false;
+  if (f.type != CtrlType::HELLO || !decode_hello(f.body, key, c.client_nonce.data(), &has_nonce))
+    return reject(c, "first frame is not a valid HELLO", false);
+  if (!handlers_.is_known_peer(key))
+    return reject(c, "engine '" + key + "' is not registered with engine '" + self_key_ + "'", true);
+  const bool ours = secret_ && secret_->enabled();
+  if (ours && !has_nonce)
+    return reject(c, "engine '" + self_key_ + "' requires authentication but engine '" + key +
+                         "' has no auth token (" + kTokenHint + ")", true);
+  if (!ours && has_nonce)
+    return reject(c, "engine '" + key + "' uses an auth token but engine '" + self_key_ +
+                         "' has none (" + kTokenHint + ")", true);
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);  // forget_peer() reads it from other threads
     c.peer = key;
+  }
+  if (!ours) {
+    c.state = Inbound::State::OPEN;
+    c.reader.set_max_body(kMaxCtrlBody);
     auto ok = encode_ctrl_frame(CtrlType::HELLO_OK, {});
     return write_all(c.fd, ok.data(), ok.size());
   }
+  auth::Mac mac;
+  if (!auth::random_bytes(c.server_nonce.data(), c.server_nonce.size()))
+    return reject(c, "no random bytes for a challenge", true);
+  auto t = auth::ctrl_transcript(kServerLabel, c.client_nonce, c.server_nonce, key, self_key_);
+  if (!secret_->sign(t.data(), t.size(), mac.data()))
+    return reject(c, "cannot compute a MAC", true);
+  c.state = Inbound::State::PROOF;
+  auto frame = encode_ctrl_frame(CtrlType::AUTH_CHALLENGE,
+                                 challenge_body(c.server_nonce.data(), mac.data()));
+  return write_all(c.fd, frame.data(), frame.size());
+}
+
+bool ControlPlane::handle_proof(Inbound& c, CtrlFrame& f) {
+  auth::Mac mac;
+  if (f.type != CtrlType::AUTH_PROOF || !decode_proof(f.body, mac.data()))
+    return reject(c, "engine '" + c.peer + "' did not answer the auth challenge", true);
+  auto t = auth::ctrl_transcript(kClientLabel, c.client_nonce, c.server_nonce, c.peer, self_key_);
+  if (!secret_->verify(t.data(), t.size(), mac.data()))
+    return reject(c, "engine '" + c.peer + "' failed authentication (wrong auth token?)", true);
+  c.state = Inbound::State::OPEN;
+  c.reader.set_max_body(kMaxCtrlBody);
+  FERRY_LOG(DEBUG, "control", "engine '" + c.peer + "' (" + c.from + ") authenticated");
+  auto ok = encode_ctrl_frame(CtrlType::HELLO_OK, {});
+  return write_all(c.fd, ok.data(), ok.size());
+}
+
+bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
+  if (c.state == Inbound::State::HELLO) return handle_hello(c, f);
+  if (c.state == Inbound::State::PROOF) return handle_proof(c, f);
   switch (f.type) {
     case CtrlType::PLUGIN: {
       std::string plugin;
@@ -236,12 +399,15 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
     default:
       break;
   }
-  FERRY_LOG(WARN, "control", "closing connection from " + c.peer + ": unexpected or malformed frame");
+  FERRY_LOG(WARN, "control", "closing connection from '" + c.peer + "' (" + c.from +
+                                 "): unexpected or malformed " +
+                                 std::to_string(static_cast<int>(f.type)) + " frame");
   ++rejected_;
   return false;
 }
 
-int ControlPlane::connect_and_hello(const std::string& host, uint16_t port, std::string* err) {
+int ControlPlane::connect_and_hello(const std::string& peer_key, const std::string& host,
+                                    uint16_t port, std::string* err) {
   sockaddr_storage ss{};
   socklen_t len = 0;
   if (!resolve(host, port, ss, len)) {
@@ -274,29 +440,54 @@ int ControlPlane::connect_and_hello(const std::string& host, uint16_t port, std:
   fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  auto hello = encode_ctrl_frame(CtrlType::HELLO, hello_body(self_key_));
-  uint8_t hdr[kCtrlHeaderSize];
-  std::vector<CtrlFrame> frames;
-  CtrlFrameReader reader;
-  if (!write_all(fd, hello.data(), hello.size()) ||
-      !read_exact(fd, hdr, sizeof hdr, kHelloTimeoutMs) || !reader.feed(hdr, sizeof hdr, frames)) {
-    *err = "no HELLO answer from " + host + ":" + std::to_string(port);
+  const bool ours = secret_ && secret_->enabled();
+  auth::Nonce nc{};
+  if (ours && !auth::random_bytes(nc.data(), nc.size())) {
+    *err = "no random bytes for an auth challenge";
     ::close(fd);
     return -1;
   }
-  if (frames.empty()) {  // HELLO_REFUSED carries a reason body
-    uint8_t body[256];
-    uint32_t blen = hdr[8] | hdr[9] << 8 | hdr[10] << 16 | static_cast<uint32_t>(hdr[11]) << 24;
-    if (blen <= sizeof body && read_exact(fd, body, blen, kHelloTimeoutMs))
-      reader.feed(body, blen, frames);
+  const std::string where = "'" + peer_key + "' (" + host + ":" + std::to_string(port) + ")";
+  auto fail = [&](std::string why, bool count) {
+    *err = std::move(why);
+    if (count) {
+      ++rejected_;
+      FERRY_LOG(WARN, "control", "control connection to " + where + ": " + *err);
+    }
+    ::close(fd);
+    return -1;
+  };
+  auto hello = encode_ctrl_frame(
+      CtrlType::HELLO, ours ? hello_body(self_key_, nc.data()) : hello_body(self_key_));
+  CtrlFrame f;
+  std::string why;
+  if (!write_all(fd, hello.data(), hello.size()) || !read_frame(fd, f, kHelloTimeoutMs, &why))
+    return fail("HELLO to " + where + ": " + why, false);
+  if (f.type == CtrlType::AUTH_CHALLENGE) {
+    if (!ours)
+      return fail("peer " + where + " requires an auth token and engine '" + self_key_ +
+                      "' has none (" + kTokenHint + ")", false);
+    auth::Nonce ns{};
+    auth::Mac mac{};
+    if (!decode_challenge(f.body, ns.data(), mac.data()))
+      return fail("malformed auth challenge from " + where, true);
+    auto ts = auth::ctrl_transcript(kServerLabel, nc, ns, self_key_, peer_key);
+    if (!secret_->verify(ts.data(), ts.size(), mac.data()))
+      return fail("peer " + where + " failed to prove the auth token (a different token, "
+                  "or not the engine it claims to be)", true);
+    auto tc = auth::ctrl_transcript(kClientLabel, nc, ns, self_key_, peer_key);
+    if (!secret_->sign(tc.data(), tc.size(), mac.data())) return fail("cannot compute a MAC", false);
+    auto proof = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(mac.data()));
+    if (!write_all(fd, proof.data(), proof.size()) || !read_frame(fd, f, kHelloTimeoutMs, &why))
+      return fail("auth with " + where + ": " + why, false);
+  } else if (ours && f.type == CtrlType::HELLO_OK) {
+    return fail("peer " + where + " did not authenticate: it has no auth token and engine '" +
+                    self_key_ + "' requires one (" + kTokenHint + ")", true);
   }
-  if (frames.size() != 1 || frames[0].type != CtrlType::HELLO_OK) {
+  if (f.type != CtrlType::HELLO_OK) {
     std::string reason = "unexpected answer";
-    if (frames.size() == 1 && frames[0].type == CtrlType::HELLO_REFUSED)
-      decode_refused(frames[0].body, reason);
-    *err = "peer refused the control connection: " + reason;
-    ::close(fd);
-    return -1;
+    if (f.type == CtrlType::HELLO_REFUSED) decode_refused(f.body, reason);
+    return fail("peer refused the control connection: " + reason, false);
   }
   return fd;
 }
@@ -322,7 +513,7 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
       ::close(o->fd);
       o->fd = -1;
     }
-    if (o->fd < 0) o->fd = connect_and_hello(host, port, err);
+    if (o->fd < 0) o->fd = connect_and_hello(peer_key, host, port, err);
     if (o->fd < 0) return FERRY_ERR_TRANSPORT;
     if (write_all(o->fd, frame.data(), frame.size())) return FERRY_OK;
     ::close(o->fd);

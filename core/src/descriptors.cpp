@@ -130,7 +130,9 @@ std::string readable(json o) {
     }
     blob = s;
   }
-  return o.dump();
+  // Keys and hosts come from peers and need not be UTF-8: replace bad bytes
+  // rather than throw from a printing function (found by fuzz/fuzz_descriptors).
+  return o.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "engine_impl.h"
+#include "gpu_runtime.h"
 #include "log.h"
 #include "node_id.h"
 
@@ -51,6 +52,24 @@ void host_inbound(void* hctx, const char* peer, uint64_t uid, int status) {
   if (peer) b->engine->inbound(peer, uid, status);
 }
 
+int host_auth_sign(void* hctx, const void* challenge, size_t len, uint8_t mac[32]) {
+  auto* b = static_cast<Backend*>(hctx);
+  if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
+  return b->engine->auth_sign(challenge, len, mac);
+}
+
+int host_auth_verify(void* hctx, const void* challenge, size_t len, const uint8_t mac[32]) {
+  auto* b = static_cast<Backend*>(hctx);
+  if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
+  return b->engine->auth_verify(challenge, len, mac);
+}
+
+std::string token_from(const EngineConfig& c) {
+  if (!c.auth_token.empty()) return c.auth_token;
+  const char* env = std::getenv("FERRY_AUTH_TOKEN");
+  return env ? env : "";
+}
+
 std::set<std::string> names_of(const std::map<std::string, std::vector<uint8_t>>& m) {
   std::set<std::string> s;
   for (const auto& [k, v] : m) s.insert(k);
@@ -89,7 +108,7 @@ std::string plugin_error_name(int rc) {
 }
 
 EngineImpl::EngineImpl(std::string key, EngineConfig config)
-    : key_(std::move(key)), config_(std::move(config)) {
+    : key_(std::move(key)), config_(std::move(config)), secret_(token_from(config_)) {
   if (key_.empty() || key_.size() > kMaxKey)
     throw Error(StatusCode::ERR_INVALID_ARGS, "engine key must be 1..255 bytes");
   node_id_ = config_.node_id.empty() ? default_node_id() : config_.node_id;
@@ -122,7 +141,9 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   h.on_notify = [this](const std::string& peer, uint64_t uid, int32_t status) {
     inbound(peer.c_str(), uid, status);
   };
-  control_ = std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h));
+  control_ = std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &secret_);
+  if (secret_.enabled())
+    FERRY_LOG(INFO, key_, "auth token set: peers must prove it on every control and data connection");
 }
 
 EngineImpl::~EngineImpl() {
@@ -158,6 +179,9 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   b->host.ctrl_send = host_ctrl_send;
   b->host.complete = host_complete;
   b->host.inbound = host_inbound;
+  b->host.auth_sign = host_auth_sign;
+  b->host.auth_verify = host_auth_verify;
+  b->host.gpu = gpu_runtime();
   std::string settings = settings_json.empty() ? policy_.settings_for(name) : settings_json;
   char err[512] = {};
   int rc = b->ops->init(&b->host, key_.c_str(), node_id_.c_str(), settings.c_str(), &b->ctx, err,
@@ -420,12 +444,30 @@ MemoryDesc EngineImpl::register_memory(void* addr, size_t size, int device, Memo
   if (size == 0) throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: size 0");
   if (reinterpret_cast<uintptr_t>(addr) + size < reinterpret_cast<uintptr_t>(addr))
     throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: range wraps");
-  if (loc == MemoryLocation::UNKNOWN) loc = MemoryLocation::CPU;  // no GPU runtime shim yet
+  // Where the memory lives: the caller says, or the GPU runtime tells from the pointer.
+  const ferry_gpu_v1* gpu = gpu_runtime();
+  if (gpu) {
+    int32_t found = -1;
+    if (gpu->pointer_device(gpu->gpu_ctx, addr, &found) == FERRY_OK && found >= 0) {
+      loc = MemoryLocation::GPU;  // device memory is GPU memory whatever the caller said
+      device = found;
+    }
+  }
+  if (loc == MemoryLocation::UNKNOWN) loc = MemoryLocation::CPU;
+  if (loc == MemoryLocation::GPU && (!gpu || device < 0 || device >= gpu->device_count))
+    throw Error(StatusCode::ERR_GPU_OP,
+                std::string("register_memory: GPU memory given but ") +
+                    (gpu ? "the pointer is not device memory and no valid device was given"
+                         : "no GPU runtime (libcudart / libamdhip64) could be loaded"));
   auto m = std::make_shared<LocalMem>();
   m->addr = addr;
   m->desc.engine_key = key_;
   m->desc.location = loc;
   m->desc.device = loc == MemoryLocation::GPU ? device : -1;
+  if (loc == MemoryLocation::GPU) {
+    char bus[64] = {};
+    if (gpu->device_bus_id(gpu->gpu_ctx, device, bus, sizeof bus) == FERRY_OK) m->desc.bus_id = bus;
+  }
   m->desc.addr = reinterpret_cast<uint64_t>(addr);
   m->desc.size = size;
   std::vector<BackendPtr> bs;
@@ -524,6 +566,16 @@ void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status) {
     return;
   }
   if (inbound_.land(peer_key, uid, StatusCode::SUCCESS)) ++inbound_count_;
+}
+
+int EngineImpl::auth_sign(const void* challenge, size_t len, uint8_t mac[32]) const {
+  if (!secret_.enabled()) return FERRY_ERR_UNSUPPORTED;
+  return secret_.sign(challenge, len, mac) ? FERRY_OK : FERRY_ERR_INTERNAL;
+}
+
+int EngineImpl::auth_verify(const void* challenge, size_t len, const uint8_t mac[32]) const {
+  if (!secret_.enabled()) return FERRY_ERR_UNSUPPORTED;
+  return secret_.verify(challenge, len, mac) ? FERRY_OK : FERRY_ERR_REMOTE;
 }
 
 EngineStats EngineImpl::stats() const {

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "auth.h"
 #include "control_plane.h"
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
@@ -156,9 +157,12 @@ class EngineImpl {
   // host services (plugin callbacks), see host_services in engine.cpp
   int ctrl_send(Backend& b, const char* peer_key, const void* msg, size_t len);
   void inbound(const char* peer_key, uint64_t uid, int status);
+  int auth_sign(const void* challenge, size_t len, uint8_t mac[32]) const;
+  int auth_verify(const void* challenge, size_t len, const uint8_t mac[32]) const;
 
   const std::string key_;
   const EngineConfig config_;
+  const auth::Secret secret_;  // EngineConfig::auth_token, else FERRY_AUTH_TOKEN, else none
   std::string node_id_;
   Policy policy_;
   std::unique_ptr<Health> health_;

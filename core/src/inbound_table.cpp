@@ -30,7 +30,10 @@ std::optional<TransferStatus> InboundTable::wait_pop(const std::string& peer, ui
                                                      std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lk(mu_);
   std::optional<TransferStatus> got;
-  landed_cv_.wait_for(lk, timeout, [&] { return (got = pop_locked(peer, uid)).has_value(); });
+  auto ready = [&] { return (got = pop_locked(peer, uid)).has_value(); };
+  // now + milliseconds::max() would overflow: a day or more means "no limit".
+  if (timeout >= std::chrono::hours(24)) landed_cv_.wait(lk, ready);
+  else landed_cv_.wait_for(lk, timeout, ready);
   return got;
 }
 

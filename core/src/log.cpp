@@ -1,5 +1,6 @@
 #include "log.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,11 +16,23 @@ LogLevel level_from_env() {
   if (!strcasecmp(v, "debug")) return LogLevel::DEBUG;
   return LogLevel::WARN;
 }
-const LogLevel g_level = level_from_env();
+std::atomic<int> g_level{static_cast<int>(level_from_env())};
 const char* names[] = {"error", "warn", "info", "debug"};
 }  // namespace
 
-bool log_enabled(LogLevel level) { return level <= g_level; }
+bool log_enabled(LogLevel level) {
+  return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed);
+}
+
+bool set_log_level(const std::string& name) {
+  static const char* names_[] = {"error", "warn", "info", "debug"};
+  for (int i = 0; i < 4; ++i)
+    if (!strcasecmp(name.c_str(), names_[i])) {
+      g_level.store(i, std::memory_order_relaxed);
+      return true;
+    }
+  return false;
+}
 
 void log_line(LogLevel level, const std::string& who, const std::string& msg) {
   static std::mutex mu;  // keeps lines from interleaving

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "ferry/ferry.hpp"
+#include "gpu_runtime.h"
 #include "plugin_loader.h"
 
 namespace ferry {
@@ -69,6 +70,7 @@ std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_d
       host.ctrl_send = probe_ctrl;
       host.complete = probe_complete;
       host.inbound = probe_inbound;
+      host.gpu = gpu_runtime();  // so a GPU plugin can tell whether it would work here
       void* ctx = nullptr;
       char err[512] = {};
       int rc = ops->init(&host, "ferry-info", "ferry-info", "{}", &ctx, err, sizeof err);

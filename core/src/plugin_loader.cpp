@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <climits>
 #include <cstddef>
+#include <set>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -73,7 +75,15 @@ std::vector<std::string> plugin_search_dirs(const std::vector<std::string>& conf
   }
   dirs.insert(dirs.end(), configured.begin(), configured.end());
   if (auto self = dir_of_this_library(); !self.empty()) dirs.push_back(self + "/ferry/plugins");
-  return dirs;
+  // The same folder named twice (e.g. FERRY_PLUGIN_PATH = the install dir) is searched once.
+  std::vector<std::string> unique;
+  std::set<std::string> seen;
+  for (const auto& d : dirs) {
+    char real[PATH_MAX];
+    std::string key = ::realpath(d.c_str(), real) ? std::string(real) : d;
+    if (seen.insert(key).second) unique.push_back(d);
+  }
+  return unique;
 }
 
 std::string plugin_name_from_file(const std::string& filename) {

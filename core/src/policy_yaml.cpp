@@ -2,6 +2,7 @@
 // policy would otherwise silently route over the wrong backend, so every key,
 // type and value is checked and each error names source:line:column.
 #include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string_view>
 #include <system_error>
 
@@ -30,6 +32,43 @@ constexpr size_t kMaxPolicyBytes = 1 << 20;
 constexpr size_t kMaxSettingsNodes = 10000;
 constexpr uint64_t kMaxAttempts = 16;
 constexpr size_t kMaxBackendName = 32;
+
+// yaml-cpp 0.7 loops forever, emitting empty documents, on some stray ','
+// tokens ("[a]\n,", "&x ,": found by fuzz/fuzz_policy). A first pass counts
+// parser events against a budget no real document comes near, and stops there.
+class EventBudget : public YAML::EventHandler {
+ public:
+  struct Exhausted {
+    YAML::Mark mark;
+  };
+  explicit EventBudget(size_t budget) : left_(budget) {}
+  void OnDocumentStart(const YAML::Mark& m) override { spend(m); }
+  void OnDocumentEnd() override { spend(mark_); }
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { spend(m); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { spend(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    spend(m);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    spend(m);
+  }
+  void OnSequenceEnd() override { spend(mark_); }
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    spend(m);
+  }
+  void OnMapEnd() override { spend(mark_); }
+
+ private:
+  void spend(const YAML::Mark& m) {
+    mark_ = m;
+    if (left_-- == 0) throw Exhausted{m};
+  }
+  size_t left_;
+  YAML::Mark mark_ = YAML::Mark::null_mark();
+};
 
 const std::vector<std::string> kTopKeys = {"plugin_dirs", "backends", "rules", "failover",
                                            "timeout"};
@@ -357,7 +396,12 @@ class Parser {
       if (!b.value.IsMap())
         wrong_type("", b, "a mapping of settings (e.g. { lanes: 8 }) or nothing");
       size_t budget = kMaxSettingsNodes;
-      out[b.name] = to_json(b.name, b.value, budget).dump();
+      try {
+        out[b.name] = to_json(b.name, b.value, budget).dump();
+      } catch (const json::type_error&) {
+        // Plugins get settings as JSON text, which must be UTF-8 (found by fuzz/fuzz_policy).
+        fail(b.value.Mark(), "settings for backend '" + b.name + "' are not valid UTF-8 text");
+      }
     }
     return out;
   }
@@ -553,7 +597,14 @@ class Parser {
 Policy Parser::parse(const std::string& text) {
   std::vector<YAML::Node> docs;
   try {
+    std::istringstream in(text);
+    YAML::Parser events(in);
+    EventBudget budget(8 * text.size() + 1024);
+    while (events.HandleNextDocument(budget)) {
+    }
     docs = YAML::LoadAll(text);
+  } catch (const EventBudget::Exhausted& e) {
+    fail(e.mark, "YAML syntax error: the parser makes no progress here (a stray ','?)");
   } catch (const YAML::DeepRecursion& e) {
     // yaml-cpp's own message for this is "bad file".
     fail(e.mark, "YAML nested too deeply");

@@ -2,6 +2,11 @@
 
 namespace ferry {
 
+namespace {
+// How long the thread keeps a self-set wake-up after the list empties.
+constexpr auto kIdleLinger = std::chrono::seconds(1);
+}  // namespace
+
 Watchdog::Watchdog() : thread_([this] { loop(); }) {}
 
 Watchdog::~Watchdog() {
@@ -14,7 +19,7 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint when) {
-  bool was_empty;
+  bool wake;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (item->linked_) return;
@@ -26,9 +31,11 @@ void Watchdog::arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint 
     else head_ = item.get();
     tail_ = item.get();
     item->linked_ = true;
-    was_empty = head_ == item.get();
+    // Behind a head, the thread wakes for the (no later) head first; a new head
+    // needs it only before the time it wakes by itself.
+    wake = head_ == item.get() && when < wake_at_;
   }
-  if (was_empty) cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void Watchdog::disarm(WatchItem* item) {
@@ -48,13 +55,23 @@ void Watchdog::unlink_locked(WatchItem* item) {
 
 void Watchdog::loop() {
   std::unique_lock<std::mutex> lk(mu_);
+  bool lingered = false;
   while (!stop_) {
     if (!head_) {
-      cv_.wait(lk);
+      if (!lingered) {
+        lingered = true;
+        wake_at_ = std::chrono::steady_clock::now() + kIdleLinger;
+        cv_.wait_until(lk, wake_at_);
+      } else {
+        wake_at_ = WatchItem::TimePoint::max();  // idle: no wake-ups at all
+        cv_.wait(lk);
+      }
       continue;
     }
+    lingered = false;
     auto when = head_->when_;
     if (std::chrono::steady_clock::now() < when) {
+      wake_at_ = when;
       cv_.wait_until(lk, when);
       continue;
     }

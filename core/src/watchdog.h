@@ -2,6 +2,10 @@
 // deadline order (every deadline is now + the engine's timeout, so appending keeps
 // the order); one thread sleeps until the head's deadline, so an idle engine
 // costs no CPU and the memory held is bounded by what is in flight.
+// arm() wakes that thread only when the new deadline is earlier than the time it
+// wakes by itself: after the list empties the thread lingers a second before
+// sleeping for good, so back-to-back transfers (arm into an empty list, every
+// time) cost no thread wake-up each.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -45,6 +49,8 @@ class Watchdog {
   std::condition_variable cv_;
   WatchItem* head_ = nullptr;
   WatchItem* tail_ = nullptr;
+  // When the thread wakes by itself (max: never); arm() notifies only before it.
+  WatchItem::TimePoint wake_at_ = WatchItem::TimePoint::max();
   bool stop_ = false;
   std::thread thread_;
 };

@@ -6,6 +6,10 @@
 #include "xfer.h"
 
 namespace ferry_tcp {
+namespace {
+// How long the thread keeps a self-set wake-up after the last deadline went.
+constexpr uint64_t kIdleLingerNs = 1000000000;
+}  // namespace
 
 DeadlineWatcher::DeadlineWatcher(const ferry_host_v1* host, Expire on_expire)
     : host_(host), on_expire_(std::move(on_expire)) {}
@@ -32,7 +36,7 @@ void DeadlineWatcher::Add(const std::shared_ptr<Xfer>& x) {
     std::lock_guard lk(mu_);
     x->deadline_token = next_token_++;
     auto it = by_deadline_.emplace(std::make_pair(x->deadline_ns, x->deadline_token), x).first;
-    earliest = it == by_deadline_.begin();
+    earliest = it == by_deadline_.begin() && x->deadline_ns < wake_at_ns_;
   }
   if (earliest) cv_.notify_all();
 }
@@ -45,14 +49,24 @@ void DeadlineWatcher::Remove(const Xfer& x) {
 
 void DeadlineWatcher::Main() {
   std::unique_lock lk(mu_);
+  bool lingered = false;
   while (!stop_) {
+    const uint64_t now = host_->now_ns(host_->host_ctx);
     if (by_deadline_.empty()) {
-      cv_.wait(lk);
+      if (!lingered) {
+        lingered = true;
+        wake_at_ns_ = now + kIdleLingerNs;
+        cv_.wait_for(lk, std::chrono::nanoseconds(kIdleLingerNs));
+      } else {
+        wake_at_ns_ = UINT64_MAX;  // idle: no wake-ups at all
+        cv_.wait(lk);
+      }
       continue;
     }
-    const uint64_t now = host_->now_ns(host_->host_ctx);
+    lingered = false;
     const uint64_t first = by_deadline_.begin()->first.first;
     if (first > now) {
+      wake_at_ns_ = first;
       cv_.wait_for(lk, std::chrono::nanoseconds(first - now));
       continue;
     }

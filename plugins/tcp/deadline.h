@@ -1,5 +1,8 @@
 // Ends transfers whose deadline passed. One thread sleeps on a condition
 // variable until the earliest deadline, so an idle plugin costs no CPU.
+// Add() wakes it only for a deadline earlier than the time it wakes by itself;
+// after the last transfer it lingers a second before sleeping for good, so
+// back-to-back transfers cost no thread wake-up each.
 #pragma once
 
 #include <condition_variable>
@@ -38,6 +41,7 @@ class DeadlineWatcher {
   std::condition_variable cv_;
   bool stop_ = false;
   uint64_t next_token_ = 1;
+  uint64_t wake_at_ns_ = UINT64_MAX;  // when the thread wakes by itself (now_ns clock)
   std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<Xfer>> by_deadline_;
   std::thread thread_;
 };

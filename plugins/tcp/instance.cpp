@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "handshake.h"
 #include "log.h"
 #include "wire.h"
 
@@ -20,7 +21,7 @@ Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings s
       engine_key_(std::move(engine_key)),
       settings_(std::move(settings)),
       watcher_(host, &Instance::OnExpired),
-      target_(host, settings_, &regions_) {}
+      target_(host, engine_key_, settings_, &regions_) {}
 
 Instance::~Instance() {
   // Initiator side first: it fails our own pending transfers with BAD_STATE.
@@ -232,6 +233,8 @@ int Instance::Describe(char* buf, size_t len) {
   if (!settings_.advertise_host.empty()) s += " advertise=" + settings_.advertise_host;
   s += " connect_timeout=" + std::to_string(settings_.connect_timeout_ms) +
        "ms io_timeout=" + std::to_string(settings_.io_timeout_ms) + "ms";
+  s += std::string(" auth=") + (AuthEnabled(host_) ? "on" : "off") +
+       " rejected_lanes=" + std::to_string(target_.rejected());
   std::snprintf(buf, len, "%s", s.c_str());
   return FERRY_OK;
 }

@@ -7,6 +7,7 @@
 #include <system_error>
 #include <utility>
 
+#include "handshake.h"
 #include "log.h"
 #include "wire.h"
 
@@ -18,13 +19,7 @@ constexpr int kLocalRevoked = -2;
 
 }  // namespace
 
-Lane::Lane(const PeerInfo* info, int index) : info_(info), index_(index) {
-  wire::Header h;
-  h.type = wire::Type::kHello;
-  h.payload_len = info_->my_key.size();
-  hello_ = wire::EncodeFrameHead(h, {});
-  hello_.insert(hello_.end(), info_->my_key.begin(), info_->my_key.end());
-}
+Lane::Lane(const PeerInfo* info, int index) : info_(info), index_(index) {}
 
 Lane::~Lane() { Stop(FERRY_ERR_BAD_STATE, "lane destroyed"); }
 
@@ -120,7 +115,9 @@ void Lane::Submit(FramePtr f, bool try_direct) {
   if (try_direct && send_mu_.try_lock()) {
     std::unique_lock s(send_mu_, std::adopt_lock);
     std::unique_lock lk(mu_);
-    if (state_ == State::kUp && !stopping_ && queue_.empty() && !partial_ && inflight_.empty()) {
+    // Nothing queued or half-sent ahead of it: the frame keeps its place. Frames
+    // already sent and awaiting their responses do not matter to the socket.
+    if (state_ == State::kUp && !stopping_ && queue_.empty() && !partial_) {
       f->sending = true;
       inflight_.emplace(f->req_id, f);
       lk.unlock();
@@ -159,11 +156,22 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
 
   int fd = -1;
   std::string err;
+  int fail_status = FERRY_ERR_TRANSPORT;
   int rc = ConnectTcp(info_->addr, info_->port, info_->connect_timeout_ms, waker_.fd(), &fd, &err);
   if (rc == 0) {
     SetNoDelay(fd);
-    rc = SendAll(fd, hello_.data(), hello_.size());
-    if (rc != 0) err = Lost(rc);
+    InitiatorHello hello;
+    hello.host = info_->host;
+    hello.my_key = info_->my_key;
+    hello.peer_key = info_->key;
+    hello.label = info_->label;
+    hello.timeout_ms = info_->connect_timeout_ms;
+    hello.abort_fd = waker_.fd();
+    const int status = InitiatorHandshake(fd, hello, &err);
+    if (status != FERRY_OK) {
+      fail_status = status;
+      rc = ECONNABORTED;
+    }
   }
   lk.lock();
   if (rc == 0 && !abort_connect_ && !stopping_) {
@@ -183,7 +191,7 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
   // An abort already failed what was queued then; anything newer gets a fresh try.
   if (abort_connect_ || stopping_) return false;
   Doomed doomed;
-  for (auto& f : queue_) doomed.emplace_back(f, FERRY_ERR_TRANSPORT, err);
+  for (auto& f : queue_) doomed.emplace_back(f, fail_status, err);
   queue_.clear();
   lk.unlock();
   Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: %s", index_, info_->label.c_str(), err.c_str());
@@ -279,8 +287,10 @@ void Lane::ReceiverMain(int fd) {
   FramePtr current;  // taken out of inflight_ while its payload arrives
   uint8_t hb[wire::kHeaderSize];
   std::string text;
+  // Read-ahead: a response header and a small READ's data in one recv().
+  SocketReader in(fd);
   for (;;) {
-    int err = RecvAll(fd, hb, sizeof(hb));
+    int err = in.Read(hb, sizeof(hb));
     if (err != 0) {
       msg = Lost(err);
       break;
@@ -294,7 +304,7 @@ void Lane::ReceiverMain(int fd) {
     }
     if (h.type == wire::Type::kError) {
       text.resize(h.payload_len);
-      err = RecvAll(fd, text.data(), text.size());
+      err = in.Read(text.data(), text.size());
       if (err != 0) {
         msg = Lost(err);
         break;
@@ -336,7 +346,7 @@ void Lane::ReceiverMain(int fd) {
     if (h.type == wire::Type::kReadData) {
       RegionUse use(current->xfer->local.get(), fd);
       if (!use.ok()) {
-        err = Discard(fd, h.payload_len);
+        err = in.Discard(h.payload_len);
         if (err != 0) {
           msg = Lost(err);
           break;
@@ -347,7 +357,7 @@ void Lane::ReceiverMain(int fd) {
         continue;
       }
       // Straight into the caller's memory: no staging copy.
-      err = RecvIov(fd, current->local.data(), current->local.size());
+      err = in.ReadIov(current->local.data(), current->local.size());
       if (err != 0) {
         msg = Lost(err);
         break;

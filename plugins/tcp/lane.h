@@ -1,7 +1,8 @@
 // One initiator-side data connection to a peer.
 //
-// The lane's sender thread connects lazily (never inside post()), says HELLO,
-// then writes frames from its queue; its receiver thread matches responses to
+// The lane's sender thread connects lazily (never inside post()), says HELLO
+// (authenticating both ways when the host has a secret, handshake.h), then
+// writes frames from its queue; its receiver thread matches responses to
 // frames in flight and completes them. A broken connection fails every frame
 // queued or in flight on it, and the next frame submitted reconnects.
 //
@@ -45,8 +46,8 @@ class Lane {
 
   // Starts the sender thread on first use; throws std::system_error.
   void EnsureStarted();
-  // With try_direct, an idle connected lane sends from the calling thread
-  // (without blocking) instead of waking the sender thread.
+  // With try_direct, a connected lane with nothing queued sends from the
+  // calling thread (without blocking) instead of waking the sender thread.
   void Submit(FramePtr f, bool try_direct);
   // Drops the connection; everything queued or in flight fails with status/msg.
   void Reset(int status, const std::string& msg);
@@ -69,7 +70,6 @@ class Lane {
 
   const PeerInfo* info_;
   const int index_;
-  std::vector<uint8_t> hello_;
 
   std::mutex send_mu_;
   std::mutex mu_;

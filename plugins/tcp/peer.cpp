@@ -10,7 +10,7 @@ namespace ferry_tcp {
 namespace {
 
 // Small enough to fit an idle socket's send buffer, so a direct send from the
-// posting thread does not wait for the network.
+// posting thread does not wait for the network (and post() does not copy much).
 constexpr uint64_t kDirectSendMax = 64 * 1024;
 
 }  // namespace
@@ -133,7 +133,10 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   }
 
   // Accepted: from here on every outcome goes through complete().
-  const bool direct = n_frames == 1 && plan[0].bytes <= kDirectSendMax;
+  // A READ request is a header and its items whatever the size it asks for, so
+  // every one of its frames may go out from here; a WRITE only when it is small.
+  const bool is_read = x.op == FERRY_OP_READ;
+  const bool direct = is_read || (n_frames == 1 && plan[0].bytes <= kDirectSendMax);
   for (uint32_t i = 0; i < n_frames; ++i) {
     FramePtr& f = frames[i];
     try {

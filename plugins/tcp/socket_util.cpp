@@ -127,6 +127,69 @@ int Discard(int fd, uint64_t len) {
   return 0;
 }
 
+SocketReader::SocketReader(int fd, size_t buffer_bytes) : fd_(fd), buf_(buffer_bytes) {}
+
+bool SocketReader::Drain(std::vector<iovec>& v, size_t* first) {
+  while (*first < v.size() && pos_ < end_) {
+    iovec& cur = v[*first];
+    const size_t take = std::min(cur.iov_len, end_ - pos_);
+    std::memcpy(cur.iov_base, buf_.data() + pos_, take);
+    pos_ += take;
+    cur.iov_base = static_cast<char*>(cur.iov_base) + take;
+    cur.iov_len -= take;
+    if (cur.iov_len == 0) ++*first;
+  }
+  return *first == v.size();
+}
+
+int SocketReader::ReadIov(const iovec* iov, size_t n, bool idle_ok) {
+  std::vector<iovec> v = Remaining(iov, n, 0);
+  size_t first = 0;
+  bool any = pos_ < end_;
+  if (Drain(v, &first)) return 0;
+  for (;;) {
+    size_t left = 0;
+    for (size_t i = first; i < v.size(); ++i) left += v[i].iov_len;
+    ssize_t r;
+    const bool buffered = left < buf_.size();
+    if (buffered) {
+      // Short: fill the buffer with whatever has arrived, which may be the next frame too.
+      r = recv(fd_, buf_.data(), buf_.size(), 0);
+    } else if (v.size() - first == 1) {
+      r = recv(fd_, v[first].iov_base, v[first].iov_len, 0);
+    } else {
+      r = readv(fd_, v.data() + first, static_cast<int>(std::min<size_t>(v.size() - first, IOV_MAX)));
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if ((errno == EAGAIN || errno == EWOULDBLOCK) && idle_ok && !any) continue;
+      return errno;
+    }
+    if (r == 0) return kEof;
+    any = true;
+    if (buffered) {
+      pos_ = 0;
+      end_ = static_cast<size_t>(r);
+      if (Drain(v, &first)) return 0;
+    } else {
+      Advance(v, &first, static_cast<size_t>(r));
+      if (first == v.size()) return 0;
+    }
+  }
+}
+
+int SocketReader::Read(void* buf, size_t len, bool idle_ok) {
+  iovec iov{buf, len};
+  return ReadIov(&iov, 1, idle_ok);
+}
+
+int SocketReader::Discard(uint64_t len) {
+  const uint64_t from_buf = std::min<uint64_t>(len, end_ - pos_);
+  pos_ += static_cast<size_t>(from_buf);
+  len -= from_buf;
+  return len == 0 ? 0 : ferry_tcp::Discard(fd_, len);
+}
+
 int ConnectTcp(const std::string& host, uint16_t port, int timeout_ms, int abort_fd, int* out_fd,
                std::string* err) {
   const std::string where = host + ":" + std::to_string(port);

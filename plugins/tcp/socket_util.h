@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ferry_tcp {
 
@@ -30,6 +31,27 @@ int RecvIov(int fd, const iovec* iov, size_t n, bool idle_ok = false);
 int RecvAll(int fd, void* buf, size_t len, bool idle_ok = false);
 // Reads and discards len bytes, keeping the stream in step after a refused frame.
 int Discard(int fd, uint64_t len);
+
+// The receiving side of a data connection, with a small read-ahead buffer: one
+// recv() takes a whole small frame (header, items and payload, or a response
+// and the next one) instead of one call per piece. Large payloads still go
+// straight from the socket into their destination (only a tail shorter than the
+// buffer passes through it), so there is no staging copy of bulk data.
+// Same error convention and idle_ok meaning as RecvIov.
+class SocketReader {
+ public:
+  explicit SocketReader(int fd, size_t buffer_bytes = 16 * 1024);
+  int ReadIov(const iovec* iov, size_t n, bool idle_ok = false);
+  int Read(void* buf, size_t len, bool idle_ok = false);
+  int Discard(uint64_t len);
+
+ private:
+  // Copies buffered bytes into v from *first on; true when v is complete.
+  bool Drain(std::vector<iovec>& v, size_t* first);
+  const int fd_;
+  std::vector<uint8_t> buf_;
+  size_t pos_ = 0, end_ = 0;  // buffered bytes are buf_[pos_, end_)
+};
 
 // Resolves host, connects within timeout_ms; gives up early when abort_fd (an
 // eventfd) becomes readable. Returns 0 and *out_fd (blocking, CLOEXEC) or an error

@@ -1,6 +1,10 @@
 // The target side: the data-lane listener and one thread per accepted lane that
 // serves READ and WRITE requests against registered memory.
 //
+// A lane is admitted only after HELLO names an added peer and, when the host
+// has a secret, the peer proved it (handshake.h); refused lanes are logged and
+// counted. At most kMaxPendingLanes lanes may be in the handshake at once (the
+// oldest is cut), and a handshake must finish within the connect timeout.
 // Every request is checked before memory is touched: the lane's peer is still
 // added, the region exists, every item lies inside it. A refused request gets an
 // ERROR response and the lane carries on; a malformed frame closes the lane.
@@ -21,6 +25,7 @@
 #include "ferry/plugin.h"
 #include "region.h"
 #include "settings.h"
+#include "socket_util.h"
 #include "target_peer.h"
 #include "wire.h"
 
@@ -28,7 +33,10 @@ namespace ferry_tcp {
 
 class TargetServer {
  public:
-  TargetServer(const ferry_host_v1* host, const Settings& settings, RegionTable* regions);
+  static constexpr size_t kMaxPendingLanes = 64;
+
+  TargetServer(const ferry_host_v1* host, std::string engine_key, const Settings& settings,
+               RegionTable* regions);
   ~TargetServer();
 
   bool Start(std::string* err);
@@ -37,27 +45,37 @@ class TargetServer {
   bool AddPeer(const std::string& key);
   void RemovePeer(const std::string& key);
   void Stop();
+  // Lanes closed before admission: unknown peer, failed auth, bad handshake, evicted.
+  uint64_t rejected() const { return rejected_.load(); }
 
  private:
   struct Conn {
     int fd = -1;  // guarded by mu_, so Stop's shutdown never hits a reused number
     std::thread thread;
     bool done = false;
+    bool admitted = false;  // past the handshake (guarded by mu_)
+    bool evicted = false;
   };
   // What serving one request frame decided.
   enum class Outcome { kServed, kRefused, kCloseLane };
 
   void AcceptMain();
   void Serve(Conn* c);
-  void ServeLane(int fd, const std::string& from);
-  Outcome ServeRequest(int fd, TargetPeer& tp, const wire::Header& h,
+  void ServeLane(Conn* c, int fd, const std::string& from);
+  // Authenticates the initiator `key` (HELLO carried kFlagAuth == theirs).
+  // False with *why when the lane must be refused.
+  bool Authenticate(int fd, const std::string& key, bool theirs, std::string* why);
+  void Refuse(int fd, const std::string& from, const std::string& why);
+  Outcome ServeRequest(int fd, SocketReader& in, TargetPeer& tp, const wire::Header& h,
                        const std::vector<wire::Item>& items, const std::function<bool(int)>& count,
                        int* status, std::string* reason, std::string* close_why);
   int SendError(int fd, uint64_t req_id, int status, const std::string& msg);
   void ReapLocked();
 
   const ferry_host_v1* host_;
+  const std::string engine_key_;
   const Settings settings_;
+  std::atomic<uint64_t> rejected_{0};
   RegionTable* regions_;
   int listen_fd_ = -1;
   uint16_t port_ = 0;

@@ -48,6 +48,8 @@ const char* TypeName(Type t) {
       return "READ_DATA";
     case Type::kError:
       return "ERROR";
+    case Type::kAuth:
+      return "AUTH";
   }
   return "?";
 }
@@ -76,7 +78,7 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
                          std::to_string(kVersion) + ")");
   }
   const uint8_t type = in[5];
-  if (type < static_cast<uint8_t>(Type::kHello) || type > static_cast<uint8_t>(Type::kError)) {
+  if (type < static_cast<uint8_t>(Type::kHello) || type > static_cast<uint8_t>(Type::kAuth)) {
     return Fail(why, "unknown frame type " + std::to_string(type));
   }
   h->type = static_cast<Type>(type);
@@ -94,8 +96,12 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
 
   const std::string name = TypeName(h->type);
   const bool request = h->type == Type::kWrite || h->type == Type::kRead;
-  if (h->flags & ~kFlagNotify) return Fail(why, name + ": unknown flags");
-  if (h->flags && !request) return Fail(why, name + ": flags on a non-request frame");
+  if (h->type == Type::kHello) {
+    if (h->flags & ~kFlagAuth) return Fail(why, name + ": unknown flags");
+  } else {
+    if (h->flags & ~kFlagNotify) return Fail(why, name + ": unknown flags");
+    if (h->flags && !request) return Fail(why, name + ": flags on a non-request frame");
+  }
   if (!request && h->n_items != 0) return Fail(why, name + ": unexpected items");
   if (request) {
     if (h->n_items == 0 || h->n_items > kMaxItems) {
@@ -127,6 +133,12 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
     case Type::kError:
       if (h->payload_len > kMaxErrorLen) return Fail(why, "ERROR: message too long");
       if (h->status >= 0) return Fail(why, "ERROR: status is not an error");
+      break;
+    case Type::kAuth:
+      if (h->payload_len != kAuthNonceSize && h->payload_len != kAuthNonceSize + kAuthMacSize) {
+        return Fail(why, "AUTH: payload length " + std::to_string(h->payload_len) +
+                             " is neither 32 nor 64");
+      }
       break;
   }
   if (h->type != Type::kError && h->status != 0) return Fail(why, name + ": unexpected status");
@@ -165,6 +177,23 @@ std::vector<uint8_t> EncodeFrameHead(const Header& h, const std::vector<Item>& i
     EncodeItem(items[i], out.data() + kHeaderSize + i * kItemSize);
   }
   return out;
+}
+
+std::vector<uint8_t> AuthTranscript(std::string_view label, const uint8_t* initiator_nonce,
+                                    const uint8_t* target_nonce, std::string_view initiator_key,
+                                    std::string_view target_key) {
+  std::vector<uint8_t> t;
+  auto str = [&](std::string_view s) {
+    const size_t n = s.size() > 255 ? 255 : s.size();
+    t.push_back(static_cast<uint8_t>(n));
+    t.insert(t.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
+  };
+  str(label);
+  t.insert(t.end(), initiator_nonce, initiator_nonce + kAuthNonceSize);
+  t.insert(t.end(), target_nonce, target_nonce + kAuthNonceSize);
+  str(initiator_key);
+  str(target_key);
+  return t;
 }
 
 std::vector<uint8_t> EncodeConnBlob(const ConnInfo& info) {

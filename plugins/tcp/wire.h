@@ -32,9 +32,23 @@ enum class Type : uint8_t {
   kWriteAck = 4,  // the payload is in the target's memory
   kReadData = 5,  // payload = the requested bytes, items in request order
   kError = 6,     // status < 0, payload = reason text; req_id 0 = whole lane refused
+  kAuth = 7,      // lane handshake with an auth token (see below); payload 32 or 64 bytes
 };
 
-inline constexpr uint16_t kFlagNotify = 1;
+inline constexpr uint16_t kFlagNotify = 1;  // requests: the target must learn of the transfer
+// HELLO: the initiator has an auth token. Then, before any request:
+//   initiator -> target  AUTH  Ni (32 random bytes)
+//   target -> initiator  AUTH  Nt (32 random bytes) | MACt
+//   initiator -> target  AUTH  MACi
+// MACt = host->auth_sign(AuthTranscript(kAuthTargetLabel, ...)), MACi likewise with
+// kAuthInitiatorLabel; each side checks the other's with host->auth_verify. A
+// target with a token refuses a HELLO without this flag, and one without a token
+// refuses a HELLO with it, each with an ERROR (req_id 0) that says so.
+inline constexpr uint16_t kFlagAuth = 2;
+inline constexpr size_t kAuthNonceSize = 32;
+inline constexpr size_t kAuthMacSize = 32;
+inline constexpr const char* kAuthTargetLabel = "ferry-tcp-v1 target";
+inline constexpr const char* kAuthInitiatorLabel = "ferry-tcp-v1 initiator";
 
 struct Header {
   Type type = Type::kHello;
@@ -88,5 +102,10 @@ std::vector<uint8_t> EncodeMemBlob(const MemInfo& info);
 bool DecodeMemBlob(const void* blob, size_t len, MemInfo* info, std::string* why);
 
 const char* TypeName(Type t);
+
+// What a lane handshake MACs: label, both nonces, both engine keys (length-prefixed).
+std::vector<uint8_t> AuthTranscript(std::string_view label, const uint8_t* initiator_nonce,
+                                    const uint8_t* target_nonce, std::string_view initiator_key,
+                                    std::string_view target_key);
 
 }  // namespace ferry_tcp::wire

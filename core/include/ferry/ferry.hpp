@@ -137,6 +137,9 @@ struct EngineConfig {
   std::string policy_file;         // empty: FERRY_POLICY, then the built-in policy
   std::vector<std::string> plugin_dirs;  // searched after FERRY_PLUGIN_PATH
   std::chrono::milliseconds timeout{0};  // per-transfer deadline; 0 = the policy's
+  // Shared secret every peer must prove (HMAC-SHA256 challenge/response on each
+  // control and data connection; never sent). Empty: FERRY_AUTH_TOKEN, then none.
+  std::string auth_token;
 };
 
 struct BackendStats {
@@ -175,10 +178,12 @@ class Engine {
   Result register_remote_engine(const EngineDesc& desc);
   Result deregister_remote_engine(const std::string& key);
 
-  // Register local memory. location UNKNOWN = detect (CPU without a GPU runtime).
-  // Throws ferry::Error(ERR_INVALID_ARGS) for a null pointer or zero size.
+  // Register local memory. With a GPU runtime present the pointer decides:
+  // device memory is GPU memory on its own device; UNKNOWN means "detect".
+  // Throws ferry::Error: ERR_INVALID_ARGS for a null pointer or zero size,
+  // ERR_GPU_OP for GPU memory without a GPU runtime.
   MemoryDesc register_memory(void* addr, size_t size, int device = -1,
-                             MemoryLocation location = MemoryLocation::CPU);
+                             MemoryLocation location = MemoryLocation::UNKNOWN);
   Result deregister_memory(const MemoryDesc& mem);
 
   TransferUid allocate_transfer_uid();
@@ -221,6 +226,7 @@ class Engine {
 };
 
 // Transfers between one local and one remote region, resolved once.
+// A Session must not outlive the Engine that created it.
 class Session {
  public:
   ~Session();
@@ -245,6 +251,22 @@ class Session {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// Log verbosity: "error", "warn" (default; or FERRY_LOG_LEVEL), "info", "debug".
+// Returns false for an unknown name.
+bool set_log_level(const std::string& level);
+
+// Small helpers over the GPU runtime the core loaded (libcudart or libamdhip64,
+// found at run time), for tools, tests and bindings that need GPU buffers
+// without a GPU SDK. All throw ferry::Error(ERR_GPU_OP) when the runtime fails.
+namespace gpu {
+bool available();    // a runtime and at least one device
+int device_count();  // 0 without a runtime
+void* alloc(size_t bytes, int device);
+void free(void* ptr);
+// Synchronous copy in any direction (unified addressing).
+void copy(void* dst, const void* src, size_t bytes);
+}  // namespace gpu
 
 // Plugin discovery for `ferry info`.
 struct PluginInfo {

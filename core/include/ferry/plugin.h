@@ -134,6 +134,12 @@ typedef struct ferry_gpu_v1 {
   int (*host_free)(void *gpu_ctx, void *ptr);
   /* Why the last call on this thread failed; static string. */
   const char *(*last_error)(void *gpu_ctx);
+  /* Many copies in one call (one launch where the runtime can: CUDA >= 12.8);
+   * FERRY_ERR_UNSUPPORTED when the runtime has no batched copy. */
+  int (*memcpy_batch_async)(void *gpu_ctx, void *const *dsts, const void *const *srcs,
+                            const size_t *sizes, size_t count, void *stream);
+  /* "0000:1b:00.0" style PCI bus id of a device. */
+  int (*device_bus_id)(void *gpu_ctx, int32_t device, char *buf, size_t len);
 } ferry_gpu_v1;
 
 /* ---- services the core offers to a plugin --------------------------------- */

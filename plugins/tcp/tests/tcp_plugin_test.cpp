@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 
 #include "ferry/plugin.h"
 #include "planner.h"
+#include "socket_util.h"
 #include "wire.h"
 
 extern "C" const ferry_plugin_ops_v1 ferry_plugin_v1;
@@ -853,6 +855,90 @@ TEST_F(TcpPair, DeregisterStopsWritesAtOnce) {
   ops.mem_release(a_->ctx(), remote);
 }
 
+// Requests that already sit in the target's socket when the memory is
+// deregistered (the target is blocked sending acks nobody reads) must find the
+// memory gone: none of them lands after mem_deregister returns.
+TEST_F(TcpPair, DeregisterRevokesRequestsAlreadyQueued) {
+  constexpr size_t kSize = 64 * 1024;
+  Mem* dst = b_->Register(7, kSize);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int small = 4096;  // tiny buffers on our side: the backlog builds up quickly
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(PortOf(b_->ConnBlob()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  RawSend(fd, Hello(a_->key()));
+
+  // WRITE i puts 8 bytes of (i % 255 + 1) at offset (i * 8) % kSize. Send
+  // without reading a single ack until the kernel will take no more.
+  constexpr size_t kFrame = wire::kHeaderSize + wire::kItemSize + 8;
+  constexpr uint64_t kMaxFrames = 400000;
+  std::vector<uint8_t> stream;
+  stream.reserve(kMaxFrames * kFrame);
+  for (uint64_t i = 0; i < kMaxFrames; ++i) {
+    wire::Header h;
+    h.type = wire::Type::kWrite;
+    h.n_items = 1;
+    h.frame_count = 1;
+    h.req_id = i + 1;
+    h.region_id = dst->id;
+    h.payload_len = 8;
+    h.xfer_seq = i + 1;
+    h.low_seq = i + 1;
+    std::vector<uint8_t> f = wire::EncodeFrameHead(h, {{(i * 8) % kSize, 8}});
+    f.resize(f.size() + 8, static_cast<uint8_t>(i % 255 + 1));
+    stream.insert(stream.end(), f.begin(), f.end());
+  }
+  size_t sent = 0;
+  for (;;) {
+    const ssize_t r = send(fd, stream.data() + sent, stream.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r > 0) {
+      sent += static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    ASSERT_TRUE(r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) << "send: " << strerror(errno);
+    // Full: the target stopped reading. Make sure it is because it blocks on
+    // acks, not because it has not caught up yet.
+    pollfd pfd{fd, POLLOUT, 0};
+    if (poll(&pfd, 1, 500) == 0) break;
+  }
+  ASSERT_LT(sent, stream.size()) << "the kernel buffered everything; nothing is queued";
+  const uint64_t complete = sent / kFrame;
+
+  b_->Deregister(dst);
+  const std::vector<uint8_t> snapshot = dst->data;
+
+  // Drain: the acks of requests served before the revocation, then only refusals.
+  uint64_t acks = 0, refused = 0;
+  for (uint64_t i = 0; i < complete; ++i) {
+    uint8_t hb[wire::kHeaderSize];
+    wire::Header h;
+    std::string why;
+    if (recv(fd, hb, sizeof(hb), MSG_WAITALL) != static_cast<ssize_t>(sizeof(hb))) break;
+    ASSERT_TRUE(wire::DecodeHeader(hb, &h, &why)) << why;
+    ASSERT_EQ(h.req_id, i + 1);
+    if (h.type == wire::Type::kWriteAck) {
+      ASSERT_EQ(refused, 0u) << "request " << i + 1 << " was served after a refusal";
+      ++acks;
+      continue;
+    }
+    ASSERT_EQ(h.type, wire::Type::kError);
+    std::string text(h.payload_len, '\0');
+    ASSERT_EQ(recv(fd, text.data(), text.size(), MSG_WAITALL), static_cast<ssize_t>(text.size()));
+    EXPECT_NE(text.find("not registered"), std::string::npos) << text;
+    ++refused;
+  }
+  close(fd);
+  EXPECT_GT(refused, 0u) << "no request was still queued at the revocation (" << acks << " acks)";
+  EXPECT_TRUE(snapshot == dst->data) << "a queued request wrote after mem_deregister returned";
+}
+
 TEST(TcpTarget, StalledFrameIsDroppedAfterIoTimeout) {
   Engine b("b", R"({"io_timeout_ms": 200})");
   Engine a("a");
@@ -1106,6 +1192,86 @@ TEST(TcpFailure, PeerRemoveAndFiniFailPendingWithBadState) {
   EXPECT_EQ(c2.status, FERRY_ERR_BAD_STATE);
   EXPECT_EQ(c3.calls, 1);
   EXPECT_EQ(c3.status, FERRY_ERR_BAD_STATE);
+}
+
+// The read-ahead reader returns exactly the bytes asked for, in order, whatever
+// the split of the stream: small reads come from its buffer, large ones go
+// straight into their destination, Discard skips, EOF and idle timeouts are
+// reported as RecvIov reports them.
+TEST(TcpSocketReader, ExactBytesAcrossAnySplit) {
+  using ferry_tcp::kEof;
+  using ferry_tcp::SendAll;
+  using ferry_tcp::SetIoTimeout;
+  using ferry_tcp::SocketReader;
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  std::vector<uint8_t> stream(300000);
+  for (size_t i = 0; i < stream.size(); ++i) stream[i] = static_cast<uint8_t>(i * 7 + (i >> 8));
+  std::thread writer([&] {
+    std::mt19937 rng(1);
+    size_t off = 0;
+    while (off < stream.size()) {
+      size_t n = std::min<size_t>(stream.size() - off, 1 + rng() % 40000);
+      ASSERT_EQ(SendAll(sv[1], stream.data() + off, n), 0);
+      off += n;
+    }
+    ::shutdown(sv[1], SHUT_WR);
+  });
+  SocketReader in(sv[0], 4096);
+  size_t off = 0;
+  std::mt19937 rng(2);
+  std::vector<uint8_t> a, b;
+  while (off + 70000 < stream.size()) {
+    switch (rng() % 3) {
+      case 0: {  // small read
+        a.resize(1 + rng() % 100);
+        ASSERT_EQ(in.Read(a.data(), a.size(), /*idle_ok=*/true), 0);
+        ASSERT_EQ(0, std::memcmp(a.data(), stream.data() + off, a.size())) << off;
+        off += a.size();
+        break;
+      }
+      case 1: {  // two pieces, one of them large (straight into place)
+        a.resize(1 + rng() % 3000);
+        b.resize(1 + rng() % 60000);
+        iovec iov[2] = {{a.data(), a.size()}, {b.data(), b.size()}};
+        ASSERT_EQ(in.ReadIov(iov, 2), 0);
+        ASSERT_EQ(0, std::memcmp(a.data(), stream.data() + off, a.size())) << off;
+        ASSERT_EQ(0, std::memcmp(b.data(), stream.data() + off + a.size(), b.size())) << off;
+        off += a.size() + b.size();
+        break;
+      }
+      default: {
+        const size_t n = rng() % 9000;
+        ASSERT_EQ(in.Discard(n), 0);
+        off += n;
+      }
+    }
+  }
+  a.resize(stream.size() - off);
+  ASSERT_EQ(in.Read(a.data(), a.size()), 0);
+  EXPECT_EQ(0, std::memcmp(a.data(), stream.data() + off, a.size()));
+  uint8_t one;
+  EXPECT_EQ(in.Read(&one, 1), kEof);
+  writer.join();
+  ::close(sv[0]);
+  ::close(sv[1]);
+
+  // Idle: a timeout before the first byte is fine with idle_ok, a stall mid-read is not.
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  SetIoTimeout(sv[0], 50);
+  SocketReader idle(sv[0]);
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const uint8_t two[2] = {1, 2};
+    SendAll(sv[1], two, 2);
+  });
+  uint8_t got[3];
+  EXPECT_EQ(idle.Read(got, 1, /*idle_ok=*/true), 0);
+  EXPECT_EQ(got[0], 1);
+  EXPECT_EQ(idle.Read(got, 2, /*idle_ok=*/true), EAGAIN) << "1 byte buffered, then a stall";
+  late.join();
+  ::close(sv[0]);
+  ::close(sv[1]);
 }
 
 }  // namespace

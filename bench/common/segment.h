@@ -1,0 +1,51 @@
+// Benchmark memory segments in nixlbench's vocabulary: DRAM (host memory) or
+// VRAM (GPU memory on a device). The one place that allocates them, so GPU
+// support changes a single function.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry::bench {
+
+enum class SegType { DRAM, VRAM };
+
+// "DRAM" / "VRAM" (any case); false for anything else.
+bool parse_seg_type(const std::string& s, SegType* out);
+const char* to_string(SegType t);
+
+class Segment {
+ public:
+  Segment() = default;
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  // Host memory: page-aligned, every page touched (no first-touch faults
+  // inside a timed transfer). VRAM: through the GPU runtime that the ferry
+  // core offers; fails with a message saying what is missing when it offers none.
+  static std::unique_ptr<Segment> allocate(SegType type, int device, size_t bytes,
+                                           std::string* why);
+
+  SegType type() const { return type_; }
+  int device() const { return device_; }
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  // Host-addressable: the pattern can be written and checked in place.
+  bool host_visible() const { return type_ == SegType::DRAM; }
+  MemoryLocation location() const {
+    return type_ == SegType::VRAM ? MemoryLocation::GPU : MemoryLocation::CPU;
+  }
+  int registration_device() const { return type_ == SegType::VRAM ? device_ : -1; }
+
+ private:
+  SegType type_ = SegType::DRAM;
+  int device_ = -1;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace ferry::bench

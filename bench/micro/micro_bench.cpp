@@ -1,0 +1,246 @@
+// Google Benchmark micro benches for ferry's hot paths:
+//  - submit overhead per transfer through the engine API and a session, with a
+//    bench-only "null" backend that completes inside post(): what is measured is
+//    the core's own cost (validate, route lookup, attempt, completion, status);
+//  - descriptor encode/decode (what a peer does with every descriptor it gets);
+//  - route decision (policy match + candidate filtering, the route-cache miss path);
+//  - the tcp plugin's frame planner and header codec (per-frame CPU cost).
+//   run: build/bin/ferry-micro-bench [--benchmark_filter=Session]
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "planner.h"
+#include "policy.h"
+#include "router.h"
+#include "wire.h"
+
+using namespace ferry;
+
+namespace {
+
+// Two engines in this process, both with the null backend; "a" writes to "b".
+struct Rig {
+  std::unique_ptr<Engine> a, b;
+  std::vector<uint8_t> la_mem = std::vector<uint8_t>(1 << 20), rb_mem = std::vector<uint8_t>(1 << 20);
+  MemoryDesc la, rb;
+  std::mutex mu;
+  std::vector<std::unique_ptr<Session>> sessions;  // one per benchmark thread
+
+  Rig() {
+    EngineConfig cfg;
+    cfg.plugin_dirs = {FERRY_NULL_PLUGIN_DIR};
+    a = std::make_unique<Engine>("micro-a", cfg);
+    b = std::make_unique<Engine>("micro-b", cfg);
+    for (Engine* e : {a.get(), b.get()}) {
+      if (Result r = e->add_backend("null"); !r) {
+        std::fprintf(stderr, "ferry-micro-bench: %s\n", r.message.c_str());
+        std::exit(1);
+      }
+    }
+    la = a->register_memory(la_mem.data(), la_mem.size(), -1, MemoryLocation::CPU);
+    rb = b->register_memory(rb_mem.data(), rb_mem.size(), -1, MemoryLocation::CPU);
+    if (Result r = a->register_remote_engine(b->desc()); !r) {
+      std::fprintf(stderr, "ferry-micro-bench: %s\n", r.message.c_str());
+      std::exit(1);
+    }
+  }
+  Session& session(int thread) {
+    std::lock_guard lk(mu);
+    while (sessions.size() <= static_cast<size_t>(thread)) {
+      Result why;
+      auto s = a->create_session(la, rb, &why);
+      if (!s) {
+        std::fprintf(stderr, "ferry-micro-bench: no session: %s\n", why.message.c_str());
+        std::exit(1);
+      }
+      sessions.push_back(std::move(s));
+    }
+    return *sessions[static_cast<size_t>(thread)];
+  }
+};
+
+Rig& rig() {
+  static Rig r;
+  return r;
+}
+
+void check(benchmark::State& state, const TransferStatus& st) {
+  if (!st.Succeeded()) state.SkipWithError(("transfer did not succeed: " + st.Message()).c_str());
+}
+
+// ---- submit overhead -------------------------------------------------------------
+
+void BM_SessionWrite(benchmark::State& state) {
+  Session& s = rig().session(state.thread_index());
+  const bool notify = state.range(0) != 0;
+  const size_t off = static_cast<size_t>(state.thread_index()) * 4096;
+  TransferUid uid = s.allocate_transfer_uid();
+  TransferStatus st;
+  for (auto _ : state) {
+    st = s.write(off, off, 8, uid++, notify);
+    benchmark::DoNotOptimize(st);
+  }
+  check(state, st);
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_SessionWrite)->ArgName("notify")->Arg(0)->Arg(1)->ThreadRange(1, 2)->UseRealTime();
+
+void BM_SessionRead(benchmark::State& state) {
+  Session& s = rig().session(0);
+  TransferUid uid = s.allocate_transfer_uid();
+  TransferStatus st;
+  for (auto _ : state) {
+    st = s.read(0, 0, 8, uid++, false);
+    benchmark::DoNotOptimize(st);
+  }
+  check(state, st);
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_SessionRead);
+
+void BM_EngineWrite(benchmark::State& state) {
+  Rig& r = rig();
+  TransferUid uid = r.a->allocate_transfer_uid();
+  TransferStatus st;
+  for (auto _ : state) {
+    st = r.a->write(r.la, 0, r.rb, 0, 8, uid++, false);
+    benchmark::DoNotOptimize(st);
+  }
+  check(state, st);
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_EngineWrite);
+
+// A batch of N 4 KiB items, strided (nothing merges); items/s counts items.
+void BM_SessionBatchWrite(benchmark::State& state) {
+  Session& s = rig().session(0);
+  const auto n = static_cast<size_t>(state.range(0));
+  std::vector<size_t> offs(n), sizes(n, 4096);
+  for (size_t i = 0; i < n; ++i) offs[i] = i * 8192;
+  TransferUid uid = s.allocate_transfer_uid();
+  TransferStatus st;
+  for (auto _ : state) {
+    st = s.batch_write(offs, offs, sizes, uid++, false);
+    benchmark::DoNotOptimize(st);
+  }
+  check(state, st);
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(n));
+}
+BENCHMARK(BM_SessionBatchWrite)->Arg(1)->Arg(16)->Arg(128);
+
+void BM_EngineBatchWrite(benchmark::State& state) {
+  Rig& r = rig();
+  const auto n = static_cast<size_t>(state.range(0));
+  std::vector<size_t> offs(n), sizes(n, 4096);
+  for (size_t i = 0; i < n; ++i) offs[i] = i * 8192;
+  TransferUid uid = r.a->allocate_transfer_uid();
+  TransferStatus st;
+  for (auto _ : state) {
+    st = r.a->batch_write(r.la, offs, r.rb, offs, sizes, uid++, false);
+    benchmark::DoNotOptimize(st);
+  }
+  check(state, st);
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(n));
+}
+BENCHMARK(BM_EngineBatchWrite)->Arg(128);
+
+// The floor under every transfer: one status object, finished and read.
+void BM_TransferStatusLifecycle(benchmark::State& state) {
+  for (auto _ : state) {
+    TransferStatus st;
+    st.SetInProgress();
+    st.Finish(StatusCode::SUCCESS);
+    benchmark::DoNotOptimize(st.Wait());
+  }
+}
+BENCHMARK(BM_TransferStatusLifecycle);
+
+// ---- descriptors -------------------------------------------------------------------
+
+void BM_MemoryDescUnpack(benchmark::State& state) {
+  const std::vector<uint8_t> bytes = rig().rb.pack();
+  for (auto _ : state) benchmark::DoNotOptimize(MemoryDesc::unpack(bytes));
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes.size()));
+}
+BENCHMARK(BM_MemoryDescUnpack);
+
+void BM_MemoryDescPack(benchmark::State& state) {
+  const MemoryDesc d = rig().rb;
+  for (auto _ : state) benchmark::DoNotOptimize(d.pack());
+}
+BENCHMARK(BM_MemoryDescPack);
+
+void BM_EngineDescUnpack(benchmark::State& state) {
+  const std::vector<uint8_t> bytes = rig().b->desc().pack();
+  for (auto _ : state) benchmark::DoNotOptimize(EngineDesc::unpack(bytes));
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes.size()));
+}
+BENCHMARK(BM_EngineDescUnpack);
+
+// ---- routing -------------------------------------------------------------------------
+
+void BM_PolicyMatch(benchmark::State& state) {
+  const Policy p = builtin_policy();
+  RouteQuery q;
+  q.peer_key = "decode-7";
+  q.bytes = 4096;
+  for (auto _ : state) benchmark::DoNotOptimize(p.match(q));
+}
+BENCHMARK(BM_PolicyMatch);
+
+// What a route-cache miss costs: rule match plus checking every candidate.
+void BM_RouteDecision(benchmark::State& state) {
+  const Policy p = builtin_policy();
+  const uint64_t cpu = FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE;
+  const std::set<std::string> adv{"tcp", "ofi", "rdma", "null"};
+  RouteInputs in;
+  in.query.peer_key = "decode-7";
+  in.query.bytes = 1 << 20;
+  in.loaded = {{"tcp", cpu}, {"ofi", cpu}, {"rdma", cpu | FERRY_CAP_MEM_GPU}, {"null", cpu}};
+  in.peer_backends = &adv;
+  in.local_mem_backends = &adv;
+  in.remote_mem_backends = &adv;
+  in.unusable = [](const std::string&) { return std::string(); };
+  for (auto _ : state) benchmark::DoNotOptimize(route(p, in));
+}
+BENCHMARK(BM_RouteDecision);
+
+// ---- tcp plugin per-frame CPU --------------------------------------------------------
+
+void BM_TcpPlanFrames(benchmark::State& state) {
+  const auto n = static_cast<uint32_t>(state.range(0));
+  std::vector<ferry_iov_v1> iov(n);
+  for (uint32_t i = 0; i < n; ++i) iov[i] = {i * 8192ull, i * 8192ull, 4096};
+  static std::vector<uint8_t> base(2u << 20);
+  for (auto _ : state)
+    benchmark::DoNotOptimize(ferry_tcp::PlanFrames(iov.data(), n, base.data(), 1 << 20, 8192));
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_TcpPlanFrames)->Arg(1)->Arg(128);
+
+void BM_TcpHeaderDecode(benchmark::State& state) {
+  ferry_tcp::wire::Header h;
+  h.type = ferry_tcp::wire::Type::kWrite;
+  h.n_items = 1;
+  h.frame_count = 1;
+  h.req_id = 7;
+  h.payload_len = 4096;
+  uint8_t buf[ferry_tcp::wire::kHeaderSize];
+  ferry_tcp::wire::EncodeHeader(h, buf);
+  std::string why;
+  for (auto _ : state) {
+    ferry_tcp::wire::Header out;
+    benchmark::DoNotOptimize(ferry_tcp::wire::DecodeHeader(buf, &out, &why));
+    benchmark::DoNotOptimize(out);
+  }
+}
+BENCHMARK(BM_TcpHeaderDecode);
+
+}  // namespace
+
+BENCHMARK_MAIN();

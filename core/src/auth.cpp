@@ -1,0 +1,66 @@
+#include "auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <climits>
+
+namespace ferry::auth {
+
+bool hmac_sha256(std::string_view key, const void* data, size_t len, uint8_t out[kMacSize]) {
+  if (key.empty() || key.size() > INT_MAX || (!data && len)) return false;
+  static const uint8_t kEmpty = 0;
+  unsigned int out_len = 0;
+  const unsigned char* r =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           data ? static_cast<const unsigned char*>(data) : &kEmpty, len, out, &out_len);
+  return r != nullptr && out_len == kMacSize;
+}
+
+bool mac_equal(const uint8_t a[kMacSize], const uint8_t b[kMacSize]) {
+  return CRYPTO_memcmp(a, b, kMacSize) == 0;
+}
+
+bool random_bytes(uint8_t* out, size_t n) {
+  return n <= INT_MAX && RAND_bytes(out, static_cast<int>(n)) == 1;
+}
+
+Secret::~Secret() {
+  if (!token_.empty()) OPENSSL_cleanse(token_.data(), token_.size());
+}
+
+bool Secret::sign(const void* data, size_t len, uint8_t out[kMacSize]) const {
+  return enabled() && hmac_sha256(token_, data, len, out);
+}
+
+bool Secret::verify(const void* data, size_t len, const uint8_t mac[kMacSize]) const {
+  uint8_t want[kMacSize];
+  bool ok = sign(data, len, want) && mac_equal(want, mac);
+  OPENSSL_cleanse(want, sizeof want);
+  return ok;
+}
+
+std::vector<uint8_t> ctrl_transcript(std::string_view label, const Nonce& client_nonce,
+                                     const Nonce& server_nonce, std::string_view client_key,
+                                     std::string_view server_key) {
+  std::vector<uint8_t> t;
+  auto put = [&](const void* p, size_t n) {
+    auto* c = static_cast<const uint8_t*>(p);
+    t.insert(t.end(), c, c + n);
+  };
+  auto put_str = [&](std::string_view s) {  // length-prefixed, so fields cannot run together
+    uint8_t n = static_cast<uint8_t>(s.size() > 255 ? 255 : s.size());
+    put(&n, 1);
+    put(s.data(), n);
+  };
+  put_str(label);
+  put(client_nonce.data(), client_nonce.size());
+  put(server_nonce.data(), server_nonce.size());
+  put_str(client_key);
+  put_str(server_key);
+  return t;
+}
+
+}  // namespace ferry::auth

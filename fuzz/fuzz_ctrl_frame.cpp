@@ -1,0 +1,56 @@
+// libFuzzer: the control plane's frame reader and every body decoder.
+// Input: byte 0 picks the chunk size the stream is fed in (and whether the
+// pre-admission body limit applies); the rest is the byte stream of a connection.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "control_frame.h"
+
+using namespace ferry;
+
+namespace {
+
+void decode_all(const std::vector<uint8_t>& body) {
+  std::string s;
+  uint8_t nonce[kCtrlNonceSize], mac[kCtrlMacSize];
+  bool has_nonce = false;
+  size_t off = 0;
+  uint64_t uid = 0;
+  int32_t status = 0;
+  decode_hello(body, s);
+  if (decode_hello(body, s, nonce, &has_nonce)) {
+    // What decodes must re-encode to the same bytes.
+    auto again = has_nonce ? hello_body(s, nonce) : hello_body(s);
+    if (again != body) __builtin_trap();
+  }
+  decode_refused(body, s);
+  if (decode_plugin(body, s, off) && (off > body.size() || s.empty())) __builtin_trap();
+  if (decode_notify(body, uid, status) && notify_body(uid, status) != body) __builtin_trap();
+  if (decode_challenge(body, nonce, mac) && challenge_body(nonce, mac) != body) __builtin_trap();
+  if (decode_proof(body, mac) && proof_body(mac) != body) __builtin_trap();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const size_t chunk = (data[0] & 0x3f) + 1;
+  const bool handshake = data[0] & 0x40;
+  data++;
+  size--;
+  CtrlFrameReader reader;
+  if (handshake) reader.set_max_body(kMaxHandshakeBody);
+  std::vector<CtrlFrame> frames;
+  bool ok = true;
+  for (size_t i = 0; i < size && ok; i += chunk)
+    ok = reader.feed(data + i, std::min(chunk, size - i), frames);
+  if (!ok && reader.error().empty()) __builtin_trap();
+  for (const auto& f : frames) {
+    if (f.body.size() > (handshake ? kMaxHandshakeBody : kMaxCtrlBody)) __builtin_trap();
+    decode_all(f.body);
+  }
+  decode_all(std::vector<uint8_t>(data, data + size));
+  return 0;
+}

@@ -1,0 +1,133 @@
+#include "doorbell.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <random>
+
+namespace ferry_ofi {
+
+struct Doorbell::Page {
+  uint64_t magic;
+  uint64_t token;
+  std::atomic<uint32_t> seq;       // bumped by every ring
+  std::atomic<uint32_t> sleeping;  // the owner sleeps (or is about to)
+};
+
+namespace {
+
+constexpr uint64_t kMagic = 0x4c4c4542524f4631ull;  // "1FORBELL"
+constexpr size_t kPageSize = 4096;
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* ts) {
+  // Not FUTEX_PRIVATE_FLAG: the word lives in memory shared between processes.
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, ts, nullptr, 0);
+}
+
+}  // namespace
+
+std::unique_ptr<Doorbell> Doorbell::Create(std::string* why) {
+  std::random_device rd;
+  const uint64_t token = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+  char name[64];
+  std::snprintf(name, sizeof(name), "/ferry-ofi-%d-%016llx", static_cast<int>(getpid()),
+                static_cast<unsigned long long>(token));
+  const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *why = std::string("shm_open(") + name + "): " + std::strerror(errno);
+    return nullptr;
+  }
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, kPageSize) == 0)
+    p = mmap(nullptr, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name);
+    *why = std::string("doorbell page: ") + std::strerror(err);
+    return nullptr;
+  }
+  std::unique_ptr<Doorbell> d(new Doorbell());
+  d->page_ = static_cast<Page*>(p);
+  d->page_->token = token;
+  d->page_->seq.store(0);
+  d->page_->sleeping.store(0);
+  d->page_->magic = kMagic;
+  d->name_ = name;
+  d->owner_ = true;
+  return d;
+}
+
+std::unique_ptr<Doorbell> Doorbell::Open(const std::string& name, std::string* why) {
+  // The name must be one Create makes: "/ferry-ofi-<pid>-<16 hex digits>".
+  unsigned long long token = 0;
+  int pid = 0, used = 0;
+  if (name.size() > 60 ||
+      std::sscanf(name.c_str(), "/ferry-ofi-%d-%16llx%n", &pid, &token, &used) != 2 ||
+      static_cast<size_t>(used) != name.size() || pid <= 0) {
+    *why = "malformed doorbell name";
+    return nullptr;
+  }
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = "cannot open the peer's doorbell " + name + ": " + std::strerror(errno) +
+           " (another IPC namespace or user?)";
+    return nullptr;
+  }
+  struct stat st {};
+  uint64_t head[2] = {0, 0};  // magic, token
+  const bool ok = fstat(fd, &st) == 0 && st.st_size == static_cast<off_t>(kPageSize) &&
+                  pread(fd, head, sizeof(head), 0) == static_cast<ssize_t>(sizeof(head)) &&
+                  head[0] == kMagic && head[1] == token;
+  void* p = ok ? mmap(nullptr, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  close(fd);
+  if (p == MAP_FAILED) {
+    *why = "the peer's doorbell " + name + " is not a ferry doorbell page";
+    return nullptr;
+  }
+  std::unique_ptr<Doorbell> d(new Doorbell());
+  d->page_ = static_cast<Page*>(p);
+  d->name_ = name;
+  return d;
+}
+
+Doorbell::~Doorbell() {
+  if (page_ != nullptr) munmap(page_, kPageSize);
+  if (owner_) shm_unlink(name_.c_str());
+}
+
+void Doorbell::Ring() {
+  page_->seq.fetch_add(1);
+  if (page_->sleeping.load() != 0) Futex(&page_->seq, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void Doorbell::RingIfSleeping() {
+  if (page_->sleeping.load(std::memory_order_relaxed) != 0) Ring();
+}
+
+uint32_t Doorbell::Arm() {
+  page_->sleeping.store(1);
+  return page_->seq.load();
+}
+
+bool Doorbell::Sleep(uint32_t armed, int64_t timeout_ns) {
+  timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000),
+              static_cast<long>(timeout_ns % 1'000'000'000)};
+  const long rc = Futex(&page_->seq, FUTEX_WAIT, armed, timeout_ns < 0 ? nullptr : &ts);
+  const bool timed_out = rc != 0 && errno == ETIMEDOUT;
+  page_->sleeping.store(0);
+  return !timed_out;
+}
+
+void Doorbell::Disarm() { page_->sleeping.store(0); }
+
+}  // namespace ferry_ofi

@@ -1,0 +1,708 @@
+#include "endpoint.h"
+
+#include <poll.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "log.h"
+
+namespace ferry_ofi {
+namespace {
+
+constexpr uint64_t kDefaultChunk = 1ull << 20;
+constexpr uint64_t kMinNapNs = 20'000;         // a thread that must poll sleeps this long first,
+constexpr uint64_t kMaxNapNs = 1'000'000;       // doubling up to this
+constexpr uint64_t kMinBellNapNs = 200'000;     // a doorbell sleeper with RMAs in flight expects
+                                                // a ring; this is only its safety net
+constexpr int kTrywaitRetries = 16;
+
+std::string FiErr(ssize_t rc) { return fi_strerror(static_cast<int>(rc < 0 ? -rc : rc)); }
+
+// What a failed RMA means for the policy: the target refused it (bad key or
+// range), or the path to it broke.
+int MapCqErr(int err) {
+  switch (err) {
+    case FI_EACCES:
+    case FI_EPERM:
+    case FI_EKEYREJECTED:
+    case FI_EINVAL:
+    case FI_EFAULT:
+      return FERRY_ERR_REMOTE;
+    default:
+      return FERRY_ERR_TRANSPORT;
+  }
+}
+
+std::string MrModeString(uint64_t m) {
+  static const std::pair<uint64_t, const char*> kBits[] = {
+      {FI_MR_LOCAL, "LOCAL"},         {FI_MR_RAW, "RAW"},           {FI_MR_VIRT_ADDR, "VIRT_ADDR"},
+      {FI_MR_ALLOCATED, "ALLOCATED"}, {FI_MR_PROV_KEY, "PROV_KEY"}, {FI_MR_MMU_NOTIFY, "MMU_NOTIFY"},
+      {FI_MR_RMA_EVENT, "RMA_EVENT"}, {FI_MR_ENDPOINT, "ENDPOINT"}, {FI_MR_HMEM, "HMEM"}};
+  std::string s;
+  for (const auto& [bit, name] : kBits) {
+    if (m & bit) s += (s.empty() ? "" : "|") + std::string(name);
+  }
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+fi_info* GetInfo(const char* provider, const char* node, bool rma_event, std::string* why) {
+  fi_info* hints = fi_allocinfo();
+  if (hints == nullptr) throw std::bad_alloc();
+  hints->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  if (rma_event) hints->caps |= FI_RMA_EVENT;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                                FI_MR_ENDPOINT | FI_MR_RAW;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  // SUCCESS means delivered: a WRITE completes once the target holds the data.
+  hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+  if (provider != nullptr) hints->fabric_attr->prov_name = strdup(provider);
+  fi_info* out = nullptr;
+  const int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), node, nullptr,
+                            node != nullptr ? FI_SOURCE : 0, hints, &out);
+  fi_freeinfo(hints);
+  if (rc != 0) {
+    if (why)
+      *why = std::string("fi_getinfo(") + (provider ? provider : "any provider") +
+             (node ? std::string(", ") + node : std::string()) + ") found no RDM endpoint with RMA: " +
+             FiErr(rc);
+    return nullptr;
+  }
+  return out;
+}
+
+Endpoint::Endpoint(const ferry_host_v1* host, const Settings& s)
+    : host_(host), settings_(s) {}
+
+std::unique_ptr<Endpoint> Endpoint::Open(const ferry_host_v1* host, const fi_info* info,
+                                         const Settings& s, std::string* why) {
+  std::unique_ptr<Endpoint> ep(new Endpoint(host, s));
+  if (!ep->OpenAll(info, why)) return nullptr;
+  return ep;
+}
+
+bool Endpoint::OpenAll(const fi_info* info, std::string* why) {
+  info_ = fi_dupinfo(info);
+  if (info_ == nullptr) throw std::bad_alloc();
+  provider_ = info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : "?";
+  domain_name_ = info_->domain_attr->name ? info_->domain_attr->name : "?";
+  const std::string label = provider_ + " (" + domain_name_ + ")";
+  auto fail = [&](const char* what, ssize_t rc) {
+    *why = label + ": " + what + " failed: " + FiErr(rc);
+    return false;
+  };
+  int rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr);
+  if (rc != 0) return fail("fi_fabric", rc);
+  rc = fi_domain(fabric_, info_, &domain_, nullptr);
+  if (rc != 0) return fail("fi_domain", rc);
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  rc = fi_av_open(domain_, &av_attr, &av_, nullptr);
+  if (rc != 0) return fail("fi_av_open", rc);
+
+  // A CQ with a wait fd when the provider has one; otherwise a doorbell.
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+  cq_attr.wait_obj = FI_WAIT_FD;
+  rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
+  if (rc == 0 && fi_control(&cq_->fid, FI_GETWAIT, &cq_fd_) != 0) {
+    fi_close(&cq_->fid);
+    cq_ = nullptr;
+    cq_fd_ = -1;
+    rc = -FI_ENOSYS;
+  }
+  if (rc != 0) {
+    cq_fd_ = -1;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
+    if (rc != 0) return fail("fi_cq_open", rc);
+  }
+  if (cq_fd_ < 0) {
+    doorbell_ = Doorbell::Create(why);
+    if (!doorbell_) {
+      *why = label + ": no wait fd and no doorbell: " + *why;
+      return false;
+    }
+  }
+  if (cq_fd_ < 0 && (info_->caps & FI_RMA_EVENT)) {
+    fi_cntr_attr ca{};
+    ca.events = FI_CNTR_EVENTS_COMP;
+    ca.wait_obj = FI_WAIT_NONE;
+    if (fi_cntr_open(domain_, &ca, &cntr_, nullptr) != 0) cntr_ = nullptr;
+  }
+  rc = fi_endpoint(domain_, info_, &ep_, nullptr);
+  if (rc != 0) return fail("fi_endpoint", rc);
+  rc = fi_ep_bind(ep_, &av_->fid, 0);
+  if (rc != 0) return fail("binding the address vector", rc);
+  rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
+  if (rc != 0) return fail("binding the completion queue", rc);
+  if (cntr_ != nullptr && fi_ep_bind(ep_, &cntr_->fid, FI_REMOTE_WRITE | FI_REMOTE_READ) != 0) {
+    // Activity counting is an optimisation; the endpoint works without it.
+    fi_close(&cntr_->fid);
+    cntr_ = nullptr;
+  }
+  rc = fi_enable(ep_);
+  if (rc != 0) return fail("fi_enable", rc);
+  addr_.resize(blob::kMaxAddr);
+  size_t len = addr_.size();
+  rc = fi_getname(&ep_->fid, addr_.data(), &len);
+  if (rc != 0 || len == 0 || len > blob::kMaxAddr) return fail("fi_getname", rc ? rc : -FI_ETOOSMALL);
+  addr_.resize(len);
+  addr_format_ = info_->addr_format;
+  mr_mode_ = info_->domain_attr->mr_mode;
+  chunk_ = settings_.chunk_bytes != 0 ? settings_.chunk_bytes : kDefaultChunk;
+  if (info_->ep_attr->max_msg_size > 0) chunk_ = std::min<uint64_t>(chunk_, info_->ep_attr->max_msg_size);
+  ep_window_ = static_cast<uint32_t>(std::clamp<size_t>(info_->tx_attr->size, 1, 65536));
+  window_ = std::min<uint32_t>(static_cast<uint32_t>(settings_.window), ep_window_);
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (event_fd_ < 0) {
+    *why = label + ": eventfd failed: " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+Endpoint::~Endpoint() {
+  if (thread_.joinable()) Stop(FERRY_ERR_BAD_STATE, "ofi plugin shutting down");
+  CloseEp();
+  for (Op* op : ops_) delete op;  // RMAs the provider never completed: it is gone now
+  for (Op* op : free_ops_) delete op;
+  if (cntr_) fi_close(&cntr_->fid);
+  if (cq_) fi_close(&cq_->fid);
+  if (av_) fi_close(&av_->fid);
+  if (domain_) {
+    if (int rc = fi_close(&domain_->fid); rc != 0)
+      Log(host_, FERRY_LOG_WARN, "%s: closing the domain: %s", provider_.c_str(), FiErr(rc).c_str());
+  }
+  if (fabric_) fi_close(&fabric_->fid);
+  if (info_) fi_freeinfo(info_);
+  if (event_fd_ >= 0) close(event_fd_);
+}
+
+void Endpoint::CloseEp() {
+  if (ep_ != nullptr) {
+    fi_close(&ep_->fid);
+    ep_ = nullptr;
+  }
+}
+
+void Endpoint::Start() {
+  thread_ = std::thread([this] { Main(); });
+}
+
+void Endpoint::Stop(int status, const std::string& msg) {
+  std::vector<Done> done;
+  {
+    std::lock_guard lk(mu_);
+    stopped_ = true;
+    while (!active_.empty()) {
+      auto x = active_.begin()->second;
+      EndLocked(x, status, msg, &done);
+    }
+    queue_.clear();
+  }
+  Deliver(&done);
+  stop_.store(true);
+  const uint64_t one = 1;
+  if (event_fd_ >= 0) [[maybe_unused]] ssize_t w = write(event_fd_, &one, sizeof(one));
+  if (doorbell_) doorbell_->Ring();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Endpoint::Describe() const {
+  std::string s = provider_ + "@" + domain_name_ + " mr_mode=" + MrModeString(mr_mode_) +
+                  " chunk=" + FormatBytes(chunk_) + " window=" + std::to_string(window_) + "/" +
+                  std::to_string(ep_window_);
+  if (cq_fd_ >= 0) {
+    s += " progress=wait-fd";
+  } else {
+    s += " progress=doorbell";
+    if (cntr_) s += "+remote-event-counter";
+  }
+  return s;
+}
+
+// ---- memory -------------------------------------------------------------------------
+
+int Endpoint::RegisterMr(void* addr, uint64_t len, fid_mr** mr, blob::MemKey* key,
+                         std::string* why) {
+  const uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  // Without FI_MR_PROV_KEY the key is ours to pick, unique within the domain.
+  // Random, not 1, 2, 3: over tcp;ofi_rxm the key (and an offset) is all a
+  // process that reaches the endpoint needs to write into the region.
+  const size_t key_bytes = std::clamp<size_t>(info_->domain_attr->mr_key_size, 1, 8);
+  const uint64_t mask = key_bytes >= 8 ? ~0ull : (1ull << (8 * key_bytes)) - 1;
+  int rc = -FI_ENOKEY;
+  for (int attempt = 0; attempt < 8 && (rc == -FI_ENOKEY || rc == -FI_EKEYREJECTED); ++attempt) {
+    uint64_t requested;
+    {
+      std::lock_guard lk(key_mu_);
+      requested = ((static_cast<uint64_t>(key_rng_()) << 32) ^ key_rng_()) & mask;
+    }
+    rc = fi_mr_reg(domain_, addr, len, access, 0, requested, 0, mr, nullptr);
+  }
+  if (rc != 0) {
+    *why = provider_ + ": fi_mr_reg of " + std::to_string(len) + " bytes failed: " + FiErr(rc);
+    return FERRY_ERR_TRANSPORT;
+  }
+  auto fail = [&](const std::string& what, int r) {
+    *why = provider_ + ": " + what + ": " + FiErr(r);
+    fi_close(&(*mr)->fid);
+    *mr = nullptr;
+    return FERRY_ERR_TRANSPORT;
+  };
+  if (mr_mode_ & FI_MR_ENDPOINT) {
+    rc = fi_mr_bind(*mr, &ep_->fid, 0);
+    if (rc == 0) rc = fi_mr_enable(*mr);
+    if (rc != 0) return fail("binding the memory region to the endpoint", rc);
+  }
+  key->provider = provider_;
+  if (mr_mode_ & FI_MR_RAW) {
+    uint64_t base = 0;
+    size_t size = 0;
+    rc = fi_mr_raw_attr(*mr, &base, nullptr, &size, 0);
+    if (rc != -FI_ETOOSMALL || size == 0 || size > blob::kMaxKey)
+      return fail("fi_mr_raw_attr (size)", rc ? rc : -FI_EOTHER);
+    key->key.resize(size);
+    rc = fi_mr_raw_attr(*mr, &base, key->key.data(), &size, 0);
+    if (rc != 0) return fail("fi_mr_raw_attr", rc);
+    key->raw = true;
+    key->base = base;
+  } else {
+    const uint64_t k = fi_mr_key(*mr);
+    if (k == FI_KEY_NOTAVAIL) return fail("fi_mr_key", -FI_ENOKEY);
+    key->raw = false;
+    key->key.resize(8);
+    for (int i = 0; i < 8; ++i) key->key[i] = static_cast<uint8_t>(k >> (8 * i));
+    // Obey the returned mr_mode: virtual addresses, or offsets into the region.
+    key->base = (mr_mode_ & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(addr) : 0;
+  }
+  return FERRY_OK;
+}
+
+int Endpoint::ImportKey(const blob::MemKey& k, uint64_t region_size, uint64_t* rkey,
+                        uint64_t* base, bool* mapped, std::string* why) {
+  *mapped = false;
+  if (k.raw) {
+    if (!(mr_mode_ & FI_MR_RAW)) {
+      *why = "the peer's " + provider_ + " uses raw keys, ours does not";
+      return FERRY_ERR_INVALID_ARGS;
+    }
+    std::vector<uint8_t> raw = k.key;
+    const int rc = fi_mr_map_raw(domain_, k.base, raw.data(), raw.size(), rkey, 0);
+    if (rc != 0) {
+      *why = provider_ + ": fi_mr_map_raw failed: " + FiErr(rc);
+      return FERRY_ERR_INVALID_ARGS;
+    }
+    *mapped = true;
+  } else {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(k.key[i]) << (8 * i);
+    *rkey = v;
+  }
+  if (k.base > UINT64_MAX - region_size) {
+    if (*mapped) UnmapKey(*rkey);
+    *why = "memory blob's base address overflows with the region size";
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  *base = k.base;
+  return FERRY_OK;
+}
+
+void Endpoint::UnmapKey(uint64_t rkey) { fi_mr_unmap_key(domain_, rkey); }
+
+// ---- peers ----------------------------------------------------------------------------
+
+int Endpoint::InsertPeer(const std::string& key, const blob::EpInfo& info,
+                         std::shared_ptr<PeerEp>* out, std::string* why) {
+  if (info.addr_format != addr_format_) {
+    *why = provider_ + ": the peer's address format " + std::to_string(info.addr_format) +
+           " is not ours (" + std::to_string(addr_format_) + ")";
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  std::vector<uint8_t> addr = info.addr;
+  if (addr_format_ == FI_ADDR_STR && addr.back() != 0) addr.push_back(0);
+  auto p = std::make_shared<PeerEp>();
+  p->key = key;
+  p->ep = this;
+  if (!info.doorbell.empty()) {
+    // Its progress thread sleeps on a doorbell: without it, it would not see our RMAs.
+    std::string bwhy;
+    p->doorbell = Doorbell::Open(info.doorbell, &bwhy);
+    if (!p->doorbell) {
+      *why = provider_ + ": " + bwhy;
+      return FERRY_ERR_TRANSPORT;
+    }
+  }
+  const int n = fi_av_insert(av_, addr.data(), 1, &p->addr, 0, nullptr);
+  if (n != 1) {
+    *why = provider_ + ": fi_av_insert of the peer's address failed" +
+           (n < 0 ? ": " + FiErr(n) : std::string());
+    return FERRY_ERR_TRANSPORT;
+  }
+  if (p->doorbell) {
+    std::lock_guard lk(mu_);
+    bell_peers_.push_back(p);
+  }
+  *out = std::move(p);
+  return FERRY_OK;
+}
+
+void Endpoint::RemovePeer(const std::shared_ptr<PeerEp>& p) {
+  std::vector<Done> done;
+  bool quiet;
+  {
+    std::lock_guard lk(mu_);
+    p->removed = true;
+    quiet = !stopped_;
+    bell_peers_.erase(std::remove(bell_peers_.begin(), bell_peers_.end(), p), bell_peers_.end());
+    std::vector<std::shared_ptr<Xfer>> mine;
+    for (const auto& [k, x] : active_) {
+      if (x->peer == p) mine.push_back(x);
+    }
+    for (const auto& x : mine) EndLocked(x, FERRY_ERR_BAD_STATE, "peer " + p->key + " was removed", &done);
+    quiet = quiet && p->inflight == 0;
+  }
+  Deliver(&done);
+  // An address with RMAs still inside the provider stays in the table.
+  if (quiet) fi_av_remove(av_, &p->addr, 1, 0);
+}
+
+// ---- transfers ------------------------------------------------------------------------
+
+void Endpoint::Post(const std::shared_ptr<Xfer>& x) {
+  std::vector<Done> done;
+  std::vector<std::shared_ptr<PeerEp>> posted_to;
+  {
+    std::lock_guard lk(mu_);
+    x->active_key = {x->deadline_ns != 0 ? x->deadline_ns : UINT64_MAX, ++seq_};
+    active_.emplace(x->active_key, x);
+    if (stopped_) {
+      EndLocked(x, FERRY_ERR_BAD_STATE, "ofi plugin shutting down", &done);
+    } else {
+      queue_.push_back(x);
+      bool again = false;
+      PumpLocked(&done, &again, &posted_to);
+    }
+  }
+  RingAll(posted_to);
+  Deliver(&done);
+  Kick();
+}
+
+void Endpoint::RingAll(const std::vector<std::shared_ptr<PeerEp>>& peers) {
+  for (const auto& p : peers) {
+    if (p->doorbell) p->doorbell->Ring();
+  }
+}
+
+void Endpoint::Kick() {
+  gen_.fetch_add(1);
+  if (doorbell_) {
+    doorbell_->RingIfSleeping();
+  } else if (sleeping_.load()) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = write(event_fd_, &one, sizeof(one));
+  }
+}
+
+bool Endpoint::PumpLocked(std::vector<Done>* done, bool* again,
+                          std::vector<std::shared_ptr<PeerEp>>* posted_to) {
+  bool did = false;
+  std::vector<PeerEp*> blocked;  // peers whose RMA got -FI_EAGAIN in this pass
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const std::shared_ptr<Xfer> x = *it;
+    if (x->ended) {
+      it = queue_.erase(it);
+      continue;
+    }
+    PeerEp* p = x->peer.get();
+    if (std::find(blocked.begin(), blocked.end(), p) != blocked.end()) {
+      ++it;
+      continue;
+    }
+    while (!x->AllPosted() && inflight_ < ep_window_ && p->inflight < window_) {
+      const ferry_iov_v1& v = x->iov[x->item];
+      const uint64_t n = std::min(chunk_, v.len - x->item_off);
+      Op* op;
+      if (!free_ops_.empty()) {
+        op = free_ops_.back();
+        free_ops_.pop_back();
+      } else {
+        op = new Op();
+      }
+      std::memset(&op->fctx, 0, sizeof(op->fctx));
+      op->xfer = x;
+      op->len = n;
+      iovec iov{x->local_base + v.local_off + x->item_off, static_cast<size_t>(n)};
+      void* desc = x->local_desc;
+      fi_rma_iov riov{x->remote_base + v.remote_off + x->item_off, static_cast<size_t>(n), x->rkey};
+      fi_msg_rma msg{};
+      msg.msg_iov = &iov;
+      msg.desc = &desc;
+      msg.iov_count = 1;
+      msg.addr = p->addr;
+      msg.rma_iov = &riov;
+      msg.rma_iov_count = 1;
+      msg.context = op;
+      const ssize_t rc = x->op == FERRY_OP_WRITE
+                             ? fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
+                             : fi_readmsg(ep_, &msg, FI_COMPLETION);
+      if (rc != 0) {
+        op->xfer.reset();
+        free_ops_.push_back(op);
+        if (rc == -FI_EAGAIN) {
+          *again = true;
+          blocked.push_back(p);
+          // The provider may wait for the peer (shm connects through the peer's
+          // progress): make sure it is awake.
+          if (p->doorbell &&
+              std::find(posted_to->begin(), posted_to->end(), x->peer) == posted_to->end())
+            posted_to->push_back(x->peer);
+        } else {
+          x->failed = true;
+          x->status = FERRY_ERR_TRANSPORT;
+          x->msg = std::string(x->op == FERRY_OP_WRITE ? "fi_writemsg" : "fi_readmsg") + " to " +
+                   p->key + " over " + provider_ + " failed: " + FiErr(rc);
+        }
+        break;
+      }
+      ops_.insert(op);
+      if (p->doorbell && std::find(posted_to->begin(), posted_to->end(), x->peer) == posted_to->end())
+        posted_to->push_back(x->peer);
+      ++inflight_;
+      ++p->inflight;
+      ++x->inflight;
+      x->item_off += n;
+      if (x->item_off == v.len) {
+        ++x->item;
+        x->item_off = 0;
+      }
+      did = true;
+    }
+    if (x->AllPosted()) {
+      if (x->failed && x->inflight == 0) EndLocked(x, x->status, x->msg, done);
+      it = queue_.erase(it);
+    } else {
+      if (inflight_ >= ep_window_) break;
+      ++it;
+    }
+  }
+  return did;
+}
+
+void Endpoint::EndLocked(const std::shared_ptr<Xfer>& x, int status, const std::string& msg,
+                         std::vector<Done>* done) {
+  if (x->ended) return;
+  x->ended = true;
+  if (status != FERRY_OK) x->failed = true;
+  active_.erase(x->active_key);
+  x->peer->stuck += x->inflight;
+  done->push_back({x->ctx, status, msg});
+}
+
+void Endpoint::FinishOpLocked(Op* op, int status, const std::string& msg, std::vector<Done>* done) {
+  ops_.erase(op);
+  std::shared_ptr<Xfer> x = std::move(op->xfer);
+  free_ops_.push_back(op);
+  PeerEp* p = x->peer.get();
+  --inflight_;
+  --p->inflight;
+  --x->inflight;
+  if (x->ended) {
+    --p->stuck;  // a late completion of a transfer that timed out or was removed
+    return;
+  }
+  if (status != FERRY_OK && !x->failed) {
+    x->failed = true;
+    x->status = status;
+    x->msg = msg;
+  }
+  if (x->inflight == 0 && x->AllPosted()) EndLocked(x, x->failed ? x->status : FERRY_OK, x->msg, done);
+}
+
+void Endpoint::ExpireLocked(uint64_t now, std::vector<Done>* done) {
+  while (!active_.empty() && active_.begin()->first.first <= now) {
+    const std::shared_ptr<Xfer> x = active_.begin()->second;
+    std::string msg = "transfer uid " + std::to_string(x->uid) + " to " + x->peer->key + " over " +
+                      provider_ + " passed its deadline (" +
+                      std::to_string((now - x->posted_ns) / 1'000'000) + " ms after post)";
+    if (x->inflight > 0) msg += "; " + std::to_string(x->inflight) + " RMAs never completed";
+    if (x->peer->stuck > 0)
+      msg += "; " + std::to_string(x->peer->stuck) +
+             " earlier RMAs to this peer never completed either: the peer may be gone";
+    EndLocked(x, FERRY_ERR_TIMEOUT, msg, done);
+  }
+}
+
+void Endpoint::Deliver(std::vector<Done>* done) {
+  for (auto& d : *done)
+    host_->complete(host_->host_ctx, d.ctx, d.status, d.status == FERRY_OK ? nullptr : d.msg.c_str());
+  done->clear();
+}
+
+bool Endpoint::Drain(std::vector<Done>* done) {
+  fi_cq_entry entries[32];
+  const ssize_t n = fi_cq_read(cq_, entries, 32);
+  if (n > 0) {
+    std::lock_guard lk(mu_);
+    for (ssize_t i = 0; i < n; ++i) {
+      Op* op = static_cast<Op*>(entries[i].op_context);
+      if (op != nullptr && ops_.count(op) != 0) FinishOpLocked(op, FERRY_OK, "", done);
+    }
+    return true;
+  }
+  if (n == -FI_EAGAIN) return false;
+  if (n != -FI_EAVAIL) {
+    Log(host_, FERRY_LOG_WARN, "%s: fi_cq_read: %s", provider_.c_str(), FiErr(n).c_str());
+    return false;
+  }
+  fi_cq_err_entry err{};
+  if (fi_cq_readerr(cq_, &err, 0) != 1) return false;
+  char buf[256] = {0};
+  const char* text = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
+  const std::string detail = text != nullptr && *text ? text : "no provider detail";
+  std::lock_guard lk(mu_);
+  Op* op = static_cast<Op*>(err.op_context);
+  if (op == nullptr || ops_.count(op) == 0) {
+    Log(host_, FERRY_LOG_WARN, "%s: completion error without a transfer: %s (%s)", provider_.c_str(),
+        fi_strerror(err.err), detail.c_str());
+    return true;
+  }
+  const Xfer& x = *op->xfer;
+  const std::string msg = std::string(x.op == FERRY_OP_WRITE ? "RMA write of " : "RMA read of ") +
+                          std::to_string(op->len) + " bytes " +
+                          (x.op == FERRY_OP_WRITE ? "to " : "from ") + x.peer->key + " over " +
+                          provider_ + " failed: " + fi_strerror(err.err) + " (" + detail + ")";
+  FinishOpLocked(op, MapCqErr(err.err), msg, done);
+  return true;
+}
+
+bool Endpoint::CounterMoved() {
+  if (cntr_ == nullptr) return false;
+  const uint64_t c = fi_cntr_read(cntr_);
+  if (c == last_cntr_) return false;
+  last_cntr_ = c;
+  return true;
+}
+
+void Endpoint::Main() {
+  // Short naps should be short: the default 50 us timer slack would dominate them.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  std::vector<Done> done;
+  std::vector<std::shared_ptr<PeerEp>> to_ring;
+  const uint64_t spin_ns = static_cast<uint64_t>(settings_.spin_us) * 1000ull;
+  uint64_t last_act = Now();
+  uint64_t nap_ns = 0;
+  last_cntr_ = cntr_ ? fi_cntr_read(cntr_) : 0;
+  int trywait_fails = 0;
+  bool nudge = false;   // the last sleep ended by its timeout
+  bool served_before = false;  // the counter moved during the last look before sleeping
+  while (!stop_.load()) {
+    const uint64_t seen_gen = gen_.load();
+    bool act = Drain(&done);
+    // RMAs this target served: their initiators may be asleep waiting for them.
+    const bool served = CounterMoved() || served_before;
+    served_before = false;
+    bool again = false, busy;
+    uint64_t next_deadline;
+    const uint64_t now = Now();
+    {
+      std::lock_guard lk(mu_);
+      if (!queue_.empty()) act |= PumpLocked(&done, &again, &to_ring);
+      ExpireLocked(now, &done);
+      next_deadline = active_.empty() ? UINT64_MAX : active_.begin()->first.first;
+      busy = inflight_ > 0 || !queue_.empty();
+      // Initiators whose RMAs we served wait for this ring. After a nap that
+      // no ring cut short, nudge the peers that owe us completions: a
+      // multi-step protocol (shm's segmented copy) needs both sides awake.
+      for (const auto& p : bell_peers_) {
+        if (served || (nudge && p->inflight > 0)) p->doorbell->RingIfSleeping();
+      }
+    }
+    nudge = false;
+    RingAll(to_ring);
+    to_ring.clear();
+    if (!done.empty()) {
+      Deliver(&done);
+      act = true;
+    }
+    if (act || served) {
+      last_act = now;
+      nap_ns = 0;
+      trywait_fails = 0;
+      continue;
+    }
+    if (now - last_act < spin_ns) continue;
+
+    // Nothing happened for a while: block.
+    int64_t timeout_ns = next_deadline == UINT64_MAX ? -1
+                         : next_deadline > now       ? static_cast<int64_t>(next_deadline - now)
+                                                     : 0;
+    // Where progress cannot be waited for (-FI_EAGAIN; a provider without wait
+    // fd with RMAs in flight, whose target rings us when it served them - but
+    // a ring is not a promise), sleep in growing naps.
+    bool nap = again || (doorbell_ && busy);
+    bool use_fd = cq_fd_ >= 0;
+    if (use_fd && !nap) {
+      fid* f = &cq_->fid;
+      if (fi_trywait(fabric_, &f, 1) != FI_SUCCESS) {
+        if (++trywait_fails < kTrywaitRetries) continue;
+        nap = true;  // the provider keeps asking to be polled
+      } else {
+        trywait_fails = 0;
+      }
+    }
+    if (nap) {
+      const uint64_t first = doorbell_ && !again ? kMinBellNapNs : kMinNapNs;
+      nap_ns = nap_ns == 0 ? first : std::min(std::max(nap_ns * 2, first), kMaxNapNs);
+      timeout_ns = timeout_ns < 0 ? static_cast<int64_t>(nap_ns)
+                                  : std::min<int64_t>(timeout_ns, static_cast<int64_t>(nap_ns));
+    }
+    if (doorbell_) {
+      const uint32_t armed = doorbell_->Arm();
+      // One last look: a post or a peer's RMA may have come before we armed.
+      served_before = CounterMoved();
+      if (served_before || gen_.load() != seen_gen || stop_.load() || Drain(&done)) {
+        doorbell_->Disarm();
+        last_act = Now();
+        continue;
+      }
+      nudge = !doorbell_->Sleep(armed, timeout_ns) && busy;
+      last_act = Now();
+      continue;
+    }
+    sleeping_.store(true);
+    if (gen_.load() != seen_gen || stop_.load()) {
+      sleeping_.store(false);
+      continue;
+    }
+    pollfd pfd[2] = {{event_fd_, POLLIN, 0}, {cq_fd_, POLLIN, 0}};
+    timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000),
+                static_cast<long>(timeout_ns % 1'000'000'000)};
+    ppoll(pfd, use_fd && !nap ? 2 : 1, timeout_ns < 0 ? nullptr : &ts, nullptr);
+    sleeping_.store(false);
+    if (pfd[0].revents & POLLIN) {
+      uint64_t v;
+      [[maybe_unused]] ssize_t r = read(event_fd_, &v, sizeof(v));
+    }
+    if (pfd[0].revents || (use_fd && !nap && pfd[1].revents)) last_act = Now();
+  }
+}
+
+}  // namespace ferry_ofi

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# ferry-bench --backend rdma beside perftest's ib_write_bw / ib_read_bw, in ONE
+# boot of the Soft-RoCE guest (same kernel, same emulated CPU), printing a
+# markdown table with the ratio. From the build directory:
+#   ../shared/rxe-vm/run-in-rxe-vm.sh 'bash ../plugins/rdma/bench_vs_perftest.sh .'
+# Outside the guest it refuses (it needs an RDMA device: rxe0).
+set -uo pipefail
+BUILD=$(cd "${1:-.}" && pwd)
+DEV=${RDMA_BENCH_DEV:-rxe0}
+GID=${RDMA_BENCH_GID:-1}
+SIZES=${RDMA_BENCH_SIZES:-"65536 1048576 4194304"}
+QD=${RDMA_BENCH_QD:-16}
+command -v ib_write_bw >/dev/null || { echo "perftest is not installed" >&2; exit 1; }
+ibv_devinfo -d "$DEV" >/dev/null 2>&1 || { echo "no RDMA device $DEV here" >&2; exit 1; }
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+iters_for() {  # about 64 MiB per point, 16..4096 iterations
+  local n=$(( (64 << 20) / $1 ))
+  (( n < 16 )) && n=16
+  (( n > 4096 )) && n=4096
+  echo "$n"
+}
+
+# perftest: server in the background, client once the server says it waits.
+perftest_gbs() {  # perftest_gbs write|read SIZE -> GB/s (decimal)
+  local tool=ib_$1_bw size=$2 n; n=$(iters_for "$2")
+  local args=(-d "$DEV" -x "$GID" -F --report_gbits -s "$size" -n "$n")
+  timeout 300 "$tool" "${args[@]}" >"$TMP/srv" 2>&1 &
+  local srv=$!
+  local i
+  for i in $(seq 1 600); do
+    grep -q "Waiting for client" "$TMP/srv" && break
+    kill -0 "$srv" 2>/dev/null || break
+    sleep 0.05
+  done
+  timeout 300 "$tool" "${args[@]}" 127.0.0.1 >"$TMP/cli" 2>&1
+  wait "$srv"
+  # line: #bytes #iterations BW peak[Gb/sec] BW average[Gb/sec] MsgRate[Mpps]
+  awk -v s="$size" '$1 == s && NF >= 5 { printf "%.4f", $4 / 8 }' "$TMP/cli"
+}
+
+ferry_gbs() {  # ferry_gbs WRITE|READ SIZE QD -> GB/s, verified data off (perftest checks none)
+  timeout 600 "$BUILD/bin/ferry-bench" --backend rdma --op "$1" --start-block-size "$2" --max-block-size "$2" \
+    --num-iter "$(iters_for "$2")" --large-block-iter-factor 1 --warmup-iter 4 \
+    --queue-depth "$3" --no-progress >"$TMP/f.out" 2>&1 || { cat "$TMP/f.out" >&2; return 1; }
+  # ferry-bench's table: Block Batch B/W ... ; take the B/W column of the data row
+  awk -v s="$2" '$1 == s { print $3; exit }' "$TMP/f.out"
+}
+
+echo "rdma (Soft-RoCE) in one guest boot: $(uname -r), $(nproc) vCPUs, device $DEV gid $GID, $(date -u +%FT%RZ)"
+ibv_devinfo -d "$DEV" | grep -E "active_mtu|link_layer" | sed 's/^[[:space:]]*/  /'
+echo
+echo "| op | block (B) | perftest GB/s | ferry qd $QD GB/s | ferry / perftest | ferry qd 1 GB/s | qd1 / perftest |"
+echo "|---|---|---|---|---|---|---|"
+for op in write read; do
+  OP=$(echo "$op" | tr a-z A-Z)
+  for s in $SIZES; do
+    p=$(perftest_gbs "$op" "$s")
+    f=$(ferry_gbs "$OP" "$s" "$QD")
+    f1=$(ferry_gbs "$OP" "$s" 1)
+    r=$(awk -v a="$f" -v b="$p" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "?" }')
+    r1=$(awk -v a="$f1" -v b="$p" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "?" }')
+    echo "| $OP | $s | $p | $f | $r | $f1 | $r1 |"
+  done
+done

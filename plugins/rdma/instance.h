@@ -1,0 +1,151 @@
+// One plugin instance (one engine): devices, registered memory, peers and their
+// connections, the target-side QPs, a completion thread (CQ events, async
+// events, deadlines) and a worker thread (QP handshakes through the control
+// channel, which may block on the network and must not stall completions).
+// Methods may throw (std::bad_alloc, std::system_error); rdma_plugin.cpp catches.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "conn.h"
+#include "device.h"
+#include "ferry/plugin.h"
+#include "settings.h"
+#include "wire.h"
+
+namespace ferry_rdma {
+
+// Plugin-owned handles handed to the core.
+struct PeerHandle {
+  std::string key;
+  wire::ConnInfo info;
+  std::mutex mu;
+  std::map<std::pair<int, int>, std::shared_ptr<Conn>> conns;  // (local port, remote port)
+};
+struct LocalMem {
+  uint64_t id = 0;
+  uint8_t* addr = nullptr;
+  uint64_t size = 0;
+  int preferred_port = 0;
+  std::vector<ibv_mr*> mrs;  // by device index
+};
+struct RemoteMem {
+  uint64_t id = 0;
+  uint64_t size = 0;
+  wire::MemInfo info;
+};
+
+class Instance {
+ public:
+  Instance(const ferry_host_v1* host, std::string engine_key, Settings settings);
+  ~Instance();  // fini: fails what is pending, joins the threads, frees every handle
+
+  // Opens devices and starts the threads; *code/*err say why not.
+  bool Start(int* code, std::string* err);
+  int ConnInfo(void* buf, size_t* len);
+  int PeerAdd(const ferry_peer_v1* p, void** handle);
+  void PeerRemove(void* handle);
+  int MemRegister(const ferry_mem_v1* m, void** handle, void* blob, size_t* blob_len);
+  void MemDeregister(void* handle);
+  int MemImport(void* peer, uint64_t remote_id, uint64_t remote_size, const void* blob,
+                size_t blob_len, void** handle);
+  void MemRelease(void* handle);
+  int Post(const ferry_xfer_v1* x);
+  void OnCtrl(const char* peer_key, const void* msg, size_t len);
+  int Describe(char* buf, size_t len);
+
+  // ---- for Conn / Passive ----
+  const ferry_host_v1* host() const { return host_; }
+  const Settings& settings() const { return settings_; }
+  uint64_t Now() const { return host_->now_ns(host_->host_ctx); }
+  uint64_t NextWrId() { return next_wr_id_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t NewConnId() { return next_conn_id_.fetch_add(1); }
+  void RegisterQp(int dev, uint32_t qpn, std::weak_ptr<Conn> c, std::weak_ptr<Passive> p, int qi);
+  void UnregisterQp(int dev, uint32_t qpn);
+  void RegisterConnId(uint64_t id, std::weak_ptr<Conn> c);
+  void UnregisterConnId(uint64_t id);
+  // Queues the handshake request for the worker thread.
+  void SendConnectReq(std::weak_ptr<Conn> c, uint64_t conn_id, std::vector<uint8_t> msg);
+  void AddConnTimer(uint64_t deadline, std::weak_ptr<Conn> c);
+  void Report(FinishedList& done);  // host->complete for each, no lock held
+  // Retires a target-side connection now and destroys it once the completion
+  // thread has drained what its QPs delivered before.
+  void RetirePassive(const std::shared_ptr<Passive>& p);
+
+ private:
+  struct Timer {
+    std::weak_ptr<Xfer> x;
+    std::weak_ptr<Conn> c;
+  };
+  struct QpRef {
+    std::weak_ptr<Conn> conn;
+    std::weak_ptr<Passive> passive;
+    int qi = 0;
+  };
+
+  void CqMain();
+  int DrainCqs();
+  void Dispatch(DeviceCtx* dev, const ibv_wc& wc, FinishedList* done,
+                std::vector<std::pair<std::string, uint64_t>>* inbound);
+  void HandleAsync(DeviceCtx* dev);
+  void RunTimers();
+  int NextTimerMs();
+  void AddXferTimer(const std::shared_ptr<Xfer>& x);
+  void RemoveTimer(uint64_t deadline, uint64_t seq);
+  void Wake();
+
+  void WorkerMain();
+  void PushWork(std::function<void()> fn);
+  void HandleCtrl(const std::string& peer_key, const std::vector<uint8_t>& msg);
+  void Accept(const std::string& peer_key, const wire::ConnectMsg& req);
+  void SendCtrl(const std::string& peer_key, const wire::ConnectMsg& m);
+
+  const ferry_host_v1* host_;
+  const std::string engine_key_;
+  const Settings settings_;
+  Devices devices_;
+  uint64_t nonce_ = 0;
+  std::atomic<uint64_t> next_wr_id_{1};
+  std::atomic<uint64_t> next_conn_id_{1};
+  std::atomic<bool> stop_{false};
+
+  // completion thread
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  // Set to ~0 while the completion thread computes its sleep and sleeps: a timer
+  // added then must wake it; while it runs it looks at the timers itself.
+  std::atomic<uint64_t> sleeping_{0};
+  std::thread cq_thread_;
+  std::mutex timer_mu_;
+  std::map<std::pair<uint64_t, uint64_t>, Timer> timers_;  // (deadline, seq)
+  uint64_t next_timer_seq_ = 1;
+
+  // worker thread
+  std::mutex work_mu_;
+  std::condition_variable work_cv_;
+  std::deque<std::function<void()>> work_;
+  std::thread worker_;
+
+  std::mutex mu_;  // the maps below
+  std::map<std::pair<int, uint32_t>, QpRef> qps_;
+  std::map<uint64_t, std::weak_ptr<Conn>> conn_ids_;
+  std::map<std::tuple<std::string, uint16_t, uint16_t>, std::shared_ptr<Passive>> passives_;
+  std::vector<std::shared_ptr<Passive>> graveyard_;  // retired, to destroy after a drain
+  std::set<PeerHandle*> peers_;
+  std::set<LocalMem*> locals_;
+  std::set<RemoteMem*> remotes_;
+};
+
+}  // namespace ferry_rdma

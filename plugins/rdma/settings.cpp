@@ -1,0 +1,195 @@
+#include "settings.h"
+
+#include <nlohmann/json.hpp>
+
+namespace ferry_rdma {
+namespace {
+
+using json = nlohmann::json;
+
+bool GetInt(const json& v, const char* key, int64_t lo, int64_t hi, int64_t* out,
+            std::string* err) {
+  if (!v.is_number_integer()) {
+    *err = std::string("setting '") + key + "' must be an integer";
+    return false;
+  }
+  int64_t val = 0;
+  bool ok = true;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(hi);
+    val = ok ? static_cast<int64_t>(u) : 0;
+  } else {
+    val = v.get<int64_t>();
+  }
+  if (!ok || val < lo || val > hi) {
+    *err = std::string("setting '") + key + "' must be in " + std::to_string(lo) + ".." +
+           std::to_string(hi);
+    return false;
+  }
+  *out = val;
+  return true;
+}
+
+bool GetBool(const json& v, const char* key, bool* out, std::string* err) {
+  if (!v.is_boolean()) {
+    *err = std::string("setting '") + key + "' must be true or false";
+    return false;
+  }
+  *out = v.get<bool>();
+  return true;
+}
+
+// Accepts 1048576 or "1MiB" / "64KiB" / "4096B" / "1GiB", as the policy YAML writes sizes.
+bool GetBytes(const json& v, const char* key, uint64_t* out, std::string* err) {
+  if (v.is_number_integer()) {
+    int64_t n = 0;
+    if (!GetInt(v, key, 0, INT64_MAX, &n, err)) return false;
+    *out = static_cast<uint64_t>(n);
+    return true;
+  }
+  if (!v.is_string()) {
+    *err = std::string("setting '") + key + "' must be a byte count like 1048576 or \"1MiB\"";
+    return false;
+  }
+  const std::string s = v.get<std::string>();
+  size_t i = 0;
+  uint64_t n = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+    if (n > (UINT64_MAX - 9) / 10) break;
+    n = n * 10 + static_cast<uint64_t>(s[i] - '0');
+    ++i;
+  }
+  const std::string unit = s.substr(i);
+  uint64_t mult = 0;
+  if (unit.empty() || unit == "B") mult = 1;
+  if (unit == "KiB") mult = 1ull << 10;
+  if (unit == "MiB") mult = 1ull << 20;
+  if (unit == "GiB") mult = 1ull << 30;
+  if (i == 0 || mult == 0 || n > UINT64_MAX / mult) {
+    *err = std::string("setting '") + key + "': cannot read \"" + s +
+           "\" as a size (use B, KiB, MiB or GiB)";
+    return false;
+  }
+  *out = n * mult;
+  return true;
+}
+
+bool GetDevices(const json& v, std::vector<std::string>* out, std::string* err) {
+  const char* what = "setting 'devices' must be a list of \"dev\" or \"dev:port\" strings";
+  json list = v;
+  if (v.is_string()) list = json::array({v});
+  if (!list.is_array()) {
+    *err = what;
+    return false;
+  }
+  std::vector<std::string> devs;
+  for (const auto& e : list) {
+    if (!e.is_string() || e.get<std::string>().empty() || e.get<std::string>().size() > 80) {
+      *err = what;
+      return false;
+    }
+    const std::string s = e.get<std::string>();
+    const size_t colon = s.find(':');
+    if (colon == 0 || (colon != std::string::npos &&
+                       (colon + 1 == s.size() ||
+                        s.find_first_not_of("0123456789", colon + 1) != std::string::npos ||
+                        s.size() - colon > 4))) {
+      *err = "setting 'devices': cannot read \"" + s + "\" (use \"mlx5_0\" or \"mlx5_0:1\")";
+      return false;
+    }
+    for (char c : s)
+      if (c <= 0x20 || c >= 0x7f) {
+        *err = "setting 'devices': \"" + s + "\" has a bad character";
+        return false;
+      }
+    devs.push_back(s);
+  }
+  *out = std::move(devs);
+  return true;
+}
+
+}  // namespace
+
+bool ParseSettings(const char* text, Settings* out, std::string* err) {
+  Settings s;
+  const json j = json::parse(text ? text : "{}", nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    *err = "rdma settings are not valid JSON";
+    return false;
+  }
+  if (!j.is_object()) {
+    *err = "rdma settings must be a JSON object";
+    return false;
+  }
+  struct IntKey {
+    const char* name;
+    int* field;
+    int64_t lo, hi;
+  };
+  const IntKey ints[] = {
+      {"qp_per_transfer", &s.qp_per_transfer, 1, 64},
+      {"max_send_wr", &s.max_send_wr, 4, 65536},
+      {"recv_depth", &s.recv_depth, 4, 4096},
+      {"cq_size", &s.cq_size, 64, 4194304},
+      {"max_inline", &s.max_inline, 0, 4096},
+      {"max_sge", &s.max_sge, 1, 64},
+      {"qp_timeout", &s.qp_timeout, 1, 31},
+      {"retry_cnt", &s.retry_cnt, 0, 7},
+      {"rnr_retry", &s.rnr_retry, 0, 7},
+      {"min_rnr_timer", &s.min_rnr_timer, 0, 31},
+      {"traffic_class", &s.traffic_class, 0, 255},
+      {"service_level", &s.service_level, 0, 15},
+      {"connect_timeout_ms", &s.connect_timeout_ms, 1, 600000},
+      {"spin_us", &s.spin_us, 0, 1000000},
+  };
+  for (const auto& [key, v] : j.items()) {
+    int64_t n = 0;
+    bool done = false;
+    for (const auto& ik : ints) {
+      if (key != ik.name) continue;
+      if (!GetInt(v, ik.name, ik.lo, ik.hi, &n, err)) return false;
+      *ik.field = static_cast<int>(n);
+      done = true;
+    }
+    if (done) continue;
+    if (key == "devices") {
+      if (!GetDevices(v, &s.devices, err)) return false;
+    } else if (key == "gid_index") {
+      if (v.is_string() && v.get<std::string>() == "auto") {
+        s.gid_index = -1;
+      } else {
+        if (!GetInt(v, "gid_index", 0, 1023, &n, err)) {
+          *err = "setting 'gid_index' must be \"auto\" or an integer in 0..1023";
+          return false;
+        }
+        s.gid_index = static_cast<int>(n);
+      }
+    } else if (key == "chunk_bytes") {
+      if (!GetBytes(v, "chunk_bytes", &s.chunk_bytes, err)) return false;
+      if (s.chunk_bytes < 4096 || s.chunk_bytes > (1ull << 30)) {
+        *err = "setting 'chunk_bytes' must be in 4KiB..1GiB";
+        return false;
+      }
+    } else if (key == "busy_poll") {
+      if (!GetBool(v, "busy_poll", &s.busy_poll, err)) return false;
+    } else {
+      *err = "unknown rdma setting '" + key +
+             "' (known: devices, gid_index, qp_per_transfer, max_send_wr, recv_depth, cq_size, "
+             "max_inline, max_sge, chunk_bytes, qp_timeout, retry_cnt, rnr_retry, min_rnr_timer, "
+             "traffic_class, service_level, connect_timeout_ms, busy_poll, spin_us)";
+      return false;
+    }
+  }
+  *out = std::move(s);
+  return true;
+}
+
+std::string FormatBytes(uint64_t n) {
+  if (n != 0 && n % (1ull << 30) == 0) return std::to_string(n >> 30) + "GiB";
+  if (n != 0 && n % (1ull << 20) == 0) return std::to_string(n >> 20) + "MiB";
+  if (n != 0 && n % (1ull << 10) == 0) return std::to_string(n >> 10) + "KiB";
+  return std::to_string(n) + "B";
+}
+
+}  // namespace ferry_rdma

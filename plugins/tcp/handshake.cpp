@@ -1,0 +1,146 @@
+#include "handshake.h"
+
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "socket_util.h"
+#include "wire.h"
+
+namespace ferry_tcp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Receives exactly len bytes by `deadline`, giving up early when abort_fd fires.
+int RecvBy(int fd, int abort_fd, void* buf, size_t len, Clock::time_point deadline) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (len > 0) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return ETIMEDOUT;
+    pollfd pf[2] = {{fd, POLLIN, 0}, {abort_fd, POLLIN, 0}};
+    const int n = ::poll(pf, abort_fd >= 0 ? 2 : 1, static_cast<int>(left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return ETIMEDOUT;
+    if (abort_fd >= 0 && (pf[1].revents & POLLIN)) return ECANCELED;
+    const ssize_t r = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (r < 0) return errno;
+    if (r == 0) return kEof;
+    p += r;
+    len -= static_cast<size_t>(r);
+  }
+  return 0;
+}
+
+std::vector<uint8_t> Frame(wire::Type type, uint16_t flags, const void* payload, size_t n) {
+  wire::Header h;
+  h.type = type;
+  h.flags = flags;
+  h.payload_len = n;
+  std::vector<uint8_t> out = wire::EncodeFrameHead(h, {});
+  const auto* p = static_cast<const uint8_t*>(payload);
+  out.insert(out.end(), p, p + n);
+  return out;
+}
+
+}  // namespace
+
+bool AuthEnabled(const ferry_host_v1* host) {
+  if (!FERRY_HAS_FIELD(ferry_host_v1, host, auth_sign) || host->auth_sign == nullptr ||
+      !FERRY_HAS_FIELD(ferry_host_v1, host, auth_verify) || host->auth_verify == nullptr) {
+    return false;
+  }
+  static const char kProbe[] = "ferry-tcp-v1 probe";
+  uint8_t mac[wire::kAuthMacSize];
+  return host->auth_sign(host->host_ctx, kProbe, sizeof(kProbe) - 1, mac) == FERRY_OK;
+}
+
+bool RandomNonce(uint8_t* out) {
+  size_t got = 0;
+  while (got < wire::kAuthNonceSize) {
+    const ssize_t r = getrandom(out + got, wire::kAuthNonceSize - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
+  const bool auth = AuthEnabled(h.host);
+  std::vector<uint8_t> out = Frame(wire::Type::kHello, auth ? wire::kFlagAuth : 0,
+                                   h.my_key.data(), h.my_key.size());
+  uint8_t ni[wire::kAuthNonceSize];
+  if (auth) {
+    if (!RandomNonce(ni)) {
+      *err = "no random bytes for an auth challenge";
+      return FERRY_ERR_INTERNAL;
+    }
+    std::vector<uint8_t> a = Frame(wire::Type::kAuth, 0, ni, sizeof(ni));
+    out.insert(out.end(), a.begin(), a.end());
+  }
+  int rc = SendAll(fd, out.data(), out.size());
+  if (rc != 0) {
+    *err = "connection to " + h.label + " lost: " + IoErrorString(rc);
+    return FERRY_ERR_TRANSPORT;
+  }
+  if (!auth) return FERRY_OK;  // without a token, requests follow HELLO at once
+
+  const auto deadline = Clock::now() + std::chrono::milliseconds(h.timeout_ms);
+  auto lost = [&](int e) {
+    *err = "auth handshake with " + h.label + ": " +
+           (e == ETIMEDOUT ? std::string("no answer within ") + std::to_string(h.timeout_ms) + " ms"
+                           : IoErrorString(e));
+    return FERRY_ERR_TRANSPORT;
+  };
+  uint8_t hb[wire::kHeaderSize];
+  if ((rc = RecvBy(fd, h.abort_fd, hb, sizeof(hb), deadline)) != 0) return lost(rc);
+  wire::Header resp;
+  std::string why;
+  if (!wire::DecodeHeader(hb, &resp, &why)) {
+    *err = "malformed answer to HELLO from " + h.label + ": " + why;
+    return FERRY_ERR_PROTOCOL;
+  }
+  if (resp.type == wire::Type::kError) {
+    std::string text(resp.payload_len, '\0');
+    if ((rc = RecvBy(fd, h.abort_fd, text.data(), text.size(), deadline)) != 0) return lost(rc);
+    *err = h.label + " refused the connection: " + text;
+    return FERRY_ERR_REMOTE;
+  }
+  if (resp.type != wire::Type::kAuth ||
+      resp.payload_len != wire::kAuthNonceSize + wire::kAuthMacSize) {
+    *err = std::string("unexpected ") + wire::TypeName(resp.type) + " answer to HELLO from " +
+           h.label;
+    return FERRY_ERR_PROTOCOL;
+  }
+  uint8_t nt_mac[wire::kAuthNonceSize + wire::kAuthMacSize];
+  if ((rc = RecvBy(fd, h.abort_fd, nt_mac, sizeof(nt_mac), deadline)) != 0) return lost(rc);
+  const uint8_t* nt = nt_mac;
+  std::vector<uint8_t> t =
+      wire::AuthTranscript(wire::kAuthTargetLabel, ni, nt, h.my_key, h.peer_key);
+  if (h.host->auth_verify(h.host->host_ctx, t.data(), t.size(), nt_mac + wire::kAuthNonceSize) !=
+      FERRY_OK) {
+    *err = h.label + " failed to prove the auth token (a different token, or not the engine it "
+                     "claims to be)";
+    return FERRY_ERR_REMOTE;
+  }
+  t = wire::AuthTranscript(wire::kAuthInitiatorLabel, ni, nt, h.my_key, h.peer_key);
+  uint8_t mac[wire::kAuthMacSize];
+  if (h.host->auth_sign(h.host->host_ctx, t.data(), t.size(), mac) != FERRY_OK) {
+    *err = "cannot sign the auth challenge of " + h.label;
+    return FERRY_ERR_INTERNAL;
+  }
+  out = Frame(wire::Type::kAuth, 0, mac, sizeof(mac));
+  rc = SendAll(fd, out.data(), out.size());
+  if (rc != 0) return lost(rc);
+  return FERRY_OK;
+}
+
+}  // namespace ferry_tcp

@@ -1,0 +1,92 @@
+// ferry-gpu-peer: a target engine whose region is GPU memory, in its own process
+// (started with exec: a CUDA process must not fork and use CUDA in the child).
+//   usage: ferry-gpu-peer KEY BACKEND[,BACKEND...] DEVICE REGION_BYTES
+// The region is a sub-allocation: it starts 4 KiB + 256 B into a larger device
+// allocation, so IPC export must carry the offset inside the allocation.
+// Speaks the line protocol of bench/common/bench_target.h (register, fill,
+// hash, pop, stats, quit); fill/hash go through a host copy of the region.
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "line_channel.h"
+#include "pattern.h"
+
+using namespace ferry;
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s KEY BACKEND[,BACKEND...] DEVICE REGION_BYTES\n", argv[0]);
+    return 2;
+  }
+  bench::LineChannel ch(0, 1);
+  const int device = std::stoi(argv[3]);
+  const size_t size = std::stoull(argv[4]);
+  const size_t lead = 4096 + 256;
+  try {
+    Engine engine(argv[1]);
+    std::stringstream bs(argv[2]);
+    for (std::string b; std::getline(bs, b, ',');)
+      if (auto r = engine.add_backend(b); !r) throw Error(r.code, r.message);
+    uint8_t* alloc = static_cast<uint8_t*>(gpu::alloc(size + lead + 4096, device));
+    uint8_t* region = alloc + lead;
+    std::vector<uint8_t> host(size);
+    MemoryDesc mem = engine.register_memory(region, size);  // location and device detected
+    if (mem.location != MemoryLocation::GPU || mem.device != device)
+      throw Error(StatusCode::ERR_GPU_OP, "GPU memory was not detected as such");
+    ch.send("READY " + test::to_hex(engine.desc().pack()) + " " + test::to_hex(mem.pack()));
+    std::string line;
+    while (ch.recv(line)) {
+      std::istringstream in(line);
+      std::string cmd;
+      in >> cmd;
+      std::ostringstream out;
+      if (cmd == "register") {
+        std::string hex;
+        in >> hex;
+        auto r = engine.register_remote_engine(EngineDesc::unpack(test::from_hex(hex)));
+        out << (r ? "OK" : "ERR " + r.message);
+      } else if (cmd == "fill") {
+        uint64_t seed;
+        in >> seed;
+        test::fill_pattern(host.data(), 0, size, seed);
+        gpu::copy(region, host.data(), size);
+        out << "OK";
+      } else if (cmd == "hash") {
+        gpu::copy(host.data(), region, size);
+        size_t n = 0;
+        in >> n;
+        uint64_t h = test::kFnvBasis;
+        for (size_t i = 0; i < n; ++i) {
+          uint64_t off = 0, len = 0;
+          in >> off >> len;
+          if (off > size || len > size - off) throw Error(StatusCode::ERR_INVALID_ARGS, "range");
+          h = test::fnv1a(host.data() + off, len, h);
+        }
+        out << "HASH " << h;
+      } else if (cmd == "pop") {
+        std::string key;
+        uint64_t uid = 0;
+        long ms = 0;
+        in >> key >> uid >> ms;
+        auto s = engine.wait_inbound_transfer_status(key, uid, std::chrono::milliseconds(ms));
+        out << (s ? std::string("INBOUND ") + to_string(s->Code()) : std::string("NONE"));
+      } else if (cmd == "quit") {
+        ch.send("BYE");
+        break;
+      } else {
+        out << "ERR unknown command";
+      }
+      ch.send(out.str());
+    }
+    engine.deregister_memory(mem);
+    gpu::free(alloc);
+  } catch (const Error& e) {
+    ch.send(std::string("ERR ") + e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,259 @@
+// GPU memory end to end: a target process with GPU memory (ferry-gpu-peer,
+// started with fork+exec) and an initiator engine here, over xgmi (CUDA IPC +
+// peer copies) — every combination of engine/session x single/batch x
+// read/write x sizes incl. odd ones, regions that are sub-allocations at an
+// offset, data verified through host copies, the target notified once. Then the
+// policy's choices and the failover when the IPC open fails.
+// Without a GPU runtime and device every test skips, saying so.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "child_process.h"
+#include "ferry/ferry.hpp"
+#include "pattern.h"
+
+using namespace ferry;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr size_t kRegion = (64u << 20) + (1u << 20);
+
+#define REQUIRE_GPU()                                                                   \
+  if (!gpu::available())                                                                \
+  GTEST_SKIP() << "no GPU runtime (libcudart/libamdhip64) or no GPU device here; the " \
+                  "GPU tests run on a GPU host with tests/gpu/run-all.sh"
+
+int target_device() { return gpu::device_count() > 1 ? 1 : 0; }
+
+// A device buffer with a host mirror for filling and checking.
+struct DeviceBuffer {
+  DeviceBuffer(size_t n, int device, size_t lead = 512) : size(n), lead(lead) {
+    alloc = static_cast<uint8_t*>(gpu::alloc(n + lead, device));
+    host.resize(n);
+  }
+  ~DeviceBuffer() { gpu::free(alloc); }
+  uint8_t* data() { return alloc + lead; }
+  void fill(uint64_t seed) {
+    test::fill_pattern(host.data(), 0, size, seed);
+    gpu::copy(data(), host.data(), size);
+  }
+  void zero() {
+    std::fill(host.begin(), host.end(), 0);
+    gpu::copy(data(), host.data(), size);
+  }
+  const std::vector<uint8_t>& pull() {
+    gpu::copy(host.data(), data(), size);
+    return host;
+  }
+  size_t size, lead;
+  uint8_t* alloc;
+  std::vector<uint8_t> host;
+};
+
+struct Rig {
+  explicit Rig(const std::string& backends, const std::string& policy_file = {})
+      : child({FERRY_GPU_PEER, "gpu-target", backends, std::to_string(target_device()),
+               std::to_string(kRegion)}) {
+    std::string ready = child.read_line(120000);
+    std::istringstream in(ready);
+    std::string word, ehex, mhex;
+    in >> word >> ehex >> mhex;
+    if (word != "READY") throw std::runtime_error("gpu peer: " + ready);
+    EngineConfig cfg;
+    cfg.policy_file = policy_file;
+    engine = std::make_unique<Engine>("initiator", cfg);
+    std::stringstream bs(backends);
+    for (std::string b; std::getline(bs, b, ',');)
+      if (auto r = engine->add_backend(b); !r) throw std::runtime_error(r.message);
+    target = EngineDesc::unpack(test::from_hex(ehex));
+    remote = MemoryDesc::unpack(test::from_hex(mhex));
+    engine->register_remote_engine(target);
+    std::string ok = child.ask("register " + test::to_hex(engine->desc().pack()));
+    if (ok != "OK") throw std::runtime_error("target register: " + ok);
+    buf = std::make_unique<DeviceBuffer>(kRegion, 0);
+    local = engine->register_memory(buf->data(), kRegion);
+  }
+  uint64_t remote_hash(const std::vector<size_t>& offs, const std::vector<size_t>& sizes) {
+    std::ostringstream cmd;
+    cmd << "hash " << offs.size();
+    for (size_t i = 0; i < offs.size(); ++i) cmd << " " << offs[i] << " " << sizes[i];
+    std::string a = child.ask(cmd.str());
+    return a.rfind("HASH ", 0) == 0 ? std::stoull(a.substr(5)) : 0;
+  }
+  test::ChildProcess child;
+  std::unique_ptr<Engine> engine;
+  EngineDesc target;
+  MemoryDesc remote, local;
+  std::unique_ptr<DeviceBuffer> buf;
+};
+
+struct Case {
+  bool session, batch;
+  Op op;
+  size_t size;
+};
+
+class XgmiMatrix : public testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    if (gpu::available()) rig_ = new Rig("xgmi");
+  }
+  static void TearDownTestSuite() {
+    delete rig_;
+    rig_ = nullptr;
+  }
+  static Rig* rig_;
+};
+Rig* XgmiMatrix::rig_ = nullptr;
+
+TEST_P(XgmiMatrix, MovesVerifiedDataAndNotifies) {
+  REQUIRE_GPU();
+  const Case c = GetParam();
+  Rig& r = *rig_;
+  static uint64_t seed = 100;
+  ++seed;
+  // Batch: up to 16 pieces with gaps on both sides (so they cannot merge).
+  std::vector<size_t> lo, ro, sz;
+  size_t pieces = c.batch ? std::min<size_t>(16, c.size) : 1, piece = (c.size + pieces - 1) / pieces;
+  size_t left = c.size, l = 64, o = 128;
+  while (left) {
+    size_t n = std::min(piece, left);
+    lo.push_back(l);
+    ro.push_back(o);
+    sz.push_back(n);
+    l += n + (c.batch ? 32 : 0);
+    o += n + (c.batch ? 96 : 0);
+    left -= n;
+  }
+  if (c.op == Op::WRITE) {
+    r.buf->fill(seed);
+  } else {
+    ASSERT_EQ(r.child.ask("fill " + std::to_string(seed)), "OK");
+    r.buf->zero();
+  }
+  std::unique_ptr<Session> s;
+  if (c.session) {
+    s = r.engine->create_session(r.local, r.remote);
+    ASSERT_TRUE(s);
+  }
+  TransferUid uid = r.engine->allocate_transfer_uid();
+  TransferStatus st;
+  bool w = c.op == Op::WRITE;
+  if (c.batch)
+    st = s ? (w ? s->batch_write(lo, ro, sz, uid) : s->batch_read(lo, ro, sz, uid))
+           : (w ? r.engine->batch_write(r.local, lo, r.remote, ro, sz, uid)
+                : r.engine->batch_read(r.local, lo, r.remote, ro, sz, uid));
+  else
+    st = s ? (w ? s->write(lo[0], ro[0], sz[0], uid) : s->read(lo[0], ro[0], sz[0], uid))
+           : (w ? r.engine->write(r.local, lo[0], r.remote, ro[0], sz[0], uid)
+                : r.engine->read(r.local, lo[0], r.remote, ro[0], sz[0], uid));
+  ASSERT_TRUE(st.WaitFor(60s));
+  ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+  if (w) {
+    const auto& h = r.buf->pull();
+    uint64_t expect = test::kFnvBasis;
+    for (size_t i = 0; i < lo.size(); ++i) expect = test::fnv1a(h.data() + lo[i], sz[i], expect);
+    EXPECT_EQ(r.remote_hash(ro, sz), expect);
+  } else {
+    const auto& h = r.buf->pull();
+    for (size_t i = 0; i < lo.size(); ++i)
+      ASSERT_EQ(test::find_mismatch(h.data(), lo[i], sz[i], seed, ro[i]), -1) << "piece " << i;
+  }
+  EXPECT_EQ(r.child.ask("pop initiator " + std::to_string(uid) + " 5000"), "INBOUND SUCCESS");
+  EXPECT_EQ(r.child.ask("pop initiator " + std::to_string(uid) + " 0"), "NONE");
+  EXPECT_GT(r.engine->stats().backends["xgmi"].transfers, 0u);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (bool s : {false, true})
+    for (bool b : {false, true})
+      for (Op op : {Op::WRITE, Op::READ})
+        for (size_t n : {size_t{1}, size_t{4099}, size_t{1} << 20, (size_t{64} << 20) + 1})
+          v.push_back({s, b, op, n});
+  return v;
+}
+
+std::string name(const testing::TestParamInfo<Case>& p) {
+  return std::string(p.param.session ? "Session" : "Engine") + (p.param.batch ? "Batch" : "Single") +
+         (p.param.op == Op::READ ? "Read" : "Write") + std::to_string(p.param.size);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, XgmiMatrix, testing::ValuesIn(cases()), name);
+
+TEST(GpuPolicy, DetectsGpuMemoryAndRoutesGpuPairsToXgmi) {
+  REQUIRE_GPU();
+  DeviceBuffer b(4096, 0);
+  Engine e("detect");
+  MemoryDesc m = e.register_memory(b.data(), 4096);  // no location given
+  EXPECT_EQ(m.location, MemoryLocation::GPU);
+  EXPECT_EQ(m.device, 0);
+  EXPECT_FALSE(m.bus_id.empty());
+  std::vector<uint8_t> host(4096);
+  MemoryDesc h = e.register_memory(host.data(), host.size());
+  EXPECT_EQ(h.location, MemoryLocation::CPU);
+}
+
+TEST(GpuPolicy, ManyBlocksMoveInOneBatch) {
+  REQUIRE_GPU();
+  // 1024 x 16 KiB scattered blocks: the realistic KV layout.
+  Rig r("xgmi");
+  const size_t blk = 16 << 10, n = 1024;
+  std::vector<size_t> lo(n), ro(n), sz(n, blk);
+  for (size_t i = 0; i < n; ++i) {
+    lo[i] = ((i * 37) % n) * blk;  // scattered on the local side
+    ro[i] = i * blk * 2 % (kRegion - blk);
+  }
+  r.buf->fill(7);
+  auto st = r.engine->batch_write(r.local, lo, r.remote, ro, sz, r.engine->allocate_transfer_uid());
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  const auto& h = r.buf->pull();
+  uint64_t expect = test::kFnvBasis;
+  for (size_t i = 0; i < n; ++i) expect = test::fnv1a(h.data() + lo[i], blk, expect);
+  EXPECT_EQ(r.remote_hash(ro, sz), expect);
+}
+
+TEST(GpuFailover, IpcOpenFailureFailsOverToTheNextBackend) {
+  REQUIRE_GPU();
+  // A forged descriptor with a garbage IPC handle: xgmi cannot open it, and the
+  // policy moves the transfer on; with no other GPU-capable backend it fails
+  // with every reason listed.
+  Rig r("xgmi");
+  MemoryDesc forged = r.remote;
+  auto& blob = forged.backends["xgmi"];
+  ASSERT_GE(blob.size(), 64u);
+  for (size_t i = blob.size() - 64; i < blob.size(); ++i) blob[i] ^= 0x5a;
+  auto st = r.engine->write(r.local, 0, forged, 0, 4096, r.engine->allocate_transfer_uid());
+  ASSERT_TRUE(st.WaitFor(30s));
+  EXPECT_EQ(st.Code(), StatusCode::ERR_GPU_OP) << st.Message();
+  EXPECT_NE(st.Message().find("xgmi"), std::string::npos) << st.Message();
+  // The real descriptor still works afterwards.
+  r.buf->fill(9);
+  auto ok = r.engine->write(r.local, 0, r.remote, 0, 4096, r.engine->allocate_transfer_uid());
+  EXPECT_EQ(ok.Wait(), StatusCode::SUCCESS) << ok.Message();
+}
+
+}  // namespace
+
+namespace {
+
+TEST(GpuPolicy, CpuMemoryIsNotRoutedToXgmi) {
+  REQUIRE_GPU();
+  // xgmi moves GPU memory only: with CPU memory on our side the route is empty
+  // (tcp's GPU staging is not written yet) and the error says why per backend.
+  Rig r("xgmi");
+  std::vector<uint8_t> cpu(4096);
+  MemoryDesc cm = r.engine->register_memory(cpu.data(), cpu.size());
+  ASSERT_EQ(cm.location, MemoryLocation::CPU);
+  auto st = r.engine->write(cm, 0, r.remote, 0, cpu.size(), r.engine->allocate_transfer_uid());
+  EXPECT_EQ(st.Code(), StatusCode::ERR_BAD_STATE);
+  EXPECT_NE(st.Message().find("xgmi: cannot move cpu memory"), std::string::npos) << st.Message();
+}
+
+}  // namespace

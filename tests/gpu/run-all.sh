@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# tests/gpu/run-all.sh REPORT_DIR: on a GPU host, build ferry and run every GPU
+# test and benchmark in one go; the report lands in REPORT_DIR (report.md plus
+# the raw logs). Needs cmake, ninja, a C++20 compiler, yaml-cpp, GoogleTest and
+# a CUDA or HIP runtime; no GPU SDK headers are needed to build.
+set -uo pipefail
+report=${1:?usage: tests/gpu/run-all.sh REPORT_DIR}
+mkdir -p "$report"
+report=$(cd "$report" && pwd)
+cd "$(dirname "$0")/../.."
+build=${FERRY_GPU_BUILD_DIR:-build-gpu}
+status=0
+log() { echo "$*" | tee -a "$report/report.md"; }
+
+: > "$report/report.md"
+log "# ferry GPU report, $(date -u +%Y-%m-%dT%H:%MZ), $(hostname)"
+log '```'
+(nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv 2>&1 || rocm-smi 2>&1) | tee -a "$report/report.md"
+nvidia-smi topo -m 2>/dev/null | tee -a "$report/report.md"
+log '```'
+
+extra=()
+[ -n "${FERRY_EXTRA_INCLUDE:-}" ] && extra+=("-DFERRY_EXTRA_INCLUDE=$FERRY_EXTRA_INCLUDE")
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${extra[@]}" > "$report/configure.log" 2>&1; then
+  log "configure FAILED (see configure.log)"; tail -30 "$report/configure.log"; exit 1
+fi
+targets=(ferry ferry-cli ferry-tcp ferry-xgmi ferry-gpu-peer gpu_transfer_test ferry-gpu-bench gpu-peer-ref
+         engine_process_test ferry-test-peer)
+if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$report/build.log" 2>&1; then
+  log "build FAILED (see build.log)"; grep -E "error" "$report/build.log" | head -30; exit 1
+fi
+export FERRY_PLUGIN_PATH="$PWD/$build/lib/ferry/plugins"
+
+log "## ferry info"; log '```'
+"$build/bin/ferry" info 2>&1 | tee -a "$report/report.md"; log '```'
+
+log "## gpu_transfer_test (xgmi matrix, detection, 1024x16KiB batch, IPC-open failure)"
+"$build/bin/gpu_transfer_test" > "$report/gpu_transfer_test.log" 2>&1 || status=1
+log '```'; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran|FAILED TEST" "$report/gpu_transfer_test.log" | tee -a "$report/report.md"; log '```'
+
+log "## CPU two-process matrix on this host (tcp), as a sanity check"
+"$build/bin/engine_process_test" > "$report/engine_process_test.log" 2>&1 || status=1
+log '```'; tail -3 "$report/engine_process_test.log" | tee -a "$report/report.md"; log '```'
+
+log "## raw reference: gpu-peer-ref (runtime async copies, no ferry)"
+log '```'; "$build/bin/gpu-peer-ref" 2>&1 | tee -a "$report/report.md"; log '```'
+log "## ferry-gpu-bench over xgmi (two processes, same sizes)"
+log '```'; "$build/bin/ferry-gpu-bench" xgmi 2>&1 | tee -a "$report/report.md"; log '```'
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 1 ]; then
+  log "## one GPU: both processes on device 0"
+  log '```'; "$build/bin/gpu-peer-ref" 0 0 2>&1 | tee -a "$report/report.md"
+  "$build/bin/ferry-gpu-bench" xgmi 0 0 2>&1 | tee -a "$report/report.md"; log '```'
+fi
+log "exit status: $status"
+exit $status

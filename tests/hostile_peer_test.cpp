@@ -1,0 +1,730 @@
+// Hostile peers: a raw-socket client that speaks the control-plane protocol
+// (core/src/control_frame.h) and the tcp data-lane protocol (plugins/tcp/wire.h)
+// and sends what a broken or malicious peer would: truncated frames, huge
+// lengths, unknown types, unregistered keys, forged and replayed auth proofs,
+// out-of-range and foreign memory ids, and a flood of connections. Each must be
+// refused with a logged reason and counted, the engine must stay up, and a good
+// peer must be served meanwhile (a real transfer, data verified).
+// Every wait is on a socket (with a receive timeout) or a bounded condition.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "auth.h"
+#include "control_frame.h"
+#include "ferry/ferry.hpp"
+#include "pattern.h"
+#include "wire.h"
+
+using namespace ferry;
+using namespace std::chrono_literals;
+namespace tw = ferry_tcp::wire;
+using Bytes = std::vector<uint8_t>;
+
+namespace {
+
+constexpr size_t kRegion = 1 << 20;
+const std::string kToken = "hostile-test-shared-secret-0001";
+
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 15s) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+size_t open_fds() {
+  size_t n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d)) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// Redirects this process's stderr (where ferry logs) into a file, to check that
+// each refusal was logged with its reason.
+class LogCapture {
+ public:
+  LogCapture() {
+    std::fflush(stderr);
+    saved_ = dup(2);
+    char path[] = "/tmp/ferry-hostile-log-XXXXXX";
+    fd_ = mkstemp(path);
+    path_ = path;  // kept until restore(): a sanitizer report that ends the process stays there
+    dup2(fd_, 2);
+  }
+  ~LogCapture() { restore(); }
+  std::string text() {
+    std::fflush(stderr);
+    std::string out;
+    char buf[4096];
+    for (off_t off = 0;;) {
+      ssize_t r = pread(fd_, buf, sizeof buf, off);
+      if (r <= 0) break;
+      out.append(buf, static_cast<size_t>(r));
+      off += r;
+    }
+    return out;
+  }
+  size_t count(const std::string& needle) {
+    std::string t = text();
+    size_t n = 0;
+    for (size_t p = t.find(needle); p != std::string::npos; p = t.find(needle, p + 1)) ++n;
+    return n;
+  }
+  bool has(const std::string& needle) { return count(needle) > 0; }
+  void restore() {
+    if (saved_ < 0) return;
+    std::string t = text();
+    dup2(saved_, 2);
+    close(saved_);
+    saved_ = -1;
+    if (HasFailure()) std::fprintf(stderr, "---- captured log ----\n%s----\n", t.c_str());
+    close(fd_);
+    unlink(path_.c_str());
+  }
+
+ private:
+  static bool HasFailure() { return ::testing::Test::HasFailure(); }
+  int saved_ = -1;
+  int fd_ = -1;
+  std::string path_;
+};
+
+// ---- raw sockets ------------------------------------------------------------
+
+int dial(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{10, 0};  // no test can hang on a socket
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+void send_raw(int fd, const Bytes& b) {
+  // The engine may already have closed the socket; some tests want exactly that.
+  [[maybe_unused]] ssize_t r = send(fd, b.data(), b.size(), MSG_NOSIGNAL);
+}
+
+bool recv_exact(int fd, void* p, size_t n) {
+  auto* c = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    ssize_t r = recv(fd, c, n, 0);
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// Reads until the engine closes the connection; false on timeout.
+bool closed_by_peer(int fd) {
+  char buf[4096];
+  for (;;) {
+    ssize_t r = recv(fd, buf, sizeof buf, 0);
+    if (r == 0) return true;
+    if (r < 0) return errno == ECONNRESET;
+  }
+}
+
+Bytes cat(std::initializer_list<Bytes> parts) {
+  Bytes out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+// ---- control plane ----------------------------------------------------------
+
+bool read_ctrl(int fd, CtrlFrame& f) {
+  uint8_t hdr[kCtrlHeaderSize];
+  if (!recv_exact(fd, hdr, sizeof hdr)) return false;
+  CtrlFrameReader r;
+  std::vector<CtrlFrame> out;
+  if (!r.feed(hdr, sizeof hdr, out)) return false;
+  if (out.empty()) {
+    uint32_t len = hdr[8] | hdr[9] << 8 | hdr[10] << 16 | static_cast<uint32_t>(hdr[11]) << 24;
+    Bytes body(len);
+    if (!recv_exact(fd, body.data(), len) || !r.feed(body.data(), len, out) || out.empty())
+      return false;
+  }
+  f = std::move(out[0]);
+  return true;
+}
+
+std::string refusal(int fd) {
+  CtrlFrame f;
+  std::string why;
+  if (!read_ctrl(fd, f) || f.type != CtrlType::HELLO_REFUSED || !decode_refused(f.body, why))
+    return "<no HELLO_REFUSED>";
+  return why;
+}
+
+Bytes ctrl_header(uint8_t type, uint32_t len, uint32_t magic = kCtrlMagic) {
+  Bytes h(kCtrlHeaderSize, 0);
+  for (int i = 0; i < 4; ++i) h[i] = static_cast<uint8_t>(magic >> (8 * i));
+  h[4] = kCtrlVersion;
+  h[5] = type;
+  for (int i = 0; i < 4; ++i) h[8 + i] = static_cast<uint8_t>(len >> (8 * i));
+  return h;
+}
+
+// What an honest client with the token sends; returns the proof frame too.
+struct CtrlHandshake {
+  auth::Nonce nc{}, ns{};
+  Bytes hello, proof;
+};
+
+// ---- the engines ------------------------------------------------------------
+
+// A target engine and a good initiator, registered both ways, with memory.
+struct Rig {
+  explicit Rig(const std::string& backend, const std::string& token = kToken) {
+    setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
+    EngineConfig c;
+    c.auth_token = token;
+    c.timeout = 10s;
+    tgt = std::make_unique<Engine>("hostile-tgt", c);
+    good = std::make_unique<Engine>("good", c);
+    for (Engine* e : {tgt.get(), good.get()}) {
+      Result r = e->add_backend(backend);
+      if (!r) throw std::runtime_error(r.message);
+    }
+    tgt->register_remote_engine(good->desc());
+    good->register_remote_engine(tgt->desc());
+    tmem.resize(kRegion);
+    gmem.resize(kRegion);
+    tdesc = tgt->register_memory(tmem.data(), tmem.size());
+    gdesc = good->register_memory(gmem.data(), gmem.size());
+    const EngineDesc d = tgt->desc();
+    ctrl_port = d.port;
+    if (auto it = d.backends.find("tcp"); it != d.backends.end()) {
+      tw::ConnInfo ci;
+      std::string why;
+      if (!tw::DecodeConnBlob(it->second.data(), it->second.size(), &ci, &why))
+        throw std::runtime_error(why);
+      tcp_port = ci.port;
+    }
+  }
+
+  // A WRITE then a READ back by the good peer, both verified, with notification.
+  ::testing::AssertionResult good_transfer(uint64_t seed) {
+    const size_t n = 128 * 1024, off = 4096;
+    test::fill_pattern(gmem.data(), 0, n, seed);
+    TransferUid uid = good->allocate_transfer_uid();
+    TransferStatus w = good->write(gdesc, 0, tdesc, off, n, uid, true);
+    if (!w.WaitFor(30s) || !w.Succeeded())
+      return ::testing::AssertionFailure() << "good WRITE failed: " << w.Message();
+    if (test::find_mismatch(tmem.data(), off, n, seed, 0) != -1)
+      return ::testing::AssertionFailure() << "good WRITE landed wrong bytes";
+    if (!tgt->wait_inbound_transfer_status("good", uid, 10s))
+      return ::testing::AssertionFailure() << "target was not notified";
+    std::fill(gmem.begin(), gmem.begin() + n, 0);
+    TransferStatus r = good->read(gdesc, 0, tdesc, off, n, good->allocate_transfer_uid(), false);
+    if (!r.WaitFor(30s) || !r.Succeeded())
+      return ::testing::AssertionFailure() << "good READ failed: " << r.Message();
+    if (test::find_mismatch(gmem.data(), 0, n, seed, 0) != -1)
+      return ::testing::AssertionFailure() << "good READ returned wrong bytes";
+    return ::testing::AssertionSuccess();
+  }
+
+  uint64_t rejected() const { return tgt->stats().ctrl_rejected; }
+
+  // The honest control-plane handshake as "good", over a raw socket.
+  bool ctrl_login(int fd, CtrlHandshake& hs, const std::string& key = "good",
+                  const std::string& server_key = "hostile-tgt") {
+    auth::random_bytes(hs.nc.data(), hs.nc.size());
+    hs.hello = encode_ctrl_frame(CtrlType::HELLO, hello_body(key, hs.nc.data()));
+    send_raw(fd, hs.hello);
+    CtrlFrame f;
+    auth::Mac mac;
+    if (!read_ctrl(fd, f) || !decode_challenge(f.body, hs.ns.data(), mac.data())) return false;
+    auth::Secret s(kToken);
+    auto t = auth::ctrl_transcript("ferry-ctrl-v1 client", hs.nc, hs.ns, key, server_key);
+    s.sign(t.data(), t.size(), mac.data());
+    hs.proof = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(mac.data()));
+    send_raw(fd, hs.proof);
+    return read_ctrl(fd, f) && f.type == CtrlType::HELLO_OK;
+  }
+
+  std::unique_ptr<Engine> tgt, good;
+  std::vector<uint8_t> tmem, gmem;
+  MemoryDesc tdesc, gdesc;
+  uint16_t ctrl_port = 0, tcp_port = 0;
+};
+
+// ---- control plane ------------------------------------------------------------
+
+struct CtrlCase {
+  const char* name;
+  std::function<void(int fd)> attack;
+  const char* logged;  // the reason the engine must log
+};
+
+TEST(HostileControlPlane, MalformedAndUnauthenticatedConnectionsAreRefused) {
+  Rig rig("tcp");
+  ASSERT_TRUE(rig.good_transfer(1));
+  auto nonce = [] {
+    auth::Nonce n;
+    auth::random_bytes(n.data(), n.size());
+    return n;
+  }();
+  Bytes hello_good = encode_ctrl_frame(CtrlType::HELLO, hello_body("good", nonce.data()));
+  std::vector<CtrlCase> cases = {
+      {"header without its body",
+       [](int fd) {
+         send_raw(fd, ctrl_header(1, 10));
+         shutdown(fd, SHUT_WR);
+       },
+       "closed during the handshake"},
+      {"truncated header bytes",
+       [](int fd) {
+         Bytes h = ctrl_header(1, 10);
+         h.resize(5);
+         send_raw(fd, h);
+         shutdown(fd, SHUT_WR);
+       },
+       "closed during the handshake"},
+      {"truncated body",
+       [](int fd) {
+         send_raw(fd, cat({ctrl_header(1, 40), Bytes(10, 'a')}));
+         shutdown(fd, SHUT_WR);
+       },
+       "closed during the handshake"},
+      {"huge length", [](int fd) { send_raw(fd, ctrl_header(1, 0xfffffff0u)); }, "exceeds limit"},
+      {"body over the handshake limit",
+       [](int fd) { send_raw(fd, ctrl_header(1, kMaxHandshakeBody + 1)); }, "exceeds limit"},
+      {"unknown type", [](int fd) { send_raw(fd, ctrl_header(42, 0)); }, "unknown frame type 42"},
+      {"bad magic", [](int fd) { send_raw(fd, ctrl_header(1, 0, 0xdeadbeef)); }, "bad magic"},
+      {"bad version",
+       [](int fd) {
+         Bytes h = ctrl_header(1, 0);
+         h[4] = 99;
+         send_raw(fd, h);
+       },
+       "unsupported version"},
+      {"notify before hello",
+       [](int fd) { send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(1, 0))); },
+       "first frame is not a valid HELLO"},
+      {"hello with a bad body",
+       [](int fd) { send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, {200, 'x'})); },
+       "first frame is not a valid HELLO"},
+      {"unregistered engine",
+       [&](int fd) {
+         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body("mallory", nonce.data())));
+         EXPECT_NE(refusal(fd).find("not registered"), std::string::npos);
+       },
+       "engine 'mallory' is not registered"},
+      {"no token",
+       [](int fd) {
+         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body("good")));
+         EXPECT_NE(refusal(fd).find("requires authentication"), std::string::npos);
+       },
+       "has no auth token"},
+      {"forged proof",
+       [&](int fd) {
+         send_raw(fd, hello_good);
+         CtrlFrame f;
+         ASSERT_TRUE(read_ctrl(fd, f));
+         ASSERT_EQ(f.type, CtrlType::AUTH_CHALLENGE);
+         auth::Mac forged;
+         auth::random_bytes(forged.data(), forged.size());
+         send_raw(fd, encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(forged.data())));
+         EXPECT_NE(refusal(fd).find("failed authentication"), std::string::npos);
+       },
+       "'good' failed authentication"},
+      {"frame instead of proof",
+       [&](int fd) {
+         send_raw(fd, hello_good);
+         CtrlFrame f;
+         ASSERT_TRUE(read_ctrl(fd, f));
+         send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(5, 0)));
+       },
+       "did not answer the auth challenge"},
+      {"proof of the wrong size",
+       [&](int fd) {
+         send_raw(fd, hello_good);
+         CtrlFrame f;
+         ASSERT_TRUE(read_ctrl(fd, f));
+         send_raw(fd, encode_ctrl_frame(CtrlType::AUTH_PROOF, Bytes(31, 0)));
+       },
+       "did not answer the auth challenge"},
+      {"garbage", [](int fd) { send_raw(fd, Bytes(300, 0xa5)); }, "bad magic"},
+  };
+  LogCapture log;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    const uint64_t before = rig.rejected();
+    const size_t logged = log.count(cases[i].logged);
+    int fd = dial(rig.ctrl_port);
+    ASSERT_GE(fd, 0);
+    cases[i].attack(fd);
+    EXPECT_TRUE(closed_by_peer(fd));
+    close(fd);
+    EXPECT_TRUE(eventually([&] { return rig.rejected() == before + 1; }))
+        << "rejected " << rig.rejected() << ", expected " << before + 1;
+    EXPECT_TRUE(eventually([&] { return log.count(cases[i].logged) > logged; }))
+        << "no log line with '" << cases[i].logged << "'";
+  }
+  log.restore();
+  EXPECT_TRUE(rig.good_transfer(2));
+}
+
+TEST(HostileControlPlane, ReplayedProofsAreRefused) {
+  Rig rig("tcp");
+  CtrlHandshake first;
+  int fd = dial(rig.ctrl_port);
+  ASSERT_TRUE(rig.ctrl_login(fd, first)) << "the honest raw handshake must pass";
+  close(fd);  // an authenticated connection closing is not a refusal
+  const uint64_t before = rig.rejected();
+
+  LogCapture log;
+  // Replay the recorded HELLO and proof blindly: the server's nonce is new, so
+  // the old proof does not match.
+  fd = dial(rig.ctrl_port);
+  send_raw(fd, cat({first.hello, first.proof}));
+  CtrlFrame f;
+  ASSERT_TRUE(read_ctrl(fd, f));
+  ASSERT_EQ(f.type, CtrlType::AUTH_CHALLENGE);
+  auth::Nonce ns2;
+  auth::Mac mac;
+  ASSERT_TRUE(decode_challenge(f.body, ns2.data(), mac.data()));
+  EXPECT_NE(ns2, first.ns) << "server nonces must not repeat";
+  EXPECT_NE(refusal(fd).find("failed authentication"), std::string::npos);
+  EXPECT_TRUE(closed_by_peer(fd));
+  close(fd);
+  // A proof made for another target does not pass here (relayed from elsewhere).
+  fd = dial(rig.ctrl_port);
+  CtrlHandshake other;
+  EXPECT_FALSE(rig.ctrl_login(fd, other, "good", "some-other-target"));
+  close(fd);
+  EXPECT_TRUE(eventually([&] { return rig.rejected() == before + 2; })) << rig.rejected();
+  EXPECT_TRUE(eventually([&] { return log.count("failed authentication") == 2; }));
+  log.restore();
+  EXPECT_TRUE(rig.good_transfer(3));
+}
+
+TEST(HostileControlPlane, FloodOfConnectionsWhileAGoodPeerIsServed) {
+  // cma notifies over the control plane, so the good peer's first transfer has
+  // to complete a control-plane handshake in the middle of the flood.
+  Rig rig("cma");
+  const size_t fds_before = open_fds();
+  constexpr int kFlood = 200;
+  LogCapture log;
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    int fd = dial(rig.ctrl_port);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    if (i % 4 == 1) send_raw(fd, ctrl_header(1, 200));              // a header, body never sent
+    if (i % 4 == 2) send_raw(fd, Bytes(64, static_cast<uint8_t>(i)));  // junk
+    if (i % 4 == 3) send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body("good")));
+    flood.push_back(fd);
+    if (i == kFlood / 2) {
+      EXPECT_TRUE(rig.good_transfer(10));  // served during the flood
+    }
+  }
+  EXPECT_TRUE(rig.good_transfer(11));
+  for (int fd : flood) close(fd);
+  // Each flood connection is refused exactly once: evicted, rejected, or closed unadmitted.
+  EXPECT_TRUE(eventually([&] { return rig.rejected() >= kFlood; })) << rig.rejected();
+  EXPECT_TRUE(log.has("connections are in the handshake"));
+  log.restore();
+  EXPECT_TRUE(rig.good_transfer(12));
+  EXPECT_TRUE(eventually([&] { return open_fds() <= fds_before + 2; }))
+      << open_fds() << " fds open, " << fds_before << " before the flood";
+}
+
+// ---- tcp data lanes ---------------------------------------------------------------
+
+Bytes lane_frame(const tw::Header& h, const std::vector<tw::Item>& items, const Bytes& payload) {
+  return cat({tw::EncodeFrameHead(h, items), payload});
+}
+
+Bytes lane_hello(const std::string& key, bool auth) {
+  tw::Header h;
+  h.type = tw::Type::kHello;
+  h.flags = auth ? tw::kFlagAuth : 0;
+  h.payload_len = key.size();
+  return lane_frame(h, {}, Bytes(key.begin(), key.end()));
+}
+
+Bytes lane_auth(const uint8_t* p, size_t n) {
+  tw::Header h;
+  h.type = tw::Type::kAuth;
+  h.payload_len = n;
+  return lane_frame(h, {}, Bytes(p, p + n));
+}
+
+// Reads one response frame; payload into *payload.
+bool read_lane(int fd, tw::Header* h, Bytes* payload) {
+  uint8_t hb[tw::kHeaderSize];
+  std::string why;
+  if (!recv_exact(fd, hb, sizeof hb) || !tw::DecodeHeader(hb, h, &why)) return false;
+  payload->resize(h->payload_len);
+  return recv_exact(fd, payload->data(), payload->size());
+}
+
+std::string lane_refusal(int fd) {
+  tw::Header h;
+  Bytes text;
+  if (!read_lane(fd, &h, &text) || h.type != tw::Type::kError) return "<no ERROR>";
+  return std::string(text.begin(), text.end());
+}
+
+// The honest lane handshake as `key` with `token`; false if the target refused.
+struct LaneLogin {
+  uint8_t ni[32], nt[32];
+  Bytes sent;  // everything the client sent, for replays
+};
+bool lane_login(int fd, LaneLogin& l, const std::string& key = "good",
+                const std::string& token = kToken) {
+  auth::random_bytes(l.ni, sizeof l.ni);
+  l.sent = cat({lane_hello(key, true), lane_auth(l.ni, sizeof l.ni)});
+  send_raw(fd, l.sent);
+  tw::Header h;
+  Bytes p;
+  if (!read_lane(fd, &h, &p) || h.type != tw::Type::kAuth || p.size() != 64) return false;
+  std::memcpy(l.nt, p.data(), 32);
+  auth::Secret s(token);
+  auto t = tw::AuthTranscript(tw::kAuthTargetLabel, l.ni, l.nt, key, "hostile-tgt");
+  if (!s.verify(t.data(), t.size(), p.data() + 32)) return false;  // the target proved itself
+  t = tw::AuthTranscript(tw::kAuthInitiatorLabel, l.ni, l.nt, key, "hostile-tgt");
+  uint8_t mac[32];
+  s.sign(t.data(), t.size(), mac);
+  Bytes proof = lane_auth(mac, sizeof mac);
+  send_raw(fd, proof);
+  l.sent.insert(l.sent.end(), proof.begin(), proof.end());
+  return true;
+}
+
+tw::Header request(tw::Type type, uint64_t req, uint64_t region, uint64_t payload,
+                   uint32_t items = 1) {
+  tw::Header h;
+  h.type = type;
+  h.n_items = items;
+  h.frame_count = 1;
+  h.req_id = req;
+  h.region_id = region;
+  h.payload_len = payload;
+  h.xfer_seq = req;
+  h.low_seq = req;
+  return h;
+}
+
+TEST(HostileDataLane, MalformedAndUnauthenticatedLanesAreRefused) {
+  Rig rig("tcp");
+  ASSERT_GT(rig.tcp_port, 0);
+  LogCapture log;
+  struct Case {
+    const char* name;
+    std::function<void(int)> attack;
+    const char* logged;
+  } cases[] = {
+      {"truncated header",
+       [](int fd) {
+         Bytes h = lane_hello("good", true);
+         h.resize(30);
+         send_raw(fd, h);
+         shutdown(fd, SHUT_WR);
+       },
+       "before HELLO"},
+      {"huge key length",
+       [](int fd) {
+         tw::Header h;
+         h.type = tw::Type::kHello;
+         h.payload_len = 1ull << 40;
+         send_raw(fd, tw::EncodeFrameHead(h, {}));
+       },
+       "key length"},
+      {"unknown type",
+       [](int fd) {
+         Bytes h = lane_hello("good", true);
+         h[5] = 99;
+         send_raw(fd, h);
+       },
+       "unknown frame type 99"},
+      {"request before hello",
+       [](int fd) { send_raw(fd, lane_frame(request(tw::Type::kRead, 1, 1, 0), {{0, 16}}, {})); },
+       "before HELLO"},
+      {"unregistered engine",
+       [](int fd) {
+         send_raw(fd, lane_hello("mallory", true));
+         EXPECT_NE(lane_refusal(fd).find("not a registered peer"), std::string::npos);
+       },
+       "engine 'mallory' is not a registered peer"},
+      {"no token",
+       [](int fd) {
+         send_raw(fd, cat({lane_hello("good", false),
+                           lane_frame(request(tw::Type::kWrite, 1, 1, 8), {{0, 8}}, Bytes(8, 0xee))}));
+         EXPECT_NE(lane_refusal(fd).find("requires authentication"), std::string::npos);
+       },
+       "requires authentication"},
+      {"wrong token",
+       [](int fd) {
+         LaneLogin l;
+         EXPECT_FALSE(lane_login(fd, l, "good", "not-the-token"));  // the target cannot prove it
+         shutdown(fd, SHUT_WR);  // ... so the client gives up
+       },
+       "auth handshake"},
+      {"forged proof",
+       [](int fd) {
+         uint8_t ni[32] = {1};
+         send_raw(fd, cat({lane_hello("good", true), lane_auth(ni, 32)}));
+         tw::Header h;
+         Bytes p;
+         ASSERT_TRUE(read_lane(fd, &h, &p));
+         uint8_t forged[32] = {2};
+         send_raw(fd, lane_auth(forged, 32));
+         EXPECT_NE(lane_refusal(fd).find("failed authentication"), std::string::npos);
+       },
+       "'good' failed authentication"},
+  };
+  for (auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const size_t logged = log.count(c.logged);
+    int fd = dial(rig.tcp_port);
+    ASSERT_GE(fd, 0);
+    c.attack(fd);
+    EXPECT_TRUE(closed_by_peer(fd));
+    close(fd);
+    EXPECT_TRUE(eventually([&] { return log.count(c.logged) > logged; }))
+        << "no log line with '" << c.logged << "'";
+  }
+  log.restore();
+  EXPECT_TRUE(rig.good_transfer(20));
+}
+
+TEST(HostileDataLane, ReplayedHandshakeIsRefused) {
+  Rig rig("tcp");
+  LaneLogin l;
+  int fd = dial(rig.tcp_port);
+  ASSERT_TRUE(lane_login(fd, l));
+  close(fd);
+  LogCapture log;
+  fd = dial(rig.tcp_port);
+  send_raw(fd, l.sent);  // the old nonce and proof, blindly
+  tw::Header h;
+  Bytes p;
+  ASSERT_TRUE(read_lane(fd, &h, &p));
+  ASSERT_EQ(h.type, tw::Type::kAuth);
+  EXPECT_NE(std::memcmp(p.data(), l.nt, 32), 0) << "target nonces must not repeat";
+  EXPECT_NE(lane_refusal(fd).find("failed authentication"), std::string::npos);
+  EXPECT_TRUE(closed_by_peer(fd));
+  close(fd);
+  EXPECT_TRUE(eventually([&] { return log.has("'good' failed authentication"); }));
+  log.restore();
+  EXPECT_TRUE(rig.good_transfer(21));
+}
+
+TEST(HostileDataLane, OutOfRangeAndForeignMemoryAreRefusedOnAnAuthenticatedLane) {
+  Rig rig("tcp");
+  // A second region, deregistered: its id is no longer served.
+  std::vector<uint8_t> gone(4096);
+  MemoryDesc gone_desc = rig.tgt->register_memory(gone.data(), gone.size());
+  ASSERT_TRUE(rig.tgt->deregister_memory(gone_desc));
+  const uint64_t id = rig.tdesc.id;
+  std::fill(rig.tmem.begin(), rig.tmem.end(), 0);
+
+  int fd = dial(rig.tcp_port);
+  LaneLogin l;
+  ASSERT_TRUE(lane_login(fd, l));
+  LogCapture log;
+  struct Req {
+    const char* name;
+    tw::Header h;
+    std::vector<tw::Item> items;
+    Bytes payload;
+    const char* refused;  // nullptr: must succeed
+  } reqs[] = {
+      {"write past the end", request(tw::Type::kWrite, 1, id, 16), {{kRegion - 8, 16}},
+       Bytes(16, 0x11), "outside memory"},
+      {"offset that wraps", request(tw::Type::kRead, 2, id, 0), {{~0ull - 7, 16}}, {},
+       "outside memory"},
+      {"read of unregistered id", request(tw::Type::kRead, 3, 9999, 0), {{0, 16}}, {},
+       "is not registered"},
+      {"write to deregistered id", request(tw::Type::kWrite, 4, gone_desc.id, 8), {{0, 8}},
+       Bytes(8, 0x22), "is not registered"},
+      {"read of an id this target never exported", request(tw::Type::kRead, 5, id + 100, 0),
+       {{0, 8}}, {}, "is not registered"},
+      {"good write", request(tw::Type::kWrite, 6, id, 8), {{64, 8}}, Bytes(8, 0x5c), nullptr},
+  };
+  for (auto& r : reqs) {
+    SCOPED_TRACE(r.name);
+    send_raw(fd, lane_frame(r.h, r.items, r.payload));
+    tw::Header resp;
+    Bytes p;
+    ASSERT_TRUE(read_lane(fd, &resp, &p)) << "the lane must stay open after a refused request";
+    EXPECT_EQ(resp.req_id, r.h.req_id);
+    if (r.refused) {
+      ASSERT_EQ(resp.type, tw::Type::kError);
+      EXPECT_NE(std::string(p.begin(), p.end()).find(r.refused), std::string::npos)
+          << std::string(p.begin(), p.end());
+    } else {
+      EXPECT_EQ(resp.type, tw::Type::kWriteAck);
+    }
+  }
+  EXPECT_EQ(std::count(rig.tmem.begin(), rig.tmem.end(), 0), static_cast<long>(kRegion - 8))
+      << "only the good write may have changed the target's memory";
+  EXPECT_EQ(rig.tmem[64], 0x5c);
+  EXPECT_TRUE(std::all_of(gone.begin(), gone.end(), [](uint8_t b) { return b == 0; }));
+
+  // Malformed after authentication: the lane is closed, the engine carries on.
+  send_raw(fd, lane_frame(request(tw::Type::kWrite, 7, id, 1ull << 60), {{0, 8}}, {}));
+  EXPECT_TRUE(closed_by_peer(fd));
+  close(fd);
+  EXPECT_TRUE(eventually([&] { return log.has("malformed frame"); }));
+  log.restore();
+  EXPECT_TRUE(rig.good_transfer(22));
+}
+
+TEST(HostileDataLane, FloodOfLanesWhileAGoodPeerIsServed) {
+  Rig rig("tcp");
+  const size_t fds_before = open_fds();
+  constexpr int kFlood = 200;
+  LogCapture log;
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    int fd = dial(rig.tcp_port);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    if (i % 3 == 1) send_raw(fd, lane_hello("good", true));  // hello, then silence
+    if (i % 3 == 2) send_raw(fd, Bytes(40, 0x33));            // half a header of junk
+    flood.push_back(fd);
+    if (i == kFlood / 2) {
+      EXPECT_TRUE(rig.good_transfer(30));
+    }
+  }
+  EXPECT_TRUE(rig.good_transfer(31));
+  for (int fd : flood) close(fd);
+  EXPECT_TRUE(eventually([&] { return log.has("still in its handshake"); }));
+  log.restore();
+  EXPECT_TRUE(rig.good_transfer(32));
+  // Every lane thread of the flood ends and closes its socket.
+  EXPECT_TRUE(eventually([&] { return open_fds() <= fds_before + 8; }))
+      << open_fds() << " fds open, " << fds_before << " before the flood";
+}
+
+}  // namespace
