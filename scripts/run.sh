@@ -14,7 +14,7 @@ jobs=${FERRY_JOBS:-$(nproc)}
 pkgs=(build-essential cmake ninja-build pkg-config libyaml-cpp-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
       python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest
-      clang libclang-rt-14-dev llvm)  # fuzzing (libFuzzer) and TSan's symbolizer
+      clang libclang-rt-14-dev)  # fuzzing (libFuzzer)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -87,13 +87,14 @@ build() {  # build DIR [cmake args...]
 
 # ---- ThreadSanitizer (issue 9): the core concurrency tests and the security
 # tests in build-tsan. TSan cannot see ordering that travels through the kernel
-# (payload recv()ed into memory, acked on a socket, then read by the application
-# perhaps in another process), so plugins/tcp/tests/tsan.supp suppresses reports
-# on the socket calls. The two tests that check many MiB byte by byte after
-# transfers also get ignore_interceptors_accesses=1: suppressing each report
-# would hit TSan's slow path once per byte; races on ferry's own state are still
-# reported. Reports from any process, helpers included, land in
-# build-tsan/tsan-reports and fail the run.
+# (payload recv()ed into memory, acked on a socket, then read by the application,
+# perhaps in another process), so tests/tsan.supp suppresses reports on the
+# socket calls (as plugins/tcp/tests/tsan.supp does for the tcp tests). The two
+# tests that check many MiB byte by byte after transfers also get
+# ignore_interceptors_accesses=1: suppressing each report would hit TSan's slow
+# path once per byte; races on ferry's own state are still reported. Reports
+# from any process, helpers included, land in build-tsan/tsan-reports and fail
+# the run.
 tsan_tests() {
   echo "== core concurrency + security tests under ThreadSanitizer"
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE_THREAD=ON \
@@ -104,9 +105,7 @@ tsan_tests() {
     ferry-test-peer ferry-tcp ferry-cma ferry-fault
   local reports=$PWD/build-tsan/tsan-reports
   rm -rf "$reports" && mkdir -p "$reports"
-  local opts="second_deadlock_stack=1:suppressions=$PWD/plugins/tcp/tests/tsan.supp:log_path=$reports/tsan"
-  local sym; sym=$(command -v llvm-symbolizer || true)
-  [ -z "$sym" ] || opts+=":external_symbolizer_path=$sym"
+  local opts="second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp:log_path=$reports/tsan"
   local rc=0
   (cd build-tsan && TSAN_OPTIONS="$opts" ctest --output-on-failure --timeout 900 -R "^($strict)\$" &&
     TSAN_OPTIONS="$opts:ignore_interceptors_accesses=1" \

@@ -49,7 +49,6 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
     return 1;
   }
   const size_t region_size = seg->size();
-  uint8_t* const region = seg->data();
   // Ranges "<off> <len>" from the command, checked against the region.
   auto in_region = [&](uint64_t off, uint64_t len) {
     return off <= region_size && len <= region_size - off;
@@ -70,41 +69,43 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
       } catch (const Error& e) {
         out << "ERR " << e.what();
       }
-    } else if (cmd == "fill" || cmd == "hash") {
-      if (!seg->host_visible()) {
-        out << "ERR " << cmd << " needs host-visible memory, the region is "
-            << to_string(seg->type());
-      } else if (cmd == "fill") {
-        uint64_t seed = 0;
-        size_t n = 0;
-        in >> seed;
+    } else if (cmd == "fill") {
+      uint64_t seed = 0;
+      size_t n = 0;
+      in >> seed;
+      bool ok = true;
+      try {
         if (!(in >> n)) {
-          test::fill_pattern(region, 0, region_size, seed);
-          out << "OK";
+          seg->fill_pattern(0, region_size, seed);
         } else {
-          bool ok = true;
           for (size_t i = 0; i < n && ok; ++i) {
             uint64_t off = 0, len = 0;
             in >> off >> len;
             ok = in_region(off, len);
-            if (ok) test::fill_pattern(region, off, len, seed);
+            if (ok) seg->fill_pattern(off, len, seed);
           }
-          if (ok) out << "OK";
-          else out << "ERR range outside the region";
         }
-      } else {
-        size_t n = 0;
-        in >> n;
-        uint64_t h = test::kFnvBasis;
-        bool ok = true;
+        if (ok) out << "OK";
+        else out << "ERR range outside the region";
+      } catch (const Error& e) {
+        out << "ERR " << e.what();
+      }
+    } else if (cmd == "hash") {
+      size_t n = 0;
+      in >> n;
+      uint64_t h = test::kFnvBasis;
+      bool ok = true;
+      try {
         for (size_t i = 0; i < n && ok; ++i) {
           uint64_t off = 0, len = 0;
           in >> off >> len;
           ok = in_region(off, len);
-          if (ok) h = test::fnv1a(region + off, len, h);
+          if (ok) h = seg->fnv1a(off, len, h);
         }
         if (ok) out << "HASH " << h;
         else out << "ERR range outside the region";
+      } catch (const Error& e) {
+        out << "ERR " << e.what();
       }
     } else if (cmd == "pop") {
       std::string key;

@@ -25,8 +25,9 @@ class Segment {
   Segment& operator=(const Segment&) = delete;
 
   // Host memory: page-aligned, every page touched (no first-touch faults
-  // inside a timed transfer). VRAM: through the GPU runtime that the ferry
-  // core offers; fails with a message saying what is missing when it offers none.
+  // inside a timed transfer). VRAM: ferry::gpu::alloc on `device` (the GPU
+  // runtime the core loads at run time); fails with a message saying what is
+  // missing (no runtime, no such device) instead.
   static std::unique_ptr<Segment> allocate(SegType type, int device, size_t bytes,
                                            std::string* why);
 
@@ -34,8 +35,13 @@ class Segment {
   int device() const { return device_; }
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
-  // Host-addressable: the pattern can be written and checked in place.
-  bool host_visible() const { return type_ == SegType::DRAM; }
+  // Test data, in place for DRAM and through a host staging copy for VRAM:
+  // pattern(seed) over [off, off+len) (absolute offsets), zeroes, FNV-1a of a
+  // range, and the first byte of a range that differs from pattern(seed) (-1: none).
+  void fill_pattern(uint64_t off, uint64_t len, uint64_t seed);
+  void zero(uint64_t off, uint64_t len);
+  uint64_t fnv1a(uint64_t off, uint64_t len, uint64_t h) const;
+  int64_t find_mismatch(uint64_t off, uint64_t len, uint64_t seed) const;
   MemoryLocation location() const {
     return type_ == SegType::VRAM ? MemoryLocation::GPU : MemoryLocation::CPU;
   }
