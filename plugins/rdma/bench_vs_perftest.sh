@@ -10,22 +10,25 @@ DEV=${RDMA_BENCH_DEV:-rxe0}
 GID=${RDMA_BENCH_GID:-1}
 SIZES=${RDMA_BENCH_SIZES:-"65536 1048576 4194304"}
 QD=${RDMA_BENCH_QD:-16}
+QPS=${RDMA_BENCH_QPS:-4}  # QPs on both sides: perftest -q, ferry qp_per_transfer
 command -v ib_write_bw >/dev/null || { echo "perftest is not installed" >&2; exit 1; }
 ibv_devinfo -d "$DEV" >/dev/null 2>&1 || { echo "no RDMA device $DEV here" >&2; exit 1; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-iters_for() {  # about 64 MiB per point, 16..4096 iterations
-  local n=$(( (64 << 20) / $1 ))
-  (( n < 16 )) && n=16
+iters_for() {  # about 32 MiB per point, 8..4096 iterations
+  local n=$(( (32 << 20) / $1 ))
+  (( n < 8 )) && n=8
   (( n > 4096 )) && n=4096
   echo "$n"
 }
 
 # perftest: server in the background, client once the server says it waits.
+PORT=18600
 perftest_gbs() {  # perftest_gbs write|read SIZE -> GB/s (decimal)
   local tool=ib_$1_bw size=$2 n; n=$(iters_for "$2")
-  local args=(-d "$DEV" -x "$GID" -F --report_gbits -s "$size" -n "$n")
+  PORT=$((PORT + 1))  # a fresh port each run: no TIME_WAIT clash with the last one
+  local args=(-d "$DEV" -x "$GID" -F --report_gbits -s "$size" -n "$n" -p "$PORT" -q "$QPS")
   timeout 300 "$tool" "${args[@]}" >"$TMP/srv" 2>&1 &
   local srv=$!
   local i
@@ -37,18 +40,22 @@ perftest_gbs() {  # perftest_gbs write|read SIZE -> GB/s (decimal)
   timeout 300 "$tool" "${args[@]}" 127.0.0.1 >"$TMP/cli" 2>&1
   wait "$srv"
   # line: #bytes #iterations BW peak[Gb/sec] BW average[Gb/sec] MsgRate[Mpps]
-  awk -v s="$size" '$1 == s && NF >= 5 { printf "%.4f", $4 / 8 }' "$TMP/cli"
+  local v; v=$(awk -v s="$size" '$1 == s && NF >= 5 { printf "%.4f", $4 / 8 }' "$TMP/cli")
+  if [ -z "$v" ]; then
+    { echo "$tool $size failed:"; tail -n 5 "$TMP/srv" "$TMP/cli"; } >&2
+  fi
+  echo "$v"
 }
 
 ferry_gbs() {  # ferry_gbs WRITE|READ SIZE QD -> GB/s, verified data off (perftest checks none)
-  timeout 600 "$BUILD/bin/ferry-bench" --backend rdma --op "$1" --start-block-size "$2" --max-block-size "$2" \
+  timeout 600 "$BUILD/bin/ferry-bench" --backend rdma --backend-settings "rdma={\"qp_per_transfer\": $QPS}" --op "$1" --start-block-size "$2" --max-block-size "$2" \
     --num-iter "$(iters_for "$2")" --large-block-iter-factor 1 --warmup-iter 4 \
     --queue-depth "$3" --no-progress >"$TMP/f.out" 2>&1 || { cat "$TMP/f.out" >&2; return 1; }
   # ferry-bench's table: Block Batch B/W ... ; take the B/W column of the data row
   awk -v s="$2" '$1 == s { print $3; exit }' "$TMP/f.out"
 }
 
-echo "rdma (Soft-RoCE) in one guest boot: $(uname -r), $(nproc) vCPUs, device $DEV gid $GID, $(date -u +%FT%RZ)"
+echo "rdma (Soft-RoCE) in one guest boot: $(uname -r), $(nproc) vCPUs, device $DEV gid $GID, $QPS QPs, $(date -u +%FT%RZ)"
 ibv_devinfo -d "$DEV" | grep -E "active_mtu|link_layer" | sed 's/^[[:space:]]*/  /'
 echo
 echo "| op | block (B) | perftest GB/s | ferry qd $QD GB/s | ferry / perftest | ferry qd 1 GB/s | qd1 / perftest |"
