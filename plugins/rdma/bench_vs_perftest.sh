@@ -27,8 +27,9 @@ iters_for() {  # about 32 MiB per point, 8..4096 iterations
 PORT=18600
 perftest_gbs() {  # perftest_gbs write|read SIZE -> GB/s (decimal)
   local tool=ib_$1_bw size=$2 n; n=$(iters_for "$2")
+  (( n < 32 )) && n=32
   PORT=$((PORT + 1))  # a fresh port each run: no TIME_WAIT clash with the last one
-  local args=(-d "$DEV" -x "$GID" -F --report_gbits -s "$size" -n "$n" -p "$PORT" -q "$QPS")
+  local args=(-d "$DEV" -x "$GID" -F -s "$size" -n "$n" -p "$PORT" -q "$QPS")
   timeout 300 "$tool" "${args[@]}" >"$TMP/srv" 2>&1 &
   local srv=$!
   local i
@@ -39,35 +40,44 @@ perftest_gbs() {  # perftest_gbs write|read SIZE -> GB/s (decimal)
   done
   timeout 300 "$tool" "${args[@]}" 127.0.0.1 >"$TMP/cli" 2>&1
   wait "$srv"
-  # line: #bytes #iterations BW peak[Gb/sec] BW average[Gb/sec] MsgRate[Mpps]
-  local v; v=$(awk -v s="$size" '$1 == s && NF >= 5 { printf "%.4f", $4 / 8 }' "$TMP/cli")
+  # line: #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]; MB = 2^20
+  local v; v=$(awk -v s="$size" '$1 == s && NF >= 5 { printf "%.4f", $4 * 1048576 / 1e9 }' "$TMP/cli")
   if [ -z "$v" ]; then
     { echo "$tool $size failed:"; tail -n 5 "$TMP/srv" "$TMP/cli"; } >&2
   fi
   echo "$v"
 }
 
-ferry_gbs() {  # ferry_gbs WRITE|READ SIZE QD -> GB/s, verified data off (perftest checks none)
-  timeout 600 "$BUILD/bin/ferry-bench" --backend rdma --backend-settings "rdma={\"qp_per_transfer\": $QPS}" --op "$1" --start-block-size "$2" --max-block-size "$2" \
+ferry_gbs() {  # ferry_gbs WRITE|READ SIZE QD [CHUNK] -> GB/s (ferry-bench: 1e9 B), no data check
+  local settings="{\"qp_per_transfer\": $QPS${4:+, \"chunk_bytes\": $4}}"
+  timeout 600 "$BUILD/bin/ferry-bench" --backend rdma --backend-settings "rdma=$settings" \
+    --op "$1" --start-block-size "$2" --max-block-size "$2" \
     --num-iter "$(iters_for "$2")" --large-block-iter-factor 1 --warmup-iter 4 \
     --queue-depth "$3" --no-progress >"$TMP/f.out" 2>&1 || { cat "$TMP/f.out" >&2; return 1; }
   # ferry-bench's table: Block Batch B/W ... ; take the B/W column of the data row
   awk -v s="$2" '$1 == s { print $3; exit }' "$TMP/f.out"
 }
 
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "?" }'; }
+
 echo "rdma (Soft-RoCE) in one guest boot: $(uname -r), $(nproc) vCPUs, device $DEV gid $GID, $QPS QPs, $(date -u +%FT%RZ)"
 ibv_devinfo -d "$DEV" | grep -E "active_mtu|link_layer" | sed 's/^[[:space:]]*/  /'
 echo
-echo "| op | block (B) | perftest GB/s | ferry qd $QD GB/s | ferry / perftest | ferry qd 1 GB/s | qd1 / perftest |"
+echo "perftest: ib_{write,read}_bw -q $QPS (one WR per message); ferry-bench: engine API, notification on,"
+echo "queue depth $QD, qp_per_transfer $QPS, default chunk_bytes (256KiB) and chunk_bytes = block (one WR per block, as perftest)"
+echo
+echo "| op | block (B) | perftest GB/s | ferry GB/s | ferry / perftest | ferry chunk=block GB/s | ratio |"
 echo "|---|---|---|---|---|---|---|"
 for op in write read; do
   OP=$(echo "$op" | tr a-z A-Z)
   for s in $SIZES; do
     p=$(perftest_gbs "$op" "$s")
     f=$(ferry_gbs "$OP" "$s" "$QD")
-    f1=$(ferry_gbs "$OP" "$s" 1)
-    r=$(awk -v a="$f" -v b="$p" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "?" }')
-    r1=$(awk -v a="$f1" -v b="$p" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "?" }')
-    echo "| $OP | $s | $p | $f | $r | $f1 | $r1 |"
+    if [ "$s" -gt 262144 ]; then
+      fc=$(ferry_gbs "$OP" "$s" "$QD" "$s"); rc=$(ratio "$fc" "$p")
+    else
+      fc="(same)"; rc="(same)"
+    fi
+    echo "| $OP | $s | $p | $f | $(ratio "$f" "$p") | $fc | $rc |"
   done
 done
