@@ -70,6 +70,32 @@ std::string token_from(const EngineConfig& c) {
   return env ? env : "";
 }
 
+// What a plugin is told about a peer and about a local region (pointers borrowed
+// from the descriptor, valid while it lives).
+ferry_peer_v1 peer_view(const EngineDesc& d, bool same_host, const std::vector<uint8_t>& blob) {
+  ferry_peer_v1 pv{};
+  pv.struct_size = sizeof pv;
+  pv.key = d.key.c_str();
+  pv.host = d.host.c_str();
+  pv.node_id = d.node_id.c_str();
+  pv.ctrl_port = d.port;
+  pv.same_host = same_host;
+  pv.conn_blob = blob.data();
+  pv.conn_blob_len = blob.size();
+  return pv;
+}
+
+ferry_mem_v1 mem_view(const LocalMem& m) {
+  ferry_mem_v1 mv{};
+  mv.struct_size = sizeof mv;
+  mv.location = m.desc.location == MemoryLocation::GPU ? FERRY_MEM_GPU : FERRY_MEM_CPU;
+  mv.id = m.desc.id;
+  mv.addr = m.addr;
+  mv.size = m.desc.size;
+  mv.device = m.desc.device;
+  return mv;
+}
+
 std::set<std::string> names_of(const std::map<std::string, std::vector<uint8_t>>& m) {
   std::set<std::string> s;
   for (const auto& [k, v] : m) s.insert(k);
@@ -214,28 +240,14 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   for (auto& p : peers) {
     auto it = p->desc.backends.find(name);
     if (it == p->desc.backends.end()) continue;
-    ferry_peer_v1 pv{};
-    pv.struct_size = sizeof pv;
-    pv.key = p->desc.key.c_str();
-    pv.host = p->desc.host.c_str();
-    pv.node_id = p->desc.node_id.c_str();
-    pv.ctrl_port = p->desc.port;
-    pv.same_host = p->same_host;
-    pv.conn_blob = it->second.data();
-    pv.conn_blob_len = it->second.size();
+    ferry_peer_v1 pv = peer_view(p->desc, p->same_host, it->second);
     void* h = nullptr;
     int prc = b->ops->peer_add(b->ctx, &pv, &h);
     peer_results[p.get()] = {prc == FERRY_OK ? h : nullptr, prc == FERRY_OK ? "" : plugin_error_name(prc)};
   }
   std::map<LocalMem*, std::pair<void*, std::vector<uint8_t>>> mem_results;
   for (auto& m : mems) {
-    ferry_mem_v1 mv{};
-    mv.struct_size = sizeof mv;
-    mv.location = m->desc.location == MemoryLocation::GPU ? FERRY_MEM_GPU : FERRY_MEM_CPU;
-    mv.id = m->desc.id;
-    mv.addr = m->addr;
-    mv.size = m->desc.size;
-    mv.device = m->desc.device;
+    ferry_mem_v1 mv = mem_view(*m);
     std::vector<uint8_t> mb(FERRY_MAX_BLOB);
     size_t ml = mb.size();
     void* h = nullptr;
@@ -367,15 +379,7 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   for (const auto& b : bs) {
     auto it = d.backends.find(b->name);
     if (it == d.backends.end()) continue;
-    ferry_peer_v1 pv{};
-    pv.struct_size = sizeof pv;
-    pv.key = d.key.c_str();
-    pv.host = d.host.c_str();
-    pv.node_id = d.node_id.c_str();
-    pv.ctrl_port = d.port;
-    pv.same_host = p->same_host;
-    pv.conn_blob = it->second.data();
-    pv.conn_blob_len = it->second.size();
+    ferry_peer_v1 pv = peer_view(d, p->same_host, it->second);
     void* h = nullptr;
     std::shared_lock life(b->life);
     if (b->removed) continue;
@@ -477,13 +481,7 @@ MemoryDesc EngineImpl::register_memory(void* addr, size_t size, int device, Memo
     bs = backends_;
   }
   for (const auto& b : bs) {
-    ferry_mem_v1 mv{};
-    mv.struct_size = sizeof mv;
-    mv.location = loc == MemoryLocation::GPU ? FERRY_MEM_GPU : FERRY_MEM_CPU;
-    mv.id = m->desc.id;
-    mv.addr = addr;
-    mv.size = size;
-    mv.device = m->desc.device;
+    ferry_mem_v1 mv = mem_view(*m);
     std::vector<uint8_t> blob(FERRY_MAX_BLOB);
     size_t len = blob.size();
     void* h = nullptr;
