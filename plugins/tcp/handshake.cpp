@@ -75,8 +75,8 @@ bool RandomNonce(uint8_t* out) {
 
 int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
   const bool auth = AuthEnabled(h.host);
-  std::vector<uint8_t> out = Frame(wire::Type::kHello, auth ? wire::kFlagAuth : 0,
-                                   h.my_key.data(), h.my_key.size());
+  std::vector<uint8_t> out =
+      Frame(wire::Type::kHello, auth ? wire::kFlagAuth : 0, h.my_key.data(), h.my_key.size());
   uint8_t ni[wire::kAuthNonceSize];
   if (auth) {
     if (!RandomNonce(ni)) {
@@ -116,8 +116,8 @@ int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
   }
   if (resp.type != wire::Type::kAuth ||
       resp.payload_len != wire::kAuthNonceSize + wire::kAuthMacSize) {
-    *err = std::string("unexpected ") + wire::TypeName(resp.type) + " answer to HELLO from " +
-           h.label;
+    *err =
+        std::string("unexpected ") + wire::TypeName(resp.type) + " answer to HELLO from " + h.label;
     return FERRY_ERR_PROTOCOL;
   }
   uint8_t nt_mac[wire::kAuthNonceSize + wire::kAuthMacSize];
@@ -127,8 +127,9 @@ int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
       wire::AuthTranscript(wire::kAuthTargetLabel, ni, nt, h.my_key, h.peer_key);
   if (h.host->auth_verify(h.host->host_ctx, t.data(), t.size(), nt_mac + wire::kAuthNonceSize) !=
       FERRY_OK) {
-    *err = h.label + " failed to prove the auth token (a different token, or not the engine it "
-                     "claims to be)";
+    *err = h.label +
+           " failed to prove the auth token (a different token, or not the engine it "
+           "claims to be)";
     return FERRY_ERR_REMOTE;
   }
   t = wire::AuthTranscript(wire::kAuthInitiatorLabel, ni, nt, h.my_key, h.peer_key);

@@ -20,8 +20,9 @@ Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings s
     : host_(host),
       engine_key_(std::move(engine_key)),
       settings_(std::move(settings)),
+      stages_(host, settings_.gpu_stage_bytes, settings_.gpu_pinned_bytes),
       watcher_(host, &Instance::OnExpired),
-      target_(host, engine_key_, settings_, &regions_) {}
+      target_(host, engine_key_, settings_, &regions_, &stages_) {}
 
 Instance::~Instance() {
   // Initiator side first: it fails our own pending transfers with BAD_STATE.
@@ -99,6 +100,7 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.label = info.key + " (" + ci.host + ":" + std::to_string(ci.port) + ")";
   info.my_key = engine_key_;
   info.connect_timeout_ms = settings_.connect_timeout_ms;
+  info.stages = &stages_;
 
   if (!target_.AddPeer(info.key)) {
     Log(host_, FERRY_LOG_WARN, "peer %s is already added", p->key);
@@ -134,15 +136,22 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** handle, void* blob, size
   if (m == nullptr || handle == nullptr || !FERRY_HAS_FIELD(ferry_mem_v1, m, size)) {
     return FERRY_ERR_INVALID_ARGS;
   }
-  if (m->location == FERRY_MEM_GPU) return FERRY_ERR_UNSUPPORTED;
-  if (m->location != FERRY_MEM_CPU || m->addr == nullptr || m->size == 0) {
+  int device = -1;
+  if (m->location == FERRY_MEM_GPU) {
+    // Staged through host buffers, so the GPU runtime must be there to copy.
+    const bool runtime = FERRY_HAS_FIELD(ferry_host_v1, host_, gpu) && host_->gpu != nullptr;
+    if (!runtime || !FERRY_HAS_FIELD(ferry_mem_v1, m, device)) return FERRY_ERR_UNSUPPORTED;
+    device = m->device;
+    if (device < 0) return FERRY_ERR_INVALID_ARGS;
+  } else if (m->location != FERRY_MEM_CPU) {
     return FERRY_ERR_INVALID_ARGS;
   }
+  if (m->addr == nullptr || m->size == 0) return FERRY_ERR_INVALID_ARGS;
   if (blob == nullptr || blob_len == nullptr || *blob_len < wire::kMemBlobSize) {
     return FERRY_ERR_INVALID_ARGS;
   }
   const std::vector<uint8_t> b = wire::EncodeMemBlob({m->id, m->size});
-  auto r = std::make_shared<Region>(m->id, static_cast<uint8_t*>(m->addr), m->size);
+  auto r = std::make_shared<Region>(m->id, static_cast<uint8_t*>(m->addr), m->size, device);
   auto h = std::make_unique<LocalMem>();
   h->region = r;
   {

@@ -11,6 +11,7 @@
 
 #include "deadline.h"
 #include "ferry/plugin.h"
+#include "gpu_stage.h"
 #include "peer.h"
 #include "region.h"
 #include "settings.h"
@@ -56,6 +57,7 @@ class Instance {
   const std::string engine_key_;
   const Settings settings_;
   RegionTable regions_;
+  StagePool stages_;  // GPU staging; outlives the lanes and the target server that lease from it
   DeadlineWatcher watcher_;
   TargetServer target_;
 

@@ -14,8 +14,10 @@
 namespace ferry_tcp {
 namespace {
 
-// SendOne's answer when the local region was deregistered under the frame.
+// SendOne's answers when the local region was deregistered under the frame, and
+// when a GPU frame got no staging buffer (nothing sent in either case).
 constexpr int kLocalRevoked = -2;
+constexpr int kNoStage = -3;
 
 }  // namespace
 
@@ -46,7 +48,13 @@ void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed) {
     reason_status_ = status;
     reason_msg_ = msg;
     // Wakes the receiver (recv returns 0) and any blocked send; the sender
-    // thread closes the fd once both are done with it.
+    // thread closes the fd once both are done with it. Linger 0 makes that
+    // close an abort (RST, unsent data dropped): otherwise the kernel keeps
+    // sending the queued WRITE payload after the transfers on this lane were
+    // failed (and perhaps re-run on another backend), and it lands on top of
+    // newer data once the network lets it through (tests/faults).
+    linger abort{1, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
     ::shutdown(fd_, SHUT_RDWR);
   } else if (state_ == State::kConnecting) {
     abort_connect_ = true;
@@ -85,23 +93,45 @@ int Lane::SendOne(Frame& f, int flags) {
   if (f.is_write) {
     use.emplace(f.xfer->local.get(), fd_);
     if (!use->ok()) return kLocalRevoked;
+    if (f.xfer->local->on_gpu()) return SendStaged(f);
   }
   std::vector<iovec> iov = f.WireIov();
   return SendIov(fd_, iov.data(), iov.size(), &f.sent, flags);
 }
 
+int Lane::SendStaged(Frame& f) {
+  // The stage first: without one, nothing has gone out and only this frame fails.
+  StagePool::Lease stage = info_->stages->Acquire(f.xfer->local->device(), &gpu_error_);
+  if (!stage) return kNoStage;
+  iovec head{f.head.data(), f.head.size()};
+  int err = SendIov(fd_, &head, 1, &f.sent);
+  if (err != 0) return err;
+  err = stage->Send(fd_, f.local.data(), f.local.size(), 0, nullptr);
+  if (err == kGpuError) gpu_error_ = stage->error();
+  if (err == 0) f.sent += f.payload_bytes;
+  return err;
+}
+
 void Lane::AfterSendLocked(const FramePtr& f, int err, Doomed* doomed) {
   f->sending = false;
-  if (err == kLocalRevoked && f->sent == 0) {
+  if ((err == kLocalRevoked || err == kNoStage) && f->sent == 0) {
     // Nothing of it reached the socket, so the connection stays in step.
     inflight_.erase(f->req_id);
-    doomed->emplace_back(f, FERRY_ERR_BAD_STATE,
-                         "local memory was deregistered during a transfer to " + info_->label);
+    if (err == kNoStage) {
+      doomed->emplace_back(
+          f, FERRY_ERR_GPU,
+          "cannot stage GPU memory for a WRITE to " + info_->label + ": " + gpu_error_);
+    } else {
+      doomed->emplace_back(f, FERRY_ERR_BAD_STATE,
+                           "local memory was deregistered during a transfer to " + info_->label);
+    }
     return;
   }
   if (err == kLocalRevoked) {
     BreakLocked(FERRY_ERR_BAD_STATE,
                 "local memory was deregistered during a transfer to " + info_->label, doomed);
+  } else if (err == kGpuError) {
+    BreakLocked(FERRY_ERR_GPU, "WRITE to " + info_->label + ": " + gpu_error_, doomed);
   } else if (err != 0) {
     BreakLocked(FERRY_ERR_TRANSPORT, Lost(err), doomed);
   }
@@ -281,6 +311,20 @@ void Lane::SenderMain() {
   }
 }
 
+int Lane::ReceiveStaged(SocketReader& in, Frame& f, int* status, std::string* msg) {
+  std::string why;
+  StagePool::Lease stage = info_->stages->Acquire(f.xfer->local->device(), &why);
+  int err = stage ? stage->Recv(in, f.local.data(), f.local.size()) : kGpuError;
+  if (err == kGpuError) {
+    // The payload is still on the socket (or half of it): the lane cannot go on.
+    *status = FERRY_ERR_GPU;
+    *msg = "READ from " + info_->label + ": " + (stage ? stage->error() : why);
+  } else if (err != 0) {
+    *msg = Lost(err);
+  }
+  return err;
+}
+
 void Lane::ReceiverMain(int fd) {
   int status = FERRY_ERR_TRANSPORT;
   std::string msg;
@@ -356,11 +400,16 @@ void Lane::ReceiverMain(int fd) {
                       "local memory was deregistered during a READ from " + info_->label);
         continue;
       }
-      // Straight into the caller's memory: no staging copy.
-      err = in.ReadIov(current->local.data(), current->local.size());
-      if (err != 0) {
-        msg = Lost(err);
-        break;
+      if (current->xfer->local->on_gpu()) {
+        err = ReceiveStaged(in, *current, &status, &msg);
+        if (err != 0) break;
+      } else {
+        // Straight into the caller's memory: no staging copy.
+        err = in.ReadIov(current->local.data(), current->local.size());
+        if (err != 0) {
+          msg = Lost(err);
+          break;
+        }
       }
     }
     std::exchange(current, nullptr)->Resolve(FERRY_OK, {});

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ferry/plugin.h"
+#include "gpu_stage.h"
 #include "socket_util.h"
 #include "xfer.h"
 
@@ -35,6 +36,7 @@ struct PeerInfo {
   std::string label;   // "key (addr:port)" for messages
   std::string my_key;  // sent in HELLO
   int connect_timeout_ms = 5000;
+  StagePool* stages = nullptr;  // for frames whose local memory is on a GPU
 };
 
 class Lane {
@@ -63,6 +65,10 @@ class Lane {
   void ReceiverMain(int fd);
   bool ConnectLocked(std::unique_lock<std::mutex>& lk);
   int SendOne(Frame& f, int flags);
+  // A WRITE from GPU memory: the head, then the payload through a stage.
+  int SendStaged(Frame& f);
+  // A READ's payload into GPU memory; on failure *status/*msg say why the lane breaks.
+  int ReceiveStaged(SocketReader& in, Frame& f, int* status, std::string* msg);
   void AfterSendLocked(const FramePtr& f, int err, Doomed* doomed);
   void BreakLocked(int status, const std::string& msg, Doomed* doomed);
   static void Fail(Doomed& doomed);
@@ -72,6 +78,7 @@ class Lane {
   const int index_;
 
   std::mutex send_mu_;
+  std::string gpu_error_;  // why the last staged send failed; guarded by send_mu_
   std::mutex mu_;
   std::condition_variable cv_;
   State state_ = State::kDown;

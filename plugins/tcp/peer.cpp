@@ -136,7 +136,9 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   // A READ request is a header and its items whatever the size it asks for, so
   // every one of its frames may go out from here; a WRITE only when it is small.
   const bool is_read = x.op == FERRY_OP_READ;
-  const bool direct = is_read || (n_frames == 1 && plan[0].bytes <= kDirectSendMax);
+  // A WRITE from GPU memory never goes out from here: staging it waits on copies.
+  const bool direct =
+      is_read || (n_frames == 1 && plan[0].bytes <= kDirectSendMax && !local->on_gpu());
   for (uint32_t i = 0; i < n_frames; ++i) {
     FramePtr& f = frames[i];
     try {

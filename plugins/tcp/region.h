@@ -19,11 +19,15 @@ namespace ferry_tcp {
 
 class Region {
  public:
-  Region(uint64_t id, uint8_t* addr, uint64_t size) : id_(id), addr_(addr), size_(size) {}
+  // device: the GPU that owns the memory, -1 for host memory (gpu_stage.h).
+  Region(uint64_t id, uint8_t* addr, uint64_t size, int device = -1)
+      : id_(id), addr_(addr), size_(size), device_(device) {}
 
   uint64_t id() const { return id_; }
   uint8_t* addr() const { return addr_; }
   uint64_t size() const { return size_; }
+  int device() const { return device_; }
+  bool on_gpu() const { return device_ >= 0; }
   // offset+len inside the region, without wrapping.
   bool Contains(uint64_t offset, uint64_t len) const {
     return offset <= size_ && len <= size_ - offset;
@@ -42,6 +46,7 @@ class Region {
   const uint64_t id_;
   uint8_t* const addr_;
   const uint64_t size_;
+  const int device_;
   mutable std::mutex mu_;
   std::condition_variable idle_;
   bool revoked_ = false;

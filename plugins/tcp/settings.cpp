@@ -113,12 +113,26 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
     } else if (key == "io_timeout_ms") {
       if (!GetInt(v, "io_timeout_ms", 1, 3600000, &n, err)) return false;
       s.io_timeout_ms = static_cast<int>(n);
+    } else if (key == "gpu_stage_bytes") {
+      if (!GetBytes(v, "gpu_stage_bytes", &s.gpu_stage_bytes, err)) return false;
+      if (s.gpu_stage_bytes < 4096 || s.gpu_stage_bytes > wire::kMaxPayload) {
+        *err = "setting 'gpu_stage_bytes' must be in 4KiB.." + FormatBytes(wire::kMaxPayload);
+        return false;
+      }
+    } else if (key == "gpu_pinned_bytes") {
+      if (!GetBytes(v, "gpu_pinned_bytes", &s.gpu_pinned_bytes, err)) return false;
     } else {
       *err = "unknown tcp setting '" + key +
              "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
-             "connect_timeout_ms, io_timeout_ms)";
+             "connect_timeout_ms, io_timeout_ms, gpu_stage_bytes, gpu_pinned_bytes)";
       return false;
     }
+  }
+  // One stage is two pieces; a cap below that would pin nothing at all.
+  if (s.gpu_pinned_bytes != 0 && s.gpu_pinned_bytes < 2 * s.gpu_stage_bytes) {
+    *err = "setting 'gpu_pinned_bytes' must be 0 (never pin) or at least twice gpu_stage_bytes (" +
+           FormatBytes(2 * s.gpu_stage_bytes) + ")";
+    return false;
   }
   *out = std::move(s);
   return true;

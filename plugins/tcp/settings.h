@@ -14,6 +14,10 @@ struct Settings {
   std::string advertise_host;  // what peers dial; empty = listen_host
   int connect_timeout_ms = 5000;
   int io_timeout_ms = 30000;  // a frame that stops moving for this long is dropped
+  // GPU memory is staged through host buffers (gpu_stage.h): the piece size of
+  // the copy/network pipeline, and the most pinned host memory held for it.
+  uint64_t gpu_stage_bytes = 1 << 20;
+  uint64_t gpu_pinned_bytes = 64ull << 20;
 };
 
 // Rejects bad JSON, unknown keys, wrong types and out-of-range values, saying which.

@@ -158,7 +158,8 @@ int SocketReader::ReadIov(const iovec* iov, size_t n, bool idle_ok) {
     } else if (v.size() - first == 1) {
       r = recv(fd_, v[first].iov_base, v[first].iov_len, 0);
     } else {
-      r = readv(fd_, v.data() + first, static_cast<int>(std::min<size_t>(v.size() - first, IOV_MAX)));
+      r = readv(fd_, v.data() + first,
+                static_cast<int>(std::min<size_t>(v.size() - first, IOV_MAX)));
     }
     if (r < 0) {
       if (errno == EINTR) continue;

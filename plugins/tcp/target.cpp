@@ -28,8 +28,12 @@ __attribute__((no_sanitize("thread"), noinline)) uint8_t PayloadByte(const uint8
 }  // namespace
 
 TargetServer::TargetServer(const ferry_host_v1* host, std::string engine_key,
-                           const Settings& settings, RegionTable* regions)
-    : host_(host), engine_key_(std::move(engine_key)), settings_(settings), regions_(regions) {}
+                           const Settings& settings, RegionTable* regions, StagePool* stages)
+    : host_(host),
+      engine_key_(std::move(engine_key)),
+      settings_(settings),
+      regions_(regions),
+      stages_(stages) {}
 
 TargetServer::~TargetServer() { Stop(); }
 
@@ -205,8 +209,8 @@ bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs, std
     return false;
   }
   if (!ours && theirs) {
-    *why = "engine '" + key + "' uses an auth token but engine '" + engine_key_ + "' has none" +
-           hint;
+    *why =
+        "engine '" + key + "' uses an auth token but engine '" + engine_key_ + "' has none" + hint;
     return false;
   }
   if (!ours) return true;
@@ -432,9 +436,17 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
 
   if (*status == FERRY_OK) {
     std::optional<RegionUse> use(std::in_place, r.get(), fd);
+    StagePool::Lease stage;
     if (!use->ok()) {
       *status = FERRY_ERR_NOT_FOUND;
       *reason = "memory " + std::to_string(h.region_id) + " was deregistered";
+    } else if (r->on_gpu() && !(stage = stages_->Acquire(r->device(), reason))) {
+      *status = FERRY_ERR_GPU;
+      *reason = "cannot stage GPU memory " + std::to_string(h.region_id) + ": " + *reason;
+    } else if (r->on_gpu()) {
+      const Outcome out = ServeStaged(fd, in, *r, h, items, *stage, count, close_why);
+      use.reset();
+      return out;
     } else {
       std::vector<iovec> iov;
       iov.reserve(items.size() + 1);
@@ -497,6 +509,53 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
     }
   }
   return count(*status) ? Outcome::kRefused : Outcome::kCloseLane;
+}
+
+TargetServer::Outcome TargetServer::ServeStaged(int fd, SocketReader& in, const Region& r,
+                                                const wire::Header& h,
+                                                const std::vector<wire::Item>& items, Stage& stage,
+                                                const std::function<bool(int)>& count,
+                                                std::string* close_why) {
+  // The protocol of ServeRequest, with the region's bytes passing through the
+  // stage: a WRITE is acknowledged once they are on the device, a notify READ
+  // holds back its last byte (from the staging buffer) until it is counted.
+  std::vector<iovec> mem;
+  mem.reserve(items.size());
+  uint64_t total = 0;
+  for (const auto& it : items) {
+    mem.push_back({r.addr() + it.offset, it.len});
+    total += it.len;
+  }
+  auto lost = [&](int err) {
+    *close_why = err == kGpuError ? stage.error() : IoErrorString(err);
+    return Outcome::kCloseLane;
+  };
+  if (h.type == wire::Type::kWrite) {
+    const int err = stage.Recv(in, mem.data(), mem.size());
+    if (err != 0) return lost(err);
+    return count(FERRY_OK) ? Outcome::kServed : Outcome::kCloseLane;
+  }
+  const bool notify = (h.flags & wire::kFlagNotify) != 0;
+  wire::Header resp;
+  resp.type = wire::Type::kReadData;
+  resp.req_id = h.req_id;
+  resp.payload_len = total;
+  uint8_t rb[wire::kHeaderSize];
+  wire::EncodeHeader(resp, rb);
+  iovec head{rb, sizeof(rb)};
+  size_t progress = 0;
+  int err = SendIov(fd, &head, 1, &progress, MSG_MORE);
+  uint8_t last = 0;
+  if (err == 0)
+    err = stage.Send(fd, mem.data(), mem.size(), notify ? MSG_MORE : 0, notify ? &last : nullptr);
+  if (err != 0) return lost(err);
+  if (notify) {
+    if (!count(FERRY_OK)) return Outcome::kCloseLane;
+    err = SendAll(fd, &last, 1);
+    if (err != 0) return lost(err);
+    return Outcome::kServed;
+  }
+  return count(FERRY_OK) ? Outcome::kServed : Outcome::kCloseLane;
 }
 
 }  // namespace ferry_tcp

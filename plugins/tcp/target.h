@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ferry/plugin.h"
+#include "gpu_stage.h"
 #include "region.h"
 #include "settings.h"
 #include "socket_util.h"
@@ -36,7 +37,7 @@ class TargetServer {
   static constexpr size_t kMaxPendingLanes = 64;
 
   TargetServer(const ferry_host_v1* host, std::string engine_key, const Settings& settings,
-               RegionTable* regions);
+               RegionTable* regions, StagePool* stages);
   ~TargetServer();
 
   bool Start(std::string* err);
@@ -69,6 +70,10 @@ class TargetServer {
   Outcome ServeRequest(int fd, SocketReader& in, TargetPeer& tp, const wire::Header& h,
                        const std::vector<wire::Item>& items, const std::function<bool(int)>& count,
                        int* status, std::string* reason, std::string* close_why);
+  // ServeRequest for a checked request on a GPU region, through `stage`.
+  Outcome ServeStaged(int fd, SocketReader& in, const Region& r, const wire::Header& h,
+                      const std::vector<wire::Item>& items, Stage& stage,
+                      const std::function<bool(int)>& count, std::string* close_why);
   int SendError(int fd, uint64_t req_id, int status, const std::string& msg);
   void ReapLocked();
 
@@ -77,6 +82,7 @@ class TargetServer {
   const Settings settings_;
   std::atomic<uint64_t> rejected_{0};
   RegionTable* regions_;
+  StagePool* stages_;  // for requests on GPU regions
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::thread accept_thread_;

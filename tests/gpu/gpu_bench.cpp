@@ -2,9 +2,12 @@
 // (the target is ferry-gpu-peer, started with exec), at the sizes gpu-peer-ref
 // measures raw, so the two tables give a ratio from one run.
 //   usage: ferry-gpu-bench BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE]
+// A device of -1 is host memory on that side: `ferry-gpu-bench tcp -1 -1` is the
+// CPU->CPU reference for tcp's staged GPU->GPU figures in the same run.
 // Rows: WRITE and READ of one block (64 KiB .. 256 MiB), then 1024 x 16 KiB
 // scattered blocks as one batch. Data of the last iteration of each row is
 // verified (hash of the target's region vs ours).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -24,16 +27,16 @@ int main(int argc, char** argv) {
                  argv[0]);
     return 2;
   }
-  if (!gpu::available()) {
-    std::fprintf(stderr, "ferry-gpu-bench: no GPU runtime or device\n");
-    return 2;
-  }
   std::string backends = argv[1];
   int idev = argc > 2 ? std::stoi(argv[2]) : 0;
   int tdev = argc > 3 ? std::stoi(argv[3]) : (gpu::device_count() > 1 ? 1 : 0);
+  if ((idev >= 0 || tdev >= 0) && !gpu::available()) {
+    std::fprintf(stderr, "ferry-gpu-bench: no GPU runtime or device\n");
+    return 2;
+  }
   const size_t region = 256u << 20;
-  test::ChildProcess child({FERRY_GPU_PEER, "gpu-bench-target", backends, std::to_string(tdev),
-                            std::to_string(region)});
+  test::ChildProcess child(
+      {FERRY_GPU_PEER, "gpu-bench-target", backends, std::to_string(tdev), std::to_string(region)});
   std::string ready = child.read_line(120000);
   std::istringstream in(ready);
   std::string word, ehex, mhex;
@@ -52,10 +55,15 @@ int main(int argc, char** argv) {
   engine.register_remote_engine(EngineDesc::unpack(test::from_hex(ehex)));
   if (child.ask("register " + test::to_hex(engine.desc().pack())) != "OK") return 1;
   MemoryDesc remote = MemoryDesc::unpack(test::from_hex(mhex));
-  uint8_t* buf = static_cast<uint8_t*>(gpu::alloc(region, idev));
+  std::vector<uint8_t> plain(idev >= 0 ? 0 : region);
+  uint8_t* buf = idev >= 0 ? static_cast<uint8_t*>(gpu::alloc(region, idev)) : plain.data();
   std::vector<uint8_t> host(region);
   test::fill_pattern(host.data(), 0, region, 5);
-  gpu::copy(buf, host.data(), region);
+  if (idev >= 0) {
+    gpu::copy(buf, host.data(), region);
+  } else {
+    std::copy(host.begin(), host.end(), plain.begin());
+  }
   MemoryDesc local = engine.register_memory(buf, region);
   auto session = engine.create_session(local, remote);
   if (!session) return 1;
@@ -99,8 +107,8 @@ int main(int argc, char** argv) {
   std::printf("ferry-gpu-bench: backends=%s device %d -> device %d (two processes)\n",
               backends.c_str(), idev, tdev);
   std::printf("%10s %12s %10s %12s %9s\n", "op", "bytes", "GB/s", "best us", "verified");
-  for (size_t n : {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20,
-                   size_t{256} << 20}) {
+  for (size_t n :
+       {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20, size_t{256} << 20}) {
     int iters = n >= (64u << 20) ? 20 : 100;
     auto [w, wl] = run(Op::WRITE, {0}, {0}, {n}, iters);
     bool ok = verify_write({0}, {0}, {n});
@@ -124,6 +132,6 @@ int main(int argc, char** argv) {
   session.reset();
   engine.deregister_memory(local);
   child.ask("quit", 10000);
-  gpu::free(buf);
+  if (idev >= 0) gpu::free(buf);
   return 0;
 }

@@ -1,10 +1,13 @@
 // ferry-gpu-peer: a target engine whose region is GPU memory, in its own process
 // (started with exec: a CUDA process must not fork and use CUDA in the child).
 //   usage: ferry-gpu-peer KEY BACKEND[,BACKEND...] DEVICE REGION_BYTES
+// DEVICE -1 puts the region in host memory (the CPU side of GPU<->CPU tests and
+// the CPU reference of the benchmarks).
 // The region is a sub-allocation: it starts 4 KiB + 256 B into a larger device
 // allocation, so IPC export must carry the offset inside the allocation.
 // Speaks the line protocol of bench/common/bench_target.h (register, fill,
 // hash, pop, stats, quit); fill/hash go through a host copy of the region.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -31,12 +34,17 @@ int main(int argc, char** argv) {
     std::stringstream bs(argv[2]);
     for (std::string b; std::getline(bs, b, ',');)
       if (auto r = engine.add_backend(b); !r) throw Error(r.code, r.message);
-    uint8_t* alloc = static_cast<uint8_t*>(gpu::alloc(size + lead + 4096, device));
+    const bool on_gpu = device >= 0;
+    std::vector<uint8_t> host_region(on_gpu ? 0 : size + lead + 4096);
+    uint8_t* alloc =
+        on_gpu ? static_cast<uint8_t*>(gpu::alloc(size + lead + 4096, device)) : host_region.data();
     uint8_t* region = alloc + lead;
     std::vector<uint8_t> host(size);
     MemoryDesc mem = engine.register_memory(region, size);  // location and device detected
-    if (mem.location != MemoryLocation::GPU || mem.device != device)
+    if (on_gpu && (mem.location != MemoryLocation::GPU || mem.device != device))
       throw Error(StatusCode::ERR_GPU_OP, "GPU memory was not detected as such");
+    if (!on_gpu && mem.location != MemoryLocation::CPU)
+      throw Error(StatusCode::ERR_GPU_OP, "host memory was not detected as such");
     ch.send("READY " + test::to_hex(engine.desc().pack()) + " " + test::to_hex(mem.pack()));
     std::string line;
     while (ch.recv(line)) {
@@ -53,10 +61,18 @@ int main(int argc, char** argv) {
         uint64_t seed;
         in >> seed;
         test::fill_pattern(host.data(), 0, size, seed);
-        gpu::copy(region, host.data(), size);
+        if (on_gpu) {
+          gpu::copy(region, host.data(), size);
+        } else {
+          std::copy(host.begin(), host.end(), region);
+        }
         out << "OK";
       } else if (cmd == "hash") {
-        gpu::copy(host.data(), region, size);
+        if (on_gpu) {
+          gpu::copy(host.data(), region, size);
+        } else {
+          std::copy(region, region + size, host.begin());
+        }
         size_t n = 0;
         in >> n;
         uint64_t h = test::kFnvBasis;
@@ -83,7 +99,7 @@ int main(int argc, char** argv) {
       ch.send(out.str());
     }
     engine.deregister_memory(mem);
-    gpu::free(alloc);
+    if (on_gpu) gpu::free(alloc);
   } catch (const Error& e) {
     ch.send(std::string("ERR ") + e.what());
     return 1;

@@ -1,9 +1,11 @@
 // GPU memory end to end: a target process with GPU memory (ferry-gpu-peer,
 // started with fork+exec) and an initiator engine here, over xgmi (CUDA IPC +
-// peer copies) — every combination of engine/session x single/batch x
-// read/write x sizes incl. odd ones, regions that are sub-allocations at an
-// offset, data verified through host copies, the target notified once. Then the
-// policy's choices and the failover when the IPC open fails.
+// peer copies) and over tcp (staged through pinned host buffers) — every
+// combination of engine/session x single/batch x read/write x sizes incl. odd
+// ones, regions that are sub-allocations at an offset, data verified through
+// host copies, the target notified once. Then GPU<->CPU over tcp, the policy's
+// choices (xgmi for same-host GPU pairs, tcp otherwise) and the failover from
+// xgmi to tcp when the IPC open fails.
 // Without a GPU runtime and device every test skips, saying so.
 #include <gtest/gtest.h>
 
@@ -24,20 +26,27 @@ namespace {
 
 constexpr size_t kRegion = (64u << 20) + (1u << 20);
 
-#define REQUIRE_GPU()                                                                   \
-  if (!gpu::available())                                                                \
+#define REQUIRE_GPU()                                                                  \
+  if (!gpu::available())                                                               \
   GTEST_SKIP() << "no GPU runtime (libcudart/libamdhip64) or no GPU device here; the " \
                   "GPU tests run on a GPU host with tests/gpu/run-all.sh"
 
 int target_device() { return gpu::device_count() > 1 ? 1 : 0; }
 
-// A device buffer with a host mirror for filling and checking.
+// A device buffer (device -1: host memory) with a host mirror for filling and checking.
 struct DeviceBuffer {
   DeviceBuffer(size_t n, int device, size_t lead = 512) : size(n), lead(lead) {
-    alloc = static_cast<uint8_t*>(gpu::alloc(n + lead, device));
+    if (device >= 0) {
+      alloc = static_cast<uint8_t*>(gpu::alloc(n + lead, device));
+    } else {
+      plain.resize(n + lead);
+      alloc = plain.data();
+    }
     host.resize(n);
   }
-  ~DeviceBuffer() { gpu::free(alloc); }
+  ~DeviceBuffer() {
+    if (plain.empty()) gpu::free(alloc);
+  }
   uint8_t* data() { return alloc + lead; }
   void fill(uint64_t seed) {
     test::fill_pattern(host.data(), 0, size, seed);
@@ -53,12 +62,15 @@ struct DeviceBuffer {
   }
   size_t size, lead;
   uint8_t* alloc;
+  std::vector<uint8_t> plain;
   std::vector<uint8_t> host;
 };
 
+// Devices: -1 = host memory on that side.
 struct Rig {
-  explicit Rig(const std::string& backends, const std::string& policy_file = {})
-      : child({FERRY_GPU_PEER, "gpu-target", backends, std::to_string(target_device()),
+  explicit Rig(const std::string& backends, const std::string& policy_file = {},
+               int local_device = 0, int remote_device = target_device())
+      : child({FERRY_GPU_PEER, "gpu-target", backends, std::to_string(remote_device),
                std::to_string(kRegion)}) {
     std::string ready = child.read_line(120000);
     std::istringstream in(ready);
@@ -76,7 +88,7 @@ struct Rig {
     engine->register_remote_engine(target);
     std::string ok = child.ask("register " + test::to_hex(engine->desc().pack()));
     if (ok != "OK") throw std::runtime_error("target register: " + ok);
-    buf = std::make_unique<DeviceBuffer>(kRegion, 0);
+    buf = std::make_unique<DeviceBuffer>(kRegion, local_device);
     local = engine->register_memory(buf->data(), kRegion);
   }
   uint64_t remote_hash(const std::vector<size_t>& offs, const std::vector<size_t>& sizes) {
@@ -99,28 +111,14 @@ struct Case {
   size_t size;
 };
 
-class XgmiMatrix : public testing::TestWithParam<Case> {
- protected:
-  static void SetUpTestSuite() {
-    if (gpu::available()) rig_ = new Rig("xgmi");
-  }
-  static void TearDownTestSuite() {
-    delete rig_;
-    rig_ = nullptr;
-  }
-  static Rig* rig_;
-};
-Rig* XgmiMatrix::rig_ = nullptr;
-
-TEST_P(XgmiMatrix, MovesVerifiedDataAndNotifies) {
-  REQUIRE_GPU();
-  const Case c = GetParam();
-  Rig& r = *rig_;
+// One case of the matrix over `backend`, GPU memory on both sides.
+void RunCase(Rig& r, const Case& c, const std::string& backend) {
   static uint64_t seed = 100;
   ++seed;
   // Batch: up to 16 pieces with gaps on both sides (so they cannot merge).
   std::vector<size_t> lo, ro, sz;
-  size_t pieces = c.batch ? std::min<size_t>(16, c.size) : 1, piece = (c.size + pieces - 1) / pieces;
+  size_t pieces = c.batch ? std::min<size_t>(16, c.size) : 1,
+         piece = (c.size + pieces - 1) / pieces;
   size_t left = c.size, l = 64, o = 128;
   while (left) {
     size_t n = std::min(piece, left);
@@ -167,7 +165,39 @@ TEST_P(XgmiMatrix, MovesVerifiedDataAndNotifies) {
   }
   EXPECT_EQ(r.child.ask("pop initiator " + std::to_string(uid) + " 5000"), "INBOUND SUCCESS");
   EXPECT_EQ(r.child.ask("pop initiator " + std::to_string(uid) + " 0"), "NONE");
-  EXPECT_GT(r.engine->stats().backends["xgmi"].transfers, 0u);
+  EXPECT_GT(r.engine->stats().backends[backend].transfers, 0u);
+}
+
+// One rig per suite: the target process and the registrations are set up once.
+template <const char* kBackend>
+class GpuMatrix : public testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    if (gpu::available()) rig_ = new Rig(kBackend);
+  }
+  static void TearDownTestSuite() {
+    delete rig_;
+    rig_ = nullptr;
+  }
+  static Rig* rig_;
+};
+template <const char* kBackend>
+Rig* GpuMatrix<kBackend>::rig_ = nullptr;
+
+constexpr char kXgmi[] = "xgmi";
+constexpr char kTcp[] = "tcp";
+using XgmiMatrix = GpuMatrix<kXgmi>;
+using TcpStagedMatrix = GpuMatrix<kTcp>;
+
+TEST_P(XgmiMatrix, MovesVerifiedDataAndNotifies) {
+  REQUIRE_GPU();
+  RunCase(*rig_, GetParam(), kXgmi);
+}
+
+// The same matrix over tcp: GPU memory staged through pinned host buffers on both ends.
+TEST_P(TcpStagedMatrix, MovesVerifiedDataAndNotifies) {
+  REQUIRE_GPU();
+  RunCase(*rig_, GetParam(), kTcp);
 }
 
 std::vector<Case> cases() {
@@ -181,11 +211,13 @@ std::vector<Case> cases() {
 }
 
 std::string name(const testing::TestParamInfo<Case>& p) {
-  return std::string(p.param.session ? "Session" : "Engine") + (p.param.batch ? "Batch" : "Single") +
-         (p.param.op == Op::READ ? "Read" : "Write") + std::to_string(p.param.size);
+  return std::string(p.param.session ? "Session" : "Engine") +
+         (p.param.batch ? "Batch" : "Single") + (p.param.op == Op::READ ? "Read" : "Write") +
+         std::to_string(p.param.size);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, XgmiMatrix, testing::ValuesIn(cases()), name);
+INSTANTIATE_TEST_SUITE_P(Gpu, TcpStagedMatrix, testing::ValuesIn(cases()), name);
 
 TEST(GpuPolicy, DetectsGpuMemoryAndRoutesGpuPairsToXgmi) {
   REQUIRE_GPU();
@@ -245,8 +277,8 @@ namespace {
 
 TEST(GpuPolicy, CpuMemoryIsNotRoutedToXgmi) {
   REQUIRE_GPU();
-  // xgmi moves GPU memory only: with CPU memory on our side the route is empty
-  // (tcp's GPU staging is not written yet) and the error says why per backend.
+  // xgmi moves GPU memory only: with only xgmi loaded and CPU memory on our side
+  // the route is empty, and the error says why per backend.
   Rig r("xgmi");
   std::vector<uint8_t> cpu(4096);
   MemoryDesc cm = r.engine->register_memory(cpu.data(), cpu.size());
@@ -254,6 +286,87 @@ TEST(GpuPolicy, CpuMemoryIsNotRoutedToXgmi) {
   auto st = r.engine->write(cm, 0, r.remote, 0, cpu.size(), r.engine->allocate_transfer_uid());
   EXPECT_EQ(st.Code(), StatusCode::ERR_BAD_STATE);
   EXPECT_NE(st.Message().find("xgmi: cannot move cpu memory"), std::string::npos) << st.Message();
+}
+
+}  // namespace
+
+namespace {
+
+// Moves `n` bytes both ways between the rig's local buffer and the target and
+// checks them.
+void WriteThenRead(Rig& r, size_t n, uint64_t seed) {
+  r.buf->fill(seed);
+  auto w = r.engine->write(r.local, 64, r.remote, 128, n, r.engine->allocate_transfer_uid());
+  ASSERT_TRUE(w.WaitFor(60s));
+  ASSERT_EQ(w.Code(), StatusCode::SUCCESS) << w.Message();
+  const auto& h = r.buf->pull();
+  EXPECT_EQ(r.remote_hash({128}, {n}), test::fnv1a(h.data() + 64, n, test::kFnvBasis));
+  ASSERT_EQ(r.child.ask("fill " + std::to_string(seed + 1)), "OK");
+  r.buf->zero();
+  auto rd = r.engine->read(r.local, 64, r.remote, 128, n, r.engine->allocate_transfer_uid());
+  ASSERT_TRUE(rd.WaitFor(60s));
+  ASSERT_EQ(rd.Code(), StatusCode::SUCCESS) << rd.Message();
+  EXPECT_EQ(test::find_mismatch(r.buf->pull().data(), 64, n, seed + 1, 128), -1);
+}
+
+TEST(GpuTcp, GpuToCpuAndCpuToGpuAreStaged) {
+  REQUIRE_GPU();
+  {
+    Rig r("tcp", {}, /*local_device=*/0, /*remote_device=*/-1);  // GPU here, CPU there
+    ASSERT_EQ(r.local.location, MemoryLocation::GPU);
+    ASSERT_EQ(r.remote.location, MemoryLocation::CPU);
+    WriteThenRead(r, (5u << 20) + 3, 40);
+  }
+  {
+    Rig r("tcp", {}, /*local_device=*/-1, /*remote_device=*/target_device());  // CPU here
+    ASSERT_EQ(r.local.location, MemoryLocation::CPU);
+    ASSERT_EQ(r.remote.location, MemoryLocation::GPU);
+    WriteThenRead(r, (5u << 20) + 3, 50);
+  }
+}
+
+TEST(GpuPolicy, SameHostGpuPairsTakeXgmiAndCpuMemoryTakesTcp) {
+  REQUIRE_GPU();
+  // The built-in policy, both backends loaded on both sides.
+  Rig r("xgmi,tcp");
+  WriteThenRead(r, 1u << 20, 60);
+  auto st = r.engine->stats();
+  EXPECT_GT(st.backends["xgmi"].transfers, 0u);
+  EXPECT_EQ(st.backends["tcp"].transfers, 0u);
+  // CPU memory on our side: xgmi cannot move it, so tcp (staging the target's GPU side).
+  std::vector<uint8_t> cpu(1 << 20);
+  test::fill_pattern(cpu.data(), 0, cpu.size(), 61);
+  MemoryDesc cm = r.engine->register_memory(cpu.data(), cpu.size());
+  auto w = r.engine->write(cm, 0, r.remote, 0, cpu.size(), r.engine->allocate_transfer_uid());
+  ASSERT_EQ(w.Wait(), StatusCode::SUCCESS) << w.Message();
+  EXPECT_EQ(r.remote_hash({0}, {cpu.size()}), test::fnv1a(cpu.data(), cpu.size(), test::kFnvBasis));
+  st = r.engine->stats();
+  EXPECT_GT(st.backends["tcp"].transfers, 0u);
+  r.engine->deregister_memory(cm);
+}
+
+TEST(GpuFailover, IpcOpenFailureFailsOverToTcpWithCorrectData) {
+  REQUIRE_GPU();
+  // A forged xgmi blob: the IPC open fails, the policy re-runs the transfer on
+  // tcp (staged), and the data and the single notification are right.
+  Rig r("xgmi,tcp");
+  MemoryDesc forged = r.remote;
+  auto& blob = forged.backends["xgmi"];
+  ASSERT_GE(blob.size(), 64u);
+  for (size_t i = blob.size() - 64; i < blob.size(); ++i) blob[i] ^= 0x5a;
+  r.buf->fill(70);
+  const TransferUid uid = r.engine->allocate_transfer_uid();
+  auto st = r.engine->write(r.local, 0, forged, 0, 3u << 20, uid);
+  ASSERT_TRUE(st.WaitFor(60s));
+  ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+  const auto& h = r.buf->pull();
+  EXPECT_EQ(r.remote_hash({0}, {3u << 20}), test::fnv1a(h.data(), 3u << 20, test::kFnvBasis));
+  EXPECT_EQ(r.child.ask("pop initiator " + std::to_string(uid) + " 5000"), "INBOUND SUCCESS");
+  EXPECT_EQ(r.child.ask("pop initiator " + std::to_string(uid) + " 0"), "NONE");
+  auto stats = r.engine->stats();
+  EXPECT_GT(stats.backends["xgmi"].failures, 0u);
+  EXPECT_GT(stats.backends["tcp"].transfers, 0u);
+  EXPECT_GT(stats.backends["xgmi"].failovers, 0u) << "the stats must show the failover";
 }
 
 }  // namespace

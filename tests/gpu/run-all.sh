@@ -46,6 +46,17 @@ log "## raw reference: gpu-peer-ref (runtime async copies, no ferry)"
 log '```'; "$build/bin/gpu-peer-ref" 2>&1 | tee -a "$report/report.md"; log '```'
 log "## ferry-gpu-bench over xgmi (two processes, same sizes)"
 log '```'; "$build/bin/ferry-gpu-bench" xgmi 2>&1 | tee -a "$report/report.md"; log '```'
+log "## tcp with GPU memory staged through pinned host buffers, beside tcp CPU->CPU (same run)"
+"$build/bin/ferry-gpu-bench" tcp > "$report/tcp-gpu.txt" 2>&1 || status=1
+"$build/bin/ferry-gpu-bench" tcp -1 -1 > "$report/tcp-cpu.txt" 2>&1 || status=1
+log '```'; cat "$report/tcp-gpu.txt" "$report/tcp-cpu.txt" | tee -a "$report/report.md"; log '```'
+log "staged GPU->GPU / CPU->CPU over tcp, GB/s ratio per row:"
+log '```'
+awk 'NR==FNR { if ($3 ~ /^[0-9.]+$/) g[$1 " " $2] = $3; next }
+     ($3 ~ /^[0-9.]+$/) && (($1 " " $2) in g) && $3 > 0 {
+       printf "%6s %12s  gpu %6.2f  cpu %6.2f  ratio %.2f\n", $1, $2, g[$1 " " $2], $3, g[$1 " " $2] / $3 }' \
+  "$report/tcp-gpu.txt" "$report/tcp-cpu.txt" | tee -a "$report/report.md"
+log '```'
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 1 ]; then
   log "## one GPU: both processes on device 0"
   log '```'; "$build/bin/gpu-peer-ref" 0 0 2>&1 | tee -a "$report/report.md"

@@ -25,6 +25,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fake_gpu.h"
 #include "ferry/plugin.h"
 #include "planner.h"
 #include "socket_util.h"
@@ -66,8 +67,9 @@ struct Inbound {
 
 class FakeHost {
  public:
-  explicit FakeHost(std::string name) : name_(std::move(name)) {
+  explicit FakeHost(std::string name, const ferry_gpu_v1* gpu = nullptr) : name_(std::move(name)) {
     host_.struct_size = sizeof(host_);
+    host_.gpu = gpu;
     host_.host_ctx = this;
     host_.log = [](void* ctx, int level, const char* msg) {
       static const char* kLevels[] = {"E", "W", "I", "D"};
@@ -131,8 +133,9 @@ struct Mem {
 
 class Engine {
  public:
-  explicit Engine(std::string key, const std::string& settings = "{}")
-      : key_(std::move(key)), host_(key_) {
+  explicit Engine(std::string key, const std::string& settings = "{}",
+                  const ferry_gpu_v1* gpu = nullptr)
+      : key_(std::move(key)), host_(key_, gpu) {
     char err[256] = {0};
     const int rc =
         ops.init(host_.host(), key_.c_str(), "node", settings.c_str(), &ctx_, err, sizeof(err));
@@ -178,17 +181,18 @@ class Engine {
     return h;
   }
 
-  Mem* Register(uint64_t id, size_t size) {
+  // device >= 0: the memory is registered as that GPU's (fake_gpu.h).
+  Mem* Register(uint64_t id, size_t size, int device = -1) {
     auto m = std::make_unique<Mem>();
     m->data.assign(size, 0);
     m->id = id;
     ferry_mem_v1 desc{};
     desc.struct_size = sizeof(desc);
-    desc.location = FERRY_MEM_CPU;
+    desc.location = device >= 0 ? FERRY_MEM_GPU : FERRY_MEM_CPU;
     desc.id = id;
     desc.addr = m->data.data();
     desc.size = size;
-    desc.device = -1;
+    desc.device = device;
     m->blob.resize(FERRY_MAX_BLOB);
     size_t len = m->blob.size();
     EXPECT_EQ(ops.mem_register(ctx_, &desc, &m->handle, m->blob.data(), &len), FERRY_OK);
@@ -372,8 +376,8 @@ TEST(TcpAbi, TableIsComplete) {
   EXPECT_EQ(ops.struct_size, sizeof(ferry_plugin_ops_v1));
   EXPECT_EQ(ops.abi_minor, FERRY_PLUGIN_ABI_MINOR);
   EXPECT_STREQ(ops.name, "tcp");
-  EXPECT_EQ(ops.caps,
-            FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_NATIVE_NOTIFY);
+  EXPECT_EQ(ops.caps, FERRY_CAP_MEM_CPU | FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ |
+                          FERRY_CAP_OP_WRITE | FERRY_CAP_NATIVE_NOTIFY);
 }
 
 TEST(TcpAbi, BlobsAndRegistrationAreChecked) {
@@ -395,6 +399,7 @@ TEST(TcpAbi, BlobsAndRegistrationAreChecked) {
   void* h = nullptr;
   uint8_t blob[FERRY_MAX_BLOB];
   size_t len = sizeof(blob);
+  // GPU memory needs the host's GPU runtime for staging; this host has none.
   EXPECT_EQ(ops.mem_register(a.ctx(), &m, &h, blob, &len), FERRY_ERR_UNSUPPORTED);
 
   Engine b("b");
@@ -896,7 +901,8 @@ TEST_F(TcpPair, DeregisterRevokesRequestsAlreadyQueued) {
   }
   size_t sent = 0;
   for (;;) {
-    const ssize_t r = send(fd, stream.data() + sent, stream.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const ssize_t r =
+        send(fd, stream.data() + sent, stream.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r > 0) {
       sent += static_cast<size_t>(r);
       continue;
@@ -937,6 +943,137 @@ TEST_F(TcpPair, DeregisterRevokesRequestsAlreadyQueued) {
   close(fd);
   EXPECT_GT(refused, 0u) << "no request was still queued at the revocation (" << acks << " acks)";
   EXPECT_TRUE(snapshot == dst->data) << "a queued request wrote after mem_deregister returned";
+}
+
+// GPU memory through host staging (gpu_stage.h), with the fake runtime of
+// fake_gpu.h: its copies run only when waited for, so a stager that touches a
+// staging buffer too early moves stale bytes and these tests see it.
+class TcpGpuStaging : public ::testing::Test {
+ protected:
+  // Small pieces so a transfer is many pieces deep in the pipeline; two lanes.
+  static constexpr const char* kSettings =
+      R"({"lanes": 2, "chunk_bytes": "256KiB", "gpu_stage_bytes": "16KiB"})";
+  void SetUp() override { Connect(kSettings); }
+  void Connect(const std::string& settings) {
+    b_.reset();
+    a_.reset();
+    a_ = std::make_unique<Engine>("engine-a", settings, gpu_a_.table());
+    b_ = std::make_unique<Engine>("engine-b", settings, gpu_b_.table());
+    ASSERT_NE(a_->ctx(), nullptr);
+    ASSERT_NE(b_->ctx(), nullptr);
+    a_peer_b_ = a_->AddPeer(b_->key(), b_->ConnBlob());
+    b_peer_a_ = b_->AddPeer(a_->key(), a_->ConnBlob());
+  }
+  void TearDown() override {
+    b_.reset();
+    a_.reset();
+  }
+  // WRITE a -> b, then READ it back into a second region of a; devices -1 = host.
+  void RoundTrip(const std::vector<ferry_iov_v1>& iov, int dev_a, int dev_b, uint64_t id) {
+    uint64_t lsize = 0, rsize = 0;
+    for (const auto& i : iov) {
+      lsize = std::max(lsize, i.local_off + i.len);
+      rsize = std::max(rsize, i.remote_off + i.len);
+    }
+    Mem* src = a_->Register(id, lsize, dev_a);
+    Mem* back = a_->Register(id + 1, lsize, dev_a);
+    Mem* dst = b_->Register(id, rsize, dev_b);
+    Fill(src->data, static_cast<uint32_t>(id));
+    void* remote = a_->Import(a_peer_b_, *dst);
+    Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov, FERRY_XFER_NOTIFY, id);
+    ASSERT_EQ(w.status, FERRY_OK) << w.msg;
+    for (const auto& i : iov) {
+      ASSERT_TRUE(SameBytes(src->data.data() + i.local_off, dst->data.data() + i.remote_off, i.len))
+          << "WRITE item at " << i.local_off;
+    }
+    ASSERT_TRUE(b_->host().WaitInbound(id));
+    Result r =
+        Transfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, iov, FERRY_XFER_NOTIFY, id + 1);
+    ASSERT_EQ(r.status, FERRY_OK) << r.msg;
+    for (const auto& i : iov) {
+      ASSERT_TRUE(
+          SameBytes(back->data.data() + i.local_off, dst->data.data() + i.remote_off, i.len))
+          << "READ item at " << i.local_off;
+    }
+    ASSERT_TRUE(b_->host().WaitInbound(id + 1));
+    EXPECT_EQ(b_->host().CountInbound(id), 1);
+    EXPECT_EQ(b_->host().CountInbound(id + 1), 1);
+    ops.mem_release(a_->ctx(), remote);
+  }
+
+  ferry_test::FakeGpu gpu_a_, gpu_b_;
+  std::unique_ptr<Engine> a_, b_;
+  void* a_peer_b_ = nullptr;
+  void* b_peer_a_ = nullptr;
+};
+
+TEST_F(TcpGpuStaging, GpuToGpuOddSizesThroughManyPieces) {
+  RoundTrip({{0, 0, 1}}, 0, 1, 10);
+  RoundTrip({{3, 5, 4097}}, 0, 1, 20);
+  // 3 MiB + 5: 12 frames over 2 lanes, 16 KiB pieces, both ends staged.
+  RoundTrip({{1, 4095, (3u << 20) + 5}}, 1, 0, 30);
+  // Both sides copied every byte they moved, both ways (WRITE + READ).
+  EXPECT_GE(gpu_a_.copied.load(), 2 * ((3u << 20) + 5));
+  EXPECT_GE(gpu_b_.copied.load(), 2 * ((3u << 20) + 5));
+}
+
+TEST_F(TcpGpuStaging, ScatteredSmallBlocksGpuToGpu) {
+  // A KV layout: 300 blocks of 3000 bytes, scattered on both sides, so one
+  // staging piece gathers several blocks and blocks straddle pieces.
+  std::vector<ferry_iov_v1> iov;
+  for (uint64_t i = 0; i < 300; ++i) iov.push_back({((i * 37) % 300) * 4096, i * 5000, 3000});
+  RoundTrip(iov, 0, 1, 40);
+}
+
+TEST_F(TcpGpuStaging, GpuToCpuAndCpuToGpu) {
+  RoundTrip({{7, 9, (1u << 20) + 3}}, 0, -1, 50);  // staged here only
+  const uint64_t copied_b = gpu_b_.copied.load();
+  RoundTrip({{7, 9, (1u << 20) + 3}}, -1, 1, 60);  // staged at the target only
+  EXPECT_GT(gpu_b_.copied.load(), copied_b);
+}
+
+TEST_F(TcpGpuStaging, PinnedMemoryStaysUnderTheCap) {
+  // Room for one stage only (2 x 16 KiB) with 4 lanes: the other frames are staged
+  // through unpinned buffers, still correctly.
+  Connect(R"({"lanes": 4, "chunk_bytes": "64KiB", "gpu_stage_bytes": "16KiB",
+              "gpu_pinned_bytes": "32KiB"})");
+  RoundTrip({{0, 0, (2u << 20) + 1}}, 0, 1, 70);
+  EXPECT_LE(gpu_a_.pinned_allocs.load(), 1);
+  EXPECT_LE(gpu_b_.pinned_allocs.load(), 1);
+}
+
+TEST_F(TcpGpuStaging, CopyFailureFailsTheTransferWithGpuErrorThenRecovers) {
+  Mem* src = a_->Register(1, 1 << 20, 0);
+  Mem* dst = b_->Register(1, 1 << 20, 1);
+  Fill(src->data, 3);
+  void* remote = a_->Import(a_peer_b_, *dst);
+  gpu_a_.fail_after_copies = 5;  // the initiator's device-to-host copies break mid-transfer
+  Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 1 << 20}});
+  EXPECT_EQ(w.status, FERRY_ERR_GPU) << w.msg;
+  EXPECT_NE(w.msg.find("device-to-host copy failed"), std::string::npos) << w.msg;
+  EXPECT_EQ(w.calls, 1);
+  gpu_a_.fail_after_copies = -1;
+  gpu_b_.fail_after_copies = 2;  // now the target's host-to-device copies break
+  w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 1 << 20}});
+  EXPECT_NE(w.status, FERRY_OK);
+  gpu_b_.fail_after_copies = -1;
+  w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 1 << 20}});
+  ASSERT_EQ(w.status, FERRY_OK) << w.msg;
+  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 1 << 20));
+  ops.mem_release(a_->ctx(), remote);
+}
+
+TEST(TcpGpuSettings, StageAndPinnedBoundsAreChecked) {
+  Engine ok("ok", R"({"gpu_stage_bytes": "4MiB", "gpu_pinned_bytes": "8MiB"})");
+  EXPECT_NE(ok.ctx(), nullptr);
+  void* ctx = nullptr;
+  char err[256] = {0};
+  EXPECT_EQ(ops.init(nullptr, "x", "n", R"({"gpu_stage_bytes": "1KiB"})", &ctx, err, sizeof(err)),
+            FERRY_ERR_INVALID_ARGS);
+  FakeHost h("h");
+  EXPECT_EQ(ops.init(h.host(), "x", "n", R"({"gpu_pinned_bytes": "1MiB"})", &ctx, err, sizeof(err)),
+            FERRY_ERR_INVALID_ARGS);
+  EXPECT_NE(std::string(err).find("gpu_pinned_bytes"), std::string::npos) << err;
 }
 
 TEST(TcpTarget, StalledFrameIsDroppedAfterIoTimeout) {

@@ -1,0 +1,263 @@
+#include "gpu_stage.h"
+
+#include <algorithm>
+#include <chrono>
+#include <new>
+
+#include "log.h"
+#include "socket_util.h"
+
+namespace ferry_tcp {
+namespace {
+
+// The runtime's events block in the kernel (BlockingSync), and waking from that
+// costs tens of microseconds - as much as copying a whole piece. A piece's copy
+// is short, so poll it for up to this long before blocking.
+constexpr std::chrono::microseconds kSpin{300};
+
+}  // namespace
+
+Stage::Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned)
+    : gpu_(gpu), piece_(piece_bytes), pinned_(pinned) {}
+
+Stage::~Stage() {
+  Release();
+  if (buf_ == nullptr) return;
+  if (pinned_) {
+    gpu_->host_free(gpu_->gpu_ctx, buf_);
+  } else {
+    delete[] buf_;
+  }
+}
+
+bool Stage::Fail(const char* what) {
+  const char* why = gpu_->last_error ? gpu_->last_error(gpu_->gpu_ctx) : nullptr;
+  error_ = std::string("GPU staging: ") + what + " failed" + (why ? std::string(": ") + why : "");
+  return false;
+}
+
+void Stage::Release() {
+  if (device_ >= 0) gpu_->set_device(gpu_->gpu_ctx, device_);
+  for (void*& e : event_) {
+    if (e != nullptr) gpu_->event_destroy(gpu_->gpu_ctx, e);
+    e = nullptr;
+  }
+  if (stream_ != nullptr) gpu_->stream_destroy(gpu_->gpu_ctx, stream_);
+  stream_ = nullptr;
+  device_ = -1;
+}
+
+bool Stage::Bind(int device) {
+  if (device == device_ && stream_ != nullptr) return true;
+  Release();
+  void* ctx = gpu_->gpu_ctx;
+  if (gpu_->set_device(ctx, device) != FERRY_OK) return Fail("selecting the device");
+  if (buf_ == nullptr) {
+    if (pinned_) {
+      void* p = nullptr;
+      if (gpu_->host_alloc(ctx, &p, 2 * piece_) != FERRY_OK) return Fail("pinning host memory");
+      buf_ = static_cast<uint8_t*>(p);
+    } else {
+      buf_ = new (std::nothrow) uint8_t[2 * piece_];
+      if (buf_ == nullptr) {
+        error_ = "GPU staging: out of host memory";
+        return false;
+      }
+    }
+  }
+  if (gpu_->stream_create(ctx, &stream_) != FERRY_OK) return Fail("creating a stream");
+  for (void*& e : event_) {
+    if (gpu_->event_create(ctx, &e) != FERRY_OK) return Fail("creating an event");
+  }
+  device_ = device;
+  return true;
+}
+
+void Stage::NextPiece(const iovec* iov, size_t n, size_t* idx, size_t* off, int slot,
+                      Piece* p) const {
+  p->dev.clear();
+  p->host.clear();
+  p->len.clear();
+  p->bytes = 0;
+  uint8_t* host = buf_ + static_cast<size_t>(slot) * piece_;
+  while (*idx < n && p->bytes < piece_) {
+    const size_t take = std::min<size_t>(iov[*idx].iov_len - *off, piece_ - p->bytes);
+    p->dev.push_back(static_cast<uint8_t*>(iov[*idx].iov_base) + *off);
+    p->host.push_back(host + p->bytes);
+    p->len.push_back(take);
+    p->bytes += take;
+    *off += take;
+    if (*off == iov[*idx].iov_len) {
+      ++*idx;
+      *off = 0;
+    }
+  }
+}
+
+bool Stage::Wait(int slot, const char* what) {
+  void* ctx = gpu_->gpu_ctx;
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  do {
+    const int rc = gpu_->event_query(ctx, event_[slot]);
+    if (rc == FERRY_OK) return true;
+    if (rc != 1) return Fail(what);
+  } while (std::chrono::steady_clock::now() < until);
+  return gpu_->event_sync(ctx, event_[slot]) == FERRY_OK || Fail(what);
+}
+
+bool Stage::Copy(const Piece& p, bool to_device, int slot) {
+  void* ctx = gpu_->gpu_ctx;
+  const std::vector<void*>& dst = to_device ? p.dev : p.host;
+  const std::vector<void*>& src = to_device ? p.host : p.dev;
+  // Many small blocks (a KV layout) in one call where the runtime batches them.
+  // Only into or out of pinned memory: a batched copy may be a kernel, which
+  // cannot reach pageable host memory.
+  int rc = FERRY_ERR_UNSUPPORTED;
+  if (p.len.size() > 1 && pinned_ && gpu_->memcpy_batch_async != nullptr) {
+    rc = gpu_->memcpy_batch_async(ctx, dst.data(), src.data(), p.len.data(), p.len.size(), stream_);
+  }
+  if (rc == FERRY_ERR_UNSUPPORTED) {
+    rc = FERRY_OK;
+    for (size_t i = 0; i < p.len.size() && rc == FERRY_OK; ++i) {
+      rc = gpu_->memcpy_async(ctx, dst[i], src[i], p.len[i], stream_);
+    }
+  }
+  if (rc != FERRY_OK) return Fail(to_device ? "host-to-device copy" : "device-to-host copy");
+  if (gpu_->event_record(ctx, event_[slot], stream_) != FERRY_OK) return Fail("recording an event");
+  return true;
+}
+
+int Stage::Send(int fd, const iovec* iov, size_t n, int last_flags, uint8_t* held_last) {
+  void* ctx = gpu_->gpu_ctx;
+  if (gpu_->set_device(ctx, device_) != FERRY_OK) {
+    Fail("selecting the device");
+    return kGpuError;
+  }
+  size_t idx = 0, off = 0;
+  Piece piece[2];
+  int err = 0;
+  NextPiece(iov, n, &idx, &off, 0, &piece[0]);
+  if (piece[0].bytes > 0 && !Copy(piece[0], false, 0)) err = kGpuError;
+  for (int s = 0; err == 0 && piece[s].bytes > 0; s ^= 1) {
+    // The other slot's bytes are on the socket already, so it is free for the next piece.
+    NextPiece(iov, n, &idx, &off, s ^ 1, &piece[s ^ 1]);
+    if (piece[s ^ 1].bytes > 0 && !Copy(piece[s ^ 1], false, s ^ 1)) {
+      err = kGpuError;
+      break;
+    }
+    if (!Wait(s, "device-to-host copy")) {
+      err = kGpuError;
+      break;
+    }
+    const bool last = piece[s ^ 1].bytes == 0;
+    const uint8_t* data = buf_ + static_cast<size_t>(s) * piece_;
+    size_t len = piece[s].bytes;
+    if (last && held_last != nullptr) *held_last = data[--len];
+    iovec v{const_cast<uint8_t*>(data), len};
+    size_t sent = 0;
+    err = len == 0 ? 0 : SendIov(fd, &v, 1, &sent, last ? last_flags : 0);
+  }
+  // Nothing may still read the region once the caller lets go of it. Done
+  // already when every piece went out; after an error, a copy may be queued.
+  if (err != 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK) Fail("device-to-host copy");
+  return err;
+}
+
+int Stage::Recv(SocketReader& in, const iovec* iov, size_t n) {
+  void* ctx = gpu_->gpu_ctx;
+  if (gpu_->set_device(ctx, device_) != FERRY_OK) {
+    Fail("selecting the device");
+    return kGpuError;
+  }
+  size_t idx = 0, off = 0;
+  Piece piece;
+  bool busy[2] = {false, false};
+  int err = 0;
+  for (int s = 0;; s ^= 1) {
+    NextPiece(iov, n, &idx, &off, s, &piece);
+    if (piece.bytes == 0) break;
+    // The slot's previous piece must have reached the device before it is reused.
+    if (busy[s] && !Wait(s, "host-to-device copy")) {
+      err = kGpuError;
+      break;
+    }
+    busy[s] = false;
+    err = in.Read(buf_ + static_cast<size_t>(s) * piece_, piece.bytes);
+    if (err != 0) break;
+    if (!Copy(piece, true, s)) {
+      err = kGpuError;
+      break;
+    }
+    busy[s] = true;
+  }
+  // The bytes are in the region (or the lane is lost) before the caller acks or lets go.
+  if (err != 0) {
+    if (gpu_->stream_sync(ctx, stream_) != FERRY_OK) Fail("host-to-device copy");
+    return err;
+  }
+  for (int s = 0; s < 2; ++s) {
+    if (busy[s] && !Wait(s, "host-to-device copy")) return kGpuError;
+  }
+  return 0;
+}
+
+StagePool::StagePool(const ferry_host_v1* host, uint64_t piece_bytes, uint64_t pinned_cap)
+    : host_(host), piece_(piece_bytes), cap_(pinned_cap) {}
+
+StagePool::~StagePool() = default;
+
+StagePool::Lease StagePool::Acquire(int device, std::string* why) {
+  const ferry_gpu_v1* gpu =
+      FERRY_HAS_FIELD(ferry_host_v1, host_, gpu) ? host_->gpu : static_cast<ferry_gpu_v1*>(nullptr);
+  if (gpu == nullptr) {
+    *why = "no GPU runtime is loaded in this process";
+    return {};
+  }
+  std::unique_ptr<Stage> s;
+  bool warn = false;
+  {
+    std::lock_guard lk(mu_);
+    // Prefer a stage already bound to the device: rebinding costs a stream.
+    auto it = std::find_if(idle_.begin(), idle_.end(), [&](const std::unique_ptr<Stage>& st) {
+      return st->device() == device;
+    });
+    if (it == idle_.end() && !idle_.empty()) it = idle_.begin();
+    if (it != idle_.end()) {
+      s = std::move(*it);
+      idle_.erase(it);
+    } else if (pinned_ + 2 * piece_ <= cap_) {
+      s = std::make_unique<Stage>(gpu, piece_, true);
+      pinned_ += 2 * piece_;
+    } else {
+      s = std::make_unique<Stage>(gpu, piece_, false);
+      warn = !warned_;
+      warned_ = true;
+    }
+  }
+  if (warn) {
+    Log(host_, FERRY_LOG_WARN,
+        "GPU staging: %llu pinned bytes in use (gpu_pinned_bytes); more frames are staged "
+        "through unpinned memory, which is slower",
+        static_cast<unsigned long long>(cap_));
+  }
+  if (!s->Bind(device)) {
+    *why = s->error();
+    Return(std::move(s));
+    return {};
+  }
+  return Lease(this, std::move(s));
+}
+
+void StagePool::Return(std::unique_ptr<Stage> s) {
+  std::lock_guard lk(mu_);
+  if (s->pinned()) {
+    idle_.push_back(std::move(s));  // kept: pinning is slow, and counted against the cap
+  }
+}
+
+uint64_t StagePool::pinned_bytes() const {
+  std::lock_guard lk(mu_);
+  return pinned_;
+}
+
+}  // namespace ferry_tcp

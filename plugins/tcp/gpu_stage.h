@@ -1,0 +1,126 @@
+// GPU memory over tcp. A socket cannot read or write device memory, so the
+// bytes of a GPU region pass through host staging buffers on both sides.
+//
+// A Stage is two host buffers of piece_bytes each, a stream and two events.
+// Sending device memory, it copies piece k+1 device->host while piece k is on
+// the socket; receiving, it copies piece k host->device while piece k+1
+// arrives. A frame then costs about max(copy, network) rather than their sum,
+// and since every lane leases its own stage, the lanes of a peer overlap too.
+//
+// Stages come from a StagePool that caps the pinned host memory the plugin
+// holds (gpu_pinned_bytes). A stage is leased for one frame and returned. When
+// the cap is reached, a frame gets an unpinned stage instead - correct, slower
+// (the runtime copies pageable memory synchronously) - and the pool says so
+// once in the log. Leasing never blocks: a lane holding a stage may be waiting
+// on a peer whose own lanes wait on us, so a blocking pool could deadlock.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ferry/plugin.h"
+
+namespace ferry_tcp {
+
+class SocketReader;
+
+// A Stage's answer when the GPU runtime failed; Stage::error() says why. Distinct
+// from kEof and every errno value of socket_util.h.
+inline constexpr int kGpuError = -1000;
+
+class Stage {
+ public:
+  Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned);
+  ~Stage();
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
+  // Creates the buffers, stream and events for `device`. False with error().
+  bool Bind(int device);
+  int device() const { return device_; }
+  bool pinned() const { return pinned_; }
+  uint64_t host_bytes() const { return 2 * piece_; }
+
+  // Sends the device bytes iov[0..n) on fd, in order. With held_last, the final
+  // byte is not sent but stored there (a notify READ sends it once counted).
+  // `last_flags` go with the final piece (e.g. MSG_MORE). Returns 0, a socket
+  // error (socket_util.h) or kGpuError. No copy is running when it returns.
+  int Send(int fd, const iovec* iov, size_t n, int last_flags, uint8_t* held_last);
+  // Receives into the device bytes iov[0..n); same returns.
+  int Recv(SocketReader& in, const iovec* iov, size_t n);
+  const std::string& error() const { return error_; }
+
+ private:
+  struct Piece {
+    std::vector<void*> dev;
+    std::vector<void*> host;
+    std::vector<size_t> len;
+    size_t bytes = 0;
+  };
+  // Cuts the next piece out of iov, starting at (*idx, *off).
+  void NextPiece(const iovec* iov, size_t n, size_t* idx, size_t* off, int slot, Piece* p) const;
+  bool Copy(const Piece& p, bool to_device, int slot);
+  // Until the slot's last copy is done: polls briefly, then blocks.
+  bool Wait(int slot, const char* what);
+  bool Fail(const char* what);
+  void Release();
+
+  const ferry_gpu_v1* gpu_;
+  const uint64_t piece_;
+  const bool pinned_;
+  int device_ = -1;
+  uint8_t* buf_ = nullptr;  // 2 * piece_ bytes: slot s starts at buf_ + s * piece_
+  void* stream_ = nullptr;
+  void* event_[2] = {nullptr, nullptr};
+  std::string error_;
+};
+
+class StagePool {
+ public:
+  StagePool(const ferry_host_v1* host, uint64_t piece_bytes, uint64_t pinned_cap);
+  ~StagePool();  // every lease must have been returned (the lanes are joined first)
+  StagePool(const StagePool&) = delete;
+  StagePool& operator=(const StagePool&) = delete;
+
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(StagePool* pool, std::unique_ptr<Stage> s) : pool_(pool), stage_(std::move(s)) {}
+    Lease(Lease&&) = default;
+    Lease& operator=(Lease&&) = default;
+    ~Lease() {
+      if (stage_) pool_->Return(std::move(stage_));
+    }
+    Stage* operator->() const { return stage_.get(); }
+    Stage& operator*() const { return *stage_; }
+    explicit operator bool() const { return stage_ != nullptr; }
+
+   private:
+    StagePool* pool_ = nullptr;
+    std::unique_ptr<Stage> stage_;
+  };
+
+  // A stage bound to `device`; never blocks. Empty with *why when the runtime
+  // could not provide one (no GPU runtime, out of memory).
+  Lease Acquire(int device, std::string* why);
+  uint64_t pinned_bytes() const;
+
+ private:
+  void Return(std::unique_ptr<Stage> s);
+
+  const ferry_host_v1* host_;
+  const uint64_t piece_;
+  const uint64_t cap_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Stage>> idle_;
+  uint64_t pinned_ = 0;  // held by idle and leased pinned stages
+  bool warned_ = false;
+};
+
+}  // namespace ferry_tcp

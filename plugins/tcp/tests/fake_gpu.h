@@ -1,0 +1,132 @@
+// A GPU runtime for tests on hosts without one: "device memory" is host memory,
+// but copies are really asynchronous in the sense that matters - a copy queued
+// on a stream happens only when something waits for it (event_sync/query of a
+// later event, stream_sync). A stager that reads a staging buffer before waiting
+// for the copy into it sees stale bytes, and a test catches that.
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+#include "ferry/plugin.h"
+
+namespace ferry_test {
+
+class FakeGpu {
+ public:
+  FakeGpu() {
+    t_.struct_size = sizeof(t_);
+    t_.vendor = FERRY_GPU_CUDA;
+    t_.gpu_ctx = this;
+    t_.device_count = 2;
+    t_.set_device = [](void*, int32_t d) { return d >= 0 && d < 2 ? FERRY_OK : FERRY_ERR_GPU; };
+    t_.stream_create = [](void* c, void** s) {
+      auto* self = Self(c);
+      std::lock_guard lk(self->mu_);
+      self->streams_.emplace_back();
+      *s = &self->streams_.back();
+      return FERRY_OK;
+    };
+    t_.stream_destroy = [](void* c, void* s) { return Self(c)->Run(s, nullptr); };
+    t_.stream_sync = [](void* c, void* s) { return Self(c)->Run(s, nullptr); };
+    t_.memcpy_async = [](void* c, void* d, const void* src, size_t n, void* s) {
+      return Self(c)->Queue(s, {d, src, n, nullptr});
+    };
+    t_.event_create = [](void* c, void** e) {
+      auto* self = Self(c);
+      std::lock_guard lk(self->mu_);
+      self->events_.push_back(new Event{});
+      *e = self->events_.back();
+      return FERRY_OK;
+    };
+    t_.event_destroy = [](void*, void*) { return FERRY_OK; };  // freed with the FakeGpu
+    t_.event_record = [](void* c, void* e, void* s) {
+      static_cast<Event*>(e)->stream = static_cast<Stream*>(s);
+      return Self(c)->Queue(s, {nullptr, nullptr, 0, static_cast<Event*>(e)});
+    };
+    t_.event_sync = [](void* c, void* e) {
+      auto* ev = static_cast<Event*>(e);
+      return ev->stream ? Self(c)->Run(ev->stream, ev) : FERRY_OK;
+    };
+    // Every other query says "not yet" (1), so pollers see both answers.
+    t_.event_query = [](void* c, void* e) {
+      if (Self(c)->queries_.fetch_add(1) % 2 == 0) return 1;
+      return Self(c)->t_.event_sync(c, e);
+    };
+    t_.host_alloc = [](void* c, void** p, size_t n) {
+      *p = std::malloc(n);
+      Self(c)->pinned_allocs.fetch_add(1);
+      return *p ? FERRY_OK : FERRY_ERR_NO_MEMORY;
+    };
+    t_.host_free = [](void*, void* p) {
+      std::free(p);
+      return FERRY_OK;
+    };
+    t_.last_error = [](void*) { return "fake GPU: copy refused (test)"; };
+    // memcpy_batch_async left NULL: the stager loops over memcpy_async.
+  }
+  ~FakeGpu() {
+    for (Event* e : events_) delete e;
+  }
+  const ferry_gpu_v1* table() const { return &t_; }
+
+  std::atomic<uint64_t> copied{0};         // bytes moved by copies that ran
+  std::atomic<int> pinned_allocs{0};       // host_alloc calls
+  std::atomic<int> fail_after_copies{-1};  // >= 0: copies after this many fail
+
+ private:
+  struct Event;
+  struct Op {
+    void* dst;
+    const void* src;
+    size_t n;
+    Event* mark;  // non-null: an event record, not a copy
+  };
+  struct Stream {
+    std::deque<Op> ops;
+  };
+  struct Event {
+    Stream* stream = nullptr;
+  };
+  static FakeGpu* Self(void* c) { return static_cast<FakeGpu*>(c); }
+
+  int Queue(void* s, Op op) {
+    std::lock_guard lk(mu_);
+    if (op.mark == nullptr) {
+      int left = fail_after_copies.load();
+      if (left == 0) return FERRY_ERR_GPU;
+      if (left > 0) fail_after_copies.store(left - 1);
+    }
+    static_cast<Stream*>(s)->ops.push_back(op);
+    return FERRY_OK;
+  }
+  // Runs the stream's work up to the latest record of `until`, or all of it.
+  int Run(void* s, Event* until) {
+    std::lock_guard lk(mu_);
+    auto& ops = static_cast<Stream*>(s)->ops;
+    size_t end = until == nullptr ? ops.size() : 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].mark == until) end = i + 1;
+    }
+    for (size_t i = 0; i < end; ++i) {
+      const Op o = ops.front();
+      ops.pop_front();
+      if (o.mark != nullptr) continue;
+      std::memcpy(o.dst, o.src, o.n);
+      copied += o.n;
+    }
+    return FERRY_OK;
+  }
+
+  ferry_gpu_v1 t_{};
+  std::atomic<uint64_t> queries_{0};
+  std::mutex mu_;
+  std::deque<Stream> streams_;  // deque: stable addresses
+  std::vector<Event*> events_;
+};
+
+}  // namespace ferry_test
