@@ -54,6 +54,7 @@ namespace {
 struct Options {
   std::string backend = "tcp";  // or "policy": load every backend the policy names
   std::string policy_file;
+  std::string stats_socket;  // the initiator serves its stats here (ferry stats PATH)
   std::map<std::string, std::string> backend_settings;  // name -> JSON, both ranks
   Op op = Op::WRITE;
   size_t start_block = 4096, max_block = 64u << 20, block_mult = 2;
@@ -99,6 +100,7 @@ bool parse_size_arg(const std::string& s, size_t& out) {
       "usage: ferry-bench [options]   (nixlbench spellings with '_' work too: --num_iter)\n"
       "  --backend tcp|NAME[,NAME...]|policy   backends to load (policy: all known ones)\n"
       "  --policy FILE                          policy YAML (ranking, timeout, settings)\n"
+      "  --stats-socket PATH                    serve the initiator's stats for `ferry stats PATH`\n"
       "  --backend-settings NAME=JSON           plugin settings, both ranks (repeatable)\n"
       "  --op WRITE|READ  (--op-type)\n"
       "  --initiator-seg-type DRAM|VRAM  --initiator-device N\n"
@@ -149,6 +151,7 @@ Options parse_args(int argc, char** argv) {
     };
     if (a == "--backend") o.backend = val();
     else if (a == "--policy") o.policy_file = val();
+    else if (a == "--stats-socket") o.stats_socket = val();
     else if (a == "--backend-settings") {
       std::string v = val();
       auto eq = v.find('=');
@@ -349,6 +352,7 @@ class Initiator {
     EngineConfig cfg;
     cfg.host = o_.host;
     cfg.policy_file = o_.policy_file;
+    cfg.stats_socket = o_.stats_socket;
     try {
       engine_ = std::make_unique<Engine>("ferry-bench-initiator", cfg);
     } catch (const Error& e) {
@@ -715,11 +719,19 @@ void write_files(const Options& o, const std::vector<Row>& rows) {
   };
 #undef FERRY_BENCH_COL
   if (!o.csv_file.empty()) {
+    // RFC 4180: a value with a comma (a backend list such as "fault,tcp"), a
+    // quote or a line break is quoted, its quotes doubled.
+    auto field = [](const std::string& v) {
+      if (v.find_first_of(",\"\r\n") == std::string::npos) return v;
+      std::string q = "\"";
+      for (char ch : v) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+      return q + "\"";
+    };
     std::ofstream f(o.csv_file);
     for (size_t c = 0; c < std::size(cols); ++c) f << (c ? "," : "") << cols[c].name;
     f << "\n";
     for (const auto& r : rows) {
-      for (size_t c = 0; c < std::size(cols); ++c) f << (c ? "," : "") << cols[c].get(o, r);
+      for (size_t c = 0; c < std::size(cols); ++c) f << (c ? "," : "") << field(cols[c].get(o, r));
       f << "\n";
     }
     if (!f) std::fprintf(stderr, "ferry-bench: cannot write %s\n", o.csv_file.c_str());

@@ -3,16 +3,24 @@
 // the data arrives intact, the target hears of it once, the stats show it.
 // The broken backend is tests/plugins/fault_plugin.cpp; the good one is tcp.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/ferry.hpp"
 #include "pattern.h"
+#include "stats_server.h"
 
 using namespace ferry;
 using namespace std::chrono_literals;
@@ -32,7 +40,8 @@ std::string write_policy(const std::string& body) {
 std::string policy(int after_failures = 100, int max_attempts = 3) {
   return "backends:\n  fault: {}\n"
          "rules:\n  - prefer: [fault, tcp]\n"
-         "failover:\n  max_attempts: " + std::to_string(max_attempts) +
+         "failover:\n  max_attempts: " +
+         std::to_string(max_attempts) +
          "\n  quarantine: { after_failures: " + std::to_string(after_failures) +
          ", within: 60s, for: 60s }\n"
          "timeout: 1s\n";
@@ -41,7 +50,8 @@ std::string policy(int after_failures = 100, int max_attempts = 3) {
 // Two engines in this process: `ini` writes/reads `tgt`'s memory.
 struct Rig {
   explicit Rig(const std::string& fault_mode, const std::string& policy_text = policy()) {
-    setenv("FERRY_PLUGIN_PATH", (std::string(FERRY_TEST_PLUGIN_DIR) + ":" + FERRY_PLUGIN_BUILD_DIR).c_str(), 1);
+    setenv("FERRY_PLUGIN_PATH",
+           (std::string(FERRY_TEST_PLUGIN_DIR) + ":" + FERRY_PLUGIN_BUILD_DIR).c_str(), 1);
     policy_path = write_policy(policy_text);
     EngineConfig cfg;
     cfg.policy_file = policy_path;
@@ -154,6 +164,106 @@ TEST(Failover, SessionsFailOverToo) {
   ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
   EXPECT_EQ(test::find_mismatch(rig.dst.data(), 0, kBytes, 77, 0), -1);
   EXPECT_EQ(rig.stats("tcp").transfers, 1u);
+}
+
+// ---- the stats endpoint and `ferry stats` ---------------------------------------
+
+// Runs a command, returning its exit status and stdout.
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, out};
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int rc = pclose(p);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
+}
+
+// The unsigned number after `"key":` in the JSON object that follows `"name":{`.
+long long field(const std::string& json, const std::string& name, const std::string& key) {
+  const size_t obj = json.find("\"" + name + "\":{");
+  if (obj == std::string::npos) return -1;
+  const size_t at = json.find("\"" + key + "\":", obj);
+  if (at == std::string::npos || at > json.find('}', obj)) return -1;
+  return std::stoll(json.substr(at + key.size() + 3));
+}
+
+std::string temp_socket(const std::string& tag) {
+  return (std::filesystem::temp_directory_path() /
+          ("ferry-stats-" + tag + "-" + std::to_string(getpid()) + ".sock"))
+      .string();
+}
+
+TEST(StatsEndpoint, FerryStatsShowsTheFailoversOfARunningEngine) {
+  // One setting for both engines of the rig: {key} keeps their sockets apart.
+  const std::string pattern = temp_socket("{key}");
+  setenv("FERRY_STATS_SOCKET", pattern.c_str(), 1);
+  Rig rig("fail_first_n");
+  unsetenv("FERRY_STATS_SOCKET");
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(rig.run(Op::WRITE, 50 + i).Succeeded());
+  const std::string path = expand_stats_path(pattern, "ini");
+  const BackendStats fault = rig.stats("fault"), tcp = rig.stats("tcp");
+  ASSERT_EQ(fault.failovers, 2u);
+
+  auto [rc, json] = run(std::string(FERRY_CLI) + " stats " + path + " --json");
+  ASSERT_EQ(rc, 0) << json;
+  EXPECT_NE(json.find("\"engine\":\"ini\""), std::string::npos) << json;
+  EXPECT_EQ(field(json, "fault", "failovers"), static_cast<long long>(fault.failovers)) << json;
+  EXPECT_EQ(field(json, "fault", "failures"), static_cast<long long>(fault.failures)) << json;
+  EXPECT_EQ(field(json, "fault", "transfers"), static_cast<long long>(fault.transfers)) << json;
+  EXPECT_EQ(field(json, "tcp", "transfers"), static_cast<long long>(tcp.transfers)) << json;
+  EXPECT_EQ(field(json, "tcp", "bytes"), static_cast<long long>(tcp.bytes)) << json;
+
+  auto [trc, table] = run(std::string(FERRY_CLI) + " stats " + path + " --watch 0.01 --count 2");
+  EXPECT_EQ(trc, 0) << table;
+  EXPECT_NE(table.find("engine ini"), std::string::npos) << table;
+  EXPECT_NE(table.find("failovers"), std::string::npos) << table;
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 2 * (2 + 2)) << table;  // 2 samples
+
+  // The target engine serves its own (the inbound notifications it recorded).
+  auto [brc, tj] =
+      run(std::string(FERRY_CLI) + " stats " + expand_stats_path(pattern, "tgt") + " --json");
+  ASSERT_EQ(brc, 0) << tj;
+  EXPECT_NE(tj.find("\"inbound_notifications\":4"), std::string::npos) << tj;
+
+  rig.ini.reset();
+  EXPECT_FALSE(std::filesystem::exists(path)) << "the socket is removed with the engine";
+  auto [grc, gone] = run(std::string(FERRY_CLI) + " stats " + path);
+  EXPECT_EQ(grc, 1);
+  EXPECT_NE(gone.find("cannot connect"), std::string::npos) << gone;
+}
+
+TEST(StatsEndpoint, StaleSocketIsReplacedLiveOneAndOtherFilesAreRefused) {
+  const std::string path = temp_socket("stale");
+  {
+    // A socket file nobody listens on: what a crashed engine leaves behind.
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    close(fd);
+  }
+  EngineConfig cfg;
+  cfg.stats_socket = path;
+  Engine first("first", cfg);
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  try {
+    Engine second("second", cfg);
+    ADD_FAILURE() << "a second engine took a live stats socket";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::ERR_BAD_STATE);
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  const std::string plain = temp_socket("plain");
+  std::ofstream(plain) << "not a socket";
+  cfg.stats_socket = plain;
+  EXPECT_THROW(Engine("third", cfg), Error);
+  EXPECT_TRUE(std::filesystem::exists(plain)) << "a file that is not a socket is left alone";
+  std::filesystem::remove(plain);
+  cfg.stats_socket = std::string(200, 'x');
+  EXPECT_THROW(Engine("fourth", cfg), Error);
 }
 
 }  // namespace

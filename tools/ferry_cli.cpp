@@ -4,6 +4,8 @@
 //   ferry policy explain FILE [--peer P] [--host H] [--same-host|--remote-host]
 //                [--local cpu|gpu] [--remote cpu|gpu] [--bytes N] [--op read|write]
 //                                         the ranked backends and why each was kept or dropped
+//   ferry stats PATH [--json] [--watch SECONDS [--count N]]
+//                                         a running engine's stats (its stats socket)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -14,26 +16,31 @@
 #include "plugin_loader.h"
 #include "policy.h"
 #include "router.h"
+#include "stats_command.h"
 
 using namespace ferry;
 
 namespace {
 
 int usage() {
-  std::fprintf(stderr,
-               "usage:\n"
-               "  ferry info [--plugin-dir DIR]...\n"
-               "  ferry policy check FILE\n"
-               "  ferry policy explain FILE [--peer KEY] [--host HOST] [--same-host|--remote-host]\n"
-               "                [--local cpu|gpu] [--remote cpu|gpu] [--bytes SIZE] [--op read|write]\n");
+  std::fprintf(
+      stderr,
+      "usage:\n"
+      "  ferry info [--plugin-dir DIR]...\n"
+      "  ferry policy check FILE\n"
+      "  ferry policy explain FILE [--peer KEY] [--host HOST] [--same-host|--remote-host]\n"
+      "                [--local cpu|gpu] [--remote cpu|gpu] [--bytes SIZE] [--op read|write]\n"
+      "  ferry stats PATH [--json] [--watch SECONDS [--count N]]\n");
   return 2;
 }
 
 int cmd_info(int argc, char** argv) {
   std::vector<std::string> dirs;
   for (int i = 0; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--plugin-dir") && i + 1 < argc) dirs.push_back(argv[++i]);
-    else return usage();
+    if (!std::strcmp(argv[i], "--plugin-dir") && i + 1 < argc)
+      dirs.push_back(argv[++i]);
+    else
+      return usage();
   }
   std::printf("ferry %s, plugin ABI %d.%d\n", "0.1.0", FERRY_PLUGIN_ABI_MAJOR,
               FERRY_PLUGIN_ABI_MINOR);
@@ -85,10 +92,14 @@ int cmd_policy(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--peer") in.query.peer_key = next();
-    else if (a == "--host") in.query.peer_host = next();
-    else if (a == "--same-host") in.query.same_host = true;
-    else if (a == "--remote-host") in.query.same_host = false;
+    if (a == "--peer")
+      in.query.peer_key = next();
+    else if (a == "--host")
+      in.query.peer_host = next();
+    else if (a == "--same-host")
+      in.query.same_host = true;
+    else if (a == "--remote-host")
+      in.query.same_host = false;
     else if (a == "--local" || a == "--remote") {
       auto loc = parse_loc(next());
       if (!loc) return usage();
@@ -121,8 +132,10 @@ int cmd_policy(int argc, char** argv) {
   std::printf("rule %d (%s line %d) matches\n", d.rule + 1, pol.source.c_str(), rule.line);
   int rank = 0;
   for (const auto& c : d.candidates) {
-    if (c.kept) std::printf("  %d. %-6s kept\n", ++rank, c.backend.c_str());
-    else std::printf("     %-6s dropped: %s\n", c.backend.c_str(), c.why.c_str());
+    if (c.kept)
+      std::printf("  %d. %-6s kept\n", ++rank, c.backend.c_str());
+    else
+      std::printf("     %-6s dropped: %s\n", c.backend.c_str(), c.why.c_str());
   }
   if (rank == 0) std::printf("no backend left: the transfer would fail with ERR_BAD_STATE\n");
   std::printf("failover: up to %u attempts; timeout %lld ms per attempt\n", pol.max_attempts,
@@ -137,5 +150,6 @@ int main(int argc, char** argv) {
   std::string cmd = argv[1];
   if (cmd == "info") return cmd_info(argc - 2, argv + 2);
   if (cmd == "policy") return cmd_policy(argc - 2, argv + 2);
+  if (cmd == "stats") return cli::cmd_stats(argc - 2, argv + 2);
   return usage();
 }

@@ -106,30 +106,49 @@ std::set<std::string> names_of(const std::map<std::string, std::vector<uint8_t>>
 
 StatusCode status_from_plugin(int rc) {
   switch (rc) {
-    case FERRY_OK: return StatusCode::SUCCESS;
-    case FERRY_ERR_INVALID_ARGS: return StatusCode::ERR_INVALID_ARGS;
-    case FERRY_ERR_NOT_FOUND: return StatusCode::ERR_NOT_FOUND;
-    case FERRY_ERR_BAD_STATE: return StatusCode::ERR_BAD_STATE;
-    case FERRY_ERR_TIMEOUT: return StatusCode::ERR_TIMEOUT;
-    case FERRY_ERR_GPU: return StatusCode::ERR_GPU_OP;
-    default: return StatusCode::ERR_TRANSPORT;
+    case FERRY_OK:
+      return StatusCode::SUCCESS;
+    case FERRY_ERR_INVALID_ARGS:
+      return StatusCode::ERR_INVALID_ARGS;
+    case FERRY_ERR_NOT_FOUND:
+      return StatusCode::ERR_NOT_FOUND;
+    case FERRY_ERR_BAD_STATE:
+      return StatusCode::ERR_BAD_STATE;
+    case FERRY_ERR_TIMEOUT:
+      return StatusCode::ERR_TIMEOUT;
+    case FERRY_ERR_GPU:
+      return StatusCode::ERR_GPU_OP;
+    default:
+      return StatusCode::ERR_TRANSPORT;
   }
 }
 
 std::string plugin_error_name(int rc) {
   switch (rc) {
-    case FERRY_ERR_INVALID_ARGS: return "invalid arguments";
-    case FERRY_ERR_NOT_FOUND: return "not found";
-    case FERRY_ERR_BAD_STATE: return "bad state";
-    case FERRY_ERR_NO_MEMORY: return "out of memory";
-    case FERRY_ERR_UNSUPPORTED: return "unsupported";
-    case FERRY_ERR_TRANSPORT: return "transport error";
-    case FERRY_ERR_TIMEOUT: return "timed out";
-    case FERRY_ERR_REMOTE: return "refused by the target";
-    case FERRY_ERR_GPU: return "GPU error";
-    case FERRY_ERR_NO_DEVICE: return "no device";
-    case FERRY_ERR_PROTOCOL: return "protocol error";
-    default: return "error " + std::to_string(rc);
+    case FERRY_ERR_INVALID_ARGS:
+      return "invalid arguments";
+    case FERRY_ERR_NOT_FOUND:
+      return "not found";
+    case FERRY_ERR_BAD_STATE:
+      return "bad state";
+    case FERRY_ERR_NO_MEMORY:
+      return "out of memory";
+    case FERRY_ERR_UNSUPPORTED:
+      return "unsupported";
+    case FERRY_ERR_TRANSPORT:
+      return "transport error";
+    case FERRY_ERR_TIMEOUT:
+      return "timed out";
+    case FERRY_ERR_REMOTE:
+      return "refused by the target";
+    case FERRY_ERR_GPU:
+      return "GPU error";
+    case FERRY_ERR_NO_DEVICE:
+      return "no device";
+    case FERRY_ERR_PROTOCOL:
+      return "protocol error";
+    default:
+      return "error " + std::to_string(rc);
   }
 }
 
@@ -167,16 +186,30 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   h.on_notify = [this](const std::string& peer, uint64_t uid, int32_t status) {
     inbound(peer.c_str(), uid, status);
   };
-  control_ = std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &secret_);
+  control_ =
+      std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &secret_);
   if (secret_.enabled())
-    FERRY_LOG(INFO, key_, "auth token set: peers must prove it on every control and data connection");
+    FERRY_LOG(INFO, key_,
+              "auth token set: peers must prove it on every control and data connection");
+  std::string stats_path = config_.stats_socket;
+  if (stats_path.empty())
+    if (const char* env = std::getenv("FERRY_STATS_SOCKET"); env && *env) stats_path = env;
+  if (!stats_path.empty()) {
+    stats_server_ = std::make_unique<StatsServer>(expand_stats_path(stats_path, key_),
+                                                  [this] { return stats_to_json(key_, stats()); });
+    FERRY_LOG(INFO, key_, "stats on unix socket " + stats_server_->path() + " (ferry stats PATH)");
+  }
 }
 
 EngineImpl::~EngineImpl() {
   shutting_down_ = true;
-  control_.reset();  // no more inbound control traffic into plugins
+  stats_server_.reset();
+  // Backends first: a plugin's fini may still send control messages (ctrl_send
+  // uses control_), and control traffic arriving meanwhile finds them marked
+  // removed and is dropped. Then the control plane.
   std::vector<std::string> names = backend_names();
   for (auto it = names.rbegin(); it != names.rend(); ++it) remove_backend(*it);
+  control_.reset();
 }
 
 // ---- backends -----------------------------------------------------------------
@@ -185,7 +218,8 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   {
     std::shared_lock lk(mu_);
     for (const auto& b : backends_)
-      if (b->name == name) return {StatusCode::ERR_BAD_STATE, "backend '" + name + "' is already loaded"};
+      if (b->name == name)
+        return {StatusCode::ERR_BAD_STATE, "backend '" + name + "' is already loaded"};
   }
   std::vector<std::string> dirs = config_.plugin_dirs;
   dirs.insert(dirs.end(), policy_.plugin_dirs.begin(), policy_.plugin_dirs.end());
@@ -243,7 +277,8 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
     ferry_peer_v1 pv = peer_view(p->desc, p->same_host, it->second);
     void* h = nullptr;
     int prc = b->ops->peer_add(b->ctx, &pv, &h);
-    peer_results[p.get()] = {prc == FERRY_OK ? h : nullptr, prc == FERRY_OK ? "" : plugin_error_name(prc)};
+    peer_results[p.get()] = {prc == FERRY_OK ? h : nullptr,
+                             prc == FERRY_OK ? "" : plugin_error_name(prc)};
   }
   std::map<LocalMem*, std::pair<void*, std::vector<uint8_t>>> mem_results;
   for (auto& m : mems) {
@@ -261,8 +296,10 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
     for (auto& p : peers) {
       auto r = peer_results.find(p.get());
       if (r == peer_results.end()) continue;
-      if (r->second.first) p->handles[name] = r->second.first;
-      else p->unreachable[name] = r->second.second;
+      if (r->second.first)
+        p->handles[name] = r->second.first;
+      else
+        p->unreachable[name] = r->second.second;
     }
     for (auto& m : mems) {
       auto r = mem_results.find(m.get());
@@ -320,7 +357,8 @@ Result EngineImpl::remove_backend(const std::string& name) {
     std::unique_lock lk(mu_);
     auto it = std::find_if(backends_.begin(), backends_.end(),
                            [&](const BackendPtr& x) { return x->name == name; });
-    if (it == backends_.end()) return {StatusCode::ERR_NOT_FOUND, "backend '" + name + "' is not loaded"};
+    if (it == backends_.end())
+      return {StatusCode::ERR_NOT_FOUND, "backend '" + name + "' is not loaded"};
     b = *it;
     backends_.erase(it);
     loaded_.erase(std::remove_if(loaded_.begin(), loaded_.end(),
@@ -357,7 +395,8 @@ EngineDesc EngineImpl::desc() const {
 // ---- remote engines -------------------------------------------------------------
 
 Result EngineImpl::register_remote_engine(const EngineDesc& d) {
-  if (d.key.empty() || d.key.size() > kMaxKey) return {StatusCode::ERR_INVALID_ARGS, "bad engine key"};
+  if (d.key.empty() || d.key.size() > kMaxKey)
+    return {StatusCode::ERR_INVALID_ARGS, "bad engine key"};
   if (d.key == key_) return {StatusCode::ERR_INVALID_ARGS, "cannot register an engine with itself"};
   if (d.port == 0) return {StatusCode::ERR_INVALID_ARGS, "engine descriptor has port 0"};
   bool known;
@@ -384,8 +423,10 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
     std::shared_lock life(b->life);
     if (b->removed) continue;
     int rc = b->ops->peer_add(b->ctx, &pv, &h);
-    if (rc == FERRY_OK) p->handles[b->name] = h;
-    else p->unreachable[b->name] = plugin_error_name(rc);
+    if (rc == FERRY_OK)
+      p->handles[b->name] = h;
+    else
+      p->unreachable[b->name] = plugin_error_name(rc);
   }
   std::unique_lock lk(mu_);
   peers_[d.key] = p;
@@ -399,7 +440,8 @@ Result EngineImpl::deregister_remote_engine(const std::string& key) {
   {
     std::unique_lock lk(mu_);
     auto it = peers_.find(key);
-    if (it == peers_.end()) return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
+    if (it == peers_.end())
+      return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
     p = it->second;
     peers_.erase(it);
     for (auto r = remote_mems_.begin(); r != remote_mems_.end();) {
@@ -508,7 +550,8 @@ Result EngineImpl::deregister_memory(const MemoryDesc& d) {
     std::unique_lock lk(mu_);
     auto it = local_mems_.find(d.id);
     if (d.engine_key != key_ || it == local_mems_.end())
-      return {StatusCode::ERR_NOT_FOUND, "memory " + std::to_string(d.id) + " is not registered here"};
+      return {StatusCode::ERR_NOT_FOUND,
+              "memory " + std::to_string(d.id) + " is not registered here"};
     m = it->second;
     local_mems_.erase(it);
   }
@@ -551,16 +594,19 @@ int EngineImpl::ctrl_send(Backend& b, const char* peer_key, const void* msg, siz
     port = it->second->desc.port;
   }
   std::string err;
-  int rc = control_->send(peer_key, host, port, CtrlType::PLUGIN, plugin_body(b.name, msg, len), &err);
-  if (rc != FERRY_OK) FERRY_LOG(WARN, b.name, "control message to " + std::string(peer_key) + " failed: " + err);
+  int rc =
+      control_->send(peer_key, host, port, CtrlType::PLUGIN, plugin_body(b.name, msg, len), &err);
+  if (rc != FERRY_OK)
+    FERRY_LOG(WARN, b.name, "control message to " + std::string(peer_key) + " failed: " + err);
   return rc;
 }
 
 void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status) {
   if (status != FERRY_OK) {
     // Only landings are recorded: a failed attempt may be retried elsewhere.
-    FERRY_LOG(DEBUG, key_, "inbound transfer " + std::to_string(uid) + " from " + peer_key +
-                               " failed on the target: " + plugin_error_name(status));
+    FERRY_LOG(DEBUG, key_,
+              "inbound transfer " + std::to_string(uid) + " from " + peer_key +
+                  " failed on the target: " + plugin_error_name(status));
     return;
   }
   if (inbound_.land(peer_key, uid, StatusCode::SUCCESS)) ++inbound_count_;
@@ -604,7 +650,9 @@ Result Engine::add_backend(const std::string& name, const std::string& settings)
 Result Engine::remove_backend(const std::string& name) { return impl_->remove_backend(name); }
 std::vector<std::string> Engine::backends() const { return impl_->backend_names(); }
 EngineDesc Engine::desc() const { return impl_->desc(); }
-Result Engine::register_remote_engine(const EngineDesc& d) { return impl_->register_remote_engine(d); }
+Result Engine::register_remote_engine(const EngineDesc& d) {
+  return impl_->register_remote_engine(d);
+}
 Result Engine::deregister_remote_engine(const std::string& key) {
   return impl_->deregister_remote_engine(key);
 }

@@ -22,6 +22,7 @@
 #include "plugin_loader.h"
 #include "policy.h"
 #include "router.h"
+#include "stats_server.h"
 #include "watchdog.h"
 
 namespace ferry {
@@ -53,8 +54,8 @@ using BackendPtr = std::shared_ptr<Backend>;
 struct PeerEntry {
   EngineDesc desc;
   bool same_host = false;
-  std::set<std::string> advertised;       // backends in the peer's descriptor
-  std::map<std::string, void*> handles;   // backend -> plugin peer handle (engine mu_)
+  std::set<std::string> advertised;                // backends in the peer's descriptor
+  std::map<std::string, void*> handles;            // backend -> plugin peer handle (engine mu_)
   std::map<std::string, std::string> unreachable;  // backend -> why peer_add failed
 };
 
@@ -150,8 +151,7 @@ class EngineImpl {
   // Resolve descriptors into registered state; error code + message on failure.
   StatusCode resolve(const MemoryDesc& local, const MemoryDesc& remote, MemPair& out,
                      std::string& why);
-  std::vector<BackendPtr> route_for(const MemPair& pair, Op op, uint64_t bytes,
-                                    std::string& why);
+  std::vector<BackendPtr> route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why);
   void attempt_done(const std::shared_ptr<Attempt>& a, int status, const std::string& msg);
 
   // host services (plugin callbacks), see host_services in engine.cpp
@@ -173,8 +173,8 @@ class EngineImpl {
   // Declared before anything whose destruction completes transfers.
   Watchdog watchdog_;
 
-  mutable std::shared_mutex mu_;  // guards everything below
-  std::vector<BackendPtr> backends_;  // load order
+  mutable std::shared_mutex mu_;                          // guards everything below
+  std::vector<BackendPtr> backends_;                      // load order
   std::vector<std::pair<std::string, uint64_t>> loaded_;  // name, caps (for the router)
   std::atomic<uint64_t> backend_generation_{0};
   std::map<std::string, std::shared_ptr<BackendCounters>> counters_;
@@ -185,7 +185,8 @@ class EngineImpl {
   std::multimap<std::string, std::shared_ptr<RemoteMem>> retired_remote_mems_;
   uint64_t next_mem_id_ = 1;
 
-  std::unique_ptr<ControlPlane> control_;  // last: its thread calls into the above
+  std::unique_ptr<ControlPlane> control_;      // its thread calls into the above
+  std::unique_ptr<StatsServer> stats_server_;  // its thread reads stats()
 
  private:
   void start_next(const TransferPtr& t);

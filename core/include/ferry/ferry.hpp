@@ -131,15 +131,19 @@ using TransferUid = uint64_t;
 // ---- engine --------------------------------------------------------------------
 
 struct EngineConfig {
-  std::string host = "127.0.0.1";  // address the control listener binds and advertises
-  uint16_t port = 0;               // 0 = any free port
-  std::string node_id;             // empty: FERRY_NODE_ID, then boot id, then hostname
-  std::string policy_file;         // empty: FERRY_POLICY, then the built-in policy
+  std::string host = "127.0.0.1";        // address the control listener binds and advertises
+  uint16_t port = 0;                     // 0 = any free port
+  std::string node_id;                   // empty: FERRY_NODE_ID, then boot id, then hostname
+  std::string policy_file;               // empty: FERRY_POLICY, then the built-in policy
   std::vector<std::string> plugin_dirs;  // searched after FERRY_PLUGIN_PATH
   std::chrono::milliseconds timeout{0};  // per-transfer deadline; 0 = the policy's
   // Shared secret every peer must prove (HMAC-SHA256 challenge/response on each
   // control and data connection; never sent). Empty: FERRY_AUTH_TOKEN, then none.
   std::string auth_token;
+  // Serve Engine::stats() as JSON on this Unix socket (mode 0600) for
+  // `ferry stats PATH`; "{key}" and "{pid}" are replaced. Empty:
+  // FERRY_STATS_SOCKET, then no endpoint.
+  std::string stats_socket;
 };
 
 struct BackendStats {
@@ -195,12 +199,10 @@ class Engine {
                        size_t remote_off, size_t size, TransferUid uid, bool notify = true);
   TransferStatus batch_read(const MemoryDesc& local, const std::vector<size_t>& local_offs,
                             const MemoryDesc& remote, const std::vector<size_t>& remote_offs,
-                            const std::vector<size_t>& sizes, TransferUid uid,
-                            bool notify = true);
+                            const std::vector<size_t>& sizes, TransferUid uid, bool notify = true);
   TransferStatus batch_write(const MemoryDesc& local, const std::vector<size_t>& local_offs,
                              const MemoryDesc& remote, const std::vector<size_t>& remote_offs,
-                             const std::vector<size_t>& sizes, TransferUid uid,
-                             bool notify = true);
+                             const std::vector<size_t>& sizes, TransferUid uid, bool notify = true);
 
   // A pre-resolved (local, remote) pair; nullptr with the reason in *why when
   // no backend can serve it (e.g. none loaded: ERR_BAD_STATE).
@@ -237,12 +239,10 @@ class Session {
                        bool notify = true);
   TransferStatus batch_read(const std::vector<size_t>& local_offs,
                             const std::vector<size_t>& remote_offs,
-                            const std::vector<size_t>& sizes, TransferUid uid,
-                            bool notify = true);
+                            const std::vector<size_t>& sizes, TransferUid uid, bool notify = true);
   TransferStatus batch_write(const std::vector<size_t>& local_offs,
                              const std::vector<size_t>& remote_offs,
-                             const std::vector<size_t>& sizes, TransferUid uid,
-                             bool notify = true);
+                             const std::vector<size_t>& sizes, TransferUid uid, bool notify = true);
   bool alive() const;
 
   struct Impl;

@@ -1,0 +1,134 @@
+#include "stats_command.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+namespace ferry::cli {
+namespace {
+
+constexpr int kReadTimeoutMs = 5000;
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: ferry stats PATH [--json] [--watch SECONDS [--count N]]\n"
+               "  PATH: the engine's stats socket (EngineConfig::stats_socket or\n"
+               "        FERRY_STATS_SOCKET, e.g. ferry-bench --stats-socket PATH)\n");
+  return 2;
+}
+
+// One document from the endpoint; false with *err when it cannot be had.
+bool fetch(const std::string& path, std::string* doc, std::string* err) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(a.sun_path)) {
+    *err = "bad socket path '" + path + "'";
+    return false;
+  }
+  std::memcpy(a.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    *err = "cannot connect to " + path + ": " + std::strerror(errno) +
+           " (is the engine running with this stats socket?)";
+    if (fd >= 0) ::close(fd);
+    return false;
+  }
+  doc->clear();
+  char buf[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, kReadTimeoutMs) <= 0) {
+      *err = "no answer from " + path + " within " + std::to_string(kReadTimeoutMs) + " ms";
+      ::close(fd);
+      return false;
+    }
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    doc->append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return true;
+}
+
+unsigned long long num(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_unsigned() ? it->get<unsigned long long>() : 0;
+}
+
+bool print_table(const std::string& doc) {
+  const auto j = nlohmann::json::parse(doc, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  std::printf(
+      "engine %s (pid %lld): inbound notifications %llu, control connections refused %llu\n",
+      j.value("engine", std::string("?")).c_str(), static_cast<long long>(j.value("pid", 0L)),
+      num(j, "inbound_notifications"), num(j, "ctrl_rejected"));
+  std::printf("  %-10s %12s %16s %10s %10s %12s\n", "backend", "transfers", "bytes", "failures",
+              "failovers", "quarantines");
+  if (auto b = j.find("backends"); b != j.end() && b->is_object()) {
+    for (const auto& [name, c] : b->items()) {
+      std::printf("  %-10s %12llu %16llu %10llu %10llu %12llu\n", name.c_str(), num(c, "transfers"),
+                  num(c, "bytes"), num(c, "failures"), num(c, "failovers"), num(c, "quarantines"));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int cmd_stats(int argc, char** argv) {
+  if (argc < 1) return usage();
+  const std::string path = argv[0];
+  bool json = false;
+  double watch = 0;
+  long count = 0;  // 0 = until the engine goes away
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    try {
+      if (a == "--json") {
+        json = true;
+      } else if (a == "--watch" && i + 1 < argc) {
+        watch = std::stod(argv[++i]);
+        if (!(watch > 0)) return usage();
+      } else if (a == "--count" && i + 1 < argc) {
+        count = std::stol(argv[++i]);
+        if (count < 1) return usage();
+      } else {
+        return usage();
+      }
+    } catch (const std::exception&) {
+      return usage();
+    }
+  }
+  for (long shown = 0;;) {
+    std::string doc, err;
+    if (!fetch(path, &doc, &err)) {
+      // Watching an engine that has finished is the normal end of a watch.
+      if (shown > 0) return 0;
+      std::fprintf(stderr, "ferry stats: %s\n", err.c_str());
+      return 1;
+    }
+    if (json) {
+      std::fputs(doc.c_str(), stdout);
+    } else if (!print_table(doc)) {
+      std::fprintf(stderr, "ferry stats: %s did not answer with stats JSON\n", path.c_str());
+      return 1;
+    }
+    std::fflush(stdout);
+    ++shown;
+    if (watch <= 0 || (count > 0 && shown >= count)) return 0;
+    // Pacing the samples, not ordering anything.
+    std::this_thread::sleep_for(std::chrono::duration<double>(watch));
+  }
+}
+
+}  // namespace ferry::cli
