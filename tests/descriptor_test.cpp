@@ -16,6 +16,7 @@ EngineDesc sample_engine() {
   d.port = 4242;
   d.node_id = "node-a";
   d.pid = 1234;
+  d.instance = 0x1234567890abcdefull;
   d.backends["tcp"] = {1, 2, 3, 4};
   d.backends["rdma"] = std::vector<uint8_t>(300, 7);
   return d;
@@ -24,6 +25,7 @@ EngineDesc sample_engine() {
 MemoryDesc sample_mem() {
   MemoryDesc m;
   m.engine_key = "prefill-0";
+  m.engine_instance = 0x1234567890abcdefull;
   m.id = 42;
   m.location = MemoryLocation::GPU;
   m.device = 3;
@@ -32,6 +34,16 @@ MemoryDesc sample_mem() {
   m.size = 1 << 30;
   m.backends["xgmi"] = std::vector<uint8_t>(64, 9);
   return m;
+}
+
+TEST(Descriptors, InstanceIsOptionalOnTheWire) {
+  // Descriptors without an instance (from an engine before it existed) still decode, as 0.
+  EngineDesc d = sample_engine();
+  d.instance = 0;
+  EXPECT_EQ(EngineDesc::unpack(d.pack()).instance, 0u);
+  MemoryDesc m = sample_mem();
+  m.engine_instance = 0;
+  EXPECT_EQ(MemoryDesc::unpack(m.pack()).engine_instance, 0u);
 }
 
 TEST(Descriptors, EngineRoundTrip) {

@@ -266,4 +266,47 @@ TEST(StatsEndpoint, StaleSocketIsReplacedLiveOneAndOtherFilesAreRefused) {
   EXPECT_THROW(Engine("fourth", cfg), Error);
 }
 
+// ---- a restarted engine -------------------------------------------------------------
+
+TEST(EngineRestart, MemoryDescriptorOfThePreviousInstanceIsRefused) {
+  // The target restarts under the same key; its new region gets the same id as
+  // the old one. A descriptor kept from before must not reach the new memory.
+  Engine ini("ini");
+  ASSERT_TRUE(ini.add_backend("tcp"));
+  std::vector<uint8_t> src(4096, 0xab), old_dst(4096), new_dst(4096);
+  MemoryDesc lmem = ini.register_memory(src.data(), src.size());
+  MemoryDesc stale;
+  std::unique_ptr<Session> old_session;
+  {
+    Engine tgt("tgt");
+    ASSERT_TRUE(tgt.add_backend("tcp"));
+    stale = tgt.register_memory(old_dst.data(), old_dst.size());
+    ASSERT_TRUE(ini.register_remote_engine(tgt.desc()));
+    old_session = ini.create_session(lmem, stale);
+    ASSERT_TRUE(old_session);
+  }
+  Engine tgt("tgt");
+  ASSERT_TRUE(tgt.add_backend("tcp"));
+  MemoryDesc fresh = tgt.register_memory(new_dst.data(), new_dst.size());
+  ASSERT_EQ(fresh.id, stale.id) << "the case this guards against";
+  ASSERT_NE(fresh.engine_instance, stale.engine_instance);
+  ASSERT_TRUE(ini.register_remote_engine(tgt.desc()));
+  tgt.register_remote_engine(ini.desc());
+
+  TransferStatus st = ini.write(lmem, 0, stale, 0, src.size(), ini.allocate_transfer_uid());
+  EXPECT_EQ(st.Code(), StatusCode::ERR_NOT_FOUND) << st.Message();
+  EXPECT_NE(st.Message().find("previous instance"), std::string::npos) << st.Message();
+  EXPECT_EQ(std::count(new_dst.begin(), new_dst.end(), 0xab), 0)
+      << "nothing reached the new memory";
+
+  // A session made for the previous instance says so, rather than "no backend".
+  st = old_session->write(0, 0, src.size(), ini.allocate_transfer_uid());
+  EXPECT_EQ(st.Code(), StatusCode::ERR_NOT_FOUND) << st.Message();
+  EXPECT_NE(st.Message().find("create a new session"), std::string::npos) << st.Message();
+
+  st = ini.write(lmem, 0, fresh, 0, src.size(), ini.allocate_transfer_uid());
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  EXPECT_EQ(new_dst, src);
+}
+
 }  // namespace

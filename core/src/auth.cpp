@@ -52,7 +52,7 @@ std::vector<uint8_t> ctrl_transcript(std::string_view label, const Nonce& client
   };
   auto put_str = [&](std::string_view s) {  // length-prefixed, so fields cannot run together
     uint8_t n = static_cast<uint8_t>(s.size() > 255 ? 255 : s.size());
-    put(&n, 1);
+    t.push_back(n);  // not put(&n, 1): g++ 12 at -O3 warns (-Wstringop-overflow) on that insert
     put(s.data(), n);
   };
   put_str(label);

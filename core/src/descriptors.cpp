@@ -86,11 +86,19 @@ class DepthLimitedSax : public nlohmann::json_sax<json> {
   }
   bool string(string_t& v) override { return dom_.string(v); }
   bool binary(binary_t& v) override { return dom_.binary(v); }
-  bool start_object(std::size_t n) override { return ++depth_ <= kMaxDepth && dom_.start_object(n); }
+  bool start_object(std::size_t n) override {
+    return ++depth_ <= kMaxDepth && dom_.start_object(n);
+  }
   bool key(string_t& v) override { return dom_.key(v); }
-  bool end_object() override { --depth_; return dom_.end_object(); }
+  bool end_object() override {
+    --depth_;
+    return dom_.end_object();
+  }
   bool start_array(std::size_t n) override { return ++depth_ <= kMaxDepth && dom_.start_array(n); }
-  bool end_array() override { --depth_; return dom_.end_array(); }
+  bool end_array() override {
+    --depth_;
+    return dom_.end_array();
+  }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
     return false;
   }
@@ -138,8 +146,9 @@ std::string readable(json o) {
 }  // namespace
 
 std::vector<uint8_t> EngineDesc::pack() const {
-  json o = {{"t", "engine"}, {"v", kDescVersion}, {"k", key},    {"h", host},
+  json o = {{"t", "engine"}, {"v", kDescVersion}, {"k", key},   {"h", host},
             {"p", port},     {"n", node_id},      {"pid", pid}, {"b", backends_to_json(backends)}};
+  if (instance != 0) o["inst"] = instance;
   return json::to_msgpack(o);
 }
 
@@ -152,13 +161,12 @@ EngineDesc EngineDesc::unpack(const std::vector<uint8_t>& bytes) {
   if (d.port == 0) bad("engine: port 0");
   d.node_id = get_string(o, "n");
   d.pid = static_cast<uint32_t>(get_uint(o, "pid", UINT32_MAX));
+  if (o.contains("inst")) d.instance = get_uint(o, "inst", UINT64_MAX);
   d.backends = get_backends(o);
   return d;
 }
 
-std::string EngineDesc::to_json() const {
-  return readable(json::from_msgpack(pack()));
-}
+std::string EngineDesc::to_json() const { return readable(json::from_msgpack(pack())); }
 
 std::vector<uint8_t> MemoryDesc::pack() const {
   json o = {{"t", "memory"},
@@ -171,6 +179,7 @@ std::vector<uint8_t> MemoryDesc::pack() const {
             {"a", addr},
             {"s", size},
             {"b", backends_to_json(backends)}};
+  if (engine_instance != 0) o["inst"] = engine_instance;
   return json::to_msgpack(o);
 }
 
@@ -178,6 +187,7 @@ MemoryDesc MemoryDesc::unpack(const std::vector<uint8_t>& bytes) {
   json o = parse(bytes, "memory");
   MemoryDesc d;
   d.engine_key = get_string(o, "k");
+  if (o.contains("inst")) d.engine_instance = get_uint(o, "inst", UINT64_MAX);
   d.id = get_uint(o, "id", UINT64_MAX);
   auto loc = get_uint(o, "loc", 2);
   if (loc == 0) bad("memory: unknown location");
@@ -192,8 +202,6 @@ MemoryDesc MemoryDesc::unpack(const std::vector<uint8_t>& bytes) {
   return d;
 }
 
-std::string MemoryDesc::to_json() const {
-  return readable(json::from_msgpack(pack()));
-}
+std::string MemoryDesc::to_json() const { return readable(json::from_msgpack(pack())); }
 
 }  // namespace ferry

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <random>
 
 #include "engine_impl.h"
 #include "gpu_runtime.h"
@@ -157,6 +158,8 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   if (key_.empty() || key_.size() > kMaxKey)
     throw Error(StatusCode::ERR_INVALID_ARGS, "engine key must be 1..255 bytes");
   node_id_ = config_.node_id.empty() ? default_node_id() : config_.node_id;
+  std::random_device rd;
+  while (instance_ == 0) instance_ = (uint64_t{rd()} << 32) ^ rd();
   std::string policy_file = config_.policy_file;
   if (policy_file.empty())
     if (const char* env = std::getenv("FERRY_POLICY"); env && *env) policy_file = env;
@@ -387,6 +390,7 @@ EngineDesc EngineImpl::desc() const {
   d.port = control_->port();
   d.node_id = node_id_;
   d.pid = static_cast<uint32_t>(::getpid());
+  d.instance = instance_;
   std::shared_lock lk(mu_);
   for (const auto& b : backends_) d.backends[b->name] = b->conn_blob;
   return d;
@@ -443,6 +447,7 @@ Result EngineImpl::deregister_remote_engine(const std::string& key) {
     if (it == peers_.end())
       return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
     p = it->second;
+    p->gone = true;
     peers_.erase(it);
     for (auto r = remote_mems_.begin(); r != remote_mems_.end();) {
       if (r->first.first == key) {
@@ -508,6 +513,7 @@ MemoryDesc EngineImpl::register_memory(void* addr, size_t size, int device, Memo
   auto m = std::make_shared<LocalMem>();
   m->addr = addr;
   m->desc.engine_key = key_;
+  m->desc.engine_instance = instance_;
   m->desc.location = loc;
   m->desc.device = loc == MemoryLocation::GPU ? device : -1;
   if (loc == MemoryLocation::GPU) {

@@ -57,6 +57,10 @@ struct PeerEntry {
   std::set<std::string> advertised;                // backends in the peer's descriptor
   std::map<std::string, void*> handles;            // backend -> plugin peer handle (engine mu_)
   std::map<std::string, std::string> unreachable;  // backend -> why peer_add failed
+  // Deregistered (or replaced by a re-registration of its key): sessions made
+  // for it refuse new transfers, and its late failures do not count against the
+  // health of the engine now registered under the key.
+  std::atomic<bool> gone{false};
 };
 
 struct LocalMem {
@@ -164,6 +168,7 @@ class EngineImpl {
   const EngineConfig config_;
   const auth::Secret secret_;  // EngineConfig::auth_token, else FERRY_AUTH_TOKEN, else none
   std::string node_id_;
+  uint64_t instance_ = 0;  // EngineDesc::instance: random, never 0
   Policy policy_;
   std::unique_ptr<Health> health_;
   InboundTable inbound_;

@@ -65,12 +65,14 @@ std::shared_ptr<RemoteMem> EngineImpl::import_remote(const std::shared_ptr<PeerE
     std::shared_lock life(b->life);
     if (b->removed) continue;
     void* rh = nullptr;
-    int rc = b->ops->mem_import(b->ctx, ph, d.id, d.size, blob->second.data(), blob->second.size(),
-                                &rh);
-    if (rc == FERRY_OK) r->handles[b->name] = rh;
+    int rc =
+        b->ops->mem_import(b->ctx, ph, d.id, d.size, blob->second.data(), blob->second.size(), &rh);
+    if (rc == FERRY_OK)
+      r->handles[b->name] = rh;
     else
-      FERRY_LOG(WARN, key_, b->name + " could not import memory " + std::to_string(d.id) + " of " +
-                                d.engine_key + ": " + plugin_error_name(rc));
+      FERRY_LOG(WARN, key_,
+                b->name + " could not import memory " + std::to_string(d.id) + " of " +
+                    d.engine_key + ": " + plugin_error_name(rc));
   }
   return r;
 }
@@ -88,10 +90,19 @@ StatusCode EngineImpl::resolve(const MemoryDesc& local, const MemoryDesc& remote
     out.local = lm->second;
     auto p = peers_.find(remote.engine_key);
     if (p == peers_.end()) {
-      why = "remote engine '" + remote.engine_key + "' is not registered with engine '" + key_ + "'";
+      why =
+          "remote engine '" + remote.engine_key + "' is not registered with engine '" + key_ + "'";
       return StatusCode::ERR_NOT_FOUND;
     }
     out.peer = p->second;
+    const uint64_t now = out.peer->desc.instance;
+    if (remote.engine_instance != 0 && now != 0 && remote.engine_instance != now) {
+      // Same key and id, but registered by an earlier life of the engine: its
+      // memory ids start over, so this id may name other memory now.
+      why = "memory descriptor " + std::to_string(remote.id) + " of '" + remote.engine_key +
+            "' is from a previous instance of that engine (it restarted); ask it for a fresh one";
+      return StatusCode::ERR_NOT_FOUND;
+    }
     auto r = remote_mems_.find({remote.engine_key, remote.id});
     // A descriptor that no longer matches the cached one (re-registered memory) is re-imported.
     if (r != remote_mems_.end() && r->second->desc.addr == remote.addr &&
@@ -138,7 +149,6 @@ void EngineImpl::release_remote(const std::shared_ptr<RemoteMem>& r) {
   }
 }
 
-
 std::vector<BackendPtr> EngineImpl::route_for(const MemPair& pair, Op op, uint64_t bytes,
                                               std::string& why) {
   RouteInputs in;
@@ -184,7 +194,8 @@ std::vector<BackendPtr> EngineImpl::route_for(const MemPair& pair, Op op, uint64
         auto until = health_->quarantined_until(pair.peer->desc.key, name);
         c.valid_until = std::min(c.valid_until, until);
         return "quarantined for this peer for another " +
-               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) +
+               std::to_string(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) +
                " ms";
       }
       return {};
@@ -217,6 +228,11 @@ TransferStatus EngineImpl::submit_pair(const MemPair& pair, Op op, const size_t*
                                        TransferUid uid, bool notify) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
   if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
+  if (pair.peer->gone.load(std::memory_order_relaxed))
+    return failed(StatusCode::ERR_NOT_FOUND,
+                  "remote engine '" + pair.peer->desc.key +
+                      "' was deregistered or registered again since this session was created; "
+                      "create a new session");
   auto t = std::make_shared<Transfer>();
   t->engine = this;
   t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
@@ -278,7 +294,8 @@ void EngineImpl::start_next(const TransferPtr& t) {
     t->last_code = status_from_plugin(rc);
     t->history += std::string(t->history.empty() ? "" : "; ") + b->name + ": " + why;
     ++b->counters->failures;
-    if (health_->fail(t->pair.peer->desc.key, b->name)) ++b->counters->quarantines;
+    if (!t->pair.peer->gone && health_->fail(t->pair.peer->desc.key, b->name))
+      ++b->counters->quarantines;
     if (t->next < t->route.size()) ++b->counters->failovers;
   }
   if (t->history.empty()) t->history = "no backend left to try";
@@ -322,8 +339,9 @@ int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::str
   x.remote_mem = rh;
   x.iov = t->iov.data();
   x.uid = t->uid;
-  x.deadline_ns = now_ns() + static_cast<uint64_t>(
-                                 std::chrono::duration_cast<std::chrono::nanoseconds>(policy_.timeout).count());
+  x.deadline_ns =
+      now_ns() + static_cast<uint64_t>(
+                     std::chrono::duration_cast<std::chrono::nanoseconds>(policy_.timeout).count());
   x.total_bytes = t->total;
   auto* ref = new std::shared_ptr<Attempt>(a);
   x.xfer_ctx = ref;
@@ -366,11 +384,12 @@ void EngineImpl::attempt_done(const std::shared_ptr<Attempt>& a, int status,
   t->history += std::string(t->history.empty() ? "" : "; ") + b.name + ": " +
                 (message.empty() ? plugin_error_name(status) : message);
   ++b.counters->failures;
-  if (health_->fail(peer, b.name)) ++b.counters->quarantines;
+  if (!t->pair.peer->gone && health_->fail(peer, b.name)) ++b.counters->quarantines;
   if (t->next < t->route.size() && t->attempts < policy_.max_attempts && !shutting_down_) {
     ++b.counters->failovers;
-    FERRY_LOG(INFO, key_, "transfer " + std::to_string(t->uid) + " to " + peer + " failed on " +
-                              b.name + " (" + message + "); trying " + t->route[t->next]->name);
+    FERRY_LOG(INFO, key_,
+              "transfer " + std::to_string(t->uid) + " to " + peer + " failed on " + b.name + " (" +
+                  message + "); trying " + t->route[t->next]->name);
   }
   start_next(t);
 }
@@ -405,8 +424,7 @@ TransferStatus Engine::batch_read(const MemoryDesc& local, const std::vector<siz
 
 TransferStatus Engine::batch_write(const MemoryDesc& local, const std::vector<size_t>& loffs,
                                    const MemoryDesc& remote, const std::vector<size_t>& roffs,
-                                   const std::vector<size_t>& sizes, TransferUid uid,
-                                   bool notify) {
+                                   const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
   if (!same_lengths(loffs, roffs, sizes))
     return failed(StatusCode::ERR_INVALID_ARGS, "batch: offsets and sizes differ in length");
   return impl_->submit(Op::WRITE, local, remote, loffs.data(), roffs.data(), sizes.data(),

@@ -65,6 +65,9 @@ struct EngineDesc {
   uint16_t port = 0;
   std::string node_id;
   uint32_t pid = 0;
+  // Random per engine object: a restarted engine with the same key has another,
+  // so descriptors of its previous life are told apart. 0 = unknown (older peer).
+  uint64_t instance = 0;
   std::map<std::string, std::vector<uint8_t>> backends;  // plugin name -> conn blob
 
   std::vector<uint8_t> pack() const;
@@ -77,6 +80,7 @@ struct EngineDesc {
 // A registered memory region; produced by Engine::register_memory().
 struct MemoryDesc {
   std::string engine_key;
+  uint64_t engine_instance = 0;  // EngineDesc::instance of the engine that registered it
   uint64_t id = 0;
   MemoryLocation location = MemoryLocation::UNKNOWN;
   int32_t device = -1;
