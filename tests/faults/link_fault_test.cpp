@@ -758,20 +758,17 @@ TEST(LinkFault, PeerRestartedWithSameKey) {
           ms_since(restart), old_pid, rig.peer_->desc.pid);
       EXPECT_NE(rig.peer_->desc.pid, old_pid);
       if (c == 1) {
-        // Observed, not asserted (tests/faults/RESULTS.md): the dead process's
-        // MemoryDesc, used after the restart, is accepted by tcp and the bytes
-        // land in the new process's region that happens to have the same id.
+        // The dead process's MemoryDesc, used after the restart, names memory id
+        // that the new process reuses: it must be refused, and nothing may land.
         test::fill_pattern(rig.local_.data(), 0, 4096, 77);
+        const std::string before = rig.peer_->child.ask("hash 1 0 4096");
         auto st =
             rig.engine_->write(rig.mem_, 0, old_mem, 0, 4096, rig.engine_->allocate_transfer_uid());
-        st.WaitFor(10s);
-        std::string h = rig.peer_->child.ask("hash 1 0 4096");
-        std::printf(
-            "RESULT PROBE stale_desc code=%s msg='%s' landed_in_new_process=%d old_id=%lu "
-            "new_id=%lu\n",
-            to_string(st.Code()), st.Message().c_str(),
-            h == "HASH " + std::to_string(test::fnv1a(rig.local_.data(), 4096)),
-            (unsigned long)old_mem.id, (unsigned long)rig.peer_->mem.id);
+        ASSERT_TRUE(st.WaitFor(10s));
+        EXPECT_EQ(st.Code(), StatusCode::ERR_NOT_FOUND) << st.Message();
+        EXPECT_NE(st.Message().find("previous instance"), std::string::npos) << st.Message();
+        EXPECT_EQ(rig.peer_->child.ask("hash 1 0 4096"), before)
+            << "bytes landed in the new process through a stale descriptor";
       }
       rig.clean_wave(500 + c, "peer_restart new peer " + std::to_string(c));
     }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -1255,6 +1256,47 @@ TEST(TcpFailure, SilentTargetTimesOutAtDeadline) {
     EXPECT_GE(took, 290ms);
     EXPECT_LT(took, 3s);
   }
+  ops.mem_release(a.ctx(), remote);
+}
+
+TEST(TcpFailure, TimedOutLaneIsAbortedSoNoQueuedBytesFollow) {
+  // Once a transfer is reported failed, none of its bytes may still reach the
+  // target: the policy may re-run it on another backend, and late bytes would
+  // land on top of what that attempt (or a later transfer) wrote. So a lane is
+  // aborted (RST, unsent queue dropped) before its frames are failed, rather
+  // than shut down gracefully with the queue still draining.
+  MuteListener mute;  // accepts, never reads: the payload piles up in the socket buffers
+  Engine a("a", R"({"lanes": 1, "chunk_bytes": "64MiB"})");
+  void* peer = a.AddPeer("mute", wire::EncodeConnBlob({"127.0.0.1", mute.port()}));
+  Mem* src = a.Register(1, 32u << 20);
+  void* remote = ImportFake(a, peer);
+  int conn = -1;
+  std::thread acceptor([&] { conn = accept(mute.fd(), nullptr, nullptr); });
+  Result w = Transfer(a, FERRY_OP_WRITE, peer, src, remote, {{0, 0, 32u << 20}}, 0, 1,
+                      NowNs() + 300'000'000);
+  acceptor.join();
+  EXPECT_EQ(w.status, FERRY_ERR_TIMEOUT) << w.msg;
+  ASSERT_GE(conn, 0);
+  timeval tv{10, 0};
+  setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  int queued = 0;  // what had reached us when the failure was reported
+  ASSERT_EQ(ioctl(conn, FIONREAD, &queued), 0);
+  std::vector<char> buf(1 << 20);
+  size_t total = 0;
+  int end = 0;
+  for (;;) {
+    const ssize_t n = recv(conn, buf.data(), buf.size(), 0);
+    if (n > 0) {
+      total += static_cast<size_t>(n);
+      continue;
+    }
+    end = n == 0 ? 0 : errno;
+    break;
+  }
+  close(conn);
+  EXPECT_EQ(end, ECONNRESET) << "the lane ended gracefully (" << std::strerror(end)
+                             << "): its queued bytes kept flowing after the failure";
+  EXPECT_LE(total, static_cast<size_t>(queued)) << "bytes arrived after the failure was reported";
   ops.mem_release(a.ctx(), remote);
 }
 
