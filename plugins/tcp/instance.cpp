@@ -108,8 +108,8 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   }
   try {
     auto h = std::make_unique<PeerHandle>();
-    h->peer =
-        std::make_shared<Peer>(std::move(info), settings_.lanes, settings_.chunk_bytes, &watcher_);
+    h->peer = std::make_shared<Peer>(std::move(info), settings_.lanes, settings_.chunk_bytes,
+                                     settings_.gpu_chunk_bytes, &watcher_);
     std::lock_guard lk(handles_mu_);
     peers_.insert(h.get());
     *handle = h.release();
@@ -242,6 +242,12 @@ int Instance::Describe(char* buf, size_t len) {
   if (!settings_.advertise_host.empty()) s += " advertise=" + settings_.advertise_host;
   s += " connect_timeout=" + std::to_string(settings_.connect_timeout_ms) +
        "ms io_timeout=" + std::to_string(settings_.io_timeout_ms) + "ms";
+  if (FERRY_HAS_FIELD(ferry_host_v1, host_, gpu) && host_->gpu != nullptr) {
+    s += " gpu_chunk=" + FormatBytes(settings_.gpu_chunk_bytes) +
+         " gpu_stage=" + FormatBytes(settings_.gpu_stage_bytes) +
+         " gpu_pinned=" + FormatBytes(stages_.pinned_bytes()) + "/" +
+         FormatBytes(settings_.gpu_pinned_bytes);
+  }
   s += std::string(" auth=") + (AuthEnabled(host_) ? "on" : "off") +
        " rejected_lanes=" + std::to_string(target_.rejected());
   std::snprintf(buf, len, "%s", s.c_str());

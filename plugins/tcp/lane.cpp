@@ -42,7 +42,14 @@ void Lane::Fail(Doomed& doomed) {
   doomed.clear();
 }
 
-void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed) {
+void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset) {
+  // A second report of a break already made (the sender's send failed and then
+  // the receiver saw the close, or the other way round) must not fail frames
+  // queued since: they belong to the next connection, not to this one.
+  if (state_ == State::kBroken && !reset && !stopping_) {
+    cv_.notify_all();
+    return;
+  }
   if (state_ == State::kUp) {
     state_ = State::kBroken;
     reason_status_ = status;
@@ -78,7 +85,7 @@ void Lane::Reset(int status, const std::string& msg) {
   Doomed doomed;
   {
     std::lock_guard lk(mu_);
-    BreakLocked(status, msg, &doomed);
+    BreakLocked(status, msg, &doomed, /*reset=*/true);
   }
   Fail(doomed);
 }
@@ -88,7 +95,7 @@ void Lane::Stop(int status, const std::string& msg) {
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
-    BreakLocked(status, msg, &doomed);
+    BreakLocked(status, msg, &doomed, /*reset=*/true);
   }
   Fail(doomed);
   if (sender_.joinable()) sender_.join();

@@ -70,7 +70,9 @@ class Lane {
   // A READ's payload into GPU memory; on failure *status/*msg say why the lane breaks.
   int ReceiveStaged(SocketReader& in, Frame& f, int* status, std::string* msg);
   void AfterSendLocked(const FramePtr& f, int err, Doomed* doomed);
-  void BreakLocked(int status, const std::string& msg, Doomed* doomed);
+  // Breaks the connection and fails what is queued. reset: an explicit Reset or
+  // Stop, which also fails frames queued after an earlier break.
+  void BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset = false);
   static void Fail(Doomed& doomed);
   std::string Lost(int err) const;
 

@@ -15,8 +15,12 @@ constexpr uint64_t kDirectSendMax = 64 * 1024;
 
 }  // namespace
 
-Peer::Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, DeadlineWatcher* watcher)
-    : info_(std::move(info)), chunk_bytes_(chunk_bytes), watcher_(watcher) {
+Peer::Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, uint64_t gpu_chunk_bytes,
+           DeadlineWatcher* watcher)
+    : info_(std::move(info)),
+      chunk_bytes_(chunk_bytes),
+      gpu_chunk_bytes_(gpu_chunk_bytes),
+      watcher_(watcher) {
   for (int i = 0; i < lanes; ++i) lanes_.push_back(std::make_unique<Lane>(&info_, i));
 }
 
@@ -65,7 +69,8 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
     }
   }
   std::vector<PlannedFrame> plan =
-      PlanFrames(x.iov, x.n_iov, local->addr(), chunk_bytes_, wire::kMaxItems);
+      PlanFrames(x.iov, x.n_iov, local->addr(), local->on_gpu() ? gpu_chunk_bytes_ : chunk_bytes_,
+                 wire::kMaxItems);
   if (plan.empty()) {
     *why = "transfer has no bytes";
     return FERRY_ERR_INVALID_ARGS;

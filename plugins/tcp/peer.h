@@ -20,7 +20,9 @@ class DeadlineWatcher;
 
 class Peer : public std::enable_shared_from_this<Peer> {
  public:
-  Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, DeadlineWatcher* watcher);
+  // gpu_chunk_bytes: the frame size when the local memory is on a GPU.
+  Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, uint64_t gpu_chunk_bytes,
+       DeadlineWatcher* watcher);
   ~Peer();
 
   // All or nothing, as plugin.h's post(): on FERRY_OK complete() follows exactly
@@ -36,6 +38,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
  private:
   const PeerInfo info_;
   const uint64_t chunk_bytes_;
+  const uint64_t gpu_chunk_bytes_;
   DeadlineWatcher* const watcher_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::atomic<uint64_t> next_req_{1};

@@ -119,12 +119,19 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
         *err = "setting 'gpu_stage_bytes' must be in 4KiB.." + FormatBytes(wire::kMaxPayload);
         return false;
       }
+    } else if (key == "gpu_chunk_bytes") {
+      if (!GetBytes(v, "gpu_chunk_bytes", &s.gpu_chunk_bytes, err)) return false;
+      if (s.gpu_chunk_bytes < 4096 || s.gpu_chunk_bytes > wire::kMaxPayload) {
+        *err = "setting 'gpu_chunk_bytes' must be in 4KiB.." + FormatBytes(wire::kMaxPayload);
+        return false;
+      }
     } else if (key == "gpu_pinned_bytes") {
       if (!GetBytes(v, "gpu_pinned_bytes", &s.gpu_pinned_bytes, err)) return false;
     } else {
-      *err = "unknown tcp setting '" + key +
-             "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
-             "connect_timeout_ms, io_timeout_ms, gpu_stage_bytes, gpu_pinned_bytes)";
+      *err =
+          "unknown tcp setting '" + key +
+          "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
+          "connect_timeout_ms, io_timeout_ms, gpu_stage_bytes, gpu_chunk_bytes, gpu_pinned_bytes)";
       return false;
     }
   }

@@ -17,6 +17,9 @@ struct Settings {
   // GPU memory is staged through host buffers (gpu_stage.h): the piece size of
   // the copy/network pipeline, and the most pinned host memory held for it.
   uint64_t gpu_stage_bytes = 1 << 20;
+  // Frames from or into local GPU memory: several pieces each, so a frame's
+  // copies overlap its own network time and not only other lanes'.
+  uint64_t gpu_chunk_bytes = 4 << 20;
   uint64_t gpu_pinned_bytes = 64ull << 20;
 };
 

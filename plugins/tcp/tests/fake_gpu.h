@@ -97,9 +97,12 @@ class FakeGpu {
   int Queue(void* s, Op op) {
     std::lock_guard lk(mu_);
     if (op.mark == nullptr) {
+      // One atomic step, so a test re-arming the counter is never overwritten.
       int left = fail_after_copies.load();
-      if (left == 0) return FERRY_ERR_GPU;
-      if (left > 0) fail_after_copies.store(left - 1);
+      do {
+        if (left == 0) return FERRY_ERR_GPU;
+        if (left < 0) break;
+      } while (!fail_after_copies.compare_exchange_weak(left, left - 1));
     }
     static_cast<Stream*>(s)->ops.push_back(op);
     return FERRY_OK;

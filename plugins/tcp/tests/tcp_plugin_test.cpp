@@ -953,7 +953,8 @@ class TcpGpuStaging : public ::testing::Test {
  protected:
   // Small pieces so a transfer is many pieces deep in the pipeline; two lanes.
   static constexpr const char* kSettings =
-      R"({"lanes": 2, "chunk_bytes": "256KiB", "gpu_stage_bytes": "16KiB"})";
+      R"({"lanes": 2, "chunk_bytes": "256KiB", "gpu_chunk_bytes": "256KiB",
+          "gpu_stage_bytes": "16KiB"})";
   void SetUp() override { Connect(kSettings); }
   void Connect(const std::string& settings) {
     b_.reset();
@@ -1037,7 +1038,7 @@ TEST_F(TcpGpuStaging, PinnedMemoryStaysUnderTheCap) {
   // Room for one stage only (2 x 16 KiB) with 4 lanes: the other frames are staged
   // through unpinned buffers, still correctly.
   Connect(R"({"lanes": 4, "chunk_bytes": "64KiB", "gpu_stage_bytes": "16KiB",
-              "gpu_pinned_bytes": "32KiB"})");
+              "gpu_chunk_bytes": "64KiB", "gpu_pinned_bytes": "32KiB"})");
   RoundTrip({{0, 0, (2u << 20) + 1}}, 0, 1, 70);
   EXPECT_LE(gpu_a_.pinned_allocs.load(), 1);
   EXPECT_LE(gpu_b_.pinned_allocs.load(), 1);
