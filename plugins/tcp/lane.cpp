@@ -54,20 +54,23 @@ void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool 
     state_ = State::kBroken;
     reason_status_ = status;
     reason_msg_ = msg;
-    // Abort the connection now, before any of its frames is reported failed:
-    // otherwise the kernel keeps sending the queued WRITE payload after the
-    // transfers on this lane were failed (and perhaps re-run on another
-    // backend), and it lands on top of newer data (tests/faults). connect()
-    // with AF_UNSPEC is Linux's abortive disconnect for TCP: RST to the peer
-    // and the unsent queue dropped at once, while the descriptor stays valid
-    // for the threads still using it (they see ECONNRESET or EOF); the sender
-    // thread closes it once both are done, with linger 0 (RST again, in case
-    // the disconnect could not be made).
-    sockaddr unspec{};
-    unspec.sa_family = AF_UNSPEC;
-    ::connect(fd_, &unspec, sizeof unspec);
-    linger abort{1, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
+    // With frames on the wire, abort the connection now, before any of them is
+    // reported failed: otherwise the kernel keeps sending the queued WRITE
+    // payload after the transfers on this lane were failed (and perhaps re-run
+    // on another backend), and it lands on top of newer data (tests/faults).
+    // connect() with AF_UNSPEC is Linux's abortive disconnect for TCP: RST to
+    // the peer and the unsent queue dropped at once, while the descriptor stays
+    // valid for the threads still using it (they see ECONNRESET or EOF); the
+    // sender thread closes it once both are done, with linger 0 (RST again, in
+    // case the disconnect could not be made). An idle lane closes gracefully,
+    // so an ordinary shutdown is not a "connection reset" at the target.
+    if (!inflight_.empty() || partial_) {
+      sockaddr unspec{};
+      unspec.sa_family = AF_UNSPEC;
+      ::connect(fd_, &unspec, sizeof unspec);
+      linger abort{1, 0};
+      ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
+    }
     ::shutdown(fd_, SHUT_RDWR);
   } else if (state_ == State::kConnecting) {
     abort_connect_ = true;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# tests/gpu/stage_sweep.sh STAGE[:CHUNK] ...: on a GPU host, tcp with GPU memory
-# (staged, GPU0 -> GPU1) beside tcp with host memory, one pair of runs per
-# setting, each through a policy `backends: tcp: {gpu_stage_bytes, chunk_bytes}`;
-# prints the GB/s ratio per row. Example: tests/gpu/stage_sweep.sh 1MiB 256KiB 1MiB:4MiB
+# tests/gpu/stage_sweep.sh STAGE[:GPU_CHUNK] ...: on a GPU host, tcp with GPU
+# memory (staged, GPU0 -> GPU1) beside tcp with host memory (default settings),
+# one pair of runs per setting, each through a policy
+# `backends: tcp: {gpu_stage_bytes, gpu_chunk_bytes}`; prints the GB/s ratio per
+# row. Example: tests/gpu/stage_sweep.sh 1MiB:1MiB 1MiB:4MiB 512KiB:4MiB
 set -u
 cd "$(dirname "$0")/../.."
 b=${FERRY_GPU_BUILD_DIR:-build-gpu}
@@ -14,11 +15,11 @@ cmake --build "$b" -j "$(nproc)" --target ferry-tcp ferry-gpu-bench ferry-gpu-pe
   { tail -20 "$out/build.log"; exit 1; }
 export FERRY_PLUGIN_PATH=$PWD/$b/lib/ferry/plugins
 for spec in "$@"; do
-  piece=${spec%%:*}; chunk=${spec##*:}; [ "$chunk" = "$spec" ] && chunk=1MiB
-  printf 'backends:\n  tcp: { gpu_stage_bytes: %s, chunk_bytes: %s }\n' "$piece" "$chunk" > "$out/policy.yaml"
+  piece=${spec%%:*}; chunk=${spec##*:}; [ "$chunk" = "$spec" ] && chunk=4MiB
+  printf 'backends:\n  tcp: { gpu_stage_bytes: %s, gpu_chunk_bytes: %s }\n' "$piece" "$chunk" > "$out/policy.yaml"
   FERRY_POLICY="$out/policy.yaml" "$b/bin/ferry-gpu-bench" tcp > "$out/gpu.txt" 2>&1
   FERRY_POLICY="$out/policy.yaml" "$b/bin/ferry-gpu-bench" tcp -1 -1 > "$out/cpu.txt" 2>&1
-  echo "== gpu_stage_bytes=$piece chunk_bytes=$chunk"
+  echo "== gpu_stage_bytes=$piece gpu_chunk_bytes=$chunk"
   awk 'NR==FNR { if ($3 ~ /^[0-9.]+$/) g[$1 " " $2] = $3; next }
        ($3 ~ /^[0-9.]+$/) && (($1 " " $2) in g) && $3 > 0 {
          printf "%6s %12s  gpu %6.2f  cpu %6.2f  ratio %.2f\n", $1, $2, g[$1 " " $2], $3, g[$1 " " $2] / $3 }' \
