@@ -757,10 +757,12 @@ PYBIND11_MODULE(_ferry, m) {
                            "Engine settings: host (address the control listener binds and "
                            "advertises), port (0 = any free port), node_id, policy_file, "
                            "plugin_dirs, timeout_ms (per-transfer deadline; 0 = the policy's), "
-                           "auth_token (shared secret peers must prove).")
+                           "auth_token (shared secret peers must prove), stats_socket (serve "
+                           "stats() as JSON on this Unix socket for `ferry stats PATH`).")
       .def(py::init([](const std::string& host, py::handle port, const std::string& node_id,
                        const std::string& policy_file, const std::vector<std::string>& plugin_dirs,
-                       py::handle timeout_ms, const std::string& auth_token) {
+                       py::handle timeout_ms, const std::string& auth_token,
+                       const std::string& stats_socket) {
              EngineConfig c;
              c.host = host;
              uint64_t p = to_u64(port, "port");
@@ -771,11 +773,12 @@ PYBIND11_MODULE(_ferry, m) {
              c.plugin_dirs = plugin_dirs;
              c.timeout = milliseconds(static_cast<int64_t>(to_u64(timeout_ms, "timeout_ms")));
              set_auth_token(c, auth_token);
+             c.stats_socket = stats_socket;
              return c;
            }),
            py::arg("host") = "127.0.0.1", py::arg("port") = 0, py::arg("node_id") = "",
            py::arg("policy_file") = "", py::arg("plugin_dirs") = std::vector<std::string>{},
-           py::arg("timeout_ms") = 0, py::arg("auth_token") = "")
+           py::arg("timeout_ms") = 0, py::arg("auth_token") = "", py::arg("stats_socket") = "")
       .def_readwrite("host", &EngineConfig::host)
       .def_property(
           "port", [](const EngineConfig& c) { return c.port; },
@@ -787,6 +790,9 @@ PYBIND11_MODULE(_ferry, m) {
       .def_readwrite("node_id", &EngineConfig::node_id)
       .def_readwrite("policy_file", &EngineConfig::policy_file)
       .def_readwrite("plugin_dirs", &EngineConfig::plugin_dirs)
+      .def_readwrite("stats_socket", &EngineConfig::stats_socket,
+                     "Unix socket serving stats() as JSON ({key}, {pid} replaced); empty: "
+                     "FERRY_STATS_SOCKET, then none.")
       .def_property(
           "timeout_ms", [](const EngineConfig& c) { return c.timeout.count(); },
           [](EngineConfig& c, py::handle v) {

@@ -396,6 +396,28 @@ def test_stats_and_policy(pair):
     assert pair.initiator.policy_source()
 
 
+def test_stats_socket_serves_the_same_stats(tmp_path):
+    """stats_socket: another process (here, a plain socket client) reads the stats as JSON."""
+    import json
+
+    path = str(tmp_path / "{key}.sock")
+    e = make_engine("stats-engine", stats_socket=path)
+    assert e is not None
+    sock_path = str(tmp_path / "stats-engine.sock")
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.settimeout(5)
+    c.connect(sock_path)
+    doc = b""
+    while chunk := c.recv(4096):
+        doc += chunk
+    c.close()
+    j = json.loads(doc)
+    assert j["engine"] == "stats-engine"
+    assert j["backends"] == e.stats()["backends"]
+    e.close()
+    assert not (tmp_path / "stats-engine.sock").exists()
+
+
 def test_wait_all(pair):
     p = pair
     sts = [p.initiator.write(p.local_mem, i * 1024, p.remote_mem, i * 1024, 1024,
