@@ -61,6 +61,16 @@ bool GetBytes(const json& v, const char* key, uint64_t* out, std::string* err) {
   return true;
 }
 
+// A size that bounds one frame's payload: 4KiB..kMaxPayload.
+bool GetPayloadBytes(const json& v, const char* key, uint64_t* out, std::string* err) {
+  if (!GetBytes(v, key, out, err)) return false;
+  if (*out < 4096 || *out > wire::kMaxPayload) {
+    *err = std::string("setting '") + key + "' must be in 4KiB.." + FormatBytes(wire::kMaxPayload);
+    return false;
+  }
+  return true;
+}
+
 bool GetHost(const json& v, const char* key, std::string* out, std::string* err) {
   if (!v.is_string() || v.get<std::string>().empty() || v.get<std::string>().size() > 253) {
     *err = std::string("setting '") + key + "' must be a host name or address";
@@ -95,11 +105,7 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
       if (!GetInt(v, "lanes", 1, 16, &n, err)) return false;
       s.lanes = static_cast<int>(n);
     } else if (key == "chunk_bytes") {
-      if (!GetBytes(v, "chunk_bytes", &s.chunk_bytes, err)) return false;
-      if (s.chunk_bytes < 4096 || s.chunk_bytes > wire::kMaxPayload) {
-        *err = "setting 'chunk_bytes' must be in 4KiB.." + FormatBytes(wire::kMaxPayload);
-        return false;
-      }
+      if (!GetPayloadBytes(v, "chunk_bytes", &s.chunk_bytes, err)) return false;
     } else if (key == "listen_host") {
       if (!GetHost(v, "listen_host", &s.listen_host, err)) return false;
     } else if (key == "listen_port") {
@@ -114,17 +120,9 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
       if (!GetInt(v, "io_timeout_ms", 1, 3600000, &n, err)) return false;
       s.io_timeout_ms = static_cast<int>(n);
     } else if (key == "gpu_stage_bytes") {
-      if (!GetBytes(v, "gpu_stage_bytes", &s.gpu_stage_bytes, err)) return false;
-      if (s.gpu_stage_bytes < 4096 || s.gpu_stage_bytes > wire::kMaxPayload) {
-        *err = "setting 'gpu_stage_bytes' must be in 4KiB.." + FormatBytes(wire::kMaxPayload);
-        return false;
-      }
+      if (!GetPayloadBytes(v, "gpu_stage_bytes", &s.gpu_stage_bytes, err)) return false;
     } else if (key == "gpu_chunk_bytes") {
-      if (!GetBytes(v, "gpu_chunk_bytes", &s.gpu_chunk_bytes, err)) return false;
-      if (s.gpu_chunk_bytes < 4096 || s.gpu_chunk_bytes > wire::kMaxPayload) {
-        *err = "setting 'gpu_chunk_bytes' must be in 4KiB.." + FormatBytes(wire::kMaxPayload);
-        return false;
-      }
+      if (!GetPayloadBytes(v, "gpu_chunk_bytes", &s.gpu_chunk_bytes, err)) return false;
     } else if (key == "gpu_pinned_bytes") {
       if (!GetBytes(v, "gpu_pinned_bytes", &s.gpu_pinned_bytes, err)) return false;
     } else {

@@ -105,6 +105,15 @@ struct Rig {
   std::unique_ptr<DeviceBuffer> buf;
 };
 
+// Spoils the 64-byte IPC handle at the end of the memory's xgmi blob, so the
+// importer cannot open it; false when there is no such blob.
+bool garble_ipc_handle(MemoryDesc& m) {
+  auto it = m.backends.find("xgmi");
+  if (it == m.backends.end() || it->second.size() < 64) return false;
+  for (size_t i = it->second.size() - 64; i < it->second.size(); ++i) it->second[i] ^= 0x5a;
+  return true;
+}
+
 struct Case {
   bool session, batch;
   Op op;
@@ -258,9 +267,7 @@ TEST(GpuFailover, IpcOpenFailureFailsOverToTheNextBackend) {
   // with every reason listed.
   Rig r("xgmi");
   MemoryDesc forged = r.remote;
-  auto& blob = forged.backends["xgmi"];
-  ASSERT_GE(blob.size(), 64u);
-  for (size_t i = blob.size() - 64; i < blob.size(); ++i) blob[i] ^= 0x5a;
+  ASSERT_TRUE(garble_ipc_handle(forged));
   auto st = r.engine->write(r.local, 0, forged, 0, 4096, r.engine->allocate_transfer_uid());
   ASSERT_TRUE(st.WaitFor(30s));
   EXPECT_EQ(st.Code(), StatusCode::ERR_GPU_OP) << st.Message();
@@ -351,9 +358,7 @@ TEST(GpuFailover, IpcOpenFailureFailsOverToTcpWithCorrectData) {
   // tcp (staged), and the data and the single notification are right.
   Rig r("xgmi,tcp");
   MemoryDesc forged = r.remote;
-  auto& blob = forged.backends["xgmi"];
-  ASSERT_GE(blob.size(), 64u);
-  for (size_t i = blob.size() - 64; i < blob.size(); ++i) blob[i] ^= 0x5a;
+  ASSERT_TRUE(garble_ipc_handle(forged));
   r.buf->fill(70);
   const TransferUid uid = r.engine->allocate_transfer_uid();
   auto st = r.engine->write(r.local, 0, forged, 0, 3u << 20, uid);
