@@ -151,6 +151,7 @@ std::vector<uint8_t> EncodeMem(const MemInfo& mi) {
     w.U16(static_cast<uint16_t>(k.key.size()));
     w.Bytes(k.key.data(), k.key.size());
   }
+  if (mi.keys.empty()) w.U8(kMemGpuLocalOnly);
   return w.Take();
 }
 
@@ -160,7 +161,16 @@ bool DecodeMem(const void* data, size_t len, MemInfo* out, std::string* why) {
   uint8_t n = 0;
   MemInfo mi;
   if (!r.U8(&n) || !r.U64(&mi.id) || !r.U64(&mi.size)) return Fail(why, "memory blob is truncated");
-  if (n == 0 || n > kMaxEndpoints)
+  if (n == 0) {
+    uint8_t kind = 0;
+    if (!r.U8(&kind)) return Fail(why, "memory blob is truncated");
+    if (kind != kMemGpuLocalOnly) return Fail(why, "memory blob lists no keys");
+    if (!r.AtEnd()) return Fail(why, "memory blob has trailing bytes");
+    mi.gpu_local_only = true;
+    *out = std::move(mi);
+    return true;
+  }
+  if (n > kMaxEndpoints)
     return Fail(why, "memory blob lists " + std::to_string(n) + " keys (1.." +
                          std::to_string(kMaxEndpoints) + " allowed)");
   for (uint8_t i = 0; i < n; ++i) {

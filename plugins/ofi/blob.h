@@ -34,10 +34,16 @@ struct MemKey {
   bool raw = false;   // key is FI_MR_RAW bytes: map with fi_mr_map_raw before use
   std::vector<uint8_t> key;  // 8 bytes little-endian unless raw
 };
+// GPU memory is registered for local use only (staged by the initiator); its
+// blob has no keys and says so, and an importer refuses it with that reason.
+// On the wire: zero keys, then one byte kMemGpuLocalOnly. A decoder from before
+// this (zero keys not allowed) refuses it too, so no peer ever RMAs into it.
+constexpr uint8_t kMemGpuLocalOnly = 1;
 struct MemInfo {
   uint64_t id = 0;
   uint64_t size = 0;
-  std::vector<MemKey> keys;
+  std::vector<MemKey> keys;  // empty exactly when gpu_local_only
+  bool gpu_local_only = false;
 };
 
 std::vector<uint8_t> EncodeConn(const ConnInfo& ci);

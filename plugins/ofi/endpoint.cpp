@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <random>
 
@@ -179,6 +180,7 @@ bool Endpoint::OpenAll(const fi_info* info, std::string* why) {
 
 Endpoint::~Endpoint() {
   if (thread_.joinable()) Stop(FERRY_ERR_BAD_STATE, "ofi plugin shutting down");
+  StopGpu();
   CloseEp();
   for (Op* op : ops_) delete op;  // RMAs the provider never completed: it is gone now
   for (Op* op : free_ops_) delete op;
@@ -222,6 +224,7 @@ void Endpoint::Stop(int status, const std::string& msg) {
   if (event_fd_ >= 0) [[maybe_unused]] ssize_t w = write(event_fd_, &one, sizeof(one));
   if (doorbell_) doorbell_->Ring();
   if (thread_.joinable()) thread_.join();
+  StopGpu();
 }
 
 std::string Endpoint::Describe() const {
@@ -293,6 +296,46 @@ int Endpoint::RegisterMr(void* addr, uint64_t len, fid_mr** mr, blob::MemKey* ke
     key->base = (mr_mode_ & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(addr) : 0;
   }
   return FERRY_OK;
+}
+
+int Endpoint::RegisterLocal(void* addr, uint64_t len, fid_mr** mr, std::string* why) {
+  const uint64_t access = FI_READ | FI_WRITE;  // source of WRITEs, sink of READs; no remote access
+  const size_t key_bytes = std::clamp<size_t>(info_->domain_attr->mr_key_size, 1, 8);
+  const uint64_t mask = key_bytes >= 8 ? ~0ull : (1ull << (8 * key_bytes)) - 1;
+  int rc = -FI_ENOKEY;
+  for (int attempt = 0; attempt < 8 && (rc == -FI_ENOKEY || rc == -FI_EKEYREJECTED); ++attempt) {
+    uint64_t requested;
+    {
+      std::lock_guard lk(key_mu_);
+      requested = ((static_cast<uint64_t>(key_rng_()) << 32) ^ key_rng_()) & mask;
+    }
+    rc = fi_mr_reg(domain_, addr, len, access, 0, requested, 0, mr, nullptr);
+  }
+  if (rc == 0 && (mr_mode_ & FI_MR_ENDPOINT)) {
+    rc = fi_mr_bind(*mr, &ep_->fid, 0);
+    if (rc == 0) rc = fi_mr_enable(*mr);
+    if (rc != 0) {
+      fi_close(&(*mr)->fid);
+      *mr = nullptr;
+    }
+  }
+  if (rc != 0) {
+    *why = provider_ + ": registering a " + FormatBytes(len) +
+           " GPU staging buffer failed: " + FiErr(rc);
+    return FERRY_ERR_TRANSPORT;
+  }
+  return FERRY_OK;
+}
+
+void Endpoint::SetStaging(std::shared_ptr<StagePool> pool, size_t index) {
+  pool_ = std::move(pool);
+  stage_index_ = index;
+}
+
+void Endpoint::DropOps() {
+  std::lock_guard lk(mu_);
+  for (Op* op : ops_) delete op;
+  ops_.clear();
 }
 
 int Endpoint::ImportKey(const blob::MemKey& k, uint64_t region_size, uint64_t* rkey,
@@ -421,10 +464,59 @@ void Endpoint::Kick() {
   }
 }
 
+ssize_t Endpoint::PostRmaLocked(const std::shared_ptr<Xfer>& x, uint8_t* local, void* desc,
+                                uint64_t remote, uint64_t n, int slot) {
+  PeerEp* p = x->peer.get();
+  Op* op;
+  if (!free_ops_.empty()) {
+    op = free_ops_.back();
+    free_ops_.pop_back();
+  } else {
+    op = new Op();
+  }
+  std::memset(&op->fctx, 0, sizeof(op->fctx));
+  op->xfer = x;
+  op->len = n;
+  op->slot = slot;
+  iovec iov{local, static_cast<size_t>(n)};
+  fi_rma_iov riov{remote, static_cast<size_t>(n), x->rkey};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = p->addr;
+  msg.rma_iov = &riov;
+  msg.rma_iov_count = 1;
+  msg.context = op;
+  const ssize_t rc = x->op == FERRY_OP_WRITE
+                         ? fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
+                         : fi_readmsg(ep_, &msg, FI_COMPLETION);
+  if (rc != 0) {
+    op->xfer.reset();
+    free_ops_.push_back(op);
+    if (rc != -FI_EAGAIN) {
+      x->failed = true;
+      x->status = FERRY_ERR_TRANSPORT;
+      x->msg = std::string(x->op == FERRY_OP_WRITE ? "fi_writemsg" : "fi_readmsg") + " to " +
+               p->key + " over " + provider_ + " failed: " + FiErr(rc);
+    }
+    return rc;
+  }
+  ops_.insert(op);
+  ++inflight_;
+  ++p->inflight;
+  ++x->inflight;
+  return 0;
+}
+
 bool Endpoint::PumpLocked(std::vector<Done>* done, bool* again,
                           std::vector<std::shared_ptr<PeerEp>>* posted_to) {
   bool did = false;
   std::vector<PeerEp*> blocked;  // peers whose RMA got -FI_EAGAIN in this pass
+  auto note = [&](const std::shared_ptr<PeerEp>& peer) {
+    if (peer->doorbell && std::find(posted_to->begin(), posted_to->end(), peer) == posted_to->end())
+      posted_to->push_back(peer);
+  };
   for (auto it = queue_.begin(); it != queue_.end();) {
     const std::shared_ptr<Xfer> x = *it;
     if (x->ended) {
@@ -436,58 +528,35 @@ bool Endpoint::PumpLocked(std::vector<Done>* done, bool* again,
       ++it;
       continue;
     }
+    if (x->staged) {
+      bool blocked_peer = false;
+      did |= PumpStagedLocked(x, again, &blocked_peer, posted_to);
+      if (blocked_peer) blocked.push_back(p);
+      if (x->failed && x->Settled()) EndLocked(x, x->status, x->msg, done);
+      if (x->ended) {
+        it = queue_.erase(it);
+      } else {
+        if (inflight_ >= ep_window_) break;
+        ++it;
+      }
+      continue;
+    }
     while (!x->AllPosted() && inflight_ < ep_window_ && p->inflight < window_) {
       const ferry_iov_v1& v = x->iov[x->item];
       const uint64_t n = std::min(chunk_, v.len - x->item_off);
-      Op* op;
-      if (!free_ops_.empty()) {
-        op = free_ops_.back();
-        free_ops_.pop_back();
-      } else {
-        op = new Op();
-      }
-      std::memset(&op->fctx, 0, sizeof(op->fctx));
-      op->xfer = x;
-      op->len = n;
-      iovec iov{x->local_base + v.local_off + x->item_off, static_cast<size_t>(n)};
-      void* desc = x->local_desc;
-      fi_rma_iov riov{x->remote_base + v.remote_off + x->item_off, static_cast<size_t>(n), x->rkey};
-      fi_msg_rma msg{};
-      msg.msg_iov = &iov;
-      msg.desc = &desc;
-      msg.iov_count = 1;
-      msg.addr = p->addr;
-      msg.rma_iov = &riov;
-      msg.rma_iov_count = 1;
-      msg.context = op;
-      const ssize_t rc = x->op == FERRY_OP_WRITE
-                             ? fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
-                             : fi_readmsg(ep_, &msg, FI_COMPLETION);
+      const ssize_t rc = PostRmaLocked(x, x->local_base + v.local_off + x->item_off, x->local_desc,
+                                       x->remote_base + v.remote_off + x->item_off, n, -1);
       if (rc != 0) {
-        op->xfer.reset();
-        free_ops_.push_back(op);
         if (rc == -FI_EAGAIN) {
           *again = true;
           blocked.push_back(p);
           // The provider may wait for the peer (shm connects through the peer's
           // progress): make sure it is awake.
-          if (p->doorbell &&
-              std::find(posted_to->begin(), posted_to->end(), x->peer) == posted_to->end())
-            posted_to->push_back(x->peer);
-        } else {
-          x->failed = true;
-          x->status = FERRY_ERR_TRANSPORT;
-          x->msg = std::string(x->op == FERRY_OP_WRITE ? "fi_writemsg" : "fi_readmsg") + " to " +
-                   p->key + " over " + provider_ + " failed: " + FiErr(rc);
+          note(x->peer);
         }
         break;
       }
-      ops_.insert(op);
-      if (p->doorbell && std::find(posted_to->begin(), posted_to->end(), x->peer) == posted_to->end())
-        posted_to->push_back(x->peer);
-      ++inflight_;
-      ++p->inflight;
-      ++x->inflight;
+      note(x->peer);
       x->item_off += n;
       if (x->item_off == v.len) {
         ++x->item;
@@ -506,6 +575,238 @@ bool Endpoint::PumpLocked(std::vector<Done>* done, bool* again,
   return did;
 }
 
+// ---- GPU staging -------------------------------------------------------------------------
+
+bool Endpoint::PumpStagedLocked(const std::shared_ptr<Xfer>& x, bool* again, bool* blocked_peer,
+                                std::vector<std::shared_ptr<PeerEp>>* posted_to) {
+  if (x->failed) return false;
+  if (!x->stage) {
+    std::unique_ptr<Stage> st = pool_ ? pool_->TryAcquire(x->device) : nullptr;
+    if (!st) return false;  // every stage is in use: wait for one (StagePool::Return wakes us)
+    x->stage = StageLease(pool_, std::move(st));
+  }
+  if (!x->stage_ready) {
+    if (!x->bind_queued) {
+      x->bind_queued = true;
+      ++x->copying;
+      QueueGpuLocked({x, -1, false});
+    }
+    return false;
+  }
+  Stage* st = x->stage.get();
+  const uint64_t piece = pool_->piece();
+  PeerEp* p = x->peer.get();
+  bool did = false;
+  for (int s = 0; s < 2; ++s) {
+    StageSlot& sl = x->slot[s];
+    if (sl.state == StageSlot::kFree && x->item < x->iov.size()) {
+      // The next piece: items (or parts of them) up to one bounce buffer.
+      sl.segs.clear();
+      sl.seg = 0;
+      sl.seg_off = 0;
+      uint64_t used = 0;
+      while (x->item < x->iov.size() && used < piece) {
+        const ferry_iov_v1& v = x->iov[x->item];
+        const uint64_t take = std::min(v.len - x->item_off, piece - used);
+        sl.segs.push_back({v.local_off + x->item_off, v.remote_off + x->item_off, take, used});
+        used += take;
+        x->item_off += take;
+        if (x->item_off == v.len) {
+          ++x->item;
+          x->item_off = 0;
+        }
+      }
+      if (x->op == FERRY_OP_WRITE) {
+        sl.state = StageSlot::kToHost;
+        ++x->copying;
+        QueueGpuLocked({x, s, false});
+      } else {
+        sl.state = StageSlot::kRma;
+      }
+      did = true;
+    }
+    if (sl.state != StageSlot::kRma) continue;
+    uint8_t* buf = st->buf + static_cast<size_t>(s) * piece;
+    void* desc = st->mrs[stage_index_] ? fi_mr_desc(st->mrs[stage_index_]) : nullptr;
+    while (sl.seg < sl.segs.size() && inflight_ < ep_window_ && p->inflight < window_) {
+      const StageSlot::Seg& g = sl.segs[sl.seg];
+      const uint64_t n = std::min(chunk_, g.len - sl.seg_off);
+      const ssize_t rc = PostRmaLocked(x, buf + g.buf_off + sl.seg_off, desc,
+                                       x->remote_base + g.remote_off + sl.seg_off, n, s);
+      if (rc != 0) {
+        if (rc == -FI_EAGAIN) {
+          *again = true;
+          *blocked_peer = true;
+          if (p->doorbell) posted_to->push_back(x->peer);
+        }
+        return did;
+      }
+      ++sl.inflight;
+      if (p->doorbell &&
+          std::find(posted_to->begin(), posted_to->end(), x->peer) == posted_to->end())
+        posted_to->push_back(x->peer);
+      sl.seg_off += n;
+      if (sl.seg_off == g.len) {
+        ++sl.seg;
+        sl.seg_off = 0;
+      }
+      did = true;
+    }
+    if (inflight_ >= ep_window_ || p->inflight >= window_) break;
+  }
+  return did;
+}
+
+void Endpoint::QueueGpuLocked(GpuJob job) {
+  std::lock_guard lk(gpu_mu_);
+  if (!gpu_thread_.joinable() && !gpu_stop_) gpu_thread_ = std::thread([this] { GpuMain(); });
+  gpu_jobs_.push_back(std::move(job));
+  gpu_cv_.notify_one();
+}
+
+bool Endpoint::IssueCopy(const GpuJob& j, std::string* why) {
+  const ferry_gpu_v1* gpu = host_->gpu;
+  void* ctx = gpu->gpu_ctx;
+  const Xfer& x = *j.xfer;
+  Stage* st = x.stage.get();
+  const char* what = j.to_device ? "host-to-device copy" : "device-to-host copy";
+  auto fail = [&](const char* w) {
+    const char* e = gpu->last_error ? gpu->last_error(ctx) : nullptr;
+    *why = std::string("GPU staging: ") + w + " failed" + (e ? std::string(": ") + e : "");
+    // Nothing of this stage may still be copying once the transfer lets go of it.
+    gpu->stream_sync(ctx, st->stream);
+    return false;
+  };
+  if (gpu->set_device(ctx, st->device) != FERRY_OK) return fail("selecting the device");
+  const StageSlot& sl = x.slot[j.slot];
+  uint8_t* buf = st->buf + static_cast<size_t>(j.slot) * pool_->piece();
+  std::vector<void*> dst, src;
+  std::vector<size_t> len;
+  for (const auto& g : sl.segs) {
+    void* dev = x.local_base + g.local_off;
+    void* host = buf + g.buf_off;
+    dst.push_back(j.to_device ? dev : host);
+    src.push_back(j.to_device ? host : dev);
+    len.push_back(static_cast<size_t>(g.len));
+  }
+  int rc = FERRY_ERR_UNSUPPORTED;
+  if (len.size() > 1 && gpu->memcpy_batch_async != nullptr)
+    rc = gpu->memcpy_batch_async(ctx, dst.data(), src.data(), len.data(), len.size(), st->stream);
+  if (rc == FERRY_ERR_UNSUPPORTED) {
+    rc = FERRY_OK;
+    for (size_t i = 0; i < len.size() && rc == FERRY_OK; ++i)
+      rc = gpu->memcpy_async(ctx, dst[i], src[i], len[i], st->stream);
+  }
+  if (rc != FERRY_OK) return fail(what);
+  if (gpu->event_record(ctx, st->event[j.slot], st->stream) != FERRY_OK)
+    return fail("recording an event");
+  return true;
+}
+
+bool Endpoint::WaitCopy(const GpuJob& j, std::string* why) {
+  const ferry_gpu_v1* gpu = host_->gpu;
+  void* ctx = gpu->gpu_ctx;
+  Stage* st = j.xfer->stage.get();
+  void* ev = st->event[j.slot];
+  // A piece's copy is short and a blocking wait is slow to wake from: poll a little first.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(300);
+  int rc;
+  do {
+    rc = gpu->event_query(ctx, ev);
+  } while (rc == 1 && std::chrono::steady_clock::now() < until);
+  if (rc == 1) rc = gpu->event_sync(ctx, ev);
+  if (rc == FERRY_OK) return true;
+  const char* e = gpu->last_error ? gpu->last_error(ctx) : nullptr;
+  *why = std::string("GPU staging: ") + (j.to_device ? "host-to-device" : "device-to-host") +
+         " copy failed" + (e ? std::string(": ") + e : "");
+  gpu->stream_sync(ctx, st->stream);
+  return false;
+}
+
+void Endpoint::GpuJobDone(const GpuJob& j, bool ok, const std::string& why) {
+  std::vector<Done> done;
+  std::vector<std::shared_ptr<PeerEp>> posted_to;
+  {
+    std::lock_guard lk(mu_);
+    Xfer& x = *j.xfer;
+    --x.copying;
+    if (!x.ended) {
+      if (!ok) {
+        if (!x.failed) {
+          x.failed = true;
+          x.status = FERRY_ERR_GPU;
+          x.msg = why;
+        }
+      } else if (j.slot < 0) {
+        x.stage_ready = true;
+      } else {
+        x.slot[j.slot].state = j.to_device ? StageSlot::kFree : StageSlot::kRma;
+      }
+      if (x.Settled()) EndLocked(j.xfer, x.failed ? x.status : FERRY_OK, x.msg, &done);
+      bool again = false;
+      if (!stopped_ && !queue_.empty()) PumpLocked(&done, &again, &posted_to);
+    }
+  }
+  RingAll(posted_to);
+  Deliver(&done);
+  Kick();
+}
+
+void Endpoint::GpuMain() {
+  std::deque<GpuJob> issued;  // copies queued on their streams, oldest first
+  for (;;) {
+    std::deque<GpuJob> fresh;
+    {
+      std::unique_lock lk(gpu_mu_);
+      if (issued.empty()) gpu_cv_.wait(lk, [&] { return gpu_stop_ || !gpu_jobs_.empty(); });
+      if (gpu_stop_) break;
+      fresh.swap(gpu_jobs_);
+    }
+    for (auto& j : fresh) {
+      std::string why;
+      bool ended;
+      {
+        std::lock_guard lk(mu_);
+        ended = j.xfer->ended || j.xfer->failed;
+      }
+      if (ended) {
+        GpuJobDone(j, true, "");
+        continue;
+      }
+      if (j.slot < 0) {
+        const bool ok = pool_->Bind(j.xfer->stage.get(), j.xfer->device, &why);
+        GpuJobDone(j, ok, why);
+      } else if (IssueCopy(j, &why)) {
+        issued.push_back(std::move(j));
+      } else {
+        GpuJobDone(j, false, why);
+      }
+    }
+    if (!issued.empty()) {
+      GpuJob j = std::move(issued.front());
+      issued.pop_front();
+      std::string why;
+      const bool ok = WaitCopy(j, &why);
+      GpuJobDone(j, ok, why);
+    }
+  }
+  // Stopping: no copy may outlive the transfers (their regions go away next).
+  for (auto& j : issued) host_->gpu->stream_sync(host_->gpu->gpu_ctx, j.xfer->stage.get()->stream);
+}
+
+void Endpoint::StopGpu() {
+  std::thread t;
+  {
+    std::lock_guard lk(gpu_mu_);
+    gpu_stop_ = true;
+    gpu_cv_.notify_all();
+    t = std::move(gpu_thread_);
+  }
+  if (t.joinable()) t.join();
+  std::lock_guard lk(gpu_mu_);
+  gpu_jobs_.clear();
+}
+
 void Endpoint::EndLocked(const std::shared_ptr<Xfer>& x, int status, const std::string& msg,
                          std::vector<Done>* done) {
   if (x->ended) return;
@@ -519,6 +820,7 @@ void Endpoint::EndLocked(const std::shared_ptr<Xfer>& x, int status, const std::
 void Endpoint::FinishOpLocked(Op* op, int status, const std::string& msg, std::vector<Done>* done) {
   ops_.erase(op);
   std::shared_ptr<Xfer> x = std::move(op->xfer);
+  const int slot = op->slot;
   free_ops_.push_back(op);
   PeerEp* p = x->peer.get();
   --inflight_;
@@ -533,7 +835,20 @@ void Endpoint::FinishOpLocked(Op* op, int status, const std::string& msg, std::v
     x->status = status;
     x->msg = msg;
   }
-  if (x->inflight == 0 && x->AllPosted()) EndLocked(x, x->failed ? x->status : FERRY_OK, x->msg, done);
+  if (slot >= 0) {
+    StageSlot& sl = x->slot[slot];
+    --sl.inflight;
+    if (!x->failed && sl.inflight == 0 && sl.seg >= sl.segs.size()) {
+      if (x->op == FERRY_OP_WRITE) {
+        sl.state = StageSlot::kFree;  // delivered: the buffer takes the next piece
+      } else {
+        sl.state = StageSlot::kToDevice;
+        ++x->copying;
+        QueueGpuLocked({x, slot, true});
+      }
+    }
+  }
+  if (x->Settled()) EndLocked(x, x->failed ? x->status : FERRY_OK, x->msg, done);
 }
 
 void Endpoint::ExpireLocked(uint64_t now, std::vector<Done>* done) {

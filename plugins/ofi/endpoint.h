@@ -21,6 +21,7 @@
 #include <rdma/fi_domain.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -36,6 +37,7 @@
 #include "blob.h"
 #include "doorbell.h"
 #include "ferry/plugin.h"
+#include "gpu_stage.h"
 #include "settings.h"
 
 namespace ferry_ofi {
@@ -51,6 +53,20 @@ struct PeerEp {
   uint32_t inflight = 0;  // RMAs to this peer inside the provider
   uint32_t stuck = 0;     // ... of which belong to transfers that already ended
   bool removed = false;
+};
+
+// One bounce buffer of a staged transfer (gpu_stage.h) and the piece in it.
+// Free -> (WRITE) ToHost -> Rma -> Free, or (READ) Rma -> ToDevice -> Free.
+struct StageSlot {
+  enum State : uint8_t { kFree, kToHost, kRma, kToDevice };
+  struct Seg {
+    uint64_t local_off, remote_off, len, buf_off;
+  };
+  State state = kFree;
+  std::vector<Seg> segs;
+  size_t seg = 0;        // RMA posting cursor: segment ...
+  uint64_t seg_off = 0;  // ... and bytes of it already posted
+  uint32_t inflight = 0;
 };
 
 // One accepted transfer.
@@ -75,7 +91,20 @@ struct Xfer {
   int status = FERRY_OK;
   std::string msg;
   std::pair<uint64_t, uint64_t> active_key{0, 0};
-  bool AllPosted() const { return failed || item >= iov.size(); }
+  // GPU staging (the local region is device memory). Guarded by the endpoint's mutex.
+  bool staged = false;
+  int device = -1;
+  StageLease stage;
+  bool stage_ready = false;  // bound for `device` by the GPU thread
+  bool bind_queued = false;
+  StageSlot slot[2];
+  uint32_t copying = 0;  // jobs queued for the GPU thread (binding, copies)
+  bool SlotsIdle() const {
+    return slot[0].state == StageSlot::kFree && slot[1].state == StageSlot::kFree;
+  }
+  bool AllPosted() const { return failed || (item >= iov.size() && (!staged || SlotsIdle())); }
+  // Nothing of it is in the provider or on the GPU: it may end.
+  bool Settled() const { return inflight == 0 && copying == 0 && AllPosted(); }
 };
 
 class Endpoint {
@@ -105,6 +134,15 @@ class Endpoint {
   // Memory registration with this domain. `requested_key` is used unless the
   // provider picks keys itself. Fills `key` for the memory blob.
   int RegisterMr(void* addr, uint64_t len, fid_mr** mr, blob::MemKey* key, std::string* why);
+  // A registration for local access only (bounce buffers).
+  int RegisterLocal(void* addr, uint64_t len, fid_mr** mr, std::string* why);
+  // Where staged transfers get their stages, and this endpoint's index in Stage::mrs.
+  void SetStaging(std::shared_ptr<StagePool> pool, size_t index);
+  // Wakes the progress thread (a stage came back).
+  void Wake() { Kick(); }
+  // Deletes what RMAs the provider never completed (after CloseEp), releasing
+  // their transfers and stages.
+  void DropOps();
   // A remote key as it must go into RMAs; *mapped says fi_mr_unmap_key is due.
   int ImportKey(const blob::MemKey& k, uint64_t region_size, uint64_t* rkey, uint64_t* base,
                 bool* mapped, std::string* why);
@@ -130,6 +168,13 @@ class Endpoint {
     fi_context2 fctx;
     std::shared_ptr<Xfer> xfer;
     uint64_t len = 0;
+    int slot = -1;  // a staged transfer's bounce buffer
+  };
+  // Work for the GPU thread: bind the stage (slot < 0) or copy a slot's piece.
+  struct GpuJob {
+    std::shared_ptr<Xfer> xfer;
+    int slot = -1;
+    bool to_device = false;
   };
 
   Endpoint(const ferry_host_v1* host, const Settings& s);
@@ -142,6 +187,18 @@ class Endpoint {
   bool PumpLocked(std::vector<Done>* done, bool* again,
                   std::vector<std::shared_ptr<PeerEp>>* posted_to);
   static void RingAll(const std::vector<std::shared_ptr<PeerEp>>& peers);
+  // Posts one RMA; on success counts it. Returns the provider's answer.
+  ssize_t PostRmaLocked(const std::shared_ptr<Xfer>& x, uint8_t* local, void* desc, uint64_t remote,
+                        uint64_t n, int slot);
+  // A staged transfer's share of PumpLocked; *blocked_peer on -FI_EAGAIN.
+  bool PumpStagedLocked(const std::shared_ptr<Xfer>& x, bool* again, bool* blocked_peer,
+                        std::vector<std::shared_ptr<PeerEp>>* posted_to);
+  void QueueGpuLocked(GpuJob job);
+  void GpuMain();
+  bool IssueCopy(const GpuJob& j, std::string* why);
+  bool WaitCopy(const GpuJob& j, std::string* why);
+  void GpuJobDone(const GpuJob& j, bool ok, const std::string& why);
+  void StopGpu();
   void FinishOpLocked(Op* op, int status, const std::string& msg, std::vector<Done>* done);
   void EndLocked(const std::shared_ptr<Xfer>& x, int status, const std::string& msg,
                  std::vector<Done>* done);
@@ -187,6 +244,16 @@ class Endpoint {
   std::vector<std::shared_ptr<PeerEp>> bell_peers_;  // peers with a doorbell (ring after serving)
   std::vector<Op*> free_ops_;
   bool stopped_ = false;
+
+  // GPU staging: the pool, this endpoint's index in Stage::mrs, and the thread
+  // that binds stages and issues and waits for copies (started on first use).
+  std::shared_ptr<StagePool> pool_;
+  size_t stage_index_ = 0;
+  std::mutex gpu_mu_;
+  std::condition_variable gpu_cv_;
+  std::deque<GpuJob> gpu_jobs_;
+  bool gpu_stop_ = false;
+  std::thread gpu_thread_;  // started with mu_ held, joined by Stop
 };
 
 // The fi_info list for the base hints (RDM, RMA, delivery-complete), optionally

@@ -31,6 +31,10 @@ Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings s
 Instance::~Instance() {
   for (auto& ep : eps_) ep->Stop(FERRY_ERR_BAD_STATE, "ofi plugin shutting down");
   for (auto& ep : eps_) ep->CloseEp();
+  // Transfers and their stages go back to the pool, whose registrations close
+  // before the domains do.
+  for (auto& ep : eps_) ep->DropOps();
+  if (pool_) pool_->Close();
   {
     std::lock_guard lk(handles_mu_);
     for (RemoteMem* r : remotes_) {
@@ -101,6 +105,19 @@ bool Instance::Start(std::string* err) {
            (reasons.empty() ? std::string() : " (" + reasons + ")") +
            "; the fabric offers RDM+RMA through: " + (offered_.empty() ? "nothing" : offered_);
     return false;
+  }
+  const ferry_gpu_v1* gpu = FERRY_HAS_FIELD(ferry_host_v1, host_, gpu) ? host_->gpu : nullptr;
+  if (gpu != nullptr) {
+    pool_ =
+        std::make_shared<StagePool>(host_, settings_.gpu_stage_bytes, settings_.gpu_pinned_bytes);
+    std::vector<Endpoint*> raw;
+    for (size_t i = 0; i < eps_.size(); ++i) {
+      raw.push_back(eps_[i].get());
+      eps_[i]->SetStaging(pool_, i);
+    }
+    pool_->SetEndpoints(raw, [this] {
+      for (auto& ep : eps_) ep->Wake();
+    });
   }
   for (auto& ep : eps_) ep->Start();
   return true;
@@ -251,11 +268,11 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** handle, void* blob_out, 
   if (m == nullptr || handle == nullptr || !FERRY_HAS_FIELD(ferry_mem_v1, m, size)) {
     return FERRY_ERR_INVALID_ARGS;
   }
-  if (m->location == FERRY_MEM_GPU) return FERRY_ERR_UNSUPPORTED;
-  if (m->location != FERRY_MEM_CPU || m->addr == nullptr || m->size == 0) {
+  if ((m->location != FERRY_MEM_CPU && m->location != FERRY_MEM_GPU) || m->addr == nullptr ||
+      m->size == 0 || blob_out == nullptr || blob_len == nullptr) {
     return FERRY_ERR_INVALID_ARGS;
   }
-  if (blob_out == nullptr || blob_len == nullptr) return FERRY_ERR_INVALID_ARGS;
+  if (m->location == FERRY_MEM_GPU) return RegisterGpu(m, handle, blob_out, blob_len);
   auto h = std::make_unique<LocalMem>();
   h->id = m->id;
   h->addr = static_cast<uint8_t*>(m->addr);
@@ -281,6 +298,36 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** handle, void* blob_out, 
     CloseMrs(h.get());
     return FERRY_ERR_INVALID_ARGS;
   }
+  std::memcpy(blob_out, b.data(), b.size());
+  *blob_len = b.size();
+  std::lock_guard lk(handles_mu_);
+  locals_.insert(h.get());
+  *handle = h.release();
+  return FERRY_OK;
+}
+
+int Instance::RegisterGpu(const ferry_mem_v1* m, void** handle, void* blob_out, size_t* blob_len) {
+  if (!pool_) {
+    Log(host_, FERRY_LOG_INFO, "memory %llu: GPU memory needs the GPU runtime, which is not loaded",
+        static_cast<unsigned long long>(m->id));
+    return FERRY_ERR_UNSUPPORTED;
+  }
+  if (m->device < 0) return FERRY_ERR_INVALID_ARGS;
+  // Usable as the LOCAL side only (staged here); the blob tells importers it
+  // is not remotely accessible, so no peer routes an RMA into it over ofi.
+  auto h = std::make_unique<LocalMem>();
+  h->id = m->id;
+  h->addr = static_cast<uint8_t*>(m->addr);
+  h->size = m->size;
+  h->mrs.assign(eps_.size(), nullptr);
+  h->gpu = true;
+  h->device = m->device;
+  blob::MemInfo mi;
+  mi.id = m->id;
+  mi.size = m->size;
+  mi.gpu_local_only = true;
+  const std::vector<uint8_t> b = blob::EncodeMem(mi);
+  if (b.size() > *blob_len) return FERRY_ERR_INVALID_ARGS;
   std::memcpy(blob_out, b.data(), b.size());
   *blob_len = b.size();
   std::lock_guard lk(handles_mu_);
@@ -322,6 +369,13 @@ int Instance::MemImport(void* peer, uint64_t remote_id, uint64_t remote_size, co
         static_cast<unsigned long long>(remote_id), static_cast<unsigned long long>(mi.id),
         static_cast<unsigned long long>(mi.size), static_cast<unsigned long long>(remote_size));
     return FERRY_ERR_INVALID_ARGS;
+  }
+  if (mi.gpu_local_only) {
+    Log(host_, FERRY_LOG_WARN,
+        "import of memory %llu: it is GPU memory of %s, which ofi cannot reach remotely "
+        "(only the initiator stages GPU memory; use tcp or a GPU-capable backend for it)",
+        static_cast<unsigned long long>(remote_id), ph->ep->key.c_str());
+    return FERRY_ERR_UNSUPPORTED;
   }
   Endpoint* ep = ph->ep->ep;
   const blob::MemKey* key = nullptr;
@@ -376,7 +430,8 @@ int Instance::Post(const ferry_xfer_v1* x) {
     why = "unknown op " + std::to_string(x->op);
   } else if (x->n_iov == 0 || x->iov == nullptr) {
     why = "no iov";
-  } else if ((idx = IndexOf(peer->ep->ep)) >= eps_.size() || local->mrs[idx] == nullptr) {
+  } else if ((idx = IndexOf(peer->ep->ep)) >= eps_.size() ||
+             (!local->gpu && local->mrs[idx] == nullptr)) {
     why = "local memory " + std::to_string(local->id) + " is not registered with " +
           peer->ep->ep->provider();
     rc = FERRY_ERR_UNSUPPORTED;
@@ -403,7 +458,9 @@ int Instance::Post(const ferry_xfer_v1* x) {
   xf->posted_ns = host_->now_ns(host_->host_ctx);
   xf->peer = peer->ep;
   xf->local_base = local->addr;
-  xf->local_desc = fi_mr_desc(local->mrs[idx]);
+  xf->local_desc = local->gpu ? nullptr : fi_mr_desc(local->mrs[idx]);
+  xf->staged = local->gpu;
+  xf->device = local->device;
   xf->remote_base = remote->base;
   xf->rkey = remote->rkey;
   // Items that continue each other on both sides become one (then re-cut into
@@ -435,7 +492,14 @@ int Instance::Describe(char* buf, size_t len) {
   if (buf == nullptr || len == 0) return FERRY_ERR_INVALID_ARGS;
   std::string s = "open:";
   for (const auto& ep : eps_) s += " [" + ep->Describe() + "]";
-  s += " spin=" + std::to_string(settings_.spin_us) + "us; fabric offers: " + offered_;
+  s += " spin=" + std::to_string(settings_.spin_us) + "us";
+  if (pool_) {
+    s += " gpu=staged(" + FormatBytes(pool_->piece()) + " x2, pinned " +
+         FormatBytes(pool_->pinned_bytes()) + "/" + FormatBytes(pool_->cap()) + ")";
+  } else {
+    s += " gpu=none(no GPU runtime)";
+  }
+  s += "; fabric offers: " + offered_;
   std::snprintf(buf, len, "%s", s.c_str());
   return FERRY_OK;
 }

@@ -14,6 +14,7 @@
 
 #include "endpoint.h"
 #include "ferry/plugin.h"
+#include "gpu_stage.h"
 #include "settings.h"
 
 namespace ferry_ofi {
@@ -27,6 +28,8 @@ struct LocalMem {
   uint8_t* addr = nullptr;
   uint64_t size = 0;
   std::vector<fid_mr*> mrs;  // one per endpoint (same order as Instance::eps_), null = none
+  bool gpu = false;          // device memory: staged through bounce buffers, never a target
+  int device = -1;
 };
 struct RemoteMem {
   PeerHandle* peer = nullptr;
@@ -60,12 +63,14 @@ class Instance {
   bool OpenProvider(const std::string& name, std::string* why);
   size_t IndexOf(const Endpoint* ep) const;
   void CloseMrs(LocalMem* m);
+  int RegisterGpu(const ferry_mem_v1* m, void** handle, void* blob, size_t* blob_len);
 
   const ferry_host_v1* host_;
   const std::string engine_key_;
   const Settings settings_;
   std::vector<std::unique_ptr<Endpoint>> eps_;  // in order of preference
-  std::string offered_;                          // what fi_getinfo offers, for describe()
+  std::string offered_;                         // what fi_getinfo offers, for describe()
+  std::shared_ptr<StagePool> pool_;             // GPU staging; null without a GPU runtime
 
   std::mutex handles_mu_;
   std::set<PeerHandle*> peers_;

@@ -146,7 +146,8 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     FERRY_PLUGIN_ABI_MINOR,
     "ofi",
     "0.1.0",
-    FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_TARGET_PROGRESS,
+    FERRY_CAP_MEM_CPU | FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
+        FERRY_CAP_TARGET_PROGRESS,
     ferry_ofi::Init,
     ferry_ofi::Fini,
     ferry_ofi::ConnInfo,

@@ -140,11 +140,26 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
     } else if (key == "spin_us") {
       if (!GetInt(v, "spin_us", 0, 100000, &n, err)) return false;
       s.spin_us = static_cast<int>(n);
+    } else if (key == "gpu_stage_bytes") {
+      if (!GetBytes(v, "gpu_stage_bytes", &s.gpu_stage_bytes, err)) return false;
+      if (s.gpu_stage_bytes < 4096 || s.gpu_stage_bytes > (1ull << 30)) {
+        *err = "setting 'gpu_stage_bytes' must be in 4KiB..1GiB";
+        return false;
+      }
+    } else if (key == "gpu_pinned_bytes") {
+      if (!GetBytes(v, "gpu_pinned_bytes", &s.gpu_pinned_bytes, err)) return false;
     } else {
       *err = "unknown ofi setting '" + key +
-             "' (known: provider, domain, listen_host, chunk_bytes, window, spin_us)";
+             "' (known: provider, domain, listen_host, chunk_bytes, window, spin_us, "
+             "gpu_stage_bytes, gpu_pinned_bytes)";
       return false;
     }
+  }
+  // One stage is two pieces; a smaller cap could never stage anything.
+  if (s.gpu_pinned_bytes < 2 * s.gpu_stage_bytes) {
+    *err = "setting 'gpu_pinned_bytes' must be at least twice gpu_stage_bytes (" +
+           FormatBytes(2 * s.gpu_stage_bytes) + ")";
+    return false;
   }
   *out = std::move(s);
   return true;

@@ -16,6 +16,11 @@ struct Settings {
   uint64_t chunk_bytes = 0;  // most bytes in one RMA; 0 = provider-tuned default
   int window = 32;           // RMAs in flight per peer (also capped by the tx queue)
   int spin_us = 0;  // progress threads keep polling this long after activity (0: one pass)
+  // GPU memory on the initiator is staged through registered pinned host
+  // buffers (gpu_stage.h): the piece size (a stage is two pieces), and the most
+  // pinned memory the plugin holds for stages.
+  uint64_t gpu_stage_bytes = 1 << 20;
+  uint64_t gpu_pinned_bytes = 64ull << 20;
 };
 
 // Rejects bad JSON, unknown keys, wrong types and out-of-range values, saying which.

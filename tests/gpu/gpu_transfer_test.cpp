@@ -374,4 +374,28 @@ TEST(GpuFailover, IpcOpenFailureFailsOverToTcpWithCorrectData) {
   EXPECT_GT(stats.backends["xgmi"].failovers, 0u) << "the stats must show the failover";
 }
 
+TEST(GpuOfi, LocalGpuIsStagedAndRemoteGpuGoesToTcp) {
+  REQUIRE_GPU();
+  {
+    Engine probe("ofi-probe");
+    if (auto r = probe.add_backend("ofi"); !r)
+      GTEST_SKIP() << "the ofi plugin does not load here: " << r.message;
+  }
+  {
+    // GPU here, host memory there: ofi stages through its bounce buffers.
+    Rig r("ofi", {}, /*local_device=*/0, /*remote_device=*/-1);
+    WriteThenRead(r, (5u << 20) + 3, 80);
+    EXPECT_GT(r.engine->stats().backends["ofi"].transfers, 0u);
+  }
+  {
+    // GPU memory on both sides: ofi cannot reach the remote GPU (refused at
+    // import), so the built-in policy's next choice, tcp, carries it.
+    Rig r("ofi,tcp");
+    WriteThenRead(r, 1u << 20, 90);
+    auto st = r.engine->stats();
+    EXPECT_EQ(st.backends["ofi"].transfers, 0u);
+    EXPECT_GT(st.backends["tcp"].transfers, 0u);
+  }
+}
+
 }  // namespace

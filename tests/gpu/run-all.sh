@@ -26,8 +26,16 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${extra[
 fi
 targets=(ferry ferry-cli ferry-tcp ferry-xgmi ferry-gpu-peer gpu_transfer_test ferry-gpu-bench gpu-peer-ref
          engine_process_test ferry-test-peer)
+
 if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$report/build.log" 2>&1; then
   log "build FAILED (see build.log)"; grep -E "error" "$report/build.log" | head -30; exit 1
+fi
+# ofi where libfabric was found; its absence or failure only makes GpuOfi skip.
+if grep -q "ferry-ofi" "$build/build.ninja" 2>/dev/null; then
+  cmake --build "$build" -j "$(nproc)" --target ferry-ofi > "$report/ofi-build.log" 2>&1 ||
+    log "ofi plugin did not build (ofi-build.log): GpuOfi will skip"
+else
+  log "ofi plugin not configured (no libfabric found): GpuOfi will skip"
 fi
 export FERRY_PLUGIN_PATH="$PWD/$build/lib/ferry/plugins"
 

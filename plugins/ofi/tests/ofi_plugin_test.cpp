@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -14,12 +15,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <algorithm>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../../tcp/tests/fake_gpu.h"
 #include "blob.h"
 #include "ferry/plugin.h"
 
@@ -56,13 +57,19 @@ std::map<std::string, void*> g_route;
 
 class FakeHost {
  public:
-  explicit FakeHost(std::string name) : name_(std::move(name)) {
+  explicit FakeHost(std::string name, const ferry_gpu_v1* gpu = nullptr) : name_(std::move(name)) {
     host_.struct_size = sizeof(host_);
     host_.host_ctx = this;
+    host_.gpu = gpu;
     host_.log = [](void* ctx, int level, const char* msg) {
       static const char* kLevels[] = {"E", "W", "I", "D"};
+      auto* self = static_cast<FakeHost*>(ctx);
+      if (level <= FERRY_LOG_WARN) {
+        std::lock_guard lk(self->log_mu_);
+        self->warnings_ += std::string(msg) + "\n";
+      }
       if (level <= FERRY_LOG_INFO)
-        std::fprintf(stderr, "[%s %s] %s\n", static_cast<FakeHost*>(ctx)->name_.c_str(),
+        std::fprintf(stderr, "[%s %s] %s\n", self->name_.c_str(),
                      level >= 0 && level <= 3 ? kLevels[level] : "?", msg);
     };
     host_.now_ns = [](void*) { return NowNs(); };
@@ -92,9 +99,15 @@ class FakeHost {
   }
   const ferry_host_v1* host() const { return &host_; }
   std::atomic<int> ctrl_sent{0};
+  std::string warnings() {
+    std::lock_guard lk(log_mu_);
+    return warnings_;
+  }
 
  private:
   std::string name_;
+  std::mutex log_mu_;
+  std::string warnings_;
   ferry_host_v1 host_{};
 };
 
@@ -107,8 +120,9 @@ struct Mem {
 
 class Engine {
  public:
-  Engine(std::string key, const std::string& settings, const char* node = "node")
-      : key_(std::move(key)), node_(node), host_(key_) {
+  Engine(std::string key, const std::string& settings, const char* node = "node",
+         const ferry_gpu_v1* gpu = nullptr)
+      : key_(std::move(key)), node_(node), host_(key_, gpu) {
     char err[1024] = {0};
     const int rc = ops.init(host_.host(), key_.c_str(), node, settings.c_str(), &ctx_, err, sizeof(err));
     EXPECT_EQ(rc, FERRY_OK) << err;
@@ -158,17 +172,18 @@ class Engine {
     else EXPECT_EQ(rc, FERRY_OK);
     return h;
   }
-  Mem* Register(uint64_t id, size_t size) {
+  // device >= 0: "GPU memory" (the fake runtime's device memory is host memory).
+  Mem* Register(uint64_t id, size_t size, int device = -1) {
     auto m = std::make_unique<Mem>();
     m->data.assign(size, 0);
     m->id = id;
     ferry_mem_v1 desc{};
     desc.struct_size = sizeof(desc);
-    desc.location = FERRY_MEM_CPU;
+    desc.location = device >= 0 ? FERRY_MEM_GPU : FERRY_MEM_CPU;
     desc.id = id;
     desc.addr = m->data.data();
     desc.size = size;
-    desc.device = -1;
+    desc.device = device;
     m->blob.resize(FERRY_MAX_BLOB);
     size_t len = m->blob.size();
     EXPECT_EQ(ops.mem_register(ctx_, &desc, &m->handle, m->blob.data(), &len), FERRY_OK);
@@ -277,6 +292,15 @@ TEST(OfiSettings, BadInputFailsWithMessage) {
   EXPECT_NE(InitError("{\"provider\": []}").find("provider"), std::string::npos);
   EXPECT_NE(InitError("{\"provider\": [\"shm\", \"shm\"]}").find("twice"), std::string::npos);
   EXPECT_NE(InitError("{\"provider\": [\"auto\", \"shm\"]}").find("auto"), std::string::npos);
+  EXPECT_NE(InitError("{\"gpu_stage_bytes\": \"1KiB\"}").find("gpu_stage_bytes"),
+            std::string::npos);
+  EXPECT_NE(InitError("{\"gpu_pinned_bytes\": \"1MiB\"}").find("twice gpu_stage_bytes"),
+            std::string::npos);
+  EXPECT_NE(InitError("{\"gpu_stage_byte\": 4096}").find("unknown ofi setting 'gpu_stage_byte'"),
+            std::string::npos);
+  EXPECT_EQ(InitError("{\"provider\": \"shm\", \"gpu_stage_bytes\": \"4KiB\", "
+                      "\"gpu_pinned_bytes\": \"8KiB\"}"),
+            "");
 }
 
 TEST(OfiSettings, UnknownProviderNamesWhatTheFabricOffers) {
@@ -316,7 +340,7 @@ TEST(OfiAbi, TableIsComplete) {
   EXPECT_STREQ(ops.name, "ofi");
   EXPECT_TRUE(ops.caps & FERRY_CAP_OP_READ);
   EXPECT_TRUE(ops.caps & FERRY_CAP_OP_WRITE);
-  EXPECT_FALSE(ops.caps & FERRY_CAP_MEM_GPU);
+  EXPECT_TRUE(ops.caps & FERRY_CAP_MEM_GPU);  // local GPU memory, staged (OfiGpuStaging)
   EXPECT_FALSE(ops.caps & FERRY_CAP_NATIVE_NOTIFY);
   EXPECT_NE(ops.describe, nullptr);
 }
@@ -339,6 +363,21 @@ TEST(OfiBlob, DecodersSurviveGarbage) {
   blob::MemInfo m2;
   ASSERT_TRUE(blob::DecodeMem(mem.data(), mem.size(), &m2, &why)) << why;
   EXPECT_EQ(m2.keys[0].base, 0x1000u);
+  // GPU memory: no keys, and a marker saying it is not remotely accessible.
+  blob::MemInfo gi;
+  gi.id = 6;
+  gi.size = 100;
+  gi.gpu_local_only = true;
+  const auto gmem = blob::EncodeMem(gi);
+  blob::MemInfo g2;
+  ASSERT_TRUE(blob::DecodeMem(gmem.data(), gmem.size(), &g2, &why)) << why;
+  EXPECT_TRUE(g2.gpu_local_only);
+  EXPECT_TRUE(g2.keys.empty());
+  EXPECT_FALSE(m2.gpu_local_only);
+  for (size_t n = 0; n < gmem.size(); ++n) EXPECT_FALSE(blob::DecodeMem(gmem.data(), n, &g2, &why));
+  std::vector<uint8_t> bad_kind = gmem;
+  bad_kind.back() = 2;
+  EXPECT_FALSE(blob::DecodeMem(bad_kind.data(), bad_kind.size(), &g2, &why));
   for (size_t n = 0; n < conn.size(); ++n) EXPECT_FALSE(blob::DecodeConn(conn.data(), n, &c2, &why));
   for (size_t n = 0; n < mem.size(); ++n) EXPECT_FALSE(blob::DecodeMem(mem.data(), n, &m2, &why));
   EXPECT_FALSE(blob::DecodeConn(nullptr, 10, &c2, &why));
@@ -619,6 +658,212 @@ TEST_P(OfiPair, PeerRemoveAndFiniEndPendingTransfers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, OfiPair, testing::Values("shm", "tcp;ofi_rxm"),
+                         [](const testing::TestParamInfo<const char*>& p) {
+                           return std::string(p.param) == "shm" ? "shm" : "rxm";
+                         });
+
+// ---- GPU memory: staged by the initiator through registered bounce buffers ----------------
+// The fake runtime (plugins/tcp/tests/fake_gpu.h) runs a queued copy only when
+// something waits for it, so a pipeline that RMAs a bounce buffer before its
+// device->host copy is done, or calls a READ done before its host->device copy
+// ran, moves stale bytes and these tests fail.
+
+class OfiGpuStaging : public testing::TestWithParam<const char*> {
+ protected:
+  // 4 KiB pieces: a 1 MiB transfer is 256 pieces through the two slots.
+  void SetUp() override {
+    Make(Settings(GetParam(), "\"gpu_stage_bytes\": \"4KiB\", \"gpu_pinned_bytes\": \"64KiB\""));
+  }
+  void Make(const std::string& settings) {
+    b_.reset();
+    a_.reset();
+    a_ = std::make_unique<Engine>("a", settings, "node", gpu_a_.table());
+    b_ = std::make_unique<Engine>("b", settings, "node", gpu_b_.table());
+    ASSERT_TRUE(a_->ok() && b_->ok());
+    pb_ = a_->AddPeer("b", b_->ConnBlob());
+    b_->AddPeer("a", a_->ConnBlob());
+    ASSERT_NE(pb_, nullptr);
+  }
+  void TearDown() override {
+    for (void* r : imports_) ops.mem_release(a_->ctx(), r);
+    b_.reset();
+    a_.reset();
+  }
+  void* Import(const Mem& m) {
+    void* r = a_->Import(pb_, m);
+    imports_.push_back(r);
+    return r;
+  }
+  // WRITE from GPU memory of a into CPU memory of b, READ it back into other GPU memory of a.
+  void RoundTrip(const std::vector<ferry_iov_v1>& iov, uint64_t id) {
+    uint64_t lsize = 0, rsize = 0, total = 0;
+    for (const auto& i : iov) {
+      lsize = std::max(lsize, i.local_off + i.len);
+      rsize = std::max(rsize, i.remote_off + i.len);
+      total += i.len;
+    }
+    Mem* src = a_->Register(id, lsize, 0);
+    Mem* back = a_->Register(id + 1, lsize, 1);
+    Mem* dst = b_->Register(id, rsize);
+    Fill(src->data, static_cast<uint32_t>(id));
+    void* remote = Import(*dst);
+    const uint64_t copied0 = gpu_a_.copied.load();
+    Result w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, iov);
+    ASSERT_EQ(w.status, FERRY_OK) << w.msg;
+    EXPECT_EQ(w.calls, 1);
+    for (const auto& i : iov)
+      ASSERT_EQ(std::memcmp(src->data.data() + i.local_off, dst->data.data() + i.remote_off, i.len),
+                0)
+          << "WRITE item at " << i.local_off << " of " << i.len;
+    Result r = Transfer(*a_, FERRY_OP_READ, pb_, back, remote, iov);
+    ASSERT_EQ(r.status, FERRY_OK) << r.msg;
+    for (const auto& i : iov)
+      ASSERT_EQ(
+          std::memcmp(back->data.data() + i.local_off, dst->data.data() + i.remote_off, i.len), 0)
+          << "READ item at " << i.local_off << " of " << i.len;
+    // Every byte went through the runtime both ways; the target never copied.
+    EXPECT_GE(gpu_a_.copied.load() - copied0, 2 * total);
+    EXPECT_EQ(gpu_b_.copied.load(), 0u);
+  }
+
+  ferry_test::FakeGpu gpu_a_, gpu_b_;
+  std::unique_ptr<Engine> a_, b_;
+  void* pb_ = nullptr;
+  std::vector<void*> imports_;
+};
+
+TEST_P(OfiGpuStaging, OddSizesThroughManyPieces) {
+  RoundTrip({{0, 0, 1}}, 10);
+  RoundTrip({{3, 5, 4097}}, 20);
+  RoundTrip({{1, 4095, (1u << 20) + 5}}, 30);  // 257 pieces
+}
+
+TEST_P(OfiGpuStaging, BatchOfScatteredItemsStraddlingPieces) {
+  // Items of odd sizes, scattered on both sides: a piece gathers several, and
+  // items straddle pieces.
+  std::vector<ferry_iov_v1> iov;
+  for (uint64_t i = 0; i < 200; ++i)
+    iov.push_back({((i * 37) % 200) * 4096 + 1, i * 5003, 1000 + i * 13});
+  RoundTrip(iov, 40);
+}
+
+TEST_P(OfiGpuStaging, PinnedCapIsRespectedAndWaitingTransfersStillFinish) {
+  // Room for one stage (2 x 4 KiB); eight transfers posted at once: one holds
+  // it, the others wait in the queue for it without blocking post().
+  Make(Settings(GetParam(), "\"gpu_stage_bytes\": \"4KiB\", \"gpu_pinned_bytes\": \"8KiB\""));
+  constexpr int kN = 8;
+  constexpr size_t kEach = 100'003;
+  Mem* src = a_->Register(1, kN * kEach, 0);
+  Mem* dst = b_->Register(1, kN * kEach);
+  Fill(src->data, 77);
+  void* remote = Import(*dst);
+  std::vector<std::unique_ptr<Completion>> cs;
+  std::vector<std::vector<ferry_iov_v1>> iovs(kN);
+  for (int i = 0; i < kN; ++i) {
+    cs.push_back(std::make_unique<Completion>());
+    iovs[i] = {{i * kEach, i * kEach, kEach}};
+    ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, pb_, src, remote, iovs[i], cs.back().get(),
+                               NowNs() + 60'000'000'000ull);
+    ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
+  }
+  for (auto& c : cs) {
+    ASSERT_TRUE(c->Wait());
+    std::lock_guard lk(c->mu);
+    EXPECT_EQ(c->status, FERRY_OK) << c->msg;
+  }
+  ASSERT_EQ(std::memcmp(src->data.data(), dst->data.data(), kN * kEach), 0);
+  EXPECT_EQ(gpu_a_.pinned_allocs.load(), 1) << "more pinned memory than gpu_pinned_bytes allows";
+  char buf[2048] = {0};
+  ASSERT_EQ(ops.describe(a_->ctx(), buf, sizeof(buf)), FERRY_OK);
+  EXPECT_NE(std::string(buf).find("gpu=staged(4KiB x2, pinned 8KiB/8KiB)"), std::string::npos)
+      << buf;
+}
+
+TEST_P(OfiGpuStaging, CopyFailureFailsTheTransferWithGpuErrorThenTheNextWorks) {
+  Mem* src = a_->Register(1, 1 << 20, 0);
+  Mem* back = a_->Register(2, 1 << 20, 0);
+  Mem* dst = b_->Register(1, 1 << 20);
+  Fill(src->data, 3);
+  void* remote = Import(*dst);
+  gpu_a_.fail_after_copies = 5;  // device->host copies break mid-transfer
+  Result w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 0, 1 << 20}});
+  EXPECT_EQ(w.status, FERRY_ERR_GPU) << w.msg;
+  EXPECT_NE(w.msg.find("device-to-host copy failed"), std::string::npos) << w.msg;
+  EXPECT_EQ(w.calls, 1);
+  gpu_a_.fail_after_copies = 7;  // host->device copies break mid-READ
+  Result r = Transfer(*a_, FERRY_OP_READ, pb_, back, remote, {{0, 0, 1 << 20}});
+  EXPECT_EQ(r.status, FERRY_ERR_GPU) << r.msg;
+  EXPECT_NE(r.msg.find("host-to-device copy failed"), std::string::npos) << r.msg;
+  gpu_a_.fail_after_copies = -1;
+  w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 0, 1 << 20}});
+  ASSERT_EQ(w.status, FERRY_OK) << w.msg;
+  ASSERT_EQ(std::memcmp(src->data.data(), dst->data.data(), 1 << 20), 0);
+  r = Transfer(*a_, FERRY_OP_READ, pb_, back, remote, {{0, 0, 1 << 20}});
+  ASSERT_EQ(r.status, FERRY_OK) << r.msg;
+  ASSERT_EQ(std::memcmp(back->data.data(), dst->data.data(), 1 << 20), 0);
+}
+
+TEST_P(OfiGpuStaging, PeerRemoveAndFiniEndStagedTransfersInFlight) {
+  if (std::string(GetParam()) == "shm")
+    GTEST_SKIP() << "shm: one process cannot close an endpoint with RMAs in flight to it";
+  // Transfers holding or waiting for the one stage, with copies queued on the
+  // GPU thread: peer_remove ends them all before it returns, and fini returns
+  // every stage to the pool and closes its registrations before the domains.
+  Make(Settings(GetParam(), "\"gpu_stage_bytes\": \"4KiB\", \"gpu_pinned_bytes\": \"8KiB\""));
+  Mem* src = a_->Register(1, 4 << 20, 0);
+  Mem* dst = b_->Register(1, 4 << 20);
+  void* remote = a_->Import(pb_, *dst);
+  std::vector<std::unique_ptr<Completion>> cs;
+  std::vector<ferry_iov_v1> iov{{0, 0, 4u << 20}};
+  for (int i = 0; i < 4; ++i) {
+    cs.push_back(std::make_unique<Completion>());
+    ferry_xfer_v1 x = MakeXfer(i & 1 ? FERRY_OP_READ : FERRY_OP_WRITE, pb_, src, remote, iov,
+                               cs.back().get(), NowNs() + 60'000'000'000ull);
+    ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
+  }
+  ops.mem_release(a_->ctx(), remote);
+  ops.peer_remove(a_->ctx(), pb_);
+  for (auto& c : cs) {
+    std::lock_guard lk(c->mu);
+    EXPECT_EQ(c->calls, 1);
+    if (c->status != FERRY_OK) {
+      EXPECT_EQ(c->status, FERRY_ERR_BAD_STATE) << c->msg;
+    }
+  }
+  a_->Fini();
+  // 0 when peer_remove came before the GPU thread pinned the stage.
+  EXPECT_LE(gpu_a_.pinned_allocs.load(), 1);
+}
+
+TEST_P(OfiGpuStaging, RemoteGpuMemoryIsRefusedAtImportWithAReason) {
+  // b registers GPU memory: fine for b's own transfers, but its blob says it
+  // cannot be reached remotely, so a's import refuses it (the core then drops
+  // ofi for that memory: "remote memory could not be imported").
+  Mem* gpu = b_->Register(9, 4096, 0);
+  void* h = nullptr;
+  EXPECT_EQ(ops.mem_import(a_->ctx(), pb_, gpu->id, gpu->data.size(), gpu->blob.data(),
+                           gpu->blob.size(), &h),
+            FERRY_ERR_UNSUPPORTED);
+  EXPECT_EQ(h, nullptr);
+  const std::string w = a_->host().warnings();
+  EXPECT_NE(w.find("import of memory 9: it is GPU memory of b, which ofi cannot reach remotely"),
+            std::string::npos)
+      << w;
+  // Without a GPU runtime, GPU memory is refused at registration.
+  Engine plain("plain", Settings(GetParam()));
+  std::vector<uint8_t> area(64), out(FERRY_MAX_BLOB);
+  ferry_mem_v1 m{};
+  m.struct_size = sizeof(m);
+  m.location = FERRY_MEM_GPU;
+  m.id = 1;
+  m.addr = area.data();
+  m.size = area.size();
+  m.device = 0;
+  size_t len = out.size();
+  EXPECT_EQ(ops.mem_register(plain.ctx(), &m, &h, out.data(), &len), FERRY_ERR_UNSUPPORTED);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, OfiGpuStaging, testing::Values("shm", "tcp;ofi_rxm"),
                          [](const testing::TestParamInfo<const char*>& p) {
                            return std::string(p.param) == "shm" ? "shm" : "rxm";
                          });
