@@ -242,9 +242,7 @@ std::string Endpoint::Describe() const {
 
 // ---- memory -------------------------------------------------------------------------
 
-int Endpoint::RegisterMr(void* addr, uint64_t len, fid_mr** mr, blob::MemKey* key,
-                         std::string* why) {
-  const uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+int Endpoint::RegWithFreshKey(void* addr, uint64_t len, uint64_t access, fid_mr** mr) {
   // Without FI_MR_PROV_KEY the key is ours to pick, unique within the domain.
   // Random, not 1, 2, 3: over tcp;ofi_rxm the key (and an offset) is all a
   // process that reaches the endpoint needs to write into the region.
@@ -259,6 +257,12 @@ int Endpoint::RegisterMr(void* addr, uint64_t len, fid_mr** mr, blob::MemKey* ke
     }
     rc = fi_mr_reg(domain_, addr, len, access, 0, requested, 0, mr, nullptr);
   }
+  return rc;
+}
+
+int Endpoint::RegisterMr(void* addr, uint64_t len, fid_mr** mr, blob::MemKey* key,
+                         std::string* why) {
+  int rc = RegWithFreshKey(addr, len, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, mr);
   if (rc != 0) {
     *why = provider_ + ": fi_mr_reg of " + std::to_string(len) + " bytes failed: " + FiErr(rc);
     return FERRY_ERR_TRANSPORT;
@@ -299,18 +303,8 @@ int Endpoint::RegisterMr(void* addr, uint64_t len, fid_mr** mr, blob::MemKey* ke
 }
 
 int Endpoint::RegisterLocal(void* addr, uint64_t len, fid_mr** mr, std::string* why) {
-  const uint64_t access = FI_READ | FI_WRITE;  // source of WRITEs, sink of READs; no remote access
-  const size_t key_bytes = std::clamp<size_t>(info_->domain_attr->mr_key_size, 1, 8);
-  const uint64_t mask = key_bytes >= 8 ? ~0ull : (1ull << (8 * key_bytes)) - 1;
-  int rc = -FI_ENOKEY;
-  for (int attempt = 0; attempt < 8 && (rc == -FI_ENOKEY || rc == -FI_EKEYREJECTED); ++attempt) {
-    uint64_t requested;
-    {
-      std::lock_guard lk(key_mu_);
-      requested = ((static_cast<uint64_t>(key_rng_()) << 32) ^ key_rng_()) & mask;
-    }
-    rc = fi_mr_reg(domain_, addr, len, access, 0, requested, 0, mr, nullptr);
-  }
+  // Source of WRITEs, sink of READs: no remote access.
+  int rc = RegWithFreshKey(addr, len, FI_READ | FI_WRITE, mr);
   if (rc == 0 && (mr_mode_ & FI_MR_ENDPOINT)) {
     rc = fi_mr_bind(*mr, &ep_->fid, 0);
     if (rc == 0) rc = fi_mr_enable(*mr);

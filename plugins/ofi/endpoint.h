@@ -136,6 +136,9 @@ class Endpoint {
   int RegisterMr(void* addr, uint64_t len, fid_mr** mr, blob::MemKey* key, std::string* why);
   // A registration for local access only (bounce buffers).
   int RegisterLocal(void* addr, uint64_t len, fid_mr** mr, std::string* why);
+  // fi_mr_reg with a random key of the domain's key size, retried on a clash;
+  // returns the provider's answer.
+  int RegWithFreshKey(void* addr, uint64_t len, uint64_t access, fid_mr** mr);
   // Where staged transfers get their stages, and this endpoint's index in Stage::mrs.
   void SetStaging(std::shared_ptr<StagePool> pool, size_t index);
   // Wakes the progress thread (a stage came back).

@@ -438,11 +438,13 @@ TEST(OfiAbi, ForgedBlobsAreRefused) {
 class OfiPair : public testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { Make(Settings(GetParam())); }
-  void Make(const std::string& settings) {
+  // gpu_a/gpu_b: a GPU runtime for each engine's host (fake_gpu.h), or none.
+  void Make(const std::string& settings, const ferry_gpu_v1* gpu_a = nullptr,
+            const ferry_gpu_v1* gpu_b = nullptr) {
     b_.reset();
     a_.reset();
-    a_ = std::make_unique<Engine>("a", settings);
-    b_ = std::make_unique<Engine>("b", settings);
+    a_ = std::make_unique<Engine>("a", settings, "node", gpu_a);
+    b_ = std::make_unique<Engine>("b", settings, "node", gpu_b);
     ASSERT_TRUE(a_->ok() && b_->ok());
     pb_ = a_->AddPeer("b", b_->ConnBlob());
     b_->AddPeer("a", a_->ConnBlob());
@@ -668,31 +670,14 @@ INSTANTIATE_TEST_SUITE_P(Providers, OfiPair, testing::Values("shm", "tcp;ofi_rxm
 // device->host copy is done, or calls a READ done before its host->device copy
 // ran, moves stale bytes and these tests fail.
 
-class OfiGpuStaging : public testing::TestWithParam<const char*> {
+class OfiGpuStaging : public OfiPair {
  protected:
   // 4 KiB pieces: a 1 MiB transfer is 256 pieces through the two slots.
   void SetUp() override {
     Make(Settings(GetParam(), "\"gpu_stage_bytes\": \"4KiB\", \"gpu_pinned_bytes\": \"64KiB\""));
   }
   void Make(const std::string& settings) {
-    b_.reset();
-    a_.reset();
-    a_ = std::make_unique<Engine>("a", settings, "node", gpu_a_.table());
-    b_ = std::make_unique<Engine>("b", settings, "node", gpu_b_.table());
-    ASSERT_TRUE(a_->ok() && b_->ok());
-    pb_ = a_->AddPeer("b", b_->ConnBlob());
-    b_->AddPeer("a", a_->ConnBlob());
-    ASSERT_NE(pb_, nullptr);
-  }
-  void TearDown() override {
-    for (void* r : imports_) ops.mem_release(a_->ctx(), r);
-    b_.reset();
-    a_.reset();
-  }
-  void* Import(const Mem& m) {
-    void* r = a_->Import(pb_, m);
-    imports_.push_back(r);
-    return r;
+    OfiPair::Make(settings, gpu_a_.table(), gpu_b_.table());
   }
   // WRITE from GPU memory of a into CPU memory of b, READ it back into other GPU memory of a.
   void RoundTrip(const std::vector<ferry_iov_v1>& iov, uint64_t id) {
@@ -727,9 +712,6 @@ class OfiGpuStaging : public testing::TestWithParam<const char*> {
   }
 
   ferry_test::FakeGpu gpu_a_, gpu_b_;
-  std::unique_ptr<Engine> a_, b_;
-  void* pb_ = nullptr;
-  std::vector<void*> imports_;
 };
 
 TEST_P(OfiGpuStaging, OddSizesThroughManyPieces) {
