@@ -2,64 +2,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "settings_json.h"
 #include "wire.h"
 
 namespace ferry_tcp {
 namespace {
 
 using json = nlohmann::json;
-
-bool GetInt(const json& v, const char* key, int64_t lo, int64_t hi, int64_t* out,
-            std::string* err) {
-  if (!v.is_number_integer()) {
-    *err = std::string("setting '") + key + "' must be an integer";
-    return false;
-  }
-  const bool neg = v.is_number_unsigned() ? false : v.get<int64_t>() < 0;
-  const uint64_t u = neg ? 0 : v.get<uint64_t>();
-  if (neg || u < static_cast<uint64_t>(lo) || u > static_cast<uint64_t>(hi)) {
-    *err = std::string("setting '") + key + "' must be in " + std::to_string(lo) + ".." +
-           std::to_string(hi);
-    return false;
-  }
-  *out = static_cast<int64_t>(u);
-  return true;
-}
-
-// Accepts 1048576 or "1MiB" / "64KiB" / "4096B" / "1GiB", as the policy YAML writes sizes.
-bool GetBytes(const json& v, const char* key, uint64_t* out, std::string* err) {
-  if (v.is_number_integer()) {
-    int64_t n = 0;
-    if (!GetInt(v, key, 0, INT64_MAX, &n, err)) return false;
-    *out = static_cast<uint64_t>(n);
-    return true;
-  }
-  if (!v.is_string()) {
-    *err = std::string("setting '") + key + "' must be a byte count like 1048576 or \"1MiB\"";
-    return false;
-  }
-  const std::string s = v.get<std::string>();
-  size_t i = 0;
-  uint64_t n = 0;
-  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
-    if (n > (UINT64_MAX - 9) / 10) break;
-    n = n * 10 + static_cast<uint64_t>(s[i] - '0');
-    ++i;
-  }
-  const std::string unit = s.substr(i);
-  uint64_t mult = 0;
-  if (unit.empty() || unit == "B") mult = 1;
-  if (unit == "KiB") mult = 1ull << 10;
-  if (unit == "MiB") mult = 1ull << 20;
-  if (unit == "GiB") mult = 1ull << 30;
-  if (i == 0 || mult == 0 || n > UINT64_MAX / mult) {
-    *err = std::string("setting '") + key + "': cannot read \"" + s +
-           "\" as a size (use B, KiB, MiB or GiB)";
-    return false;
-  }
-  *out = n * mult;
-  return true;
-}
+using ferry_plugin_kit::GetBytes;
+using ferry_plugin_kit::GetInt;
 
 // A size that bounds one frame's payload: 4KiB..kMaxPayload.
 bool GetPayloadBytes(const json& v, const char* key, uint64_t* out, std::string* err) {
@@ -141,13 +92,6 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
   }
   *out = std::move(s);
   return true;
-}
-
-std::string FormatBytes(uint64_t n) {
-  if (n != 0 && n % (1ull << 30) == 0) return std::to_string(n >> 30) + "GiB";
-  if (n != 0 && n % (1ull << 20) == 0) return std::to_string(n >> 20) + "MiB";
-  if (n != 0 && n % (1ull << 10) == 0) return std::to_string(n >> 10) + "KiB";
-  return std::to_string(n) + "B";
 }
 
 }  // namespace ferry_tcp

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "format_bytes.h"
+
 namespace ferry_tcp {
 
 struct Settings {
@@ -27,6 +29,6 @@ struct Settings {
 bool ParseSettings(const char* json, Settings* out, std::string* err);
 
 // "1MiB", "64KiB", "4097B": for describe() and messages.
-std::string FormatBytes(uint64_t n);
+using ferry_plugin_kit::FormatBytes;
 
 }  // namespace ferry_tcp
