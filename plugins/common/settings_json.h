@@ -9,6 +9,21 @@
 
 namespace ferry_plugin_kit {
 
+// The settings text (NULL means "{}") as a JSON object; *err names the plugin.
+inline bool ParseObject(const char* text, const char* plugin, nlohmann::json* out,
+                        std::string* err) {
+  *out = nlohmann::json::parse(text ? text : "{}", nullptr, /*allow_exceptions=*/false);
+  if (out->is_discarded()) {
+    *err = std::string(plugin) + " settings are not valid JSON";
+    return false;
+  }
+  if (!out->is_object()) {
+    *err = std::string(plugin) + " settings must be a JSON object";
+    return false;
+  }
+  return true;
+}
+
 // An integer in lo..hi.
 inline bool GetInt(const nlohmann::json& v, const char* key, int64_t lo, int64_t hi, int64_t* out,
                    std::string* err) {

@@ -10,6 +10,7 @@ namespace {
 using json = nlohmann::json;
 using ferry_plugin_kit::GetBytes;
 using ferry_plugin_kit::GetInt;
+using ferry_plugin_kit::ParseObject;
 
 bool GetName(const json& v, const char* key, std::string* out, std::string* err) {
   if (!v.is_string() || v.get<std::string>().empty() || v.get<std::string>().size() > 253) {
@@ -63,15 +64,8 @@ bool GetProviders(const json& v, std::vector<std::string>* out, std::string* err
 
 bool ParseSettings(const char* text, Settings* out, std::string* err) {
   Settings s;
-  const json j = json::parse(text ? text : "{}", nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    *err = "ofi settings are not valid JSON";
-    return false;
-  }
-  if (!j.is_object()) {
-    *err = "ofi settings must be a JSON object";
-    return false;
-  }
+  json j;
+  if (!ParseObject(text, "ofi", &j, err)) return false;
   for (const auto& [key, v] : j.items()) {
     int64_t n = 0;
     if (key == "provider") {

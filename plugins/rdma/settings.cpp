@@ -10,6 +10,7 @@ namespace {
 using json = nlohmann::json;
 using ferry_plugin_kit::GetBytes;
 using ferry_plugin_kit::GetInt;
+using ferry_plugin_kit::ParseObject;
 
 bool GetBool(const json& v, const char* key, bool* out, std::string* err) {
   if (!v.is_boolean()) {
@@ -58,15 +59,8 @@ bool GetDevices(const json& v, std::vector<std::string>* out, std::string* err) 
 
 bool ParseSettings(const char* text, Settings* out, std::string* err) {
   Settings s;
-  const json j = json::parse(text ? text : "{}", nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    *err = "rdma settings are not valid JSON";
-    return false;
-  }
-  if (!j.is_object()) {
-    *err = "rdma settings must be a JSON object";
-    return false;
-  }
+  json j;
+  if (!ParseObject(text, "rdma", &j, err)) return false;
   struct IntKey {
     const char* name;
     int* field;

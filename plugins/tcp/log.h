@@ -1,11 +1,10 @@
-// Logging through the host, so lines land wherever the core sends its own.
+// Logging through the host (plugins/common/host_log.h).
 #pragma once
 
-#include "ferry/plugin.h"
+#include "host_log.h"
 
 namespace ferry_tcp {
 
-void Log(const ferry_host_v1* host, int level, const char* fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+using ferry_plugin_kit::Log;
 
 }  // namespace ferry_tcp

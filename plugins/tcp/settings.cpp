@@ -11,6 +11,7 @@ namespace {
 using json = nlohmann::json;
 using ferry_plugin_kit::GetBytes;
 using ferry_plugin_kit::GetInt;
+using ferry_plugin_kit::ParseObject;
 
 // A size that bounds one frame's payload: 4KiB..kMaxPayload.
 bool GetPayloadBytes(const json& v, const char* key, uint64_t* out, std::string* err) {
@@ -41,15 +42,8 @@ bool GetHost(const json& v, const char* key, std::string* out, std::string* err)
 
 bool ParseSettings(const char* text, Settings* out, std::string* err) {
   Settings s;
-  const json j = json::parse(text ? text : "{}", nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    *err = "tcp settings are not valid JSON";
-    return false;
-  }
-  if (!j.is_object()) {
-    *err = "tcp settings must be a JSON object";
-    return false;
-  }
+  json j;
+  if (!ParseObject(text, "tcp", &j, err)) return false;
   for (const auto& [key, v] : j.items()) {
     int64_t n = 0;
     if (key == "lanes") {
