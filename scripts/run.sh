@@ -1,24 +1,39 @@
 #!/usr/bin/env bash
 # The README's two commands. On a fresh Debian 12 machine, as root:
-#   scripts/run.sh bench   install what is missing, build, run the transfer benchmark
-#   scripts/run.sh test    install what is missing, build, run every test
-#                          (plain build, then core+tcp again under ASan/UBSan,
-#                          each fuzz target for 30 s, concurrency tests under TSan;
-#                          the rdma tests also inside the Soft-RoCE VM where it can run)
+#   scripts/run.sh bench   install what is missing, build every backend, run the
+#                          transfer benchmark
+#   scripts/run.sh test    install what is missing (the Soft-RoCE VM's
+#                          prerequisites too), build, run every test: the plain
+#                          build, the rdma tests inside the VM, core+tcp again under
+#                          ASan/UBSan, each fuzz target, the concurrency tests under
+#                          TSan; then print one summary table
+#
+# A backend that is not built, or whose tests did not run, fails `test` unless
+# FERRY_ALLOW_SKIP names it (a comma list of backends: tcp, ofi, rdma, xgmi,
+# cma; rdma-vm for the Soft-RoCE VM stage). Outside CI (CI unset), xgmi is
+# allowed to skip on a machine without a GPU; under CI=true only the list counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-bench}
 jobs=${FERRY_JOBS:-$(nproc)}
+[[ "$mode" == bench || "$mode" == test ]] || { echo "usage: $0 bench|test" >&2; exit 2; }
 
-# Debian packages only (no PyPI); installed only when missing.
-pkgs=(build-essential cmake ninja-build pkg-config libyaml-cpp-dev nlohmann-json3-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
+# ---- packages: Debian's only (no PyPI); each installed only when missing.
+# Build: every in-tree backend's dependency (libfabric-dev: ofi, libibverbs-dev:
+# rdma), the Python binding, tests and benchmarks, clang for the fuzzers, dpkg-dev
+# for the .deb, iproute2 for the network-namespace tests.
+pkgs=(build-essential cmake ninja-build pkg-config dpkg-dev iproute2
+      libyaml-cpp-dev nlohmann-json3-dev libssl-dev libfabric-dev libibverbs-dev
+      libgtest-dev libgmock-dev libbenchmark-dev
       python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest
-      clang libclang-rt-14-dev)  # fuzzing (libFuzzer)
+      clang libclang-rt-14-dev)
+installed() {  # installed PKG: dpkg knows PKG as installed
+  local s
+  s=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) || return 1
+  [[ "$s" == "install ok installed" ]]
+}
 missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+for p in "${pkgs[@]}"; do installed "$p" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -26,27 +41,65 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# ---- rdma (issue 6): its tests need a verbs device; Soft-RoCE in a qemu guest is one.
-# rdma_prepare (before the build, so libibverbs-dev is there when cmake looks) finds
-# the VM scripts and installs their prerequisites; rdma_vm_tests runs `ctest -L rdma`
-# inside the guest and fails this script when those tests fail. Either says SKIPPED,
-# and why, only where the VM cannot run at all.
+# ---- skips: allowed only when FERRY_ALLOW_SKIP names them.
+allow_list=",${FERRY_ALLOW_SKIP:-},"
+have_gpu() { [ -e /dev/nvidiactl ] || [ -e /dev/kfd ]; }
+if [ "${CI:-}" != true ] && ! have_gpu && [[ "$allow_list" != *",xgmi,"* ]]; then
+  allow_list+="xgmi,"
+  echo "== xgmi: allowed to skip (no GPU on this machine, not CI); its tests run on a GPU host"
+fi
+allowed() { [[ "$allow_list" == *",$1,"* ]]; }
+
+build() {  # build DIR [cmake args...]
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+}
+
+# ---- the summary table's records (scripts/ci_summary.py reads them).
+report=$PWD/build/ci-report
+stage_rc=0
+record_stage() {  # record_stage NAME START_SECONDS RC NOTE
+  printf '%s\t%s\t%s\t%s\n' "$1" "$((SECONDS - $2))" "$3" "$4" >>"$report/stages.tsv"
+  [ "$3" = 0 ] || [ "$3" = skip ] || stage_rc=1
+}
+run_ctest() {  # run_ctest STAGE BUILD_DIR [ctest args...]: JUnit + labels for the summary
+  local stage=$1 dir=$2; shift 2
+  (cd "$dir" && ctest --show-only=json-v1 >"$report/tests-$stage.json" 2>/dev/null) || true
+  # The whole output of each test (gtest and pytest counts are at its end) goes
+  # into the JUnit file, not the first 1 KiB.
+  (cd "$dir" && ctest --output-on-failure --output-junit "$report/junit-$stage.xml" \
+     --test-output-size-passed 4194304 --test-output-size-failed 4194304 --test-output-truncation middle "$@")
+}
+
+# ---- rdma: its tests need a verbs device; Soft-RoCE in a qemu guest is one.
+# rdma_prepare (before the build) finds the VM scripts and installs their
+# prerequisites; rdma_vm_tests runs `ctest -L rdma` inside the guest.
 RXE_VM=""
 RDMA_SKIP=""
 rdma_prepare() {
-  local d
-  for d in /work/shared/rxe-vm "$PWD/../shared/rxe-vm"; do
-    if [ -x "$d/run-in-rxe-vm.sh" ] && [ -f "$d/install-prereqs.sh" ]; then RXE_VM=$(cd "$d" && pwd); break; fi
+  local d policy
+  for d in "${FERRY_RXE_VM:-}" "$PWD/../shared/rxe-vm" /work/shared/rxe-vm; do
+    if [ -n "$d" ] && [ -x "$d/run-in-rxe-vm.sh" ] && [ -f "$d/install-prereqs.sh" ]; then
+      RXE_VM=$(cd "$d" && pwd); break
+    fi
   done
   if [ -z "$RXE_VM" ]; then
-    RDMA_SKIP="no rxe-vm folder (/work/shared/rxe-vm or ../shared/rxe-vm)"; return 0
+    RDMA_SKIP="no rxe-vm scripts (FERRY_RXE_VM, ../shared/rxe-vm or /work/shared/rxe-vm)"; return 0
   fi
-  if ! command -v qemu-system-x86_64 >/dev/null &&
-     ! apt-cache policy qemu-system-x86 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-    RDMA_SKIP="qemu-system-x86 is neither installed nor installable here"; return 0
+  if ! command -v qemu-system-x86_64 >/dev/null; then
+    # A captured answer, not `apt-cache … | grep -q` (under pipefail grep's early
+    # exit makes apt-cache die of SIGPIPE and the test says "not installable").
+    [ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -print -quit 2>/dev/null)" ] ||
+      apt-get update -qq || true
+    policy=$(apt-cache policy qemu-system-x86 2>/dev/null || true)
+    if [[ ! "$policy" =~ Candidate:\ [0-9] ]]; then
+      RDMA_SKIP="qemu-system-x86 is neither installed nor installable here"; return 0
+    fi
   fi
   if [ "$(id -u)" != 0 ]; then
-    if command -v qemu-system-x86_64 >/dev/null && ls "${RXE_VM_DIR:-${TMPDIR:-/tmp}/ferry-rxe-vm}"/kernel/boot/vmlinuz-* >/dev/null 2>&1; then
+    if command -v qemu-system-x86_64 >/dev/null &&
+       compgen -G "${RXE_VM_DIR:-${TMPDIR:-/tmp}/ferry-rxe-vm}/kernel/boot/vmlinuz-*" >/dev/null; then
       echo "== rdma: not root: using the VM prerequisites already installed"; return 0
     fi
     RDMA_SKIP="not root, and the VM prerequisites are not installed"; return 0
@@ -59,9 +112,9 @@ rdma_prepare() {
   fi
 }
 
-rdma_vm_tests() {  # rdma_vm_tests BUILD_DIR
+rdma_vm_tests() {  # rdma_vm_tests BUILD_DIR; returns 0, 1 (failed) or 77 (skipped)
   if [ -n "$RDMA_SKIP" ]; then
-    echo "== rdma: SKIPPED the Soft-RoCE VM tests: $RDMA_SKIP"; return 0
+    echo "== rdma: SKIPPED the Soft-RoCE VM tests: $RDMA_SKIP"; return 77
   fi
   if [ ! -e "$1/lib/ferry/plugins/libferry-rdma.so" ]; then
     echo "== rdma: FAILED: the rdma plugin was not built although libibverbs-dev was installed" >&2
@@ -69,28 +122,23 @@ rdma_vm_tests() {  # rdma_vm_tests BUILD_DIR
   fi
   echo "== rdma tests inside the Soft-RoCE VM ($RXE_VM/run-in-rxe-vm.sh; slow: emulated CPU)"
   local rc=0
+  (cd "$1" && ctest --show-only=json-v1 >"$report/tests-vm.json" 2>/dev/null) || true
   (cd "$1" && RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-3000} \
-     "$RXE_VM/run-in-rxe-vm.sh" 'ctest -L rdma --output-on-failure --timeout 1800') || rc=$?
+     "$RXE_VM/run-in-rxe-vm.sh" "ctest -L rdma --output-on-failure --timeout 1800 --output-junit $report/junit-vm.xml") || rc=$?
   if [ "$rc" = 125 ]; then
-    echo "== rdma: SKIPPED: the Soft-RoCE VM could not start here (run-in-rxe-vm.sh exit 125, output above)"
-    return 0
+    RDMA_SKIP="the Soft-RoCE VM could not start here (run-in-rxe-vm.sh exit 125, output above)"
+    echo "== rdma: SKIPPED: $RDMA_SKIP"; return 77
   fi
   [ "$rc" = 0 ] || echo "== rdma: tests inside the VM FAILED (exit $rc)" >&2
-  return "$rc"
+  [ "$rc" = 0 ] || return 1
 }
 
-build() {  # build DIR [cmake args...]
-  local dir=$1; shift
-  cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
-  cmake --build "$dir" -j "$jobs"
-}
-
-# ---- ThreadSanitizer (issue 9): the core concurrency tests and the security
-# tests in build-tsan. TSan cannot see ordering that travels through the kernel
-# (payload recv()ed into memory, acked on a socket, then read by the application,
-# perhaps in another process), so tests/tsan.supp suppresses reports on the
-# socket calls (as plugins/tcp/tests/tsan.supp does for the tcp tests). The two
-# tests that check many MiB byte by byte after transfers also get
+# ---- ThreadSanitizer: the core concurrency tests and the security tests in
+# build-tsan. TSan cannot see ordering that travels through the kernel (payload
+# recv()ed into memory, acked on a socket, then read by the application, perhaps
+# in another process), so tests/tsan.supp suppresses reports on the socket calls
+# (as plugins/tcp/tests/tsan.supp does for the tcp tests). The two tests that
+# check many MiB byte by byte after transfers also get
 # ignore_interceptors_accesses=1: suppressing each report would hit TSan's slow
 # path once per byte; races on ferry's own state are still reported. Reports
 # from any process, helpers included, land in build-tsan/tsan-reports and fail
@@ -107,11 +155,11 @@ tsan_tests() {
   rm -rf "$reports" && mkdir -p "$reports"
   local opts="second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp:log_path=$reports/tsan"
   local rc=0
-  (cd build-tsan && TSAN_OPTIONS="$opts" ctest --output-on-failure --timeout 900 -R "^($strict)\$" &&
-    TSAN_OPTIONS="$opts:ignore_interceptors_accesses=1" \
-      ctest --output-on-failure --timeout 900 -R "^($heavy)\$") || rc=$?
+  TSAN_OPTIONS="$opts" run_ctest tsan build-tsan --timeout 900 -R "^($strict)\$" || rc=$?
+  TSAN_OPTIONS="$opts:ignore_interceptors_accesses=1" \
+    run_ctest tsan-heavy build-tsan --timeout 900 -R "^($heavy)\$" || rc=$?
   if compgen -G "$reports/tsan*" >/dev/null; then
-    cat "$reports"/tsan* | head -n 400
+    awk 'NR <= 400' "$reports"/tsan*   # awk reads to the end: no SIGPIPE under pipefail
     echo "== ThreadSanitizer reported problems (all reports: $reports)" >&2
     rc=1
   fi
@@ -128,21 +176,51 @@ case "$mode" in
       --max-block-size 64MiB --check-consistency
     ;;
   test)
-    rdma_prepare
+    t=$SECONDS
+    prep_rc=0
+    rdma_prepare || prep_rc=$?
     build build -DCMAKE_BUILD_TYPE=RelWithDebInfo
-    (cd build && ctest --output-on-failure --timeout 900)
-    rdma_vm_tests build
+    rm -rf "$report" && mkdir -p "$report"
+    record_stage setup "$t" "$prep_rc" "packages, VM prerequisites, build"
+    ./build/bin/ferry info --json >"$report/plugins.json" 2>/dev/null ||
+      ./build/bin/ferry info >"$report/plugins.txt" 2>&1 || true
+
+    t=$SECONDS; rc=0
+    run_ctest plain build --timeout 900 || rc=$?
+    record_stage plain "$t" "$rc" "ctest, every label"
+
+    t=$SECONDS; rc=0
+    rdma_vm_tests build || rc=$?
+    if [ "$rc" = 77 ]; then
+      if allowed rdma-vm; then record_stage vm "$t" skip "$RDMA_SKIP (allowed by FERRY_ALLOW_SKIP)"
+      else record_stage vm "$t" 1 "SKIPPED but not allowed: $RDMA_SKIP (FERRY_ALLOW_SKIP=rdma-vm allows it)"; fi
+    else
+      record_stage vm "$t" "$rc" "ctest -L rdma in the Soft-RoCE guest"
+    fi
+
     echo "== core + tcp tests again under AddressSanitizer + UBSan"
-    build build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON -DFERRY_BUILD_BENCH=OFF
-    (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    t=$SECONDS; rc=0
+    build build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON -DFERRY_BUILD_BENCH=OFF || rc=$?
+    [ "$rc" != 0 ] || ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      ctest --output-on-failure --timeout 900 -L 'core|tcp')
+      run_ctest asan build-asan --timeout 900 -L 'core|tcp' || rc=$?
+    record_stage asan "$t" "$rc" "ctest -L 'core|tcp', Debug, -fsanitize=address,undefined"
+
     echo "== fuzzing: each libFuzzer target for ${FERRY_FUZZ_SECONDS:-30}s (clang, ASan + UBSan)"
-    FERRY_JOBS=$jobs bash fuzz/run.sh "${FERRY_FUZZ_SECONDS:-30}"
-    tsan_tests
-    ;;
-  *)
-    echo "usage: $0 bench|test" >&2
-    exit 2
+    t=$SECONDS; rc=0
+    FERRY_JOBS=$jobs bash fuzz/run.sh "${FERRY_FUZZ_SECONDS:-30}" || rc=$?
+    record_stage fuzz "$t" "$rc" "4 targets x ${FERRY_FUZZ_SECONDS:-30} s"
+
+    t=$SECONDS; rc=0
+    tsan_tests || rc=$?
+    record_stage tsan "$t" "$rc" "concurrency + security tests"
+
+    summary_rc=0
+    FERRY_ALLOWED_SKIPS=$allow_list /usr/bin/python3 scripts/ci_summary.py "$report" || summary_rc=$?
+    if [ "$stage_rc" != 0 ] || [ "$summary_rc" != 0 ]; then
+      echo "== FAILED (see the stage and backend tables above)" >&2
+      exit 1
+    fi
+    echo "== every stage passed"
     ;;
 esac

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # out_of_tree_plugin.sh BUILD_DIR SOURCE_DIR
+# out_of_tree_plugin.sh --prefix PREFIX SOURCE_DIR
 #
 # What a third party does with ferry, checked end to end:
-#   1. install ferry from BUILD_DIR into a fresh prefix (cmake --install);
+#   1. install ferry from BUILD_DIR into a fresh prefix (cmake --install), or,
+#      with --prefix, take a tree installed already (tests/deb_package.sh passes
+#      the unpacked .deb) and build the example from the copy installed in it
+#      (PREFIX/share/ferry/examples/plugin-cma);
 #   2. check the installed tree has the header, library, tcp plugin, CMake
 #      package and pkg-config file;
 #   3. copy examples/plugin-cma out of the source tree and build it against the
@@ -16,13 +20,22 @@
 # KEEP_TMP=1 keeps the temporary folder for inspection.
 set -u -o pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BUILD_DIR SOURCE_DIR" >&2
+GIVEN_PREFIX=""
+if [[ "${1:-}" == --prefix ]]; then
+  GIVEN_PREFIX=$(cd "${2:-}" 2>/dev/null && pwd) || { echo "FAIL: prefix '${2:-}' does not exist" >&2; exit 1; }
+  shift 2
+fi
+if [[ $# -ne 2 && -z "$GIVEN_PREFIX" ]] || [[ $# -ne 1 && -n "$GIVEN_PREFIX" ]]; then
+  echo "usage: $0 BUILD_DIR SOURCE_DIR | $0 --prefix PREFIX SOURCE_DIR" >&2
   exit 2
 fi
-BUILD_DIR=$(cd "$1" 2>/dev/null && pwd) || { echo "FAIL: build dir '$1' does not exist" >&2; exit 1; }
-SOURCE_DIR=$(cd "$2" 2>/dev/null && pwd) || { echo "FAIL: source dir '$2' does not exist" >&2; exit 1; }
+if [[ -z "$GIVEN_PREFIX" ]]; then
+  BUILD_DIR=$(cd "$1" 2>/dev/null && pwd) || { echo "FAIL: build dir '$1' does not exist" >&2; exit 1; }
+  shift
+fi
+SOURCE_DIR=$(cd "$1" 2>/dev/null && pwd) || { echo "FAIL: source dir '$1' does not exist" >&2; exit 1; }
 EXAMPLE="$SOURCE_DIR/examples/plugin-cma"
+[[ -n "$GIVEN_PREFIX" ]] && EXAMPLE="$GIVEN_PREFIX/share/ferry/examples/plugin-cma"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/ferry-oot.XXXXXX") || { echo "FAIL: mktemp" >&2; exit 1; }
 # shellcheck disable=SC2317  # called through trap
@@ -34,7 +47,7 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
-PREFIX="$TMP/prefix"
+PREFIX=${GIVEN_PREFIX:-$TMP/prefix}
 LOGS="$TMP/logs"
 mkdir -p "$LOGS"
 
@@ -72,15 +85,19 @@ generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 
 # ---- 1. install ------------------------------------------------------------------
-step "install ferry from $BUILD_DIR into a fresh prefix"
-[[ -f "$BUILD_DIR/CMakeCache.txt" ]] || die "$BUILD_DIR is not a configured CMake build tree"
-run install cmake --install "$BUILD_DIR" --prefix "$PREFIX" || die "cmake --install failed (was the project built?)"
-ok "installed into $PREFIX"
+if [[ -n "$GIVEN_PREFIX" ]]; then
+  step "use the tree installed at $PREFIX"
+else
+  step "install ferry from $BUILD_DIR into a fresh prefix"
+  [[ -f "$BUILD_DIR/CMakeCache.txt" ]] || die "$BUILD_DIR is not a configured CMake build tree"
+  run install cmake --install "$BUILD_DIR" --prefix "$PREFIX" || die "cmake --install failed (was the project built?)"
+  ok "installed into $PREFIX"
+fi
 
 # ---- 2. the installed tree ---------------------------------------------------------
 step "check the installed tree"
-for f in include/ferry/plugin.h lib/ferry/plugins/libferry-tcp.so \
-  lib/cmake/ferry/ferryConfig.cmake lib/pkgconfig/ferry.pc; do
+for f in include/ferry/plugin.h include/ferry/ferry.hpp lib/ferry/plugins/libferry-tcp.so \
+  lib/cmake/ferry/ferryConfig.cmake lib/pkgconfig/ferry.pc share/ferry/examples/plugin-cma/CMakeLists.txt; do
   if [[ -f "$PREFIX/$f" ]]; then ok "$f"; else fail "missing $f"; fi
 done
 shopt -s nullglob

@@ -1,5 +1,6 @@
 // ferry: the command-line tool.
-//   ferry info [--plugin-dir DIR]...      plugins found, loaded or why not
+//   ferry info [--json] [--plugin-dir DIR]...
+//                                         plugins found, loaded or why not
 //   ferry policy check FILE               validate a policy (errors name file:line:col)
 //   ferry policy explain FILE [--peer P] [--host H] [--same-host|--remote-host]
 //                [--local cpu|gpu] [--remote cpu|gpu] [--bytes N] [--op read|write]
@@ -10,6 +11,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
@@ -26,7 +29,7 @@ int usage() {
   std::fprintf(
       stderr,
       "usage:\n"
-      "  ferry info [--plugin-dir DIR]...\n"
+      "  ferry info [--json] [--plugin-dir DIR]...\n"
       "  ferry policy check FILE\n"
       "  ferry policy explain FILE [--peer KEY] [--host HOST] [--same-host|--remote-host]\n"
       "                [--local cpu|gpu] [--remote cpu|gpu] [--bytes SIZE] [--op read|write]\n"
@@ -36,11 +39,28 @@ int usage() {
 
 int cmd_info(int argc, char** argv) {
   std::vector<std::string> dirs;
+  bool json = false;
   for (int i = 0; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--plugin-dir") && i + 1 < argc)
       dirs.push_back(argv[++i]);
+    else if (!std::strcmp(argv[i], "--json"))
+      json = true;
     else
       return usage();
+  }
+  if (json) {  // one object per plugin found, for scripts (scripts/ci_summary.py)
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& p : discover_plugins(dirs))
+      out.push_back({{"name", p.name},
+                     {"path", p.path},
+                     {"loaded", p.loaded},
+                     {"error", p.error},
+                     {"version", p.version},
+                     {"abi", std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor)},
+                     {"caps", caps_to_string(p.caps)},
+                     {"description", p.description}});
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
   }
   std::printf("ferry %s, plugin ABI %d.%d\n", "0.1.0", FERRY_PLUGIN_ABI_MAJOR,
               FERRY_PLUGIN_ABI_MINOR);
