@@ -237,10 +237,10 @@ TEST(AuthControlPlane, MutualProofThenFrames) {
 }
 
 TEST(AuthControlPlane, ServerThatCannotProveIsNotTrusted) {
-  // The client checks the server's MAC before it sends anything.
+  // The client checks the server's MAC before it sends anything: NOT_SENT.
   Plane a("a", "tok", {"b"}), b("b", "other", {"a"});
   std::string err;
-  EXPECT_EQ(a.send(b, "b", "secret data", &err), FERRY_ERR_TRANSPORT);
+  EXPECT_EQ(a.send(b, "b", "secret data", &err), FERRY_ERR_NOT_SENT);
   EXPECT_NE(err.find("failed to prove the auth token"), std::string::npos) << err;
   EXPECT_EQ(a.cp->rejected(), 1u);
   EXPECT_TRUE(eventually([&] { return b.cp->rejected() == 1; }));
@@ -256,7 +256,7 @@ TEST(AuthControlPlane, PeerClaimingAnotherKeyFails) {
   // c connects to b correctly ...
   ASSERT_EQ(c.send(b, "b", "ok", &err), FERRY_OK) << err;
   // ... but dialing b while b is expected to be someone else fails on c's side.
-  EXPECT_EQ(c.send(b, "not-b", "x", &err), FERRY_ERR_TRANSPORT);
+  EXPECT_EQ(c.send(b, "not-b", "x", &err), FERRY_ERR_NOT_SENT);
   EXPECT_NE(err.find("failed to prove"), std::string::npos) << err;
 }
 

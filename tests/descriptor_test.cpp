@@ -101,6 +101,49 @@ TEST(Descriptors, ForgedFieldsAreErrors) {
   }
 }
 
+// Keys, hosts, node and bus ids reach plugins as C strings and Python as str:
+// bytes that are not UTF-8 text (or hold a NUL) are refused at unpack.
+TEST(Descriptors, StringsThatAreNotUtf8TextAreRefused) {
+  const std::vector<std::string> bad = {
+      std::string("pre\xff" "fill"),       // not UTF-8 at all
+      std::string("\xc0\xaf"),             // overlong '/'
+      std::string("\xed\xa0\x80"),         // a UTF-16 surrogate
+      std::string("\xf4\x90\x80\x80"),     // above U+10FFFF
+      std::string("cut\xe2\x82"),          // truncated sequence
+      std::string("nul\0inside", 10),      // NUL: a C string would end early
+  };
+  auto expect_refused = [](auto unpack, const std::vector<uint8_t>& bytes, const std::string& what) {
+    try {
+      unpack(bytes);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), StatusCode::ERR_INVALID_ARGS) << what;
+      EXPECT_NE(std::string(err.what()).find("UTF-8"), std::string::npos) << err.what();
+    }
+  };
+  for (const auto& s : bad) {
+    EngineDesc e = sample_engine();
+    e.key = s;
+    expect_refused(EngineDesc::unpack, e.pack(), "engine key");
+    e = sample_engine();
+    e.host = s;
+    expect_refused(EngineDesc::unpack, e.pack(), "engine host");
+    e = sample_engine();
+    e.node_id = s;
+    expect_refused(EngineDesc::unpack, e.pack(), "node id");
+    MemoryDesc m = sample_mem();
+    m.engine_key = s;
+    expect_refused(MemoryDesc::unpack, m.pack(), "memory key");
+    m = sample_mem();
+    m.bus_id = s;
+    expect_refused(MemoryDesc::unpack, m.pack(), "bus id");
+  }
+  // Real UTF-8 beyond ASCII is fine.
+  EngineDesc e = sample_engine();
+  e.key = "d\xc3\xa9" "code-\xe2\x82\xac-\xf0\x9f\x9a\xa2";
+  EXPECT_EQ(EngineDesc::unpack(e.pack()).key, e.key);
+}
+
 TEST(Descriptors, OversizedAndDeeplyNestedInputIsRejected) {
   EXPECT_THROW(EngineDesc::unpack(std::vector<uint8_t>(300 * 1024, 0x90)), Error);
   // 100k nested one-element arrays: must not recurse until the stack breaks.

@@ -22,6 +22,7 @@ TEST(FailoverProcess, TcpCutMidStreamCompletesOnCma) {
   setenv("FERRY_PLUGIN_PATH", plugin_path.c_str(), 1);
   auto policy = std::filesystem::temp_directory_path() / ("ferry-cut-" + std::to_string(getpid()) + ".yaml");
   std::ofstream(policy) << "backends:\n  cma: {}\nrules:\n  - prefer: [tcp, cma]\n"
+                            "    trust_descriptors: true\n"
                            "failover:\n  max_attempts: 2\ntimeout: 10s\n";
   test::ChildProcess child({FERRY_TEST_PEER, "target", "tcp,cma", std::to_string(region), "10000"});
   std::string ready = child.read_line(60000);

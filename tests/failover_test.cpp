@@ -118,8 +118,39 @@ TEST_P(FailoverByMode, WriteAndReadCompleteOnTheNextBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, FailoverByMode,
-                         testing::Values("fail_submit", "fail_complete", "hang", "drop",
+                         testing::Values("fail_submit", "fail_complete", "drop",
                                          "notify_then_fail"));
+
+// A backend that never completes may still be copying: the core cannot fail the
+// transfer over (the old copy could land over the new one) nor call it failed.
+// It ends ERR_OUTCOME_UNKNOWN by its deadline, the peer is fenced (the next
+// transfer fails at once, saying why), and the gate opens again only when the
+// plugin finally reports the attempt over (here: its fini completes it).
+TEST(Failover, HungAttemptEndsUnknownAndFencesThePeerUntilItEnds) {
+  Rig rig("hang");
+  test::fill_pattern(rig.src.data(), 0, kBytes, 21);
+  const auto t0 = std::chrono::steady_clock::now();
+  TransferStatus st = rig.ini->write(rig.lmem, 0, rig.rmem, 0, kBytes, 1);
+  ASSERT_TRUE(st.WaitFor(5s));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(st.Code(), StatusCode::ERR_OUTCOME_UNKNOWN) << st.Message();
+  EXPECT_LE(took, 1s + 100ms) << "must end by the 1 s deadline (+100 ms)";
+  EXPECT_NE(st.Message().find("fault"), std::string::npos) << st.Message();
+  EXPECT_EQ(rig.stats("fault").failovers, 0u) << "an attempt that may still land is not failed over";
+  EXPECT_EQ(rig.stats("tcp").transfers, 0u);
+
+  const auto t1 = std::chrono::steady_clock::now();
+  TransferStatus next = rig.ini->write(rig.lmem, 0, rig.rmem, 0, kBytes, 2);
+  ASSERT_TRUE(next.WaitFor(5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 100ms) << "a fenced peer refuses at once";
+  EXPECT_EQ(next.Code(), StatusCode::ERR_BAD_STATE) << next.Message();
+  EXPECT_NE(next.Message().find("fenced"), std::string::npos) << next.Message();
+
+  // The hung copy ends (fini completes it): the gate opens; tcp carries the next one.
+  ASSERT_TRUE(rig.ini->remove_backend("fault"));
+  TransferStatus after = rig.run(Op::WRITE, 22);
+  EXPECT_EQ(after.Code(), StatusCode::SUCCESS) << after.Message();
+}
 
 TEST(Failover, HealthyBackendIsUsedFirstAndNotifiesOnce) {
   Rig rig("ok");

@@ -101,7 +101,8 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     FERRY_PLUGIN_ABI_MINOR,
     "null",
     "0.1",
-    FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_NATIVE_NOTIFY,
+    FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_NATIVE_NOTIFY |
+        FERRY_CAP_INITIATOR_COPY,
     null_init,
     null_fini,
     null_conn_info,
@@ -113,5 +114,6 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     null_mem_release,
     null_post,
     null_on_ctrl,
-    NULL,
+    NULL, /* describe */
+    NULL, /* fence */
 };

@@ -146,4 +146,58 @@ std::vector<uint8_t> notify_body(uint64_t uid, int32_t status) {
   return std::move(w.buf());
 }
 
+std::vector<uint8_t> fence_body(uint64_t req, uint64_t instance,
+                                const std::vector<FenceEntry>& entries) {
+  wire::Writer w;
+  w.u64(req);
+  w.u64(instance);
+  w.u32(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) {
+    w.str8(e.backend);
+    w.u64(e.attempt);
+  }
+  return std::move(w.buf());
+}
+
+bool decode_fence(const std::vector<uint8_t>& body, uint64_t& req, uint64_t& instance,
+                  std::vector<FenceEntry>& entries) {
+  wire::Reader r(body.data(), body.size());
+  uint32_t n;
+  if (!r.u64(req) || !r.u64(instance) || !r.u32(n) || n == 0 || n > kMaxFenceEntries) return false;
+  entries.assign(n, {});
+  for (auto& e : entries)
+    if (!r.str8(e.backend) || e.backend.empty() || !r.u64(e.attempt)) return false;
+  return r.left() == 0;
+}
+
+std::vector<uint8_t> fence_reply_body(uint64_t req, uint64_t instance,
+                                      const std::vector<FenceResult>& results) {
+  wire::Writer w;
+  w.u64(req);
+  w.u64(instance);
+  w.u32(static_cast<uint32_t>(results.size()));
+  for (const auto& x : results) {
+    w.u64(x.attempt);
+    w.u8(static_cast<uint8_t>(x.state));
+    w.u64(x.landed);
+  }
+  return std::move(w.buf());
+}
+
+bool decode_fence_reply(const std::vector<uint8_t>& body, uint64_t& req, uint64_t& instance,
+                        std::vector<FenceResult>& results) {
+  wire::Reader r(body.data(), body.size());
+  uint32_t n;
+  if (!r.u64(req) || !r.u64(instance) || !r.u32(n) || n > kMaxFenceEntries) return false;
+  results.assign(n, {});
+  for (auto& x : results) {
+    uint8_t st;
+    if (!r.u64(x.attempt) || !r.u8(st) || st > static_cast<uint8_t>(FenceState::UNKNOWN) ||
+        !r.u64(x.landed))
+      return false;
+    x.state = static_cast<FenceState>(st);
+  }
+  return r.left() == 0;
+}
+
 }  // namespace ferry

@@ -35,8 +35,32 @@ enum class CtrlType : uint8_t {
   NOTIFY = 5,         // body: u64 uid, i32 status      (a transfer to the receiver landed)
   AUTH_CHALLENGE = 6, // body: 32-byte server nonce, 32-byte server MAC
   AUTH_PROOF = 7,     // body: 32-byte client MAC
+  // The initiator gave up on WRITE attempts whose outcome it does not know; the
+  // receiver (their target) must make sure none of their bytes lands from now
+  // on and say what had landed. Sent on a connection of its own, answered on it.
+  FENCE = 8,          // body: u64 request id, u64 target instance, u32 n, n x (str8 backend, u64 attempt)
+  FENCE_REPLY = 9,    // body: u64 request id, u64 instance, u32 n, n x (u64 attempt, u8 state, u64 landed)
 };
-constexpr uint8_t kMaxCtrlType = 7;
+constexpr uint8_t kMaxCtrlType = 9;
+constexpr uint32_t kMaxFenceEntries = 4096;
+
+// A FENCE entry, and what the target found for it (FenceState).
+struct FenceEntry {
+  std::string backend;
+  uint64_t attempt = 0;
+};
+enum class FenceState : uint8_t {
+  NONE = 0,         // no byte landed, and none will
+  PARTIAL = 1,      // some bytes landed; no more will
+  WHOLE = 2,        // every byte landed (and a notify transfer was recorded)
+  UNSUPPORTED = 3,  // that backend cannot fence (not loaded there, or no fence op)
+  UNKNOWN = 4,      // the target could not establish it by the deadline
+};
+struct FenceResult {
+  uint64_t attempt = 0;
+  FenceState state = FenceState::UNKNOWN;
+  uint64_t landed = 0;
+};
 
 std::vector<uint8_t> encode_ctrl_frame(CtrlType type, const std::vector<uint8_t>& body);
 
@@ -72,6 +96,10 @@ bool decode_proof(const std::vector<uint8_t>& body, uint8_t mac[kCtrlMacSize]);
 bool decode_refused(const std::vector<uint8_t>& body, std::string& reason);
 bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t& payload_off);
 bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status);
+bool decode_fence(const std::vector<uint8_t>& body, uint64_t& req, uint64_t& instance,
+                  std::vector<FenceEntry>& entries);
+bool decode_fence_reply(const std::vector<uint8_t>& body, uint64_t& req, uint64_t& instance,
+                        std::vector<FenceResult>& results);
 
 std::vector<uint8_t> hello_body(const std::string& key);
 std::vector<uint8_t> hello_body(const std::string& key, const uint8_t nonce[kCtrlNonceSize]);
@@ -81,5 +109,9 @@ std::vector<uint8_t> proof_body(const uint8_t mac[kCtrlMacSize]);
 std::vector<uint8_t> refused_body(const std::string& reason);
 std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload, size_t n);
 std::vector<uint8_t> notify_body(uint64_t uid, int32_t status);
+std::vector<uint8_t> fence_body(uint64_t req, uint64_t instance,
+                                const std::vector<FenceEntry>& entries);
+std::vector<uint8_t> fence_reply_body(uint64_t req, uint64_t instance,
+                                      const std::vector<FenceResult>& results);
 
 }  // namespace ferry

@@ -101,10 +101,11 @@ bool read_exact(int fd, uint8_t* p, size_t n, int timeout_ms) {
 
 // One whole frame (header, then body) within timeout_ms; a handshake frame only,
 // so its body is small. False with *why on timeout, EOF or a malformed frame.
-bool read_frame(int fd, CtrlFrame& out, int timeout_ms, std::string* why) {
+bool read_frame(int fd, CtrlFrame& out, int timeout_ms, std::string* why,
+                uint32_t max_body = kMaxHandshakeBody) {
   uint8_t hdr[kCtrlHeaderSize];
   CtrlFrameReader reader;
-  reader.set_max_body(kMaxHandshakeBody);
+  reader.set_max_body(max_body);
   std::vector<CtrlFrame> frames;
   if (!read_exact(fd, hdr, sizeof hdr, timeout_ms)) {
     *why = "no answer";
@@ -125,6 +126,14 @@ bool read_frame(int fd, CtrlFrame& out, int timeout_ms, std::string* why) {
   }
   out = std::move(frames[0]);
   return true;
+}
+
+// Milliseconds from now until `deadline`, capped at `cap`; 0 when it has passed.
+int ms_until(ControlPlane::Clock::time_point deadline, int cap) {
+  auto now = ControlPlane::Clock::now();
+  if (deadline <= now) return 0;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
+  return static_cast<int>(std::min<int64_t>(ms, cap));
 }
 
 // A connection whose peer closed shows up readable (EOF) or hung up.
@@ -166,6 +175,7 @@ ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16
   ev.data.fd = wake_fd_;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
   thread_ = std::thread([this] { io_loop(); });
+  fence_thread_ = std::thread([this] { fence_loop(); });
 }
 
 ControlPlane::~ControlPlane() {
@@ -173,6 +183,12 @@ ControlPlane::~ControlPlane() {
   uint64_t one = 1;
   [[maybe_unused]] auto k = ::write(wake_fd_, &one, sizeof one);
   thread_.join();
+  {
+    std::lock_guard<std::mutex> lk(fence_mu_);
+    fence_cv_.notify_all();
+  }
+  fence_thread_.join();
+  for (auto& j : fence_jobs_) ::close(j.fd);
   for (auto& [fd, c] : inbound_) ::close(fd);
   for (auto& [key, o] : outbound_)
     if (o->fd >= 0) ::close(o->fd);
@@ -396,6 +412,21 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
       handlers_.on_notify(c.peer, uid, status);
       return true;
     }
+    case CtrlType::FENCE: {
+      // Fencing may wait for data lanes to pass their fence check: not on this
+      // thread. The job answers on its own dup of the connection.
+      if (!handlers_.on_fence) break;
+      int fd = ::fcntl(c.fd, F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) break;
+      std::lock_guard<std::mutex> lk(fence_mu_);
+      if (fence_jobs_.size() >= 64) {  // a peer flooding fences gets no more than this queued
+        ::close(fd);
+        break;
+      }
+      fence_jobs_.push_back({fd, c.peer, std::move(f.body)});
+      fence_cv_.notify_one();
+      return true;
+    }
     default:
       break;
   }
@@ -406,8 +437,38 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
   return false;
 }
 
+void ControlPlane::fence_loop() {
+  for (;;) {
+    FenceJob job;
+    {
+      std::unique_lock<std::mutex> lk(fence_mu_);
+      fence_cv_.wait(lk, [&] { return stop_ || !fence_jobs_.empty(); });
+      if (stop_) return;
+      job = std::move(fence_jobs_.front());
+      fence_jobs_.pop_front();
+    }
+    uint64_t req = 0, wanted = 0, mine = 0;
+    std::vector<FenceEntry> entries;
+    std::vector<FenceResult> results;
+    if (decode_fence(job.body, req, wanted, entries)) {
+      results = handlers_.on_fence(job.peer, entries, &mine);
+      // Blocking writes on the dup (the original is non-blocking): the reply is small.
+      int flags = fcntl(job.fd, F_GETFL);
+      fcntl(job.fd, F_SETFL, flags & ~O_NONBLOCK);
+      auto frame = encode_ctrl_frame(CtrlType::FENCE_REPLY, fence_reply_body(req, mine, results));
+      write_all(job.fd, frame.data(), frame.size());
+    } else {
+      FERRY_LOG(WARN, "control", "malformed FENCE from '" + job.peer + "'");
+      ++rejected_;
+    }
+    ::close(job.fd);
+  }
+}
+
 int ControlPlane::connect_and_hello(const std::string& peer_key, const std::string& host,
-                                    uint16_t port, std::string* err) {
+                                    uint16_t port, Clock::time_point deadline, std::string* err,
+                                    int* status) {
+  *status = FERRY_ERR_NOT_SENT;
   sockaddr_storage ss{};
   socklen_t len = 0;
   if (!resolve(host, port, ss, len)) {
@@ -422,7 +483,7 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len);
   if (rc != 0 && errno == EINPROGRESS) {
     pollfd pfd{fd, POLLOUT, 0};
-    rc = ::poll(&pfd, 1, kConnectTimeoutMs) == 1 ? 0 : -1;
+    rc = ::poll(&pfd, 1, ms_until(deadline, kConnectTimeoutMs)) == 1 ? 0 : -1;
     int soerr = ETIMEDOUT;
     socklen_t sl = sizeof soerr;
     if (rc == 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
@@ -432,6 +493,7 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
     }
   }
   if (rc != 0) {
+    if (errno == ETIMEDOUT && Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
     *err = "connect to " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
     ::close(fd);
     return -1;
@@ -457,12 +519,20 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
     ::close(fd);
     return -1;
   };
+  // Until HELLO_OK the peer reads no frame but the handshake: whatever fails
+  // here, nothing of ours was acted on (NOT_SENT), but a deadline is a deadline.
+  auto answer_wait = [&] {
+    int ms = ms_until(deadline, kHelloTimeoutMs);
+    return ms;
+  };
   auto hello = encode_ctrl_frame(
       CtrlType::HELLO, ours ? hello_body(self_key_, nc.data()) : hello_body(self_key_));
   CtrlFrame f;
   std::string why;
-  if (!write_all(fd, hello.data(), hello.size()) || !read_frame(fd, f, kHelloTimeoutMs, &why))
+  if (!write_all(fd, hello.data(), hello.size()) || !read_frame(fd, f, answer_wait(), &why)) {
+    if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
     return fail("HELLO to " + where + ": " + why, false);
+  }
   if (f.type == CtrlType::AUTH_CHALLENGE) {
     if (!ours)
       return fail("peer " + where + " requires an auth token and engine '" + self_key_ +
@@ -478,8 +548,10 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
     auto tc = auth::ctrl_transcript(kClientLabel, nc, ns, self_key_, peer_key);
     if (!secret_->sign(tc.data(), tc.size(), mac.data())) return fail("cannot compute a MAC", false);
     auto proof = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(mac.data()));
-    if (!write_all(fd, proof.data(), proof.size()) || !read_frame(fd, f, kHelloTimeoutMs, &why))
+    if (!write_all(fd, proof.data(), proof.size()) || !read_frame(fd, f, answer_wait(), &why)) {
+      if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
       return fail("auth with " + where + ": " + why, false);
+    }
   } else if (ours && f.type == CtrlType::HELLO_OK) {
     return fail("peer " + where + " did not authenticate: it has no auth token and engine '" +
                     self_key_ + "' requires one (" + kTokenHint + ")", true);
@@ -493,7 +565,8 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
 }
 
 int ControlPlane::send(const std::string& peer_key, const std::string& host, uint16_t port,
-                       CtrlType type, const std::vector<uint8_t>& body, std::string* err) {
+                       CtrlType type, const std::vector<uint8_t>& body, std::string* err,
+                       Clock::time_point deadline) {
   if (body.size() > kMaxCtrlBody) {
     *err = "control message too large";
     return FERRY_ERR_INVALID_ARGS;
@@ -506,15 +579,25 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
     o = slot;
   }
   auto frame = encode_ctrl_frame(type, body);
-  std::lock_guard<std::mutex> lk(o->mu);
+  // Another transfer's connect or HELLO to this peer may hold the connection:
+  // wait for it only until our own deadline.
+  std::unique_lock<std::timed_mutex> lk(o->mu, std::defer_lock);
+  if (!lk.try_lock_until(deadline)) {
+    *err = "control connection to '" + peer_key +
+           "' is busy (another transfer is connecting to it) past this transfer's deadline";
+    return FERRY_ERR_TIMEOUT;
+  }
   // A peer that restarted left us a dead socket: find out before writing into it.
   for (int tries = 0; tries < 2; ++tries) {
     if (o->fd >= 0 && looks_dead(o->fd)) {
       ::close(o->fd);
       o->fd = -1;
     }
-    if (o->fd < 0) o->fd = connect_and_hello(peer_key, host, port, err);
-    if (o->fd < 0) return FERRY_ERR_TRANSPORT;
+    if (o->fd < 0) {
+      int status;
+      o->fd = connect_and_hello(peer_key, host, port, deadline, err, &status);
+      if (o->fd < 0) return status;
+    }
     if (write_all(o->fd, frame.data(), frame.size())) return FERRY_OK;
     ::close(o->fd);
     o->fd = -1;
@@ -523,12 +606,40 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
   return FERRY_ERR_TRANSPORT;
 }
 
+int ControlPlane::request(const std::string& peer_key, const std::string& host, uint16_t port,
+                          CtrlType type, const std::vector<uint8_t>& body, CtrlType reply_type,
+                          Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
+  int status;
+  int fd = connect_and_hello(peer_key, host, port, deadline, err, &status);
+  if (fd < 0) {
+    // Refused outright: nothing listens on that port, so the engine is gone.
+    if (status == FERRY_ERR_NOT_SENT && err->find("Connection refused") == std::string::npos)
+      status = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
+    return status;
+  }
+  auto frame = encode_ctrl_frame(type, body);
+  std::string why;
+  int rc = FERRY_OK;
+  if (!write_all(fd, frame.data(), frame.size())) {
+    *err = "sending to '" + peer_key + "' failed";
+    rc = FERRY_ERR_TRANSPORT;
+  } else if (!read_frame(fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxCtrlBody)) {
+    *err = "no answer from '" + peer_key + "': " + why;
+    rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
+  } else if (reply->type != reply_type) {
+    *err = "unexpected answer from '" + peer_key + "'";
+    rc = FERRY_ERR_PROTOCOL;
+  }
+  ::close(fd);
+  return rc;
+}
+
 void ControlPlane::forget_peer(const std::string& key) {
   {
     std::lock_guard<std::mutex> lk(out_mu_);
     auto it = outbound_.find(key);
     if (it != outbound_.end()) {
-      std::lock_guard<std::mutex> olk(it->second->mu);
+      std::lock_guard<std::timed_mutex> olk(it->second->mu);
       if (it->second->fd >= 0) ::close(it->second->fd);
       it->second->fd = -1;
       outbound_.erase(it);

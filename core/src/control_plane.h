@@ -9,7 +9,10 @@
 // and check the server's proof before sending anything.
 #pragma once
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -31,7 +34,15 @@ class ControlPlane {
                        size_t len)>
         on_plugin;
     std::function<void(const std::string& peer, uint64_t uid, int32_t status)> on_notify;
+    // FENCE from `peer`: fence the listed attempts here; *instance = this engine's
+    // instance (the initiator checks it is the life it fenced). Runs on the
+    // control plane's fence thread, never on its I/O thread.
+    std::function<std::vector<FenceResult>(const std::string& peer,
+                                           const std::vector<FenceEntry>& entries,
+                                           uint64_t* instance)>
+        on_fence;
   };
+  using Clock = std::chrono::steady_clock;
 
   static constexpr int kHandshakeTimeoutMs = 5000;
   static constexpr size_t kMaxPendingInbound = 64;
@@ -47,9 +58,21 @@ class ControlPlane {
   uint64_t rejected() const { return rejected_.load(); }
 
   // Send one frame to the peer's control plane; connects (and says HELLO) on
-  // first use. Returns 0 or a FERRY_ERR_* code with *err set.
+  // first use. Every wait (for another sender to this peer, connect, HELLO) ends
+  // by `deadline`. Returns 0 or a FERRY_ERR_* code with *err set: TIMEOUT when
+  // the deadline passed, NOT_SENT when nothing left this engine (connect refused,
+  // the HELLO was refused or unanswered: no frame of ours was read there).
   int send(const std::string& peer_key, const std::string& host, uint16_t port, CtrlType type,
-           const std::vector<uint8_t>& body, std::string* err);
+           const std::vector<uint8_t>& body, std::string* err,
+           Clock::time_point deadline = Clock::time_point::max());
+
+  // One request and its answer on a connection of its own (FENCE -> FENCE_REPLY),
+  // all by `deadline`. 0 with *reply set, or a FERRY_ERR_* code with *err:
+  // NOT_SENT when the peer could not be reached at all (nothing listens there:
+  // ECONNREFUSED), TIMEOUT when it did not answer in time, TRANSPORT otherwise.
+  int request(const std::string& peer_key, const std::string& host, uint16_t port, CtrlType type,
+              const std::vector<uint8_t>& body, CtrlType reply_type, Clock::time_point deadline,
+              CtrlFrame* reply, std::string* err);
 
   // Drop connections to and from this peer.
   void forget_peer(const std::string& key);
@@ -57,8 +80,13 @@ class ControlPlane {
  private:
   struct Inbound;
   struct Outbound {
-    std::mutex mu;
+    std::timed_mutex mu;  // one sender at a time; others wait until their deadline
     int fd = -1;
+  };
+  struct FenceJob {
+    int fd = -1;  // a dup of the inbound connection, owned by the job
+    std::string peer;
+    std::vector<uint8_t> body;
   };
   void io_loop();
   void accept_all();
@@ -70,8 +98,10 @@ class ControlPlane {
   bool reject(Inbound& c, const std::string& why, bool answer);
   int expire_handshakes();  // closes overdue handshakes; ms until the next is due, or -1
   void evict_oldest_pending();
+  // A connected, admitted fd, or -1 with *err and *status (NOT_SENT, TIMEOUT, TRANSPORT).
   int connect_and_hello(const std::string& peer_key, const std::string& host, uint16_t port,
-                        std::string* err);
+                        Clock::time_point deadline, std::string* err, int* status);
+  void fence_loop();
 
   std::string self_key_;
   Handlers handlers_;
@@ -87,7 +117,11 @@ class ControlPlane {
   std::map<int, std::unique_ptr<Inbound>> inbound_;  // by fd; touched by the I/O thread
   std::mutex out_mu_;
   std::map<std::string, std::shared_ptr<Outbound>> outbound_;
+  std::mutex fence_mu_;
+  std::condition_variable fence_cv_;
+  std::deque<FenceJob> fence_jobs_;
   std::thread thread_;
+  std::thread fence_thread_;  // serves FENCE requests (they may wait for data lanes)
 };
 
 }  // namespace ferry

@@ -32,12 +32,44 @@ const json& field(const json& o, const char* name) {
   return *it;
 }
 
+// Well-formed UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF)
+// and no NUL: these strings reach plugins as C strings and Python as str.
+bool valid_text(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const auto* end = p + s.size();
+  while (p < end) {
+    const unsigned c = *p++;
+    if (c == 0) return false;
+    if (c < 0x80) continue;
+    int more;
+    unsigned cp, min;
+    if ((c & 0xE0) == 0xC0) {
+      more = 1, cp = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      more = 2, cp = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      more = 3, cp = c & 0x07, min = 0x10000;
+    } else {
+      return false;
+    }
+    if (end - p < more) return false;
+    for (int i = 0; i < more; ++i) {
+      if ((p[i] & 0xC0) != 0x80) return false;
+      cp = cp << 6 | (p[i] & 0x3F);
+    }
+    p += more;
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+  }
+  return true;
+}
+
 std::string get_string(const json& o, const char* name, bool allow_empty = false) {
   const json& v = field(o, name);
   if (!v.is_string()) bad(std::string("field '") + name + "' is not a string");
   auto s = v.get<std::string>();
   if (s.size() > kMaxString) bad(std::string("field '") + name + "' is too long");
   if (!allow_empty && s.empty()) bad(std::string("field '") + name + "' is empty");
+  if (!valid_text(s)) bad(std::string("field '") + name + "' is not valid UTF-8 text");
   return s;
 }
 
@@ -63,7 +95,7 @@ std::map<std::string, std::vector<uint8_t>> get_backends(const json& o) {
   if (v.size() > kMaxBackends) bad("too many backends");
   std::map<std::string, std::vector<uint8_t>> out;
   for (auto it = v.begin(); it != v.end(); ++it) {
-    if (it.key().empty() || it.key().size() > 64) bad("bad backend name");
+    if (it.key().empty() || it.key().size() > 64 || !valid_text(it.key())) bad("bad backend name");
     if (!it.value().is_binary()) bad("backend blob of '" + it.key() + "' is not binary");
     const auto& bin = it.value().get_binary();
     if (bin.size() > FERRY_MAX_BLOB) bad("backend blob of '" + it.key() + "' is too large");

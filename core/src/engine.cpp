@@ -18,51 +18,91 @@ namespace {
 constexpr size_t kMaxKey = 255;
 
 // ---- host services handed to every plugin instance --------------------------
-void host_log(void* hctx, int level, const char* msg) {
-  auto* b = static_cast<Backend*>(hctx);
-  LogLevel l = level <= FERRY_LOG_ERROR  ? LogLevel::ERROR
-               : level == FERRY_LOG_WARN ? LogLevel::WARN
-               : level == FERRY_LOG_INFO ? LogLevel::INFO
-                                         : LogLevel::DEBUG;
-  if (log_enabled(l)) log_line(l, b->name, msg ? msg : "");
+// Each is noexcept with a catch-all: an exception must never unwind into a
+// plugin's C frames (an allocation failure here is logged and the call dropped).
+void host_failed(const char* what) noexcept {
+  try {
+    log_line(LogLevel::ERROR, "core", std::string("host callback ") + what + " failed");
+  } catch (...) {
+  }
 }
 
-uint64_t host_now_ns(void*) {
+void host_log(void* hctx, int level, const char* msg) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    LogLevel l = level <= FERRY_LOG_ERROR  ? LogLevel::ERROR
+                 : level == FERRY_LOG_WARN ? LogLevel::WARN
+                 : level == FERRY_LOG_INFO ? LogLevel::INFO
+                                           : LogLevel::DEBUG;
+    if (log_enabled(l)) log_line(l, b->name, msg ? msg : "");
+  } catch (...) {
+  }
+}
+
+uint64_t host_now_ns(void*) noexcept {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
                                    .count());
 }
 
-int host_ctrl_send(void* hctx, const char* peer, const void* msg, size_t len) {
-  auto* b = static_cast<Backend*>(hctx);
-  if (!peer || (!msg && len)) return FERRY_ERR_INVALID_ARGS;
-  return b->engine->ctrl_send(*b, peer, msg, len);
+int host_ctrl_send(void* hctx, const char* peer, const void* msg, size_t len) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (!peer || (!msg && len)) return FERRY_ERR_INVALID_ARGS;
+    return b->engine->ctrl_send(*b, peer, msg, len);
+  } catch (...) {
+    host_failed("ctrl_send");
+    return FERRY_ERR_NO_MEMORY;
+  }
 }
 
-void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) {
+void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
   auto* b = static_cast<Backend*>(hctx);
   auto* ref = static_cast<std::shared_ptr<Attempt>*>(xfer_ctx);
   std::shared_ptr<Attempt> a = std::move(*ref);
   delete ref;
-  if (a->settled.exchange(true)) return;  // the watchdog already ended this attempt
-  b->engine->attempt_done(a, status, message ? message : "");
+  try {
+    if (a->settled.exchange(true)) {  // the watchdog already ended this attempt
+      b->engine->late_completion(a);
+      return;
+    }
+    b->engine->attempt_done(a, status, message ? message : "");
+  } catch (...) {
+    host_failed("complete");
+    // Still end the transfer: its application must not wait forever.
+    a->transfer->status.Finish(StatusCode::ERR_BAD_STATE, "internal error completing the transfer");
+  }
 }
 
-void host_inbound(void* hctx, const char* peer, uint64_t uid, int status) {
-  auto* b = static_cast<Backend*>(hctx);
-  if (peer) b->engine->inbound(peer, uid, status);
+void host_inbound(void* hctx, const char* peer, uint64_t uid, int status) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (peer) b->engine->inbound(peer, uid, status);
+  } catch (...) {
+    host_failed("inbound");
+  }
 }
 
-int host_auth_sign(void* hctx, const void* challenge, size_t len, uint8_t mac[32]) {
-  auto* b = static_cast<Backend*>(hctx);
-  if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
-  return b->engine->auth_sign(challenge, len, mac);
+int host_auth_sign(void* hctx, const void* challenge, size_t len, uint8_t mac[32]) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
+    return b->engine->auth_sign(challenge, len, mac);
+  } catch (...) {
+    host_failed("auth_sign");
+    return FERRY_ERR_INTERNAL;
+  }
 }
 
-int host_auth_verify(void* hctx, const void* challenge, size_t len, const uint8_t mac[32]) {
-  auto* b = static_cast<Backend*>(hctx);
-  if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
-  return b->engine->auth_verify(challenge, len, mac);
+int host_auth_verify(void* hctx, const void* challenge, size_t len, const uint8_t mac[32]) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
+    return b->engine->auth_verify(challenge, len, mac);
+  } catch (...) {
+    host_failed("auth_verify");
+    return FERRY_ERR_INTERNAL;
+  }
 }
 
 std::string token_from(const EngineConfig& c) {
@@ -148,6 +188,8 @@ std::string plugin_error_name(int rc) {
       return "no device";
     case FERRY_ERR_PROTOCOL:
       return "protocol error";
+    case FERRY_ERR_NOT_SENT:
+      return "not sent (the target was not reached)";
     default:
       return "error " + std::to_string(rc);
   }
@@ -189,8 +231,14 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   h.on_notify = [this](const std::string& peer, uint64_t uid, int32_t status) {
     inbound(peer.c_str(), uid, status);
   };
+  h.on_fence = [this](const std::string& peer, const std::vector<FenceEntry>& entries,
+                      uint64_t* instance) {
+    *instance = instance_;
+    return fence_inbound(peer, entries);
+  };
   control_ =
       std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &secret_);
+  fencer_ = std::make_unique<Fencer>(control_.get());
   if (secret_.enabled())
     FERRY_LOG(INFO, key_,
               "auth token set: peers must prove it on every control and data connection");
@@ -212,6 +260,7 @@ EngineImpl::~EngineImpl() {
   // removed and is dropped. Then the control plane.
   std::vector<std::string> names = backend_names();
   for (auto it = names.rbegin(); it != names.rend(); ++it) remove_backend(*it);
+  fencer_.reset();  // ends its fences (they use control_)
   control_.reset();
 }
 
@@ -234,6 +283,9 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   b->lib = load.lib;
   b->ops = load.lib->ops;
   b->caps = b->ops->caps;
+  // FENCE is believed only from a plugin whose table has a fence() to call.
+  if (!FERRY_HAS_FIELD(ferry_plugin_ops_v1, b->ops, fence) || b->ops->fence == nullptr)
+    b->caps &= ~FERRY_CAP_FENCE;
   b->engine = this;
   b->host.struct_size = sizeof(ferry_host_v1);
   b->host.host_ctx = b.get();
@@ -364,6 +416,7 @@ Result EngineImpl::remove_backend(const std::string& name) {
       return {StatusCode::ERR_NOT_FOUND, "backend '" + name + "' is not loaded"};
     b = *it;
     backends_.erase(it);
+    retired_backends_[name] = b;  // fence_inbound waits on its fini
     loaded_.erase(std::remove_if(loaded_.begin(), loaded_.end(),
                                  [&](const auto& l) { return l.first == name; }),
                   loaded_.end());
@@ -404,11 +457,15 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   if (d.key == key_) return {StatusCode::ERR_INVALID_ARGS, "cannot register an engine with itself"};
   if (d.port == 0) return {StatusCode::ERR_INVALID_ARGS, "engine descriptor has port 0"};
   bool known;
+  uint64_t old_instance = 0;
   {
     std::shared_lock lk(mu_);
-    known = peers_.count(d.key) > 0;
+    auto it = peers_.find(d.key);
+    known = it != peers_.end();
+    if (known) old_instance = it->second->desc.instance;
   }
-  if (known) deregister_remote_engine(d.key);  // a restarted peer: start afresh
+  // A restarted peer: start afresh (its fence state too, when it is a new life).
+  if (known) deregister_peer(d.key, /*keep_fence=*/old_instance == d.instance);
 
   auto p = std::make_shared<PeerEntry>();
   p->desc = d;
@@ -438,6 +495,10 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
 }
 
 Result EngineImpl::deregister_remote_engine(const std::string& key) {
+  return deregister_peer(key, /*keep_fence=*/false);
+}
+
+Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence) {
   std::shared_ptr<PeerEntry> p;
   std::vector<std::shared_ptr<RemoteMem>> mems;
   std::vector<BackendPtr> bs;
@@ -463,6 +524,7 @@ Result EngineImpl::deregister_remote_engine(const std::string& key) {
     bs = backends_;
   }
   control_->forget_peer(key);
+  if (!keep_fence) fencer_->reset(key);
   for (const auto& b : bs) {
     std::unique_lock life(b->life);  // no post() may be using the handles freed here
     if (b->removed) continue;
@@ -641,7 +703,71 @@ EngineStats EngineImpl::stats() const {
   }
   s.inbound_notifications = inbound_count_;
   s.ctrl_rejected = control_ ? control_->rejected() : 0;
+  if (fencer_) {
+    auto f = fencer_->counts();
+    s.fences = f.fences;
+    s.fence_unknown = f.unknown;
+  }
   return s;
+}
+
+// ---- fences asked of this engine by an initiator ---------------------------------
+
+std::vector<FenceResult> EngineImpl::fence_inbound(const std::string& peer,
+                                                   const std::vector<FenceEntry>& entries) {
+  // How long a plugin may take to make its lanes pass their fence check.
+  constexpr auto kServeFor = std::chrono::seconds(5);
+  std::vector<FenceResult> out(entries.size());
+  std::map<std::string, std::vector<size_t>> by_backend;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    out[i] = {entries[i].attempt, FenceState::UNSUPPORTED, 0};
+    by_backend[entries[i].backend].push_back(i);
+  }
+  for (const auto& [name, idx] : by_backend) {
+    BackendPtr b, retired;
+    {
+      std::shared_lock lk(mu_);
+      for (const auto& x : backends_)
+        if (x->name == name) b = x;
+      if (auto r = retired_backends_.find(name); !b && r != retired_backends_.end())
+        retired = r->second;
+    }
+    if (!b) {
+      // Not loaded here now. Removed: once its fini has returned (the life lock
+      // is free) its lanes are gone and nothing more of it lands, though part may
+      // have. Never loaded here: none of it could land.
+      FenceState st = FenceState::NONE;
+      if (retired) {
+        std::shared_lock life(retired->life);
+        st = FenceState::PARTIAL;
+      }
+      for (size_t i : idx) out[i].state = st;
+      continue;
+    }
+    if (!(b->caps & FERRY_CAP_FENCE)) continue;
+    std::vector<uint64_t> ids;
+    for (size_t i : idx) ids.push_back(entries[i].attempt);
+    std::vector<ferry_fence_result_v1> res(ids.size());
+    const uint64_t deadline =
+        host_now_ns(nullptr) +
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(kServeFor).count());
+    int rc;
+    {
+      std::shared_lock life(b->life);
+      if (b->removed) continue;
+      rc = b->ops->fence(b->ctx, peer.c_str(), ids.data(), ids.size(), deadline, res.data());
+    }
+    for (size_t k = 0; k < idx.size(); ++k) {
+      FenceResult& r = out[idx[k]];
+      if (rc != FERRY_OK || res[k].state > FERRY_FENCE_WHOLE) {
+        r.state = FenceState::UNKNOWN;
+        continue;
+      }
+      r.state = static_cast<FenceState>(res[k].state);
+      r.landed = res[k].landed_bytes;
+    }
+  }
+  return out;
 }
 
 // ---- the public facade ------------------------------------------------------------------

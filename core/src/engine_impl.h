@@ -15,6 +15,7 @@
 
 #include "auth.h"
 #include "control_plane.h"
+#include "fence.h"
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
 #include "health.h"
@@ -111,6 +112,9 @@ struct Transfer {
   std::vector<ferry_iov_v1> iov;
   uint64_t total = 0;
   std::vector<BackendPtr> route;
+  // The whole transfer ends by this (submit + policy timeout): attempts, fences,
+  // failovers and the notification all fit inside it.
+  std::chrono::steady_clock::time_point deadline;
   size_t next = 0;
   uint32_t attempts = 0;
   StatusCode last_code = StatusCode::ERR_BAD_STATE;
@@ -124,7 +128,12 @@ using TransferPtr = std::shared_ptr<Transfer>;
 struct Attempt : WatchItem, std::enable_shared_from_this<Attempt> {
   TransferPtr transfer;
   BackendPtr backend;
+  uint64_t id = 0;  // ferry_xfer_v1.attempt_id
   std::atomic<bool> settled{false};
+  bool by_watchdog = false;  // ended by the core's watchdog, not by the plugin
+  // The watchdog closed the peer's gate (an INITIATOR_COPY copy may still run);
+  // the plugin's late completion reopens it.
+  std::atomic<bool> closed_gate{false};
   void on_deadline() override;
   ~Attempt() override;
 };
@@ -141,6 +150,11 @@ class EngineImpl {
   EngineDesc desc() const;
   Result register_remote_engine(const EngineDesc& d);
   Result deregister_remote_engine(const std::string& key);
+  // keep_fence: the same instance registered again keeps its fence state.
+  Result deregister_peer(const std::string& key, bool keep_fence);
+  // A FENCE from `peer`: each entry's backend fences it here.
+  std::vector<FenceResult> fence_inbound(const std::string& peer,
+                                         const std::vector<FenceEntry>& entries);
   MemoryDesc register_memory(void* addr, size_t size, int device, MemoryLocation loc);
   Result deregister_memory(const MemoryDesc& m);
   EngineStats stats() const;
@@ -173,6 +187,7 @@ class EngineImpl {
   std::unique_ptr<Health> health_;
   InboundTable inbound_;
   std::atomic<uint64_t> next_uid_{1};
+  std::atomic<uint64_t> next_attempt_{1};
   std::atomic<uint64_t> inbound_count_{0};
   std::atomic<bool> shutting_down_{false};
   // Declared before anything whose destruction completes transfers.
@@ -180,6 +195,7 @@ class EngineImpl {
 
   mutable std::shared_mutex mu_;                          // guards everything below
   std::vector<BackendPtr> backends_;                      // load order
+  std::map<std::string, BackendPtr> retired_backends_;    // removed, by name (fences ask)
   std::vector<std::pair<std::string, uint64_t>> loaded_;  // name, caps (for the router)
   std::atomic<uint64_t> backend_generation_{0};
   std::map<std::string, std::shared_ptr<BackendCounters>> counters_;
@@ -191,12 +207,26 @@ class EngineImpl {
   uint64_t next_mem_id_ = 1;
 
   std::unique_ptr<ControlPlane> control_;      // its thread calls into the above
+  std::unique_ptr<Fencer> fencer_;            // uses control_; destroyed before it
   std::unique_ptr<StatsServer> stats_server_;  // its thread reads stats()
 
  private:
   void start_next(const TransferPtr& t);
   int post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why);
   void finish(const TransferPtr& t, StatusCode code, std::string msg);
+  // An attempt failed in a way that leaves nothing to land later: count it
+  // against the backend's health and go on with the next backend.
+  void attempt_failed(const std::shared_ptr<Attempt>& a, int status, const std::string& msg);
+  // The target's answer to the fence of an attempt whose outcome was unknown.
+  void attempt_fenced(const std::shared_ptr<Attempt>& a, int status, const std::string& msg,
+                      const FenceResult& r, const std::string& why);
+  // Tell the target a transfer landed when the backend cannot (or, for a READ,
+  // must not: its target cannot know the data arrived). "" or why it failed.
+  std::string notify_by_core(const TransferPtr& t);
+  Fencer::Target fence_target(const TransferPtr& t) const;
+ public:
+  // host->complete for an attempt the watchdog had already ended.
+  void late_completion(const std::shared_ptr<Attempt>& a);
   std::shared_ptr<RemoteMem> import_remote(const std::shared_ptr<PeerEntry>& peer,
                                            const MemoryDesc& d);
   void release_backend_handles(const BackendPtr& b);

@@ -28,7 +28,10 @@ std::string caps_to_string(uint64_t caps) {
       {FERRY_CAP_OP_WRITE, "write"},
       {FERRY_CAP_NATIVE_NOTIFY, "notify"},
       {FERRY_CAP_SAME_HOST_ONLY, "same-host-only"},
-      {FERRY_CAP_TARGET_PROGRESS, "target-progress"}};
+      {FERRY_CAP_TARGET_PROGRESS, "target-progress"},
+      {FERRY_CAP_FENCE, "fence"},
+      {FERRY_CAP_INITIATOR_COPY, "initiator-copy"},
+      {FERRY_CAP_NO_TARGET_CHECK, "no-target-check"}};
   std::string s;
   for (const auto& [bit, name] : names)
     if (caps & bit) {

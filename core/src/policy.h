@@ -32,6 +32,9 @@ struct PolicyRule {
   std::optional<uint64_t> min_bytes, max_bytes;  // inclusive range
   std::optional<Op> op;
   std::vector<std::string> prefer;
+  // Backends that cannot check a request on the target side (FERRY_CAP_NO_TARGET_CHECK,
+  // e.g. cma) are used by this rule only when it names them and sets this.
+  bool trust_descriptors = false;
   int line = 0;  // where it was written (0 = built in)
 
   bool matches(const RouteQuery& q) const;

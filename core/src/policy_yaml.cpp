@@ -72,7 +72,7 @@ class EventBudget : public YAML::EventHandler {
 
 const std::vector<std::string> kTopKeys = {"plugin_dirs", "backends", "rules", "failover",
                                            "timeout"};
-const std::vector<std::string> kRuleKeys = {"match", "prefer"};
+const std::vector<std::string> kRuleKeys = {"match", "prefer", "trust_descriptors"};
 const std::vector<std::string> kMatchKeys = {"peer",   "host",      "same_host", "local",
                                              "remote", "min_bytes", "max_bytes", "op"};
 const std::vector<std::string> kFailoverKeys = {"max_attempts", "quarantine"};
@@ -488,6 +488,8 @@ class Parser {
            entries(ctx, Field{"rule " + std::to_string(i + 1), {}, item}, &kRuleKeys)) {
         if (e.name == "match") {
           parse_match(ctx, e, pr.rule);
+        } else if (e.name == "trust_descriptors") {
+          pr.rule.trust_descriptors = bool_value(ctx, e);
         } else {
           pr.rule.prefer = parse_prefer(ctx, e, known);
           has_prefer = true;

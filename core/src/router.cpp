@@ -31,8 +31,12 @@ uint64_t mem_cap(MemoryLocation loc) {
   return loc == MemoryLocation::GPU ? FERRY_CAP_MEM_GPU : FERRY_CAP_MEM_CPU;
 }
 
-std::string check(const RouteInputs& in, const std::string& name, uint64_t caps) {
+std::string check(const RouteInputs& in, const PolicyRule& rule, bool named,
+                  const std::string& name, uint64_t caps) {
   const RouteQuery& q = in.query;
+  if ((caps & FERRY_CAP_NO_TARGET_CHECK) && !(named && rule.trust_descriptors))
+    return "cannot check requests on the target side (trusts the initiator's descriptor); "
+           "used only where a rule names it and sets trust_descriptors: true";
   if ((caps & mem_cap(q.local)) == 0)
     return std::string("cannot move ") + to_string(q.local) + " memory";
   if ((caps & mem_cap(q.remote)) == 0)
@@ -74,7 +78,10 @@ RouteDecision route(const Policy& policy, const RouteInputs& in) {
     auto it = std::find_if(in.loaded.begin(), in.loaded.end(),
                            [&](const auto& l) { return l.first == name; });
     if (it == in.loaded.end()) c.why = "not loaded here";
-    else c.why = check(in, name, it->second);
+    else
+      c.why = check(in, policy.rules[static_cast<size_t>(d.rule)],
+                    std::find(prefer.begin(), prefer.end(), name) != prefer.end(), name,
+                    it->second);
     c.kept = c.why.empty();
     if (c.kept) c.why = "ok";
     // A "*" expansion only lists what is loaded; do not pad errors with unloaded names.

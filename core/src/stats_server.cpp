@@ -49,6 +49,8 @@ std::string stats_to_json(const std::string& engine_key, const EngineStats& s) {
   j["pid"] = static_cast<long>(::getpid());
   j["inbound_notifications"] = s.inbound_notifications;
   j["ctrl_rejected"] = s.ctrl_rejected;
+  j["fences"] = s.fences;
+  j["fence_unknown"] = s.fence_unknown;
   nlohmann::json b = nlohmann::json::object();
   for (const auto& [name, c] : s.backends) {
     b[name] = {{"bytes", c.bytes},

@@ -32,6 +32,7 @@ const char* to_string(StatusCode c) {
     case StatusCode::ERR_GPU_OP: return "ERR_GPU_OP";
     case StatusCode::ERR_TIMEOUT: return "ERR_TIMEOUT";
     case StatusCode::ERR_TRANSPORT: return "ERR_TRANSPORT";
+    case StatusCode::ERR_OUTCOME_UNKNOWN: return "ERR_OUTCOME_UNKNOWN";
   }
   return "UNKNOWN";
 }

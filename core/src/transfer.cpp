@@ -1,6 +1,17 @@
-// The life of a transfer: validate, resolve, route, post, and on failure re-run
-// the whole transfer on the next backend until one succeeds or the policy's
-// attempt budget is spent; the final error names every attempt.
+// The life of a transfer, decided here and nowhere else: validate, resolve,
+// route, pass the target's fence gate, post, and then by the attempt's outcome:
+//   success            -> SUCCESS (after the core's notification, if it owes one);
+//   target's refusal   -> that error at once: no failover, no health penalty;
+//   failed, nothing can land later (nothing sent, a READ, an initiator-side copy)
+//                      -> count it against the backend, re-run the whole transfer
+//                         on the next backend while the attempt budget lasts;
+//   WRITE, outcome unknown (deadline, lost connection)
+//                      -> fence the target (fence.h): its answer decides -
+//                         all landed: SUCCESS; none or part: as above; no answer
+//                         by the deadline: ERR_OUTCOME_UNKNOWN, the peer fenced.
+// The final error names every attempt. Everything ends by the transfer's
+// deadline (submit + policy timeout).
+#include <algorithm>
 #include <chrono>
 
 #include "engine_impl.h"
@@ -12,12 +23,26 @@ namespace {
 
 // The core's watchdog fires this long after the plugin's own deadline, so a
 // plugin reports its own (more precise) timeout first when it works properly.
-constexpr auto kWatchdogGrace = std::chrono::milliseconds(1000);
+// Of a transfer's time, this part is kept back from its attempts, so that after an
+// attempt that timed out the fence (and a failover) still fit before the deadline.
+std::chrono::milliseconds fence_reserve(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+}
 
-uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
+uint64_t to_ns(std::chrono::steady_clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+}
+
+// The target said no (not registered, out of bounds, stale): the application's
+// error, not the backend's - no failover, no quarantine.
+bool is_refusal(int status) {
+  return status == FERRY_ERR_REMOTE || status == FERRY_ERR_NOT_FOUND ||
+         status == FERRY_ERR_INVALID_ARGS;
+}
+
+void add_history(std::string& h, const std::string& entry) {
+  h += std::string(h.empty() ? "" : "; ") + entry;
 }
 
 TransferStatus failed(StatusCode code, std::string msg) {
@@ -38,6 +63,7 @@ Attempt::~Attempt() { transfer->engine->watchdog_.disarm(this); }
 
 void Attempt::on_deadline() {
   if (settled.exchange(true)) return;
+  by_watchdog = true;
   transfer->engine->attempt_done(shared_from_this(), FERRY_ERR_TIMEOUT,
                                  "no completion from the backend within the deadline");
 }
@@ -106,7 +132,8 @@ StatusCode EngineImpl::resolve(const MemoryDesc& local, const MemoryDesc& remote
     auto r = remote_mems_.find({remote.engine_key, remote.id});
     // A descriptor that no longer matches the cached one (re-registered memory) is re-imported.
     if (r != remote_mems_.end() && r->second->desc.addr == remote.addr &&
-        r->second->desc.size == remote.size && r->second->desc.backends == remote.backends) {
+        r->second->desc.size == remote.size && r->second->desc.location == remote.location &&
+        r->second->desc.device == remote.device && r->second->desc.backends == remote.backends) {
       out.remote = r->second;
       return StatusCode::SUCCESS;
     }
@@ -260,6 +287,7 @@ TransferStatus EngineImpl::submit_pair(const MemPair& pair, Op op, const size_t*
   std::string why;
   t->route = route_for(pair, op, t->total, why);
   if (t->route.empty()) return failed(StatusCode::ERR_BAD_STATE, why);
+  t->deadline = std::chrono::steady_clock::now() + policy_.timeout;
   {
     std::lock_guard<std::mutex> lk(pair.local->mu);
     ++pair.local->inflight;
@@ -275,24 +303,55 @@ void EngineImpl::finish(const TransferPtr& t, StatusCode code, std::string msg) 
   t->status.Finish(code, std::move(msg));
 }
 
+Fencer::Target EngineImpl::fence_target(const TransferPtr& t) const {
+  const EngineDesc& d = t->pair.peer->desc;
+  return {d.key, d.host, d.port, d.instance};
+}
+
 void EngineImpl::start_next(const TransferPtr& t) {
+  // No attempt starts while the target is being fenced (it waits) or stays
+  // fenced (it fails): an earlier attempt's bytes could still land over it.
+  std::string why;
+  const EngineDesc& peer = t->pair.peer->desc;
+  auto gate = fencer_->admit(
+      peer.key, peer.instance,
+      [this, t](bool go, const std::string& w) {
+        if (go) {
+          start_next(t);
+          return;
+        }
+        add_history(t->history, w);
+        finish(t, StatusCode::ERR_BAD_STATE, t->history);
+      },
+      &why);
+  if (gate == Fencer::Gate::HELD) return;
+  if (gate == Fencer::Gate::CLOSED) {
+    add_history(t->history, why);
+    finish(t, StatusCode::ERR_BAD_STATE, t->history);
+    return;
+  }
   while (t->next < t->route.size() && t->attempts < policy_.max_attempts) {
     if (shutting_down_) {
-      t->history += std::string(t->history.empty() ? "" : "; ") + "engine shutting down";
+      add_history(t->history, "engine shutting down");
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= t->deadline) {
+      add_history(t->history, "the transfer's deadline passed before " +
+                                  t->route[t->next]->name + " could be tried");
+      t->last_code = StatusCode::ERR_TIMEOUT;
       break;
     }
     BackendPtr b = t->route[t->next++];
     auto hs = health_->state(t->pair.peer->desc.key, b->name);
     if (hs == Health::State::QUARANTINED) {
-      t->history += std::string(t->history.empty() ? "" : "; ") + b->name + ": quarantined";
+      add_history(t->history, b->name + ": quarantined");
       continue;
     }
     ++t->attempts;
-    std::string why;
     int rc = post_attempt(t, b, why);
     if (rc == FERRY_OK) return;  // the completion continues from attempt_done
     t->last_code = status_from_plugin(rc);
-    t->history += std::string(t->history.empty() ? "" : "; ") + b->name + ": " + why;
+    add_history(t->history, b->name + ": " + why);
     ++b->counters->failures;
     if (!t->pair.peer->gone && health_->fail(t->pair.peer->desc.key, b->name))
       ++b->counters->quarantines;
@@ -329,23 +388,33 @@ int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::str
   auto a = std::make_shared<Attempt>();
   a->transfer = t;
   a->backend = b;
+  a->id = next_attempt_.fetch_add(1);
+  // The first attempt ends a fence reserve before the transfer, so a fence of it
+  // (and perhaps a failover) still fits; a failover attempt gets half of what is
+  // left, keeping the other half for its own fence. The watchdog fires halfway
+  // between the attempt's deadline and the transfer's.
+  const auto now = std::chrono::steady_clock::now();
+  const auto attempt_deadline =
+      std::max(t->deadline - fence_reserve(policy_.timeout), now + (t->deadline - now) / 2);
+  const auto reserve = t->deadline - attempt_deadline;
   ferry_xfer_v1 x{};
   x.struct_size = sizeof x;
   x.op = t->op;
-  x.flags = t->flags;
+  // A READ's target is told by the core once the data is here: the target itself
+  // cannot know whether what it sent arrived.
+  x.flags = t->op == FERRY_OP_READ ? t->flags & ~FERRY_XFER_NOTIFY : t->flags;
   x.n_iov = static_cast<uint32_t>(t->iov.size());
   x.peer = ph;
   x.local_mem = lh;
   x.remote_mem = rh;
   x.iov = t->iov.data();
   x.uid = t->uid;
-  x.deadline_ns =
-      now_ns() + static_cast<uint64_t>(
-                     std::chrono::duration_cast<std::chrono::nanoseconds>(policy_.timeout).count());
+  x.deadline_ns = to_ns(attempt_deadline);
   x.total_bytes = t->total;
+  x.attempt_id = a->id;
   auto* ref = new std::shared_ptr<Attempt>(a);
   x.xfer_ctx = ref;
-  watchdog_.arm(a, std::chrono::steady_clock::now() + policy_.timeout + kWatchdogGrace);
+  watchdog_.arm(a, attempt_deadline + reserve / 2);
   int rc = b->ops->post(b->ctx, &x);
   if (rc != FERRY_OK) {
     delete ref;
@@ -355,43 +424,142 @@ int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::str
   return rc;
 }
 
+std::string EngineImpl::notify_by_core(const TransferPtr& t) {
+  std::string err;
+  const EngineDesc& d = t->pair.peer->desc;
+  int rc = control_ ? control_->send(d.key, d.host, d.port, CtrlType::NOTIFY,
+                                     notify_body(t->uid, 0), &err, t->deadline)
+                    : FERRY_ERR_BAD_STATE;
+  return rc == FERRY_OK ? std::string() : (err.empty() ? plugin_error_name(rc) : err);
+}
+
 void EngineImpl::attempt_done(const std::shared_ptr<Attempt>& a, int status,
                               const std::string& msg) {
   watchdog_.disarm(a.get());
   const TransferPtr& t = a->transfer;
   Backend& b = *a->backend;
   const std::string& peer = t->pair.peer->desc.key;
-  std::string message = msg;
-  if (status == FERRY_OK && (t->flags & FERRY_XFER_NOTIFY) && !(b.caps & FERRY_CAP_NATIVE_NOTIFY)) {
-    // The backend cannot tell the target itself; the data is in place, so say it now.
-    std::string err;
-    int rc = control_ ? control_->send(peer, t->pair.peer->desc.host, t->pair.peer->desc.port,
-                                       CtrlType::NOTIFY, notify_body(t->uid, 0), &err)
-                      : FERRY_ERR_BAD_STATE;
-    if (rc != FERRY_OK) {
-      status = rc;
-      message = "data delivered but the target could not be notified: " + err;
-    }
-  }
   if (status == FERRY_OK) {
+    const bool owed = (t->flags & FERRY_XFER_NOTIFY) &&
+                      (t->op == FERRY_OP_READ || !(b.caps & FERRY_CAP_NATIVE_NOTIFY));
+    if (owed) {
+      std::string err = notify_by_core(t);
+      if (!err.empty()) {
+        // The data is in place but the target was not told (the NOTIFY never
+        // left): a re-run elsewhere writes the same bytes and notifies.
+        attempt_failed(a, FERRY_ERR_TRANSPORT,
+                       "data delivered but the target could not be notified: " + err);
+        return;
+      }
+    }
     b.counters->bytes += t->total;
     ++b.counters->transfers;
     health_->succeed(peer, b.name);
     finish(t, StatusCode::SUCCESS, t->history.empty() ? std::string() : "after: " + t->history);
     return;
   }
+  const std::string message = msg.empty() ? plugin_error_name(status) : msg;
+  if (is_refusal(status)) {
+    add_history(t->history, b.name + ": " + message);
+    finish(t, status_from_plugin(status), t->history);
+    return;
+  }
+  if (a->by_watchdog) {
+    // The plugin never reported back: its lanes or copies may still move bytes,
+    // into the target (WRITE) or into our memory (READ). The gate to the peer
+    // stays closed until the plugin's late completion says the attempt is over.
+    ++b.counters->failures;
+    a->closed_gate = true;
+    fencer_->close(fence_target(t), "peer '" + peer + "' is fenced: a " + b.name +
+                                        " attempt to it has not ended (" + message + ")");
+    add_history(t->history, b.name + ": " + message);
+    finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
+    return;
+  }
+  const bool nothing_can_land = status == FERRY_ERR_NOT_SENT || t->op == FERRY_OP_READ ||
+                                (b.caps & FERRY_CAP_INITIATOR_COPY);
+  if (nothing_can_land) {
+    attempt_failed(a, status, message);
+    return;
+  }
+  ++b.counters->failures;
+  if (shutting_down_) {
+    add_history(t->history, b.name + ": " + message + " (engine shutting down: not fenced)");
+    finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
+    return;
+  }
+  auto self = a;
+  fencer_->fence(fence_target(t), b.name, a->id, t->deadline,
+                 [this, self, status, message](const FenceResult& r, const std::string& why) {
+                   attempt_fenced(self, status, message, r, why);
+                 });
+}
+
+void EngineImpl::attempt_fenced(const std::shared_ptr<Attempt>& a, int status,
+                                const std::string& msg, const FenceResult& r,
+                                const std::string& why) {
+  const TransferPtr& t = a->transfer;
+  Backend& b = *a->backend;
+  if (!t->pair.peer->gone && health_->fail(t->pair.peer->desc.key, b.name))
+    ++b.counters->quarantines;
+  const std::string entry = b.name + ": " + msg + " (" + why + ")";
+  switch (r.state) {
+    case FenceState::WHOLE: {
+      add_history(t->history, entry);
+      if ((t->flags & FERRY_XFER_NOTIFY) && !(b.caps & FERRY_CAP_NATIVE_NOTIFY)) {
+        std::string err = notify_by_core(t);
+        if (!err.empty()) {
+          t->last_code = StatusCode::ERR_TRANSPORT;
+          add_history(t->history, "data delivered but the target could not be notified: " + err);
+          start_next(t);
+          return;
+        }
+      }
+      b.counters->bytes += t->total;
+      ++b.counters->transfers;
+      finish(t, StatusCode::SUCCESS, "after: " + t->history);
+      return;
+    }
+    case FenceState::NONE:
+    case FenceState::PARTIAL:
+      t->last_code = status_from_plugin(status);
+      add_history(t->history, entry);
+      if (t->next < t->route.size() && t->attempts < policy_.max_attempts && !shutting_down_)
+        ++b.counters->failovers;
+      start_next(t);
+      return;
+    case FenceState::UNSUPPORTED:
+    case FenceState::UNKNOWN:
+      break;
+  }
+  add_history(t->history, entry);
+  finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
+}
+
+void EngineImpl::attempt_failed(const std::shared_ptr<Attempt>& a, int status,
+                                const std::string& msg) {
+  const TransferPtr& t = a->transfer;
+  Backend& b = *a->backend;
+  const std::string& peer = t->pair.peer->desc.key;
   t->last_code = status_from_plugin(status);
-  t->history += std::string(t->history.empty() ? "" : "; ") + b.name + ": " +
-                (message.empty() ? plugin_error_name(status) : message);
+  add_history(t->history, b.name + ": " + msg);
   ++b.counters->failures;
   if (!t->pair.peer->gone && health_->fail(peer, b.name)) ++b.counters->quarantines;
   if (t->next < t->route.size() && t->attempts < policy_.max_attempts && !shutting_down_) {
     ++b.counters->failovers;
     FERRY_LOG(INFO, key_,
               "transfer " + std::to_string(t->uid) + " to " + peer + " failed on " + b.name + " (" +
-                  message + "); trying " + t->route[t->next]->name);
+                  msg + "); trying " + t->route[t->next]->name);
   }
   start_next(t);
+}
+
+void EngineImpl::late_completion(const std::shared_ptr<Attempt>& a) {
+  if (!a->closed_gate.exchange(false)) return;
+  const EngineDesc& d = a->transfer->pair.peer->desc;
+  FERRY_LOG(INFO, key_, a->backend->name + " copy to '" + d.key +
+                            "' ended after its deadline; transfers to it resume");
+  fencer_->reopen(d.key, d.instance);
 }
 
 // ---- the public transfer calls -------------------------------------------------------

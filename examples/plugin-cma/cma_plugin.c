@@ -739,7 +739,12 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     FERRY_PLUGIN_ABI_MINOR,      /* abi_minor */
     CMA_PLUGIN_NAME,             /* name: must match libferry-cma.so */
     CMA_PLUGIN_VERSION,
-    FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY,
+    /* INITIATOR_COPY: process_vm_writev is the whole transfer - when it returns,
+     * nothing more of it can land. NO_TARGET_CHECK: the target process is not
+     * asked, so bounds and deregistration rest on the initiator's descriptor; the
+     * core uses cma only where a policy rule opts in (trust_descriptors: true). */
+    FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
+        FERRY_CAP_INITIATOR_COPY | FERRY_CAP_NO_TARGET_CHECK,
     cma_init,
     cma_fini,
     cma_conn_info,
@@ -752,4 +757,5 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     cma_post,
     cma_on_ctrl,
     cma_describe,
+    NULL, /* fence: process_vm_writev is the whole transfer (INITIATOR_COPY) */
 };

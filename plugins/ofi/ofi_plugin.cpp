@@ -160,4 +160,5 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     ferry_ofi::Post,
     ferry_ofi::OnCtrl,
     ferry_ofi::Describe,
+    nullptr,  // fence: not yet (docs/backends/ofi.md, "Fencing")
 };

@@ -161,4 +161,5 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     ferry_rdma::Post,
     ferry_rdma::OnCtrl,
     ferry_rdma::Describe,
+    nullptr,  // fence: not yet (docs/backends/rdma.md, "Fencing")
 };

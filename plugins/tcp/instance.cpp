@@ -254,4 +254,14 @@ int Instance::Describe(char* buf, size_t len) {
   return FERRY_OK;
 }
 
+int Instance::Fence(const char* peer_key, const uint64_t* ids, size_t n, uint64_t deadline_ns,
+                    ferry_fence_result_v1* out) {
+  if (peer_key == nullptr || (n > 0 && (ids == nullptr || out == nullptr)))
+    return FERRY_ERR_INVALID_ARGS;
+  // deadline_ns is on host->now_ns()'s clock, which is steady_clock's.
+  const uint64_t now = host_->now_ns(host_->host_ctx);
+  const auto left = std::chrono::nanoseconds(deadline_ns > now ? deadline_ns - now : 0);
+  return target_.Fence(peer_key, ids, n, std::chrono::steady_clock::now() + left, out);
+}
+
 }  // namespace ferry_tcp

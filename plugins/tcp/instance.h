@@ -48,6 +48,8 @@ class Instance {
   void MemRelease(void* handle);
   int Post(const ferry_xfer_v1* x);
   int Describe(char* buf, size_t len);
+  int Fence(const char* peer_key, const uint64_t* ids, size_t n, uint64_t deadline_ns,
+            ferry_fence_result_v1* out);
   const ferry_host_v1* host() const { return host_; }
 
  private:

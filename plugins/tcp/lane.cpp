@@ -112,6 +112,7 @@ int Lane::SendOne(Frame& f, int flags) {
     if (f.xfer->local->on_gpu()) return SendStaged(f);
   }
   std::vector<iovec> iov = f.WireIov();
+  f.xfer->MarkLeft();
   return SendIov(fd_, iov.data(), iov.size(), &f.sent, flags);
 }
 
@@ -120,6 +121,7 @@ int Lane::SendStaged(Frame& f) {
   StagePool::Lease stage = info_->stages->Acquire(f.xfer->local->device(), &gpu_error_);
   if (!stage) return kNoStage;
   iovec head{f.head.data(), f.head.size()};
+  f.xfer->MarkLeft();
   int err = SendIov(fd_, &head, 1, &f.sent);
   if (err != 0) return err;
   err = stage->Send(fd_, f.local.data(), f.local.size(), 0, nullptr);

@@ -1,6 +1,7 @@
 #include "peer.h"
 
 #include <algorithm>
+#include <cstddef>
 
 #include "deadline.h"
 #include "planner.h"
@@ -127,6 +128,9 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
       h.xfer_seq = xfer->seq;
       h.uid = x.uid;
       h.low_seq = low_seq;
+      h.attempt_id = x.struct_size >= offsetof(ferry_xfer_v1, attempt_id) + sizeof x.attempt_id
+                         ? x.attempt_id
+                         : 0;  // a core before ABI 1.2: no fences
       f->head = wire::EncodeFrameHead(h, p.remote);
       f->local = std::move(p.local);
       frames.push_back(std::move(f));

@@ -434,6 +434,28 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
     }
   }
 
+  // A WRITE of a fenced attempt is dropped, unread into memory: its initiator
+  // has given up on it and was told what had landed. Otherwise EndApply must
+  // follow on every path below (Fence() waits for it).
+  bool applying = false;
+  if (*status == FERRY_OK && is_write) {
+    applying = tp.BeginApply(h, fd);
+    if (!applying) {
+      *status = FERRY_ERR_TIMEOUT;
+      *reason = "attempt " + std::to_string(h.attempt_id) + " was fenced by its initiator";
+    }
+  }
+  struct ApplyEnd {  // ends the apply however the frame's serving ends
+    TargetPeer& tp;
+    const wire::Header& h;
+    int fd;
+    bool active;
+    bool whole = false;
+    ~ApplyEnd() {
+      if (active) tp.EndApply(h, fd, whole);
+    }
+  } apply_end{tp, h, fd, applying};
+
   if (*status == FERRY_OK) {
     std::optional<RegionUse> use(std::in_place, r.get(), fd);
     StagePool::Lease stage;
@@ -446,6 +468,7 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
     } else if (r->on_gpu()) {
       const Outcome out = ServeStaged(fd, in, *r, h, items, *stage, count, close_why);
       use.reset();
+      apply_end.whole = out == Outcome::kServed;
       return out;
     } else {
       std::vector<iovec> iov;
@@ -470,7 +493,10 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
           *close_why = IoErrorString(err);
           return Outcome::kCloseLane;
         }
-        return count(FERRY_OK) ? Outcome::kServed : Outcome::kCloseLane;
+        // Counted (the notification recorded) before EndApply: a fence that
+        // sees the attempt whole also sees the target told.
+        apply_end.whole = count(FERRY_OK);
+        return apply_end.whole ? Outcome::kServed : Outcome::kCloseLane;
       }
       // A notify READ holds back its last byte (copied out) until it is counted:
       // the initiator cannot complete before the target has been told, and the
@@ -500,7 +526,7 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
     }
   }
 
-  // Refused: a WRITE's payload is still on its way and must be skipped.
+  // Refused (or fenced): a WRITE's payload is still on its way and must be skipped.
   if (is_write) {
     const int err = in.Discard(h.payload_len);
     if (err != 0) {
@@ -556,6 +582,23 @@ TargetServer::Outcome TargetServer::ServeStaged(int fd, SocketReader& in, const 
     return Outcome::kServed;
   }
   return count(FERRY_OK) ? Outcome::kServed : Outcome::kCloseLane;
+}
+
+int TargetServer::Fence(const std::string& key, const uint64_t* ids, size_t n,
+                        std::chrono::steady_clock::time_point deadline,
+                        ferry_fence_result_v1* out) {
+  std::shared_ptr<TargetPeer> tp;
+  {
+    std::lock_guard lk(mu_);
+    auto it = peers_.find(key);
+    if (it != peers_.end()) tp = it->second;
+  }
+  if (!tp) {
+    // Not a peer here: its lanes are refused, so nothing of it was or will be applied.
+    for (size_t i = 0; i < n; ++i) out[i] = {0, FERRY_FENCE_NONE, 0};
+    return FERRY_OK;
+  }
+  return tp->Fence(ids, n, deadline, out);
 }
 
 }  // namespace ferry_tcp

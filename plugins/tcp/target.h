@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -46,6 +47,9 @@ class TargetServer {
   bool AddPeer(const std::string& key);
   void RemovePeer(const std::string& key);
   void Stop();
+  // plugin.h fence(): the initiator `key` gave up on these attempts.
+  int Fence(const std::string& key, const uint64_t* ids, size_t n,
+            std::chrono::steady_clock::time_point deadline, ferry_fence_result_v1* out);
   // Lanes closed before admission: unknown peer, failed auth, bad handshake, evicted.
   uint64_t rejected() const { return rejected_.load(); }
 

@@ -28,6 +28,8 @@ void TargetPeer::Detach(int fd) {
     // With no lane left, no frame of a half-counted transfer can still arrive.
     pending_.clear();
     floor_ = 0;
+    // attempts_ stays: a fence may come after the last lane went, and must still
+    // learn what that lane applied before it closed.
   }
 }
 
@@ -78,6 +80,84 @@ TargetPeer::Count TargetPeer::CountFrame(const wire::Header& h, int frame_status
   }
   if (p.served == p.total) pending_.erase(it);
   return result;
+}
+
+TargetPeer::Attempt& TargetPeer::AttemptLocked(uint64_t id) {
+  auto it = attempts_.find(id);
+  if (it != attempts_.end()) return it->second;
+  if (attempts_.size() >= kMaxAttempts) {
+    // Forget the oldest attempt that is neither fenced nor being applied: a fence
+    // of it later answers from what is left (NONE), which a finished attempt
+    // that old is not asked for (the initiator fences within its deadline).
+    for (auto o = attempts_.begin(); o != attempts_.end(); ++o) {
+      if (!o->second.fenced && o->second.applying == 0) {
+        attempts_.erase(o);
+        break;
+      }
+    }
+  }
+  return attempts_[id];
+}
+
+bool TargetPeer::BeginApply(const wire::Header& h, int fd) {
+  if (h.attempt_id == 0) return true;  // an initiator that does not fence
+  std::lock_guard lk(mu_);
+  Attempt& a = AttemptLocked(h.attempt_id);
+  if (a.fenced) return false;
+  a.frames_total = h.frame_count;
+  ++a.applying;
+  a.lanes.push_back(fd);
+  return true;
+}
+
+void TargetPeer::EndApply(const wire::Header& h, int fd, bool whole) {
+  if (h.attempt_id == 0) return;
+  {
+    std::lock_guard lk(mu_);
+    Attempt& a = AttemptLocked(h.attempt_id);
+    --a.applying;
+    if (auto it = std::find(a.lanes.begin(), a.lanes.end(), fd); it != a.lanes.end())
+      a.lanes.erase(it);
+    if (whole) {
+      ++a.frames_done;
+      a.landed += h.payload_len;
+    } else {
+      a.broken = true;  // part of the payload may be in memory
+    }
+  }
+  applied_.notify_all();
+}
+
+int TargetPeer::Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::time_point deadline,
+                      ferry_fence_result_v1* out) {
+  std::unique_lock lk(mu_);
+  for (size_t i = 0; i < n; ++i) {
+    Attempt& a = AttemptLocked(ids[i]);
+    a.fenced = true;
+    // The fd stays open until its lane thread has left EndApply (it closes it
+    // after ServeLane returns), so this cannot hit a reused number.
+    for (int fd : a.lanes) ::shutdown(fd, SHUT_RDWR);
+  }
+  auto busy = [&] {
+    for (size_t i = 0; i < n; ++i) {
+      auto it = attempts_.find(ids[i]);
+      if (it != attempts_.end() && it->second.applying > 0) return true;
+    }
+    return false;
+  };
+  if (!applied_.wait_until(lk, deadline, [&] { return !busy(); })) return FERRY_ERR_TIMEOUT;
+  for (size_t i = 0; i < n; ++i) {
+    const Attempt& a = attempts_[ids[i]];
+    out[i].landed_bytes = a.landed;
+    out[i].reserved = 0;
+    if (a.frames_total > 0 && a.frames_done == a.frames_total && !a.broken)
+      out[i].state = FERRY_FENCE_WHOLE;
+    else if (a.landed > 0 || a.broken)
+      out[i].state = FERRY_FENCE_PARTIAL;
+    else
+      out[i].state = FERRY_FENCE_NONE;
+  }
+  return FERRY_OK;
 }
 
 }  // namespace ferry_tcp

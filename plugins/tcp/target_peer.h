@@ -3,12 +3,15 @@
 // host->inbound() per notify transfer.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "ferry/plugin.h"
 #include "wire.h"
 
 namespace ferry_tcp {
@@ -26,6 +29,19 @@ class TargetPeer {
   // Marks the peer gone and shuts its lanes down.
   void Remove();
 
+  // Fencing (plugin.h, fence()). A WRITE frame is applied only between
+  // BeginApply (false: its attempt is fenced, drop the frame) and EndApply
+  // (after it was counted for notification); Fence marks attempts fenced and
+  // waits until no frame of theirs is between the two.
+  bool BeginApply(const wire::Header& h, int fd);
+  void EndApply(const wire::Header& h, int fd, bool whole);
+  // A lane still reading a fenced attempt's payload into memory is cut (its
+  // initiator gave up on everything queued on it), so the fence never waits for
+  // bytes that may not come. FERRY_OK, or FERRY_ERR_TIMEOUT when a frame was
+  // still being applied at `deadline`.
+  int Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::time_point deadline,
+            ferry_fence_result_v1* out);
+
   enum class Count { kNothing, kReport, kBad };
   // Records one served request frame (frame_status = how it was served). kReport:
   // call inbound now with *report_status. kBad: the frames contradict each other.
@@ -40,6 +56,20 @@ class TargetPeer {
   };
   // Bounds memory a buggy or hostile initiator can pin with never-finished transfers.
   static constexpr size_t kMaxPending = 1 << 16;
+  // What was applied of one attempt: the last kMaxAttempts attempts of this
+  // initiator (the oldest not fenced and not being applied is forgotten first),
+  // for as long as the peer is added. A fence comes within its attempt's
+  // deadline, so only an initiator with more attempts than that to this engine
+  // within one deadline could have one forgotten (it would be answered NONE).
+  struct Attempt {
+    uint32_t frames_total = 0, frames_done = 0;
+    uint64_t landed = 0;
+    int applying = 0;
+    std::vector<int> lanes;  // fds of the lanes applying a frame of it now
+    bool fenced = false, broken = false;
+  };
+  static constexpr size_t kMaxAttempts = 4096;
+  Attempt& AttemptLocked(uint64_t id);
 
   const std::string key_;
   mutable std::mutex mu_;
@@ -47,6 +77,8 @@ class TargetPeer {
   std::vector<int> fds_;
   std::map<uint64_t, Pending> pending_;  // by transfer sequence
   uint64_t floor_ = 0;  // the initiator has finished every notify transfer below this
+  std::map<uint64_t, Attempt> attempts_;  // by the core's attempt id
+  std::condition_variable applied_;       // a frame left EndApply
 };
 
 }  // namespace ferry_tcp

@@ -139,6 +139,11 @@ int Describe(void* ctx, char* buf, size_t len) {
   return Guard(ctx, "describe", [&] { return Self(ctx)->Describe(buf, len); });
 }
 
+int Fence(void* ctx, const char* peer_key, const uint64_t* ids, size_t n, uint64_t deadline_ns,
+          ferry_fence_result_v1* out) {
+  return Guard(ctx, "fence", [&] { return Self(ctx)->Fence(peer_key, ids, n, deadline_ns, out); });
+}
+
 }  // namespace
 }  // namespace ferry_tcp
 
@@ -147,8 +152,10 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     FERRY_PLUGIN_ABI_MINOR,
     "tcp",
     "0.1.0",
+    // FENCE: every WRITE frame passes the target's fence check before a byte of it
+    // is applied (target_peer.h), and fence() waits for frames being applied.
     FERRY_CAP_MEM_CPU | FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
-        FERRY_CAP_NATIVE_NOTIFY,
+        FERRY_CAP_NATIVE_NOTIFY | FERRY_CAP_FENCE,
     ferry_tcp::Init,
     ferry_tcp::Fini,
     ferry_tcp::ConnInfo,
@@ -161,4 +168,5 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     ferry_tcp::Post,
     ferry_tcp::OnCtrl,
     ferry_tcp::Describe,
+    ferry_tcp::Fence,
 };

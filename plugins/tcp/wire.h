@@ -16,8 +16,10 @@ namespace ferry_tcp::wire {
 
 // "FRRY" as bytes on the wire; all integers are little-endian.
 inline constexpr uint8_t kMagic[4] = {'F', 'R', 'R', 'Y'};
-inline constexpr uint8_t kVersion = 1;
-inline constexpr size_t kHeaderSize = 72;
+// Version 2 added attempt_id (80-byte header); lanes of version 1 are refused
+// with "unsupported frame version".
+inline constexpr uint8_t kVersion = 2;
+inline constexpr size_t kHeaderSize = 80;
 inline constexpr size_t kItemSize = 16;
 inline constexpr uint32_t kMaxItems = 8192;
 // Also the upper bound of the chunk_bytes setting: one frame's payload.
@@ -62,6 +64,7 @@ struct Header {
   uint64_t uid = 0;          // the application's uid (notification key)
   uint64_t low_seq = 0;      // every notify transfer below this one is finished
   int32_t status = 0;        // responses: FERRY_OK or FERRY_ERR_*
+  uint64_t attempt_id = 0;   // requests: the core's attempt (ferry_xfer_v1.attempt_id), for fences
 };
 
 struct Item {

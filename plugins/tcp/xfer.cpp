@@ -19,6 +19,11 @@ void Xfer::FrameDone(int status, const std::string& msg) {
     final_status = status_;
     final_msg = msg_;
   }
+  // Nothing ever reached a socket (no lane came up in time, connect refused):
+  // the target can apply none of it, and the core may fail over without a fence.
+  if ((final_status == FERRY_ERR_TRANSPORT || final_status == FERRY_ERR_TIMEOUT) &&
+      !left_.load(std::memory_order_acquire))
+    final_status = FERRY_ERR_NOT_SENT;
   // Bookkeeping first: complete() may post again, or free the caller's context.
   if (watcher != nullptr) watcher->Remove(*this);
   if (auto p = peer.lock()) p->Finished(*this);

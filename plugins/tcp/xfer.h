@@ -44,6 +44,9 @@ class Xfer {
   // Records an error that the transfer will end with, without resolving a frame.
   void MarkError(int status, const std::string& msg);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // A frame of it is about to be written to a socket: from now on a failure
+  // may have left bytes at the target (without this, it ends FERRY_ERR_NOT_SENT).
+  void MarkLeft() { left_.store(true, std::memory_order_release); }
   // The status/message frames of a failed transfer are dropped with.
   void Error(int* status, std::string* msg) const;
 
@@ -53,6 +56,7 @@ class Xfer {
   int status_ = FERRY_OK;
   std::string msg_;
   std::atomic<bool> failed_{false};
+  std::atomic<bool> left_{false};
 };
 
 // A frame ready for a lane: encoded head (header + items) plus the local memory

@@ -351,7 +351,10 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     FERRY_PLUGIN_ABI_MINOR,
     "xgmi",
     "0.1.0",
-    FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY,
+    // INITIATOR_COPY: the initiator's peer copy is the whole transfer; complete()
+    // comes after its stream finished, so nothing lands later.
+    FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
+        FERRY_CAP_INITIATOR_COPY,
     x_init,
     x_fini,
     x_conn_info,
@@ -363,4 +366,5 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     x_mem_release,
     x_post,
     x_on_ctrl,
-    x_describe};
+    x_describe,
+    nullptr};  // fence: the initiator's own copy is the whole transfer (INITIATOR_COPY)

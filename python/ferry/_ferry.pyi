@@ -43,6 +43,7 @@ class StatusCode(enum.IntEnum):
     ERR_GPU_OP = 15
     ERR_TIMEOUT = 16
     ERR_TRANSPORT = 17
+    ERR_OUTCOME_UNKNOWN = 18
     @property
     def name(self) -> str: ...
     @property

@@ -617,6 +617,8 @@ class PyEngine {
     out["backends"] = backends;
     out["inbound_notifications"] = s.inbound_notifications;
     out["ctrl_rejected"] = s.ctrl_rejected;
+    out["fences"] = s.fences;
+    out["fence_unknown"] = s.fence_unknown;
     return out;
   }
 
@@ -736,7 +738,8 @@ PYBIND11_MODULE(_ferry, m) {
       .value("ERR_BAD_STATE", StatusCode::ERR_BAD_STATE)
       .value("ERR_GPU_OP", StatusCode::ERR_GPU_OP)
       .value("ERR_TIMEOUT", StatusCode::ERR_TIMEOUT)
-      .value("ERR_TRANSPORT", StatusCode::ERR_TRANSPORT);
+      .value("ERR_TRANSPORT", StatusCode::ERR_TRANSPORT)
+      .value("ERR_OUTCOME_UNKNOWN", StatusCode::ERR_OUTCOME_UNKNOWN);
   int_comparable(status_code);
 
   py::enum_<MemoryLocation>(m, "MemoryLocationType", "Where registered memory lives.")
@@ -1021,7 +1024,7 @@ PYBIND11_MODULE(_ferry, m) {
            "land. Releases the GIL.")
       .def("stats", &PyEngine::stats,
            "Counters: {'backends': {name: {bytes, transfers, failures, failovers, quarantines}}, "
-           "'inbound_notifications', 'ctrl_rejected'}.")
+           "'inbound_notifications', 'ctrl_rejected', 'fences', 'fence_unknown'}.")
       .def("policy_source", &PyEngine::policy_source,
            "Where the routing policy came from ('built-in' or a file name).")
       .def_static("wait_all", &wait_all_py, py::arg("statuses"), py::arg("timeout_ms") = py::none(),

@@ -41,7 +41,7 @@ static void p_on_ctrl(void *ctx, const char *peer, const void *msg, size_t len) 
 #define OPS_BODY(NAME, SIZE, POST)                                                         \
   {SIZE, FERRY_PLUGIN_ABI_MINOR, NAME, "0.0-test", FERRY_CAP_MEM_CPU | FERRY_CAP_OP_WRITE, \
    p_init, p_fini, p_conn_info, p_peer_add, p_peer_remove, p_mem_register,                 \
-   p_mem_deregister, p_mem_import, p_mem_release, POST, p_on_ctrl, NULL}
+   p_mem_deregister, p_mem_import, p_mem_release, POST, p_on_ctrl, NULL, NULL}
 
 #if defined(BROKEN_NEWER_ABI)
 /* Built for a future ABI major only. */

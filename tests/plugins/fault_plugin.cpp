@@ -204,7 +204,9 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     FERRY_PLUGIN_ABI_MINOR,
     "fault",
     "0.1-test",
-    FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY,
+    // A memcpy in post(): the initiator's own copy is the whole transfer.
+    FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
+        FERRY_CAP_INITIATOR_COPY,
     f_init,
     f_fini,
     f_conn_info,
@@ -216,4 +218,5 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     f_mem_release,
     f_post,
     f_on_ctrl,
-    nullptr};
+    nullptr,
+    nullptr};  // fence: a memcpy in post() is the whole transfer

@@ -30,6 +30,11 @@ enum class StatusCode : int {
   ERR_GPU_OP = 15,
   ERR_TIMEOUT = 16,
   ERR_TRANSPORT = 17,
+  // The transfer may or may not have landed, wholly or in part, and ferry could
+  // not find out by the deadline (the target did not answer the fence). Its
+  // bytes may still land later; the peer is fenced until it answers (see
+  // docs/policy.md, "Fencing").
+  ERR_OUTCOME_UNKNOWN = 18,
 };
 const char* to_string(StatusCode c);
 
@@ -161,6 +166,8 @@ struct EngineStats {
   std::map<std::string, BackendStats> backends;
   uint64_t inbound_notifications = 0;
   uint64_t ctrl_rejected = 0;  // control connections refused
+  uint64_t fences = 0;         // FENCE requests sent after attempts with unknown outcome
+  uint64_t fence_unknown = 0;  // attempts whose fence got no answer by their deadline
 };
 
 class Session;

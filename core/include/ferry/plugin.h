@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 1
+#define FERRY_PLUGIN_ABI_MINOR 2
 
 /* Name of the entry symbol for ABI major 1 (for dlsym). */
 #define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
@@ -62,6 +62,11 @@ extern "C" {
 #define FERRY_ERR_NO_DEVICE (-10)   /* the hardware this plugin needs is absent */
 #define FERRY_ERR_PROTOCOL (-11)    /* malformed or unexpected frame from peer */
 #define FERRY_ERR_INTERNAL (-12)    /* a bug; the message says where           */
+/* ABI 1.2: the transfer failed before any of it left this engine (connect
+ * refused, no lane could be opened): the target can apply none of it, so the
+ * core fails over at once without fencing the target. Report it only when that
+ * is certain; TRANSPORT / TIMEOUT otherwise. */
+#define FERRY_ERR_NOT_SENT (-13)
 
 /* ---- capability flags (ferry_plugin_ops_v1.caps) ------------------------- */
 #define FERRY_CAP_MEM_CPU (1ull << 0)         /* moves host memory               */
@@ -71,6 +76,24 @@ extern "C" {
 #define FERRY_CAP_NATIVE_NOTIFY (1ull << 4)   /* tells the target itself (inbound) */
 #define FERRY_CAP_SAME_HOST_ONLY (1ull << 5)  /* peers with the same node id only */
 #define FERRY_CAP_TARGET_PROGRESS (1ull << 6) /* target needs a progress thread  */
+/* ABI 1.2 - what the core does after a WRITE attempt whose outcome is unknown
+ * (TIMEOUT, TRANSPORT, ... after bytes may have left) depends on these:
+ *  FENCE: the plugin implements fence() on the target side; the core asks the
+ *    target (over the control plane) to fence the attempt and follows its answer.
+ *  INITIATOR_COPY: the initiator's own copy is the whole transfer (process_vm_*,
+ *    GPU peer copies): when complete() is called no byte of it can land any more,
+ *    so a failure is final without asking the target.
+ *  Neither: the outcome cannot be settled. The transfer ends
+ *    ferry::StatusCode::ERR_OUTCOME_UNKNOWN and the
+ *    peer stays fenced - no transfer to it on any backend - until the application
+ *    registers a new instance of it.
+ * NO_TARGET_CHECK: the target side cannot check a request against its own
+ *    registrations (bounds, deregistration, memory kind): it trusts the
+ *    initiator's descriptor. The core routes to such a backend only where a
+ *    policy rule names it and sets trust_descriptors: true. */
+#define FERRY_CAP_FENCE (1ull << 7)
+#define FERRY_CAP_INITIATOR_COPY (1ull << 8)
+#define FERRY_CAP_NO_TARGET_CHECK (1ull << 9)
 
 /* ---- enums ---------------------------------------------------------------- */
 #define FERRY_OP_READ 1u  /* remote -> local */
@@ -241,7 +264,23 @@ typedef struct ferry_xfer_v1 {
                            * always sets one (0 would mean "none") */
   void *xfer_ctx;         /* core-owned; hand back to host->complete()  */
   uint64_t total_bytes;   /* sum of iov[i].len                          */
+  /* ---- ABI 1.2 ---- */
+  /* Unique per attempt in the initiating engine, never 0. A FENCE plugin carries
+   * it to the target, where fence() names attempts by it. */
+  uint64_t attempt_id;
 } ferry_xfer_v1;
+
+/* ---- fencing (ABI 1.2) -----------------------------------------------------
+ * Per fenced attempt, what the target's plugin found. */
+#define FERRY_FENCE_NONE 0u    /* no byte of it landed, and none will          */
+#define FERRY_FENCE_PARTIAL 1u /* some bytes landed; no more will              */
+#define FERRY_FENCE_WHOLE 2u   /* every byte landed (and the target was told, when
+                                * it was a notify transfer)                    */
+typedef struct ferry_fence_result_v1 {
+  uint64_t landed_bytes;
+  uint32_t state; /* FERRY_FENCE_* */
+  uint32_t reserved;
+} ferry_fence_result_v1;
 
 /* ---- the plugin's operations (exported as `ferry_plugin_v1`) ------------- */
 typedef struct ferry_plugin_ops_v1 {
@@ -306,6 +345,20 @@ typedef struct ferry_plugin_ops_v1 {
   /* Optional (may be NULL): a human-readable line for `ferry info` (devices,
    * providers, settings in force). Write into buf (len bytes, NUL-terminated). */
   int (*describe)(void *ctx, char *buf, size_t len);
+
+  /* ---- ABI 1.2 ---- */
+
+  /* Target side, plugins with FERRY_CAP_FENCE (NULL otherwise). The initiator
+   * `peer_key` (borrowed) gave up on the n attempts in attempt_ids (borrowed):
+   * from now on no byte of them may be applied to local memory, by any lane,
+   * QP or worker, also bytes already received and queued. Return once every
+   * path that could still apply them has passed its fence check, writing into
+   * results[i] (core-owned, n entries) what had landed. A attempt this plugin
+   * never saw is FERRY_FENCE_NONE (and stays fenced if its bytes come later).
+   * FERRY_OK, or FERRY_ERR_TIMEOUT when that could not be established by
+   * deadline_ns (the core answers "unknown"). Never called from a host callback. */
+  int (*fence)(void *ctx, const char *peer_key, const uint64_t *attempt_ids, size_t n,
+               uint64_t deadline_ns, ferry_fence_result_v1 *results);
 } ferry_plugin_ops_v1;
 
 /* A plugin defines this (with visibility default) in exactly one file:

@@ -1,0 +1,328 @@
+#include "fence.h"
+
+#include <algorithm>
+
+#include "control_plane.h"
+#include "ferry/plugin.h"
+#include "log.h"
+
+namespace ferry {
+
+namespace {
+
+// How long a fence thread waits between two unanswered FENCE requests to a
+// target whose attempts have all ended "unknown" (it keeps asking until the
+// target answers or is registered again).
+constexpr auto kRetryMin = std::chrono::milliseconds(100);
+constexpr auto kRetryMax = std::chrono::milliseconds(2000);
+
+const char* state_name(FenceState s) {
+  switch (s) {
+    case FenceState::NONE:
+      return "none of it had landed";
+    case FenceState::PARTIAL:
+      return "part of it had landed";
+    case FenceState::WHOLE:
+      return "all of it had landed";
+    case FenceState::UNSUPPORTED:
+      return "that backend cannot fence there";
+    case FenceState::UNKNOWN:
+      return "the target could not tell";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Fencer::Fencer(ControlPlane* control) : control_(control) {}
+
+Fencer::~Fencer() {
+  std::vector<std::function<void()>> calls;
+  std::vector<Worker> workers;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+    for (auto& [key, p] : peers_) {
+      finish_all(*p, "engine shutting down", calls);
+      if (p->worker.thread.joinable()) workers.push_back(std::move(p->worker));
+    }
+    for (auto& w : finished_) workers.push_back(std::move(w));
+    finished_.clear();
+    cv_.notify_all();
+  }
+  for (auto& c : calls) c();
+  for (auto& w : workers) w.thread.join();
+}
+
+void Fencer::retire(Worker& w) {
+  if (w.thread.joinable()) finished_.push_back(std::move(w));
+  // Only workers that have left run() are joined here (at once): one still in a
+  // request would make the caller, perhaps a plugin's thread, wait for it.
+  for (auto it = finished_.begin(); it != finished_.end();) {
+    if (it->exited->load()) {
+      it->thread.join();
+      it = finished_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Fencer::PeerState& Fencer::state_for(const Target& t) {
+  auto& p = peers_[t.key];
+  if (!p || p->target.instance != t.instance) {
+    if (p) retire(p->worker);
+    p = std::make_shared<PeerState>();
+    p->target = t;
+  }
+  return *p;
+}
+
+void Fencer::finish_all(PeerState& p, const std::string& why,
+                        std::vector<std::function<void()>>& out) {
+  for (auto& a : p.pending) {
+    if (a.reported) continue;
+    FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
+    out.push_back([d = std::move(a.done), r, why] { d(r, why); });
+    ++counts_.unknown;
+  }
+  p.pending.clear();
+  for (auto& h : p.held) out.push_back([h = std::move(h), why] { h(false, why); });
+  p.held.clear();
+}
+
+void Fencer::fence(const Target& t, const std::string& backend, uint64_t attempt,
+                   Clock::time_point deadline, Done done) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (stopping_) {
+    lk.unlock();
+    done({attempt, FenceState::UNKNOWN, 0}, "engine shutting down");
+    return;
+  }
+  PeerState& p = state_for(t);
+  p.pending.push_back({backend, attempt, deadline, std::move(done), false});
+  if (!p.running) {
+    retire(p.worker);
+    p.running = true;
+    auto exited = std::make_shared<std::atomic<bool>>(false);
+    p.worker.exited = exited;
+    p.worker.thread = std::thread([this, key = t.key, exited] {
+      run(key);
+      exited->store(true);
+    });
+  }
+  cv_.notify_all();
+}
+
+void Fencer::close(const Target& t, const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  PeerState& p = state_for(t);
+  p.closed_why = why;
+  p.manual_close = true;
+}
+
+void Fencer::reopen(const std::string& key, uint64_t instance) {
+  std::vector<Resume> held;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = peers_.find(key);
+    if (it == peers_.end() || it->second->target.instance != instance) return;
+    PeerState& p = *it->second;
+    if (!p.manual_close) return;
+    p.manual_close = false;
+    if (!p.pending.empty()) return;  // a fence in flight decides
+    p.closed_why.clear();
+    held.swap(p.held);
+  }
+  for (auto& h : held) h(true, {});
+}
+
+Fencer::Gate Fencer::admit(const std::string& key, uint64_t instance, Resume resume,
+                           std::string* why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = peers_.find(key);
+  if (it == peers_.end() || it->second->target.instance != instance) return Gate::OPEN;
+  PeerState& p = *it->second;
+  if (!p.closed_why.empty()) {
+    *why = p.closed_why;
+    return Gate::CLOSED;
+  }
+  if (p.pending.empty()) return Gate::OPEN;
+  p.held.push_back(std::move(resume));
+  return Gate::HELD;
+}
+
+void Fencer::reset(const std::string& key) {
+  std::vector<std::function<void()>> calls;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = peers_.find(key);
+    if (it == peers_.end()) return;
+    finish_all(*it->second, "the peer was registered again or deregistered", calls);
+    retire(it->second->worker);
+    peers_.erase(it);
+    cv_.notify_all();
+  }
+  for (auto& c : calls) c();
+}
+
+Fencer::Counts Fencer::counts() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return counts_;
+}
+
+void Fencer::run(const std::string& key) {
+  auto backoff = kRetryMin;
+  std::unique_lock<std::mutex> lk(mu_);
+  auto first = peers_.find(key);
+  if (first == peers_.end()) return;
+  const std::shared_ptr<PeerState> p = first->second;  // this worker's target life only
+  for (;;) {
+    auto it = peers_.find(key);
+    if (stopping_ || it == peers_.end() || it->second != p) return;
+    if (p->pending.empty()) {
+      p->running = false;
+      return;
+    }
+    // Ask for every pending attempt at once, by the earliest deadline still ahead
+    // (or, when all have passed and the gate is closed, a retry interval).
+    std::vector<FenceEntry> entries;
+    auto deadline = Clock::time_point::max();
+    const auto now = Clock::now();
+    for (const auto& a : p->pending) {
+      entries.push_back({a.backend, a.attempt});
+      if (a.deadline > now) deadline = std::min(deadline, a.deadline);
+    }
+    if (deadline == Clock::time_point::max()) deadline = now + backoff;  // all already "unknown"
+    const Target t = p->target;
+    const uint64_t req = next_req_++;
+    ++counts_.fences;
+    lk.unlock();
+
+    CtrlFrame reply;
+    std::string err;
+    int rc = control_->request(t.key, t.host, t.port, CtrlType::FENCE,
+                               fence_body(req, t.instance, entries), CtrlType::FENCE_REPLY,
+                               deadline, &reply, &err);
+    uint64_t rreq = 0, rinst = 0;
+    std::vector<FenceResult> results;
+    bool answered = false, gone = false;
+    if (rc == FERRY_OK) {
+      if (!decode_fence_reply(reply.body, rreq, rinst, results) || rreq != req) {
+        err = "malformed FENCE_REPLY from '" + t.key + "'";
+      } else if (rinst != t.instance) {
+        gone = true;  // another life of the engine answers on that port: the old one is dead
+      } else {
+        answered = true;
+      }
+    } else if (rc == FERRY_ERR_NOT_SENT) {
+      gone = true;  // nothing listens there any more: the process and its lanes are gone
+    }
+
+    std::vector<std::function<void()>> calls;
+    lk.lock();
+    it = peers_.find(key);
+    if (it == peers_.end() || it->second != p) return;  // reset meanwhile: answered there
+    if (answered || gone) {
+      backoff = kRetryMin;
+      std::vector<Pending> left;
+      for (auto& a : p->pending) {
+        if (std::none_of(entries.begin(), entries.end(),
+                         [&](const FenceEntry& e) { return e.attempt == a.attempt; })) {
+          left.push_back(std::move(a));  // arrived after the request went out
+          continue;
+        }
+        FenceResult r{a.attempt, FenceState::NONE, 0};
+        std::string why;
+        if (gone) {
+          why = "fence: the target engine is gone (" + (err.empty() ? "new instance" : err) +
+                "); nothing more of the attempt can land";
+        } else {
+          auto m = std::find_if(results.begin(), results.end(),
+                                [&](const FenceResult& x) { return x.attempt == a.attempt; });
+          if (m == results.end())
+            r.state = FenceState::UNKNOWN;
+          else
+            r = *m;
+          why = std::string("fence answered: ") + state_name(r.state);
+        }
+        if (r.state == FenceState::UNSUPPORTED || r.state == FenceState::UNKNOWN) {
+          ++counts_.unknown;
+          if (p->closed_why.empty())
+            p->closed_why = "peer '" + key + "' is fenced: an earlier WRITE on " + a.backend +
+                            " may still land and the target " +
+                            (r.state == FenceState::UNSUPPORTED ? "cannot fence that backend"
+                                                                : "could not fence it") +
+                            "; register a new instance of the peer";
+          p->manual_close = true;  // only a new instance reopens it
+        } else {
+          ++counts_.answered;
+        }
+        if (a.reported) {
+          FERRY_LOG(INFO, "fence",
+                    "attempt " + std::to_string(a.attempt) + " to '" + key +
+                        "', reported with its outcome unknown: " + why);
+          continue;
+        }
+        calls.push_back([d = std::move(a.done), r, why] { d(r, why); });
+      }
+      p->pending = std::move(left);
+      if (p->pending.empty() && !p->manual_close) {
+        if (!p->closed_why.empty())
+          FERRY_LOG(INFO, "fence", "peer '" + key + "' answered its fence; transfers to it resume");
+        p->closed_why.clear();
+        for (auto& h : p->held) calls.push_back([h = std::move(h)] { h(true, {}); });
+        p->held.clear();
+      } else if (p->pending.empty()) {
+        for (auto& h : p->held)
+          calls.push_back([h = std::move(h), why = p->closed_why] { h(false, why); });
+        p->held.clear();
+      }
+    } else {
+      // No answer. Attempts whose deadline passed end "unknown", the gate closes,
+      // and this thread keeps asking for them.
+      const auto t_now = Clock::now();
+      for (auto& a : p->pending) {
+        if (a.deadline > t_now || a.reported) continue;
+        ++counts_.unknown;
+        a.reported = true;
+        FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
+        calls.push_back(
+            [d = std::move(a.done), r, why = "fence unanswered: " + err] { d(r, why); });
+        if (p->closed_why.empty()) {
+          p->closed_why = "peer '" + key + "' is fenced: a WRITE on " + a.backend +
+                          " ended with its outcome unknown (" + err +
+                          "); transfers to it fail until it answers the fence or a new instance "
+                          "of it is registered";
+          FERRY_LOG(WARN, "fence", p->closed_why);
+        }
+      }
+      if (!p->closed_why.empty()) {
+        for (auto& h : p->held)
+          calls.push_back([h = std::move(h), why = p->closed_why] { h(false, why); });
+        p->held.clear();
+      }
+      // Ask again after a pause (a refused or reset connection answers at once:
+      // do not spin), never past the earliest deadline still ahead.
+      auto pause = backoff;
+      const auto t_after = Clock::now();
+      for (const auto& a : p->pending)
+        if (a.deadline > t_after)
+          pause = std::min(
+              pause, std::chrono::duration_cast<std::chrono::milliseconds>(a.deadline - t_after));
+      backoff =
+          std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kRetryMax));
+      lk.unlock();
+      for (auto& c : calls) c();
+      calls.clear();
+      lk.lock();
+      if (pause.count() > 0) cv_.wait_for(lk, pause, [&] { return stopping_; });
+      continue;
+    }
+    lk.unlock();
+    for (auto& c : calls) c();
+    lk.lock();
+  }
+}
+
+}  // namespace ferry

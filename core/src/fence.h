@@ -1,0 +1,111 @@
+// The initiator's side of fencing (DESIGN.md, "Failure means not delivered").
+//
+// After a WRITE attempt whose outcome is unknown (deadline, lost connection,
+// missing ack), its target is fenced: no later transfer to it starts, on any
+// backend, until the target has confirmed, per attempt, that none of its bytes
+// can land any more and said how much had landed. The Fencer keeps that state
+// per target engine, asks the target over the control plane (FENCE on a
+// connection of its own, one thread per fenced target so a stopped target never
+// delays another's fence), and hands each attempt's answer back.
+//
+// Per target the gate is:
+//   OPEN     nothing pending: transfers start;
+//   FENCING  a fence is in flight: new transfers wait (held) until it ends;
+//   CLOSED   a fence was not answered by an attempt's deadline, or the backend
+//            cannot fence: new transfers fail at once with the reason, until the
+//            target answers (the thread keeps asking) or a new instance of it is
+//            registered (reset()).
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "control_frame.h"
+
+namespace ferry {
+
+class ControlPlane;
+
+class Fencer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Target {
+    std::string key, host;
+    uint16_t port = 0;
+    uint64_t instance = 0;  // the life of the engine being fenced
+  };
+  // An attempt's answer: the state the target reported (UNKNOWN when it did not
+  // answer by the attempt's deadline) and words for the user.
+  using Done = std::function<void(const FenceResult& r, const std::string& why)>;
+  // A held transfer: go = start it now; otherwise fail it with `why`.
+  using Resume = std::function<void(bool go, const std::string& why)>;
+  enum class Gate { OPEN, HELD, CLOSED };
+
+  explicit Fencer(ControlPlane* control);
+  ~Fencer();  // answers every pending attempt UNKNOWN and fails held transfers
+
+  // Fence one attempt on `backend`; `done` runs once, on a fencer thread.
+  void fence(const Target& t, const std::string& backend, uint64_t attempt,
+             Clock::time_point deadline, Done done);
+  // Close the gate of a target without asking it (a backend that cannot fence).
+  void close(const Target& t, const std::string& why);
+  // Reopen a gate closed by close() (the attempt that closed it has ended).
+  void reopen(const std::string& key, uint64_t instance);
+  // Whether a transfer to `key` may start. HELD: `resume` runs later (not before
+  // this returns). CLOSED: *why says why, `resume` is dropped.
+  Gate admit(const std::string& key, uint64_t instance, Resume resume, std::string* why);
+  // A new instance was registered under the key, or it was deregistered: its old
+  // state is dropped (pending attempts answered UNKNOWN, held transfers failed).
+  void reset(const std::string& key);
+  // Fences sent, attempts answered by the target, attempts left unknown.
+  struct Counts {
+    uint64_t fences = 0, answered = 0, unknown = 0;
+  };
+  Counts counts() const;
+
+ private:
+  struct Pending {
+    std::string backend;
+    uint64_t attempt;
+    Clock::time_point deadline;
+    Done done;
+    bool reported = false;  // told "unknown" at its deadline; kept to learn the truth
+  };
+  struct Worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> exited;
+  };
+  struct PeerState {
+    Target target;
+    std::vector<Pending> pending;
+    std::vector<Resume> held;
+    std::string closed_why;  // non-empty: CLOSED
+    bool manual_close = false;
+    Worker worker;  // runs while pending is not empty
+    bool running = false;
+  };
+  void run(const std::string& key);
+  void finish_all(PeerState& p, const std::string& why, std::vector<std::function<void()>>& out);
+  // A fresh state for the target (dropping one of an older instance); mu_ held.
+  PeerState& state_for(const Target& t);
+  void retire(Worker& w);  // mu_ held; joins workers that have exited
+
+  ControlPlane* control_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  uint64_t next_req_ = 1;
+  Counts counts_;
+  std::map<std::string, std::shared_ptr<PeerState>> peers_;
+  std::vector<Worker> finished_;  // workers of reset or idle peers, joined once exited
+};
+
+}  // namespace ferry
