@@ -118,6 +118,17 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
     } else if (cmd == "stats") {
       auto st = engine->stats();
       out << "STATS " << st.inbound_notifications << " " << st.ctrl_rejected;
+    } else if (cmd == "deregister") {  // the region: later requests for it are refused
+      auto r = engine->deregister_memory(mem);
+      out << (r ? "OK" : "ERR " + r.message);
+    } else if (cmd == "reregister") {  // the same bytes under a new descriptor
+      try {
+        mem = engine->register_memory(seg->data(), seg->size(), seg->registration_device(),
+                                      seg->location());
+        out << "MEM " << test::to_hex(mem.pack());
+      } catch (const Error& e) {
+        out << "ERR " << e.what();
+      }
     } else if (cmd == "remove_backend") {
       std::string name;
       in >> name;

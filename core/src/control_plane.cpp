@@ -606,6 +606,35 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
   return FERRY_ERR_TRANSPORT;
 }
 
+bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
+                            const std::vector<uint8_t>& body, int* rc, std::string* err) {
+  if (body.size() > kMaxCtrlBody) return false;
+  std::shared_ptr<Outbound> o;
+  {
+    std::lock_guard<std::mutex> lk(out_mu_);
+    auto it = outbound_.find(peer_key);
+    if (it == outbound_.end()) return false;
+    o = it->second;
+  }
+  std::unique_lock<std::timed_mutex> lk(o->mu, std::try_to_lock);
+  if (!lk.owns_lock() || o->fd < 0 || looks_dead(o->fd)) return false;
+  auto frame = encode_ctrl_frame(type, body);
+  // A blocking socket: a full send buffer (a stopped peer) would block here, so
+  // only when the whole frame fits now (MSG_DONTWAIT) does it go.
+  ssize_t k = ::send(o->fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k == static_cast<ssize_t>(frame.size())) {
+    *rc = FERRY_OK;
+    return true;
+  }
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;  // nothing went out
+  // Part of a frame went out (or the socket failed): the stream is broken.
+  ::close(o->fd);
+  o->fd = -1;
+  *err = "control connection to " + peer_key + " failed while sending";
+  *rc = FERRY_ERR_TRANSPORT;
+  return true;
+}
+
 int ControlPlane::request(const std::string& peer_key, const std::string& host, uint16_t port,
                           CtrlType type, const std::vector<uint8_t>& body, CtrlType reply_type,
                           Clock::time_point deadline, CtrlFrame* reply, std::string* err) {

@@ -66,6 +66,12 @@ class ControlPlane {
            const std::vector<uint8_t>& body, std::string* err,
            Clock::time_point deadline = Clock::time_point::max());
 
+  // send(), but only if it cannot block: the connection to the peer is up and
+  // nobody else is using it. False when it would have to wait or connect (then
+  // nothing was sent); true with *rc set otherwise.
+  bool try_send(const std::string& peer_key, CtrlType type, const std::vector<uint8_t>& body,
+                int* rc, std::string* err);
+
   // One request and its answer on a connection of its own (FENCE -> FENCE_REPLY),
   // all by `deadline`. 0 with *reply set, or a FERRY_ERR_* code with *err:
   // NOT_SENT when the peer could not be reached at all (nothing listens there:

@@ -239,6 +239,7 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   control_ =
       std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &secret_);
   fencer_ = std::make_unique<Fencer>(control_.get());
+  async_ = std::make_unique<AsyncRunner>();
   if (secret_.enabled())
     FERRY_LOG(INFO, key_,
               "auth token set: peers must prove it on every control and data connection");
@@ -260,6 +261,7 @@ EngineImpl::~EngineImpl() {
   // removed and is dropped. Then the control plane.
   std::vector<std::string> names = backend_names();
   for (auto it = names.rbegin(); it != names.rend(); ++it) remove_backend(*it);
+  async_.reset();   // waits for notifications on their way (they end their transfers)
   fencer_.reset();  // ends its fences (they use control_)
   control_.reset();
 }
@@ -707,6 +709,7 @@ EngineStats EngineImpl::stats() const {
     auto f = fencer_->counts();
     s.fences = f.fences;
     s.fence_unknown = f.unknown;
+    s.fenced_peers = f.gated;
   }
   return s;
 }

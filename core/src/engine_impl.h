@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "auth.h"
+#include "async_runner.h"
 #include "control_plane.h"
 #include "fence.h"
 #include "ferry/ferry.hpp"
@@ -208,6 +209,7 @@ class EngineImpl {
 
   std::unique_ptr<ControlPlane> control_;      // its thread calls into the above
   std::unique_ptr<Fencer> fencer_;            // uses control_; destroyed before it
+  std::unique_ptr<AsyncRunner> async_;        // notifications that must connect first
   std::unique_ptr<StatsServer> stats_server_;  // its thread reads stats()
 
  private:
@@ -216,13 +218,20 @@ class EngineImpl {
   void finish(const TransferPtr& t, StatusCode code, std::string msg);
   // An attempt failed in a way that leaves nothing to land later: count it
   // against the backend's health and go on with the next backend.
-  void attempt_failed(const std::shared_ptr<Attempt>& a, int status, const std::string& msg);
+  void attempt_failed(const std::shared_ptr<Attempt>& a, int status, const std::string& msg,
+                      bool backend_at_fault = true);
   // The target's answer to the fence of an attempt whose outcome was unknown.
   void attempt_fenced(const std::shared_ptr<Attempt>& a, int status, const std::string& msg,
                       const FenceResult& r, const std::string& why);
   // Tell the target a transfer landed when the backend cannot (or, for a READ,
   // must not: its target cannot know the data arrived). "" or why it failed.
   std::string notify_by_core(const TransferPtr& t);
+  // The attempt's data is in place: notify if the core owes it (at once when the
+  // control connection is up and free, else on a thread of its own, by the
+  // deadline), then end the transfer SUCCESS, or fail the attempt over when the
+  // target could not be told.
+  void land(const std::shared_ptr<Attempt>& a, bool owes_notify);
+  void landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error);
   Fencer::Target fence_target(const TransferPtr& t) const;
  public:
   // host->complete for an attempt the watchdog had already ended.

@@ -168,7 +168,10 @@ void Fencer::reset(const std::string& key) {
 
 Fencer::Counts Fencer::counts() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return counts_;
+  Counts c = counts_;
+  for (const auto& [key, p] : peers_)
+    if (!p->closed_why.empty() || !p->pending.empty()) ++c.gated;
+  return c;
 }
 
 void Fencer::run(const std::string& key) {

@@ -68,6 +68,7 @@ class Fencer {
   // Fences sent, attempts answered by the target, attempts left unknown.
   struct Counts {
     uint64_t fences = 0, answered = 0, unknown = 0;
+    uint64_t gated = 0;  // targets whose gate is not OPEN now (fencing or fenced)
   };
   Counts counts() const;
 

@@ -51,6 +51,7 @@ std::string stats_to_json(const std::string& engine_key, const EngineStats& s) {
   j["ctrl_rejected"] = s.ctrl_rejected;
   j["fences"] = s.fences;
   j["fence_unknown"] = s.fence_unknown;
+  j["fenced_peers"] = s.fenced_peers;
   nlohmann::json b = nlohmann::json::object();
   for (const auto& [name, c] : s.backends) {
     b[name] = {{"bytes", c.bytes},

@@ -440,22 +440,8 @@ void EngineImpl::attempt_done(const std::shared_ptr<Attempt>& a, int status,
   Backend& b = *a->backend;
   const std::string& peer = t->pair.peer->desc.key;
   if (status == FERRY_OK) {
-    const bool owed = (t->flags & FERRY_XFER_NOTIFY) &&
-                      (t->op == FERRY_OP_READ || !(b.caps & FERRY_CAP_NATIVE_NOTIFY));
-    if (owed) {
-      std::string err = notify_by_core(t);
-      if (!err.empty()) {
-        // The data is in place but the target was not told (the NOTIFY never
-        // left): a re-run elsewhere writes the same bytes and notifies.
-        attempt_failed(a, FERRY_ERR_TRANSPORT,
-                       "data delivered but the target could not be notified: " + err);
-        return;
-      }
-    }
-    b.counters->bytes += t->total;
-    ++b.counters->transfers;
-    health_->succeed(peer, b.name);
-    finish(t, StatusCode::SUCCESS, t->history.empty() ? std::string() : "after: " + t->history);
+    land(a, (t->flags & FERRY_XFER_NOTIFY) &&
+                (t->op == FERRY_OP_READ || !(b.caps & FERRY_CAP_NATIVE_NOTIFY)));
     return;
   }
   const std::string message = msg.empty() ? plugin_error_name(status) : msg;
@@ -504,22 +490,10 @@ void EngineImpl::attempt_fenced(const std::shared_ptr<Attempt>& a, int status,
     ++b.counters->quarantines;
   const std::string entry = b.name + ": " + msg + " (" + why + ")";
   switch (r.state) {
-    case FenceState::WHOLE: {
+    case FenceState::WHOLE:
       add_history(t->history, entry);
-      if ((t->flags & FERRY_XFER_NOTIFY) && !(b.caps & FERRY_CAP_NATIVE_NOTIFY)) {
-        std::string err = notify_by_core(t);
-        if (!err.empty()) {
-          t->last_code = StatusCode::ERR_TRANSPORT;
-          add_history(t->history, "data delivered but the target could not be notified: " + err);
-          start_next(t);
-          return;
-        }
-      }
-      b.counters->bytes += t->total;
-      ++b.counters->transfers;
-      finish(t, StatusCode::SUCCESS, "after: " + t->history);
+      land(a, (t->flags & FERRY_XFER_NOTIFY) && !(b.caps & FERRY_CAP_NATIVE_NOTIFY));
       return;
-    }
     case FenceState::NONE:
     case FenceState::PARTIAL:
       t->last_code = status_from_plugin(status);
@@ -536,15 +510,53 @@ void EngineImpl::attempt_fenced(const std::shared_ptr<Attempt>& a, int status,
   finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
 }
 
+void EngineImpl::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
+  if (!owes_notify) {
+    landed(a, {});
+    return;
+  }
+  const TransferPtr& t = a->transfer;
+  const EngineDesc& d = t->pair.peer->desc;
+  int rc = FERRY_ERR_BAD_STATE;
+  std::string err;
+  if (control_ && control_->try_send(d.key, CtrlType::NOTIFY, notify_body(t->uid, 0), &rc, &err)) {
+    landed(a, rc == FERRY_OK ? std::string() : err);
+    return;
+  }
+  // It has to connect (and say HELLO) first, which may take until the deadline:
+  // not on this thread, perhaps the application's own inside post().
+  auto self = a;
+  async_->run([this, self] { landed(self, notify_by_core(self->transfer)); });
+}
+
+void EngineImpl::landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error) {
+  const TransferPtr& t = a->transfer;
+  Backend& b = *a->backend;
+  if (!notify_error.empty()) {
+    // The data is in place but the target was not told (the NOTIFY never
+    // left): a re-run elsewhere writes the same bytes and notifies. The control
+    // plane failed, not the backend: no health penalty.
+    attempt_failed(a, FERRY_ERR_TRANSPORT,
+                   "data delivered but the target could not be notified: " + notify_error,
+                   /*backend_at_fault=*/false);
+    return;
+  }
+  b.counters->bytes += t->total;
+  ++b.counters->transfers;
+  health_->succeed(t->pair.peer->desc.key, b.name);
+  finish(t, StatusCode::SUCCESS, t->history.empty() ? std::string() : "after: " + t->history);
+}
+
 void EngineImpl::attempt_failed(const std::shared_ptr<Attempt>& a, int status,
-                                const std::string& msg) {
+                                const std::string& msg, bool backend_at_fault) {
   const TransferPtr& t = a->transfer;
   Backend& b = *a->backend;
   const std::string& peer = t->pair.peer->desc.key;
   t->last_code = status_from_plugin(status);
   add_history(t->history, b.name + ": " + msg);
   ++b.counters->failures;
-  if (!t->pair.peer->gone && health_->fail(peer, b.name)) ++b.counters->quarantines;
+  if (backend_at_fault && !t->pair.peer->gone && health_->fail(peer, b.name))
+    ++b.counters->quarantines;
   if (t->next < t->route.size() && t->attempts < policy_.max_attempts && !shutting_down_) {
     ++b.counters->failovers;
     FERRY_LOG(INFO, key_,

@@ -39,11 +39,13 @@ int RecvBy(int fd, int abort_fd, void* buf, size_t len, Clock::time_point deadli
   return 0;
 }
 
-std::vector<uint8_t> Frame(wire::Type type, uint16_t flags, const void* payload, size_t n) {
+std::vector<uint8_t> Frame(wire::Type type, uint16_t flags, const void* payload, size_t n,
+                           uint64_t clock_ns = 0) {
   wire::Header h;
   h.type = type;
   h.flags = flags;
   h.payload_len = n;
+  h.expires_ns = clock_ns;
   std::vector<uint8_t> out = wire::EncodeFrameHead(h, {});
   const auto* p = static_cast<const uint8_t*>(payload);
   out.insert(out.end(), p, p + n);
@@ -75,8 +77,9 @@ bool RandomNonce(uint8_t* out) {
 
 int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
   const bool auth = AuthEnabled(h.host);
-  std::vector<uint8_t> out =
-      Frame(wire::Type::kHello, auth ? wire::kFlagAuth : 0, h.my_key.data(), h.my_key.size());
+  // The HELLO carries our clock: the target maps request expiries onto its own.
+  std::vector<uint8_t> out = Frame(wire::Type::kHello, auth ? wire::kFlagAuth : 0,
+                                   h.my_key.data(), h.my_key.size(), h.host->now_ns(h.host->host_ctx));
   uint8_t ni[wire::kAuthNonceSize];
   if (auth) {
     if (!RandomNonce(ni)) {

@@ -102,7 +102,7 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.connect_timeout_ms = settings_.connect_timeout_ms;
   info.stages = &stages_;
 
-  if (!target_.AddPeer(info.key)) {
+  if (!target_.AddPeer(info.key, p->same_host != 0)) {
     Log(host_, FERRY_LOG_WARN, "peer %s is already added", p->key);
     return FERRY_ERR_BAD_STATE;
   }

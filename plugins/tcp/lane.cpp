@@ -395,8 +395,15 @@ void Lane::ReceiverMain(int fd) {
       break;
     }
     if (h.type == wire::Type::kError) {
+      // The target's own code where it says what kind of refusal this is (the
+      // core ends the transfer on NOT_FOUND / INVALID_ARGS / REMOTE, and fences
+      // on TIMEOUT: an expired attempt may have had other frames applied).
+      const int code = h.status == FERRY_ERR_NOT_FOUND || h.status == FERRY_ERR_INVALID_ARGS ||
+                               h.status == FERRY_ERR_TIMEOUT || h.status == FERRY_ERR_GPU
+                           ? h.status
+                           : FERRY_ERR_REMOTE;
       std::exchange(current, nullptr)
-          ->Resolve(FERRY_ERR_REMOTE, info_->label + " refused the request: " + text);
+          ->Resolve(code, info_->label + " refused the request: " + text);
       continue;
     }
     if ((h.type == wire::Type::kWriteAck) != current->is_write ||

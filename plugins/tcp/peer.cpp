@@ -131,6 +131,7 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
       h.attempt_id = x.struct_size >= offsetof(ferry_xfer_v1, attempt_id) + sizeof x.attempt_id
                          ? x.attempt_id
                          : 0;  // a core before ABI 1.2: no fences
+      h.expires_ns = x.deadline_ns;
       f->head = wire::EncodeFrameHead(h, p.remote);
       f->local = std::move(p.local);
       frames.push_back(std::move(f));

@@ -45,9 +45,9 @@ bool TargetServer::Start(std::string* err) {
   return true;
 }
 
-bool TargetServer::AddPeer(const std::string& key) {
+bool TargetServer::AddPeer(const std::string& key, bool same_host) {
   std::lock_guard lk(mu_);
-  return peers_.emplace(key, std::make_shared<TargetPeer>(key)).second;
+  return peers_.emplace(key, std::make_shared<TargetPeer>(key, same_host)).second;
 }
 
 void TargetServer::RemovePeer(const std::string& key) {
@@ -291,6 +291,7 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     return;
   }
   const bool wants_auth = (h.flags & wire::kFlagAuth) != 0;
+  const uint64_t hello_clock = h.expires_ns;
   std::string key(h.payload_len, '\0');
   err = RecvAll(fd, key.data(), key.size());
   if (err != 0) {
@@ -318,6 +319,15 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     Refuse(fd, from, not_peer);
     return;
   }
+  // Request expiries are compared on our clock. An initiator on this kernel
+  // shares it (steady_clock is CLOCK_MONOTONIC). Another host's is mapped by the
+  // clock its HELLO carried: the HELLO's transit time, or our being stopped
+  // before reading it, makes that err late (fewer frames dropped), never early;
+  // the fence stays the exact answer either way.
+  int64_t clock_offset = 0;
+  if (!tp->same_host() && hello_clock != 0)
+    clock_offset = static_cast<int64_t>(host_->now_ns(host_->host_ctx)) -
+                   static_cast<int64_t>(hello_clock);
   {
     std::lock_guard lk(mu_);
     c->admitted = true;
@@ -383,7 +393,8 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     };
     int status = FERRY_OK;
     std::string reason;
-    const Outcome out = ServeRequest(fd, in, *tp, h, items, count, &status, &reason, &close_why);
+    const Outcome out =
+        ServeRequest(fd, in, *tp, h, items, count, clock_offset, &status, &reason, &close_why);
     if (out == Outcome::kCloseLane) break;
     err = 0;
     if (out == Outcome::kRefused) {
@@ -412,7 +423,8 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
 TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, TargetPeer& tp,
                                                  const wire::Header& h,
                                                  const std::vector<wire::Item>& items,
-                                                 const std::function<bool(int)>& count, int* status,
+                                                 const std::function<bool(int)>& count,
+                                                 int64_t clock_offset, int* status,
                                                  std::string* reason, std::string* close_why) {
   const bool is_write = h.type == wire::Type::kWrite;
   std::shared_ptr<Region> r;
@@ -439,10 +451,11 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
   // follow on every path below (Fence() waits for it).
   bool applying = false;
   if (*status == FERRY_OK && is_write) {
-    applying = tp.BeginApply(h, fd);
+    applying = tp.BeginApply(h, fd, clock_offset);
     if (!applying) {
       *status = FERRY_ERR_TIMEOUT;
-      *reason = "attempt " + std::to_string(h.attempt_id) + " was fenced by its initiator";
+      *reason = "attempt " + std::to_string(h.attempt_id) +
+                " expired or was fenced by its initiator: not applied";
     }
   }
   struct ApplyEnd {  // ends the apply however the frame's serving ends

@@ -43,8 +43,9 @@ class TargetServer {
 
   bool Start(std::string* err);
   uint16_t port() const { return port_; }
-  // False when the key is already added.
-  bool AddPeer(const std::string& key);
+  // False when the key is already added. same_host: it runs on this kernel, so
+  // its clock (steady_clock) is ours and request expiries need no mapping.
+  bool AddPeer(const std::string& key, bool same_host = false);
   void RemovePeer(const std::string& key);
   void Stop();
   // plugin.h fence(): the initiator `key` gave up on these attempts.
@@ -73,7 +74,8 @@ class TargetServer {
   void Refuse(int fd, const std::string& from, const std::string& why);
   Outcome ServeRequest(int fd, SocketReader& in, TargetPeer& tp, const wire::Header& h,
                        const std::vector<wire::Item>& items, const std::function<bool(int)>& count,
-                       int* status, std::string* reason, std::string* close_why);
+                       int64_t clock_offset, int* status, std::string* reason,
+                       std::string* close_why);
   // ServeRequest for a checked request on a GPU region, through `stage`.
   Outcome ServeStaged(int fd, SocketReader& in, const Region& r, const wire::Header& h,
                       const std::vector<wire::Item>& items, Stage& stage,

@@ -99,11 +99,20 @@ TargetPeer::Attempt& TargetPeer::AttemptLocked(uint64_t id) {
   return attempts_[id];
 }
 
-bool TargetPeer::BeginApply(const wire::Header& h, int fd) {
+bool TargetPeer::BeginApply(const wire::Header& h, int fd, int64_t clock_offset_ns) {
   if (h.attempt_id == 0) return true;  // an initiator that does not fence
   std::lock_guard lk(mu_);
   Attempt& a = AttemptLocked(h.attempt_id);
   if (a.fenced) return false;
+  if (h.expires_ns != 0) {
+    const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now().time_since_epoch())
+                         .count();
+    if (now > static_cast<int64_t>(h.expires_ns) + clock_offset_ns) {
+      a.fenced = true;
+      return false;
+    }
+  }
   a.frames_total = h.frame_count;
   ++a.applying;
   a.lanes.push_back(fd);

@@ -18,8 +18,10 @@ namespace ferry_tcp {
 
 class TargetPeer {
  public:
-  explicit TargetPeer(std::string key) : key_(std::move(key)) {}
+  explicit TargetPeer(std::string key, bool same_host = false)
+      : key_(std::move(key)), same_host_(same_host) {}
   const std::string& key() const { return key_; }
+  bool same_host() const { return same_host_; }
 
   bool removed() const;
   // False once removed: the lane must be refused.
@@ -33,7 +35,11 @@ class TargetPeer {
   // BeginApply (false: its attempt is fenced, drop the frame) and EndApply
   // (after it was counted for notification); Fence marks attempts fenced and
   // waits until no frame of theirs is between the two.
-  bool BeginApply(const wire::Header& h, int fd);
+  // `clock_offset_ns` maps the initiator's clock onto ours (from its HELLO): a
+  // frame whose attempt expired before we got to it is dropped, and the attempt
+  // fenced, so a stopped target that resumes does not apply what its initiator
+  // has given up on (the fence stays the exact answer; this makes it "none").
+  bool BeginApply(const wire::Header& h, int fd, int64_t clock_offset_ns);
   void EndApply(const wire::Header& h, int fd, bool whole);
   // A lane still reading a fenced attempt's payload into memory is cut (its
   // initiator gave up on everything queued on it), so the fence never waits for
@@ -72,6 +78,7 @@ class TargetPeer {
   Attempt& AttemptLocked(uint64_t id);
 
   const std::string key_;
+  const bool same_host_;
   mutable std::mutex mu_;
   bool removed_ = false;
   std::vector<int> fds_;

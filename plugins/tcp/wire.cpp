@@ -70,6 +70,7 @@ void EncodeHeader(const Header& h, uint8_t out[kHeaderSize]) {
   Put32(out + 64, static_cast<uint32_t>(h.status));
   Put32(out + 68, 0);
   Put64(out + 72, h.attempt_id);
+  Put64(out + 80, h.expires_ns);
 }
 
 bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
@@ -95,6 +96,7 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
   h->status = static_cast<int32_t>(Get32(in + 64));
   if (Get32(in + 68) != 0) return Fail(why, "reserved header field is not zero");
   h->attempt_id = Get64(in + 72);
+  h->expires_ns = Get64(in + 80);
 
   const std::string name = TypeName(h->type);
   const bool request = h->type == Type::kWrite || h->type == Type::kRead;
@@ -113,8 +115,8 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
     if (h->frame_count == 0) return Fail(why, name + ": frame count 0");
     if (h->low_seq > h->xfer_seq) return Fail(why, name + ": low sequence above sequence");
     if (h->status != 0) return Fail(why, name + ": status set on a request");
-  } else if (h->attempt_id != 0) {
-    return Fail(why, name + ": attempt id on a non-request frame");
+  } else if (h->attempt_id != 0 || (h->expires_ns != 0 && h->type != Type::kHello)) {
+    return Fail(why, name + ": attempt id or expiry on a non-request frame");
   }
   switch (h->type) {
     case Type::kHello:

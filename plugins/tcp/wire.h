@@ -16,10 +16,10 @@ namespace ferry_tcp::wire {
 
 // "FRRY" as bytes on the wire; all integers are little-endian.
 inline constexpr uint8_t kMagic[4] = {'F', 'R', 'R', 'Y'};
-// Version 2 added attempt_id (80-byte header); lanes of version 1 are refused
-// with "unsupported frame version".
+// Version 2 added attempt_id and expires_ns (88-byte header); lanes of version 1
+// are refused with "unsupported frame version".
 inline constexpr uint8_t kVersion = 2;
-inline constexpr size_t kHeaderSize = 80;
+inline constexpr size_t kHeaderSize = 88;
 inline constexpr size_t kItemSize = 16;
 inline constexpr uint32_t kMaxItems = 8192;
 // Also the upper bound of the chunk_bytes setting: one frame's payload.
@@ -65,6 +65,10 @@ struct Header {
   uint64_t low_seq = 0;      // every notify transfer below this one is finished
   int32_t status = 0;        // responses: FERRY_OK or FERRY_ERR_*
   uint64_t attempt_id = 0;   // requests: the core's attempt (ferry_xfer_v1.attempt_id), for fences
+  // Requests: the attempt's deadline on the initiator's clock (0: none); HELLO:
+  // the initiator's clock when it sent the HELLO, so the target can map it onto
+  // its own. A frame read after its attempt expired is dropped, not applied.
+  uint64_t expires_ns = 0;
 };
 
 struct Item {

@@ -619,6 +619,7 @@ class PyEngine {
     out["ctrl_rejected"] = s.ctrl_rejected;
     out["fences"] = s.fences;
     out["fence_unknown"] = s.fence_unknown;
+    out["fenced_peers"] = s.fenced_peers;
     return out;
   }
 
@@ -1024,7 +1025,7 @@ PYBIND11_MODULE(_ferry, m) {
            "land. Releases the GIL.")
       .def("stats", &PyEngine::stats,
            "Counters: {'backends': {name: {bytes, transfers, failures, failovers, quarantines}}, "
-           "'inbound_notifications', 'ctrl_rejected', 'fences', 'fence_unknown'}.")
+           "'inbound_notifications', 'ctrl_rejected', 'fences', 'fence_unknown', 'fenced_peers'}.")
       .def("policy_source", &PyEngine::policy_source,
            "Where the routing policy came from ('built-in' or a file name).")
       .def_static("wait_all", &wait_all_py, py::arg("statuses"), py::arg("timeout_ms") = py::none(),

@@ -580,7 +580,12 @@ struct LeakCheck {
     std::printf("RESULT leak baseline taken at the start of cycle %d of %d\n", cycle, cycles);
     baseline();
   }
-  void after_cycles_checked(const std::string& what) {
+  void after_cycles_checked(const std::string& what, bool require_warm = true) {
+    if (!require_warm && !have_base) {
+      std::printf("RESULT %s no cycle needed a failover or a fence; fds are checked after "
+                  "teardown only\n", what.c_str());
+      return;
+    }
     EXPECT_TRUE(have_base) << what << ": no fault cycle ended in a failover or a fence";
     if (have_base) after_cycles(what);
   }
@@ -830,11 +835,11 @@ TEST(LinkFault, ConnectionReset) {
       EXPECT_LT(t.last_end_ms, kTimeout.count()) << t.first_error;
       rig.clean_wave(700 + c, "reset recovery " + std::to_string(c));
     }
-    // A WRITE hit by the reset is fenced: the target says whether it had landed
-    // (then it succeeds on tcp) or not (then cma carries it).
-    EXPECT_GT(rig.engine_->stats().backends["tcp"].failovers + rig.engine_->stats().fences, 0u)
-        << "no WRITE was hit by a reset";
-    leaks.after_cycles_checked("reset");
+    // The reset cut transfers (READs at least). A WRITE it cut is fenced: the
+    // target says whether it had landed (then it succeeds on tcp) or not (then
+    // cma carries it) - so a failover is no longer certain to happen.
+    EXPECT_GT(rig.engine_->stats().backends["tcp"].failures, 0u) << "no transfer was hit by a reset";
+    leaks.after_cycles_checked("reset", /*require_warm=*/false);
   }
   leaks.after_teardown("reset");
 }

@@ -168,6 +168,7 @@ struct EngineStats {
   uint64_t ctrl_rejected = 0;  // control connections refused
   uint64_t fences = 0;         // FENCE requests sent after attempts with unknown outcome
   uint64_t fence_unknown = 0;  // attempts whose fence got no answer by their deadline
+  uint64_t fenced_peers = 0;   // peers no transfer may start to now (a fence pending or unanswered)
 };
 
 class Session;

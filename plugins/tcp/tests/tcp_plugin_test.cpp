@@ -645,21 +645,22 @@ TEST_F(TcpPair, OutOfRangeRemoteIsRefusedByTarget) {
   Mem* src = a_->Register(1, 1 << 20);
   Mem* dst = b_->Register(1, 4096);
   void* remote = a_->Import(a_peer_b_, *dst);
-  // The core would catch these; here they go on the wire on purpose.
+  // The core would catch these; here they go on the wire on purpose. The
+  // target's own code comes back (INVALID_ARGS: a refusal, not a failure).
   Result w =
       Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 4000, 200}}, FERRY_XFER_NOTIFY, 9);
-  EXPECT_EQ(w.status, FERRY_ERR_REMOTE);
+  EXPECT_EQ(w.status, FERRY_ERR_INVALID_ARGS);
   EXPECT_NE(w.msg.find("outside"), std::string::npos) << w.msg;
   EXPECT_EQ(w.calls, 1);
   ASSERT_EQ(b_->host().CountInbound(9), 1);
   EXPECT_LT(b_->host().inbound()[0].status, 0);
 
   Result r = Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, UINT64_MAX - 10, 100}});
-  EXPECT_EQ(r.status, FERRY_ERR_REMOTE);
+  EXPECT_EQ(r.status, FERRY_ERR_INVALID_ARGS);
   // A multi-frame WRITE with one bad frame fails as a whole, once.
   Result m =
       Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}, {8192, 1 << 30, 8}});
-  EXPECT_EQ(m.status, FERRY_ERR_REMOTE);
+  EXPECT_EQ(m.status, FERRY_ERR_INVALID_ARGS);
   EXPECT_EQ(m.calls, 1);
 
   Fill(src->data, 3);
@@ -686,10 +687,10 @@ TEST_F(TcpPair, DeregisteredRemoteRegionIsRefused) {
   ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}).status, FERRY_OK);
   b_->Deregister(dst);
   Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}});
-  EXPECT_EQ(w.status, FERRY_ERR_REMOTE);
+  EXPECT_EQ(w.status, FERRY_ERR_NOT_FOUND);
   EXPECT_NE(w.msg.find("not registered"), std::string::npos) << w.msg;
   Result r = Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, 0, 4096}});
-  EXPECT_EQ(r.status, FERRY_ERR_REMOTE);
+  EXPECT_EQ(r.status, FERRY_ERR_NOT_FOUND);
   ops.mem_release(a_->ctx(), remote);
 }
 
@@ -840,7 +841,9 @@ TEST_F(TcpPair, DeregisterStopsWritesAtOnce) {
       (r.status == FERRY_OK ? ok : failed)++;
       // Refused by the target, or cut off mid-copy by the revocation.
       if (r.status != FERRY_OK) {
-        EXPECT_TRUE(r.status == FERRY_ERR_REMOTE || r.status == FERRY_ERR_TRANSPORT) << r.msg;
+        EXPECT_TRUE(r.status == FERRY_ERR_NOT_FOUND || r.status == FERRY_ERR_REMOTE ||
+                    r.status == FERRY_ERR_TRANSPORT)
+            << r.msg;
       }
       cv.notify_all();
     }
@@ -1126,7 +1129,7 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
         Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}}, FERRY_XFER_NOTIFY, 1).status,
         FERRY_OK);
     EXPECT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 1 << 30, 8}}).status,
-              FERRY_ERR_REMOTE);
+              FERRY_ERR_INVALID_ARGS);
     // Every plugin thread now blocks: a quiet stretch must cost (almost) no CPU.
     timespec c0{}, c1{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
