@@ -84,12 +84,14 @@ void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool 
   cv_.notify_all();
 }
 
+void Lane::Abort(int status, const std::string& msg, Doomed* doomed) {
+  std::lock_guard lk(mu_);
+  BreakLocked(status, msg, doomed, /*reset=*/true);
+}
+
 void Lane::Reset(int status, const std::string& msg) {
   Doomed doomed;
-  {
-    std::lock_guard lk(mu_);
-    BreakLocked(status, msg, &doomed, /*reset=*/true);
-  }
+  Abort(status, msg, &doomed);
   Fail(doomed);
 }
 

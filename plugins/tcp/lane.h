@@ -51,15 +51,20 @@ class Lane {
   // With try_direct, a connected lane with nothing queued sends from the
   // calling thread (without blocking) instead of waking the sender thread.
   void Submit(FramePtr f, bool try_direct);
+  // Frames to resolve once the locks are released.
+  using Doomed = std::vector<std::tuple<FramePtr, int, std::string>>;
   // Drops the connection; everything queued or in flight fails with status/msg.
   void Reset(int status, const std::string& msg);
+  // Reset's first half: drops the connection and moves what it carried into
+  // *doomed, for the caller to fail (Fail) once every lane it resets is down -
+  // a transfer posted meanwhile must not land on a lane about to be reset.
+  void Abort(int status, const std::string& msg, Doomed* doomed);
+  static void Fail(Doomed& doomed);
   // Reset, then join the lane's threads. Later submissions fail at once.
   void Stop(int status, const std::string& msg);
 
  private:
   enum class State { kDown, kConnecting, kUp, kBroken };
-  // Frames to resolve once the locks are released.
-  using Doomed = std::vector<std::tuple<FramePtr, int, std::string>>;
 
   void SenderMain();
   void ReceiverMain(int fd);
@@ -73,7 +78,6 @@ class Lane {
   // Breaks the connection and fails what is queued. reset: an explicit Reset or
   // Stop, which also fails frames queued after an earlier break.
   void BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset = false);
-  static void Fail(Doomed& doomed);
   std::string Lost(int err) const;
 
   const PeerInfo* info_;

@@ -28,7 +28,12 @@ Peer::Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, uint64_t gpu_chunk_by
 Peer::~Peer() { Stop(FERRY_ERR_BAD_STATE, "peer " + info_.key + " destroyed"); }
 
 void Peer::ResetLanes(int status, const std::string& msg) {
-  for (auto& l : lanes_) l->Reset(status, msg);
+  // Every lane down before any frame is failed: failing one completes its
+  // transfer, and the application's next post must find no lane still to be
+  // reset (it would fail at once with this reset's error).
+  Lane::Doomed doomed;
+  for (auto& l : lanes_) l->Abort(status, msg, &doomed);
+  Lane::Fail(doomed);
 }
 
 void Peer::Stop(int status, const std::string& msg) {
