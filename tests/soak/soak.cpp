@@ -28,6 +28,10 @@
 //          expected bytes and every byte is compared afterwards;
 //   notify a sample of transfers asks for a notification: the target must pop
 //          "INBOUND SUCCESS" for it; a sample of the others must pop NONE.
+// Every fourth fault is a SIGSTOP longer than the deadline instead (stop_window):
+// transfers in flight end by their deadline (WRITEs ERR_OUTCOME_UNKNOWN when the
+// fence cannot be answered), the peer stays fenced until SIGCONT, and the windows
+// after it verify every byte, so a stale WRITE landing late would show.
 // Any failed transfer or mismatch outside a restart window fails the soak. In a
 // restart window (transfers in flight when the target is stopped, and a few
 // posted while it is down) a transfer may fail, but it must end within the
@@ -42,6 +46,8 @@
 // --seed reproduces the op stream of every worker (sizes, offsets, ops, paths);
 // where the restarts fall in it depends on timing.
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -218,6 +224,7 @@ struct Counters {
   std::atomic<uint64_t> reads{0}, writes{0}, via_engine{0}, via_session{0}, via_transient{0};
   std::atomic<uint64_t> singles{0}, batches{0}, notify_checked{0}, silence_checked{0};
   std::atomic<uint64_t> windows{0}, restarts_kill{0}, restarts_quit{0}, restarts_overlap{0};
+  std::atomic<uint64_t> stops{0}, stop_unknown{0}, stop_writes_verified{0};
   std::atomic<uint64_t> early_reregister{0}, inflight_at_stop{0}, inflight_at_reregister{0};
   std::atomic<uint64_t> restart_failures{0}, restart_ok_verified{0}, restart_ok_unverified{0};
   std::atomic<uint64_t> max_fail_ms{0}, local_reregister{0}, stale_session_failures{0};
@@ -356,7 +363,9 @@ class Target {
   void run() {
     while (!stop) {
       if (next_restart_ > 0 && since_start() >= next_restart_) {
-        restart_window();
+        // Every fourth fault is a stop longer than the deadline, not a restart.
+        if (faults_++ % 4 == 3) stop_window();
+        else restart_window();
         next_restart_ += opt.restart_every_s;
       } else {
         normal_window();
@@ -714,6 +723,57 @@ class Target {
     }
   }
 
+  // SIGSTOP the target with a window in flight, longer than the deadline (its
+  // transfers end meanwhile: they are what the stop is timed by, not a sleep),
+  // post more while it is stopped, SIGCONT, and wait until the initiator says the
+  // peer is no longer fenced. WRITEs that succeeded are verified after CONT; one
+  // whose outcome is unknown (the fence went unanswered) is not: the later
+  // windows to the same slots verify every byte, so a stale landing shows there.
+  void stop_window() {
+    RestartMark mark;
+    ++C.stops;
+    const uint64_t wseed = mix(opt.seed, (static_cast<uint64_t>(index_) << 40) + ++wcount_);
+    auto xs = plan(rrng_, std::max(1, opt.depth - 1));
+    if (!prepare(xs, wseed, false)) return;
+    for (auto& x : xs)
+      if (!submit(x)) return fail(name_ + ": " + x.describe() + ": " + x.st.Message());
+    for (const auto& x : xs) C.inflight_at_stop += x.st.InProgress();
+    const int stopped_pid = child_->pid();
+    if (::kill(stopped_pid, SIGSTOP) != 0) return fail(name_ + ": SIGSTOP failed");
+    int ws = 0;
+    if (::waitpid(stopped_pid, &ws, WUNTRACED) != stopped_pid || !WIFSTOPPED(ws))
+      return fail(name_ + ": the target did not stop");
+    for (int k = 0; k < 2; ++k) {  // while it is stopped: they cannot succeed
+      auto more = plan(rrng_, opt.depth);
+      Xfer& d = more.back();
+      d.notify = false;
+      d.must_fail = true;
+      submit(d);
+      xs.push_back(std::move(d));
+    }
+    std::vector<const Xfer*> landed;
+    for (auto& x : xs) {
+      if (!settle(x, wseed, "stopped")) return;
+      if (x.st.Code() == StatusCode::ERR_OUTCOME_UNKNOWN) ++C.stop_unknown;
+      if (x.op == Op::WRITE && x.st.Code() == StatusCode::SUCCESS) landed.push_back(&x);
+    }
+    ::kill(stopped_pid, SIGCONT);
+    ::waitpid(stopped_pid, &ws, WCONTINUED);
+    // The fence is answered once the target runs again: probe with a 1-byte READ
+    // (it fails at once while the peer is fenced) until it works.
+    const auto until = Clock::now() + 15s;
+    for (;;) {
+      TransferStatus p = engine_.read(local_mem_, 0, remote_, 0, 1, 0, false);
+      p.Wait();
+      if (p.Code() == StatusCode::SUCCESS) break;
+      if (Clock::now() > until)
+        return fail(name_ + ": still failing 15 s after SIGCONT: " + p.Message());
+      std::this_thread::sleep_for(10ms);  // between probes; the probe's answer decides
+    }
+    verify_writes(landed);
+    C.stop_writes_verified += landed.size();
+  }
+
   // One transfer of a restart window: it may fail (never without a message,
   // never later than restart_bound()); if it succeeds, a READ is verified.
   bool settle(Xfer& x, uint64_t wseed, const char* what) {
@@ -758,7 +818,7 @@ class Target {
   std::unique_ptr<Session> session_;
   std::mt19937_64 rng_, rrng_;  // normal windows; restart windows
   double next_restart_ = 0;     // seconds since start; 0 = never
-  uint64_t wcount_ = 0, windows_ = 0, restarts_ = 0, normal_windows_ = 0;
+  uint64_t wcount_ = 0, windows_ = 0, restarts_ = 0, normal_windows_ = 0, faults_ = 0;
 };
 
 // ---- sampling ------------------------------------------------------------------------
@@ -826,6 +886,20 @@ int main(int argc, char** argv) {
 
   EngineConfig cfg;
   cfg.timeout = std::chrono::milliseconds(opt.timeout_ms);
+  // The built-in policy with a short quarantine: a stop longer than the deadline
+  // fails several transfers at once, and 3 failures quarantine tcp for that peer
+  // (30 s by default, longer than a soak's pause between faults). The threshold
+  // stays 3, so the stale-session check below still means what it says.
+  const std::string policy_path =
+      "/tmp/ferry-soak-policy-" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(policy_path) << "failover:\n  quarantine: { after_failures: 3, within: 10s, "
+                                "for: 1s, max: 2s }\n";
+  cfg.policy_file = policy_path;
+  setenv("FERRY_POLICY", policy_path.c_str(), 0);  // the targets read it too
+  struct RemovePolicy {
+    std::string path;
+    ~RemovePolicy() { std::remove(path.c_str()); }
+  } remove_policy{policy_path};
   std::unique_ptr<Engine> engine;
   try {
     engine = std::make_unique<Engine>(kInitKey, cfg);
@@ -1041,6 +1115,10 @@ int main(int argc, char** argv) {
       ")\n  restart-window transfers that succeeded: READ verified %llu, WRITE "
       "unverifiable (target gone) %llu\n",
       u(C.restart_ok_verified), u(C.restart_ok_unverified));
+  std::printf(
+      "  stops longer than the deadline %llu: outcome unknown %llu, WRITEs that succeeded and "
+      "were verified after SIGCONT %llu\n",
+      u(C.stops), u(C.stop_unknown), u(C.stop_writes_verified));
   for (const auto& m : restart_messages) std::printf("    e.g. \"%s\"\n", m.c_str());
   std::printf("  op stream digest (first %llu windows per target, same seed -> same digest):",
               static_cast<unsigned long long>(Target::kDigestWindows));
