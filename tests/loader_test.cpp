@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "ferry/ferry.hpp"
+#include "ferry/plugin.h"
 #include "plugin_loader.h"
 
 using namespace ferry;
@@ -73,10 +74,32 @@ TEST(Loader, DiscoveryListsEveryPluginWithItsReason) {
   auto infos = discover_plugins({kDir});
   int failed = 0;
   for (const auto& p : infos) {
-    if (p.path.rfind(kDir, 0) != 0 || p.name == "fault") continue;
+    if (p.path.rfind(kDir, 0) != 0 || p.name == "fault" || p.name == "abi11") continue;
     EXPECT_FALSE(p.loaded) << p.name;
     EXPECT_FALSE(p.error.empty()) << p.name;
     ++failed;
   }
-  EXPECT_EQ(failed, 6);  // the six broken ones; fault loads
+  EXPECT_EQ(failed, 6);  // the six broken ones; fault and abi11 load
+}
+
+// A plugin built against the previous minor (a frozen ABI 1.1 plugin.h: its ops
+// table ends before fence(), its caps know no FENCE) still loads and serves:
+// the core reads nothing past its struct_size and treats it as unable to fence.
+TEST(Loader, PluginBuiltForAbi11StillLoads) {
+  bool seen = false;
+  for (const auto& p : discover_plugins({kDir})) {
+    if (p.name != "abi11") continue;
+    seen = true;
+    EXPECT_TRUE(p.loaded) << p.error;
+    EXPECT_EQ(p.abi_major, 1u);
+    EXPECT_EQ(p.abi_minor, 1u);
+    EXPECT_EQ(p.caps & FERRY_CAP_FENCE, 0u);
+  }
+  EXPECT_TRUE(seen) << "abi11 not built into " << kDir;
+  setenv("FERRY_PLUGIN_PATH", kDir.c_str(), 1);
+  Engine e("loader-abi11");
+  Result r = e.add_backend("abi11");
+  EXPECT_TRUE(r) << r.message;
+  EXPECT_EQ(e.backends(), std::vector<std::string>{"abi11"});
+  unsetenv("FERRY_PLUGIN_PATH");
 }

@@ -2,6 +2,8 @@
 // matching, and the shipped config/*.yaml examples. Needs only policy.cpp and
 // policy_yaml.cpp.
 #include "policy.h"
+#include "ferry/plugin.h"
+#include "router.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -694,6 +696,41 @@ TEST(PolicyMatch, BuiltinMatchesEverything) {
   EXPECT_EQ(p.match(query("any", UINT64_MAX, Op::READ, MemoryLocation::GPU)), 0);
   EXPECT_EQ(p.rules[0].prefer, (Names{"xgmi", "rdma", "ofi", "tcp", "*"}));
   EXPECT_EQ(builtin_backend_order(), (Names{"xgmi", "rdma", "ofi", "tcp"}));
+}
+
+// A backend that cannot check on the target side (cma) is routed to only by a
+// rule that names it and sets trust_descriptors: true; never through "*", never
+// by the built-in policy; the reason is what `ferry policy explain` prints.
+TEST(PolicyRoute, NoTargetCheckBackendsNeedAnOptIn) {
+  const uint64_t cma_caps = FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
+                            FERRY_CAP_SAME_HOST_ONLY | FERRY_CAP_NO_TARGET_CHECK;
+  RouteInputs in;
+  in.query = query("peer", 4096, Op::WRITE, MemoryLocation::CPU, MemoryLocation::CPU, true);
+  in.loaded = {{"cma", cma_caps}};
+  auto decide = [&](const Policy& p) { return route(p, in); };
+  RouteDecision d = decide(builtin_policy());
+  ASSERT_EQ(d.candidates.size(), 5u);  // xgmi, rdma, ofi, tcp, then "*" -> cma
+  EXPECT_FALSE(d.candidates.back().kept);
+  EXPECT_NE(d.candidates.back().why.find("trust_descriptors"), std::string::npos)
+      << d.candidates.back().why;
+  const std::string head = "backends:\n  cma: {}\nrules:\n";
+  d = decide(parse_policy(head + "  - prefer: [cma]\n", "t.yaml"));
+  EXPECT_TRUE(d.kept().empty()) << "named without the opt-in";
+  d = decide(parse_policy(head + "  - prefer: [cma]\n    trust_descriptors: true\n", "t.yaml"));
+  EXPECT_EQ(d.kept(), (Names{"cma"}));
+  d = decide(parse_policy(head + "  - prefer: [tcp, \"*\"]\n    trust_descriptors: true\n",
+                          "t.yaml"));
+  EXPECT_TRUE(d.kept().empty()) << "the opt-in covers only the backends a rule names";
+  // Without the flag the same plugin is used as before.
+  in.loaded = {{"cma", cma_caps & ~FERRY_CAP_NO_TARGET_CHECK}};
+  EXPECT_EQ(decide(builtin_policy()).kept(), (Names{"cma"}));
+  // The key takes true or false, nothing else, and says where.
+  try {
+    parse_policy(head + "  - prefer: [cma]\n    trust_descriptors: yes please\n", "t.yaml");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t.yaml:5:"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -41,7 +41,12 @@ static void p_on_ctrl(void *ctx, const char *peer, const void *msg, size_t len) 
 #define OPS_BODY(NAME, SIZE, POST)                                                         \
   {SIZE, FERRY_PLUGIN_ABI_MINOR, NAME, "0.0-test", FERRY_CAP_MEM_CPU | FERRY_CAP_OP_WRITE, \
    p_init, p_fini, p_conn_info, p_peer_add, p_peer_remove, p_mem_register,                 \
-   p_mem_deregister, p_mem_import, p_mem_release, POST, p_on_ctrl, NULL, NULL}
+   p_mem_deregister, p_mem_import, p_mem_release, POST, p_on_ctrl, NULL OPS_TAIL}
+#if FERRY_PLUGIN_ABI_MINOR >= 2
+#define OPS_TAIL , NULL /* fence */
+#else
+#define OPS_TAIL
+#endif
 
 #if defined(BROKEN_NEWER_ABI)
 /* Built for a future ABI major only. */
@@ -57,6 +62,11 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
 #elif defined(BROKEN_NO_POST)
 FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
     OPS_BODY("nopost", sizeof(ferry_plugin_ops_v1), NULL);
+#elif defined(BROKEN_ABI_1_1)
+/* Not broken: built against the frozen ABI 1.1 header (tests/plugins/abi-1.1),
+ * whose ops table ends before fence(). It must load and work with this core. */
+FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
+    OPS_BODY("abi11", sizeof(ferry_plugin_ops_v1), p_post);
 #elif defined(BROKEN_INIT_FAILS)
 FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
     OPS_BODY("initfail", sizeof(ferry_plugin_ops_v1), p_post);

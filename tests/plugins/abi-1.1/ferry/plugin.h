@@ -1,0 +1,325 @@
+/* FROZEN COPY of core/include/ferry/plugin.h at ABI 1.1 (commit a8e9f04), for the
+ * test that a plugin built against the previous minor still loads. Never edit. */
+/*
+ * ferry/plugin.h - the stable C ABI between the ferry core and a backend plugin.
+ *
+ * This header is all a backend author needs. It is C99 and carries no C++ types.
+ *
+ * Versioning (read this before changing anything here):
+ *  - A plugin exports one data symbol per ABI major it serves. For major 1 that is
+ *      const ferry_plugin_ops_v1 ferry_plugin_v1;
+ *    A .so may export several majors; the core uses the newest it understands.
+ *  - Every struct starts with uint32_t struct_size. Fields are only ever appended;
+ *    a reader uses a field only when struct_size covers it (FERRY_HAS_FIELD), and
+ *    calls an optional function only when it is covered and non-NULL.
+ *  - The plugin states the ABI minor it was built against in abi_minor. A minor
+ *    bump only appends fields; the core never requires a field newer than the
+ *    plugin's minor.
+ *  - Nothing throws across this boundary. Errors are negative FERRY_ERR_* codes
+ *    with fixed meanings. FERRY_OK is 0.
+ *
+ * Ownership is written next to every pointer: "borrowed" means valid only for the
+ * duration of the call; "core-owned" / "plugin-owned" says who frees.
+ *
+ * Threads: the core may call any function from any thread, concurrently, except
+ * init/fini (never concurrent with anything). A plugin calls the host services
+ * from any thread, including its own progress threads, and may do so before the
+ * function that triggered them returns. The core never holds a lock of its own
+ * while calling into a plugin that could call back into the core, and never
+ * calls fini(), peer_remove() or mem_deregister() from inside a host callback
+ * (complete, inbound), so a plugin may join its own threads there.
+ */
+#ifndef FERRY_PLUGIN_H
+#define FERRY_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_PLUGIN_ABI_MAJOR 1
+#define FERRY_PLUGIN_ABI_MINOR 1
+
+/* Name of the entry symbol for ABI major 1 (for dlsym). */
+#define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
+
+/* True when a struct of the given struct_size contains `field` entirely. */
+#define FERRY_HAS_FIELD(type, ptr, field)                                   \
+  ((ptr) != NULL && (size_t)(ptr)->struct_size >= offsetof(type, field) + \
+                                                       sizeof(((type *)0)->field))
+
+/* ---- result codes: fixed meanings, never renumbered ---------------------- */
+#define FERRY_OK 0
+#define FERRY_ERR_INVALID_ARGS (-1) /* bad argument from the caller            */
+#define FERRY_ERR_NOT_FOUND (-2)    /* unknown peer, memory or handle          */
+#define FERRY_ERR_BAD_STATE (-3)    /* not initialised, shutting down, ...     */
+#define FERRY_ERR_NO_MEMORY (-4)    /* allocation failed                       */
+#define FERRY_ERR_UNSUPPORTED (-5)  /* this plugin cannot do that (e.g. GPU)   */
+#define FERRY_ERR_TRANSPORT (-6)    /* connection refused/reset, link failure  */
+#define FERRY_ERR_TIMEOUT (-7)      /* the transfer's deadline passed          */
+#define FERRY_ERR_REMOTE (-8)       /* the target refused the request          */
+#define FERRY_ERR_GPU (-9)          /* a GPU runtime call failed               */
+#define FERRY_ERR_NO_DEVICE (-10)   /* the hardware this plugin needs is absent */
+#define FERRY_ERR_PROTOCOL (-11)    /* malformed or unexpected frame from peer */
+#define FERRY_ERR_INTERNAL (-12)    /* a bug; the message says where           */
+
+/* ---- capability flags (ferry_plugin_ops_v1.caps) ------------------------- */
+#define FERRY_CAP_MEM_CPU (1ull << 0)         /* moves host memory               */
+#define FERRY_CAP_MEM_GPU (1ull << 1)         /* moves GPU memory                */
+#define FERRY_CAP_OP_READ (1ull << 2)         /* one-sided READ                  */
+#define FERRY_CAP_OP_WRITE (1ull << 3)        /* one-sided WRITE                 */
+#define FERRY_CAP_NATIVE_NOTIFY (1ull << 4)   /* tells the target itself (inbound) */
+#define FERRY_CAP_SAME_HOST_ONLY (1ull << 5)  /* peers with the same node id only */
+#define FERRY_CAP_TARGET_PROGRESS (1ull << 6) /* target needs a progress thread  */
+
+/* ---- enums ---------------------------------------------------------------- */
+#define FERRY_OP_READ 1u  /* remote -> local */
+#define FERRY_OP_WRITE 2u /* local -> remote */
+
+#define FERRY_MEM_CPU 1u
+#define FERRY_MEM_GPU 2u
+
+#define FERRY_LOG_ERROR 0
+#define FERRY_LOG_WARN 1
+#define FERRY_LOG_INFO 2
+#define FERRY_LOG_DEBUG 3
+
+/* Transfer flags (ferry_xfer_v1.flags) */
+#define FERRY_XFER_NOTIFY (1u << 0) /* the target must learn of this transfer */
+
+/* Largest opaque blob (connection info, memory info) a plugin may produce. */
+#define FERRY_MAX_BLOB 4096u
+
+/* ---- the GPU runtime shim (ABI 1.1) ---------------------------------------
+ * The core dlopens the GPU runtime (libcudart or libamdhip64) at run time and
+ * offers the few calls backends need through this table, so a plugin needs no
+ * GPU SDK and one plugin serves both vendors. Every function returns FERRY_OK
+ * or FERRY_ERR_GPU (last_error() then says why). Streams and events are opaque.
+ * Device pointers and host pointers share one address space (unified
+ * addressing), so memcpy_* take no direction. */
+#define FERRY_GPU_NONE 0u
+#define FERRY_GPU_CUDA 1u
+#define FERRY_GPU_HIP 2u
+
+typedef struct ferry_gpu_v1 {
+  uint32_t struct_size;
+  uint32_t vendor; /* FERRY_GPU_CUDA or FERRY_GPU_HIP */
+  void *gpu_ctx;   /* core-owned; first argument of every call below */
+  int device_count;
+  int reserved;
+
+  /* *device = the device that owns ptr, or -1 for host memory. */
+  int (*pointer_device)(void *gpu_ctx, const void *ptr, int32_t *device);
+  /* The allocation that contains ptr: its base and size (for IPC export). */
+  int (*mem_range)(void *gpu_ctx, const void *ptr, void **base, size_t *size);
+  int (*set_device)(void *gpu_ctx, int32_t device);
+  int (*stream_create)(void *gpu_ctx, void **stream);
+  int (*stream_destroy)(void *gpu_ctx, void *stream);
+  int (*stream_sync)(void *gpu_ctx, void *stream);
+  int (*memcpy_async)(void *gpu_ctx, void *dst, const void *src, size_t n, void *stream);
+  int (*event_create)(void *gpu_ctx, void **event);
+  int (*event_destroy)(void *gpu_ctx, void *event);
+  int (*event_record)(void *gpu_ctx, void *event, void *stream);
+  /* FERRY_OK when the work before the event is done, 1 when not yet. */
+  int (*event_query)(void *gpu_ctx, void *event);
+  int (*event_sync)(void *gpu_ctx, void *event);
+  /* IPC: export the allocation at base_ptr (64-byte handle), open it in another
+   * process on `device`, close what was opened. */
+  int (*ipc_get_handle)(void *gpu_ctx, const void *base_ptr, uint8_t handle[64]);
+  int (*ipc_open)(void *gpu_ctx, const uint8_t handle[64], int32_t device, void **ptr);
+  int (*ipc_close)(void *gpu_ctx, void *ptr);
+  int (*enable_peer_access)(void *gpu_ctx, int32_t device, int32_t peer_device);
+  /* Pinned host memory for staging. */
+  int (*host_alloc)(void *gpu_ctx, void **ptr, size_t n);
+  int (*host_free)(void *gpu_ctx, void *ptr);
+  /* Why the last call on this thread failed; static string. */
+  const char *(*last_error)(void *gpu_ctx);
+  /* Many copies in one call (one launch where the runtime can: CUDA >= 12.8);
+   * FERRY_ERR_UNSUPPORTED when the runtime has no batched copy. */
+  int (*memcpy_batch_async)(void *gpu_ctx, void *const *dsts, const void *const *srcs,
+                            const size_t *sizes, size_t count, void *stream);
+  /* "0000:1b:00.0" style PCI bus id of a device. */
+  int (*device_bus_id)(void *gpu_ctx, int32_t device, char *buf, size_t len);
+} ferry_gpu_v1;
+
+/* ---- services the core offers to a plugin --------------------------------- */
+typedef struct ferry_host_v1 {
+  uint32_t struct_size;
+  uint32_t reserved;
+  void *host_ctx; /* core-owned; pass back as the first argument below */
+
+  /* Log a line; msg borrowed. */
+  void (*log)(void *host_ctx, int level, const char *msg);
+
+  /* Monotonic clock in nanoseconds; the same clock as ferry_xfer_v1.deadline_ns. */
+  uint64_t (*now_ns)(void *host_ctx);
+
+  /* Send an opaque message to the plugin of the same name in the peer engine's
+   * process, over the core's control connection. msg borrowed. Delivered in order
+   * per (peer, plugin), at most once; the peer receives it in on_ctrl. Returns
+   * FERRY_OK when queued, FERRY_ERR_NOT_FOUND for an unknown peer,
+   * FERRY_ERR_TRANSPORT when the peer cannot be reached. */
+  int (*ctrl_send)(void *host_ctx, const char *peer_key, const void *msg, size_t len);
+
+  /* Report the end of a transfer accepted by post(): exactly once per accepted
+   * transfer, from any thread. status is FERRY_OK or a FERRY_ERR_* code; message
+   * borrowed, may be NULL, says what went wrong in words a user can act on. */
+  void (*complete)(void *host_ctx, void *xfer_ctx, int status, const char *message);
+
+  /* Target side, plugins with FERRY_CAP_NATIVE_NOTIFY: a transfer flagged
+   * FERRY_XFER_NOTIFY from `peer_key` (borrowed) with `uid` has landed (or failed,
+   * status < 0). The core records only landings (a failed attempt may be retried
+   * on another backend, whose landing still counts) and de-duplicates them, so a
+   * repeat is harmless. */
+  void (*inbound)(void *host_ctx, const char *peer_key, uint64_t uid, int status);
+
+  /* ---- ABI 1.1 ---- */
+
+  /* The GPU runtime shim; NULL when no GPU runtime could be loaded. */
+  const ferry_gpu_v1 *gpu;
+
+  /* Prove knowledge of the engine's shared secret without seeing it: writes
+   * HMAC-SHA256(secret, challenge) into mac. FERRY_ERR_UNSUPPORTED when no
+   * secret is configured (then connections are not authenticated). A plugin
+   * that opens its own connections uses it for a challenge/response handshake
+   * and compares with auth_verify. */
+  int (*auth_sign)(void *host_ctx, const void *challenge, size_t len, uint8_t mac[32]);
+  /* FERRY_OK when mac is HMAC-SHA256(secret, challenge) (constant-time compare),
+   * FERRY_ERR_REMOTE when it is not, FERRY_ERR_UNSUPPORTED without a secret. */
+  int (*auth_verify)(void *host_ctx, const void *challenge, size_t len, const uint8_t mac[32]);
+} ferry_host_v1;
+
+/* ---- what the core tells a plugin ---------------------------------------- */
+
+/* A remote engine the application registered. All pointers borrowed. */
+typedef struct ferry_peer_v1 {
+  uint32_t struct_size;
+  uint32_t reserved;
+  const char *key;     /* engine key, unique among the application's engines */
+  const char *host;    /* host the peer's engine listens on                  */
+  const char *node_id; /* same string = same host                            */
+  uint16_t ctrl_port;  /* the peer engine's control port                     */
+  uint16_t reserved2;
+  uint32_t same_host;     /* 1 when node_id equals ours                        */
+  const void *conn_blob;  /* what the peer's plugin returned from conn_info()  */
+  size_t conn_blob_len;   /* 0 when the peer did not load this plugin          */
+} ferry_peer_v1;
+
+/* A local memory region being registered. Pointers borrowed. */
+typedef struct ferry_mem_v1 {
+  uint32_t struct_size;
+  uint32_t location; /* FERRY_MEM_CPU or FERRY_MEM_GPU */
+  uint64_t id;       /* the core's id for this region; unique in this engine */
+  void *addr;
+  uint64_t size;
+  int32_t device; /* GPU ordinal, -1 for CPU */
+  uint32_t reserved;
+} ferry_mem_v1;
+
+/* One piece of a transfer: `len` bytes at local_off in the local region and at
+ * remote_off in the remote region. The core has checked both ranges against the
+ * region sizes it knows, and never passes len == 0. */
+typedef struct ferry_iov_v1 {
+  uint64_t local_off;
+  uint64_t remote_off;
+  uint64_t len;
+} ferry_iov_v1;
+
+/* One transfer (single or batch). All pointers borrowed for the duration of
+ * post(); a plugin that needs them later copies them. */
+typedef struct ferry_xfer_v1 {
+  uint32_t struct_size;
+  uint32_t op;    /* FERRY_OP_READ or FERRY_OP_WRITE */
+  uint32_t flags; /* FERRY_XFER_* */
+  uint32_t n_iov;
+  void *peer;             /* plugin-owned handle from peer_add()      */
+  void *local_mem;        /* plugin-owned handle from mem_register()  */
+  void *remote_mem;       /* plugin-owned handle from mem_import()    */
+  const ferry_iov_v1 *iov; /* n_iov entries, n_iov >= 1                */
+  uint64_t uid;           /* the application's transfer uid (notification key) */
+  uint64_t deadline_ns;   /* now_ns() value by which the transfer must end; the core
+                           * always sets one (0 would mean "none") */
+  void *xfer_ctx;         /* core-owned; hand back to host->complete()  */
+  uint64_t total_bytes;   /* sum of iov[i].len                          */
+} ferry_xfer_v1;
+
+/* ---- the plugin's operations (exported as `ferry_plugin_v1`) ------------- */
+typedef struct ferry_plugin_ops_v1 {
+  uint32_t struct_size; /* sizeof(ferry_plugin_ops_v1) as the plugin was built */
+  uint32_t abi_minor;   /* FERRY_PLUGIN_ABI_MINOR the plugin was built against */
+  const char *name;     /* "tcp": must match libferry-<name>.so; static string */
+  const char *version;  /* plugin's own version; static string                 */
+  uint64_t caps;        /* FERRY_CAP_* this plugin can ever offer              */
+
+  /* Create a plugin instance for one engine. `host` stays valid until fini().
+   * `settings_json` (borrowed, never NULL, "{}" when empty) is the policy's
+   * settings for this backend. `engine_key`/`node_id` borrowed. On success *ctx
+   * is plugin-owned until fini(). On failure write a reason into err (errlen
+   * bytes, NUL-terminated) and return < 0. */
+  int (*init)(const ferry_host_v1 *host, const char *engine_key, const char *node_id,
+              const char *settings_json, void **ctx, char *err, size_t errlen);
+
+  /* Destroy the instance: every accepted transfer has been completed (the
+   * plugin fails what is still pending with FERRY_ERR_BAD_STATE first). */
+  void (*fini)(void *ctx);
+
+  /* Connection info that travels in the engine descriptor to peers. The core
+   * provides buf with *len bytes of room (FERRY_MAX_BLOB); set *len. */
+  int (*conn_info)(void *ctx, void *buf, size_t *len);
+
+  /* A remote engine was registered. *peer_handle is plugin-owned until
+   * peer_remove(). Returning < 0 means this backend cannot reach the peer. */
+  int (*peer_add)(void *ctx, const ferry_peer_v1 *peer, void **peer_handle);
+
+  /* The peer was deregistered. Transfers to it are failed and completed before
+   * this returns. The core releases the peer's imported memory (mem_release)
+   * after this call. */
+  void (*peer_remove)(void *ctx, void *peer_handle);
+
+  /* Register local memory. *mem_handle plugin-owned until mem_deregister().
+   * blob/len as in conn_info: per-memory info for the memory descriptor.
+   * FERRY_ERR_UNSUPPORTED when this plugin cannot move that kind of memory. */
+  int (*mem_register)(void *ctx, const ferry_mem_v1 *mem, void **mem_handle, void *blob,
+                      size_t *blob_len);
+
+  /* Revoke access to local memory at once: after this returns, no peer request
+   * reads or writes it, also requests that were already queued. The core calls
+   * this only when no transfer it posted with this region as local memory is
+   * still in flight. */
+  void (*mem_deregister)(void *ctx, void *mem_handle);
+
+  /* Import a remote memory descriptor's blob (borrowed) for use in transfers to
+   * `peer_handle`. remote_id/size are the core's view of that region.
+   * *remote_handle is plugin-owned until mem_release(). */
+  int (*mem_import)(void *ctx, void *peer_handle, uint64_t remote_id, uint64_t remote_size,
+                    const void *blob, size_t blob_len, void **remote_handle);
+  void (*mem_release)(void *ctx, void *remote_handle);
+
+  /* Start a transfer. All or nothing: FERRY_OK means accepted, and
+   * host->complete() will be called exactly once for it (possibly before post
+   * returns); < 0 means nothing was started and complete() is never called. */
+  int (*post)(void *ctx, const ferry_xfer_v1 *xfer);
+
+  /* A message a peer's instance of this plugin sent with ctrl_send. msg borrowed. */
+  void (*on_ctrl)(void *ctx, const char *peer_key, const void *msg, size_t len);
+
+  /* Optional (may be NULL): a human-readable line for `ferry info` (devices,
+   * providers, settings in force). Write into buf (len bytes, NUL-terminated). */
+  int (*describe)(void *ctx, char *buf, size_t len);
+} ferry_plugin_ops_v1;
+
+/* A plugin defines this (with visibility default) in exactly one file:
+ *   FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = { ... }; */
+#if defined(__GNUC__)
+#define FERRY_PLUGIN_EXPORT __attribute__((visibility("default")))
+#else
+#define FERRY_PLUGIN_EXPORT
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_PLUGIN_H */
