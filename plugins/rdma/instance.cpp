@@ -327,6 +327,32 @@ int Instance::Post(const ferry_xfer_v1* x) {
   return FERRY_OK;
 }
 
+int Instance::Fence(const char* peer_key, size_t n, ferry_fence_result_v1* out) {
+  if (peer_key == nullptr || (n > 0 && out == nullptr)) return FERRY_ERR_INVALID_ARGS;
+  std::vector<std::shared_ptr<Passive>> passives;
+  {
+    std::lock_guard lk(mu_);
+    for (auto it = passives_.begin(); it != passives_.end();) {
+      if (std::get<0>(it->first) == peer_key) {
+        passives.push_back(it->second);
+        it = passives_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Retire() moves each QP to ERR before it returns. The target side cannot
+  // count what one-sided WRITEs put in memory, so what had landed is "part"
+  // (maybe all) where a QP served the peer, "none" where none did.
+  for (auto& p : passives) RetirePassive(p);
+  const uint32_t state = passives.empty() ? FERRY_FENCE_NONE : FERRY_FENCE_PARTIAL;
+  for (size_t i = 0; i < n; ++i) out[i] = {0, state, 0};
+  if (!passives.empty())
+    Log(host_, FERRY_LOG_INFO, "fenced '%s': %zu connection(s) to it retired (QPs in ERR)",
+        peer_key, passives.size());
+  return FERRY_OK;
+}
+
 void Instance::RetirePassive(const std::shared_ptr<Passive>& p) {
   p->Retire();
   {

@@ -65,6 +65,10 @@ class Instance {
   int Post(const ferry_xfer_v1* x);
   void OnCtrl(const char* peer_key, const void* msg, size_t len);
   int Describe(char* buf, size_t len);
+  // plugin.h fence(): this engine's QPs that serve `peer_key` go to ERR (a
+  // responder in ERR applies no more RDMA WRITEs) and are retired; the
+  // initiator's next transfer makes new ones with a new handshake.
+  int Fence(const char* peer_key, size_t n, ferry_fence_result_v1* out);
 
   // ---- for Conn / Passive ----
   const ferry_host_v1* host() const { return host_; }

@@ -139,6 +139,11 @@ int Describe(void* ctx, char* buf, size_t len) {
   return Guard(ctx, "describe", [&] { return Self(ctx)->Describe(buf, len); });
 }
 
+int Fence(void* ctx, const char* peer_key, const uint64_t*, size_t n, uint64_t,
+          ferry_fence_result_v1* out) {
+  return Guard(ctx, "fence", [&] { return Self(ctx)->Fence(peer_key, n, out); });
+}
+
 }  // namespace
 }  // namespace ferry_rdma
 
@@ -147,8 +152,9 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     FERRY_PLUGIN_ABI_MINOR,
     "rdma",
     "0.1.0",
+    // FENCE: the target retires the QPs serving the fenced initiator (Fence()).
     FERRY_CAP_MEM_CPU | FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
-        FERRY_CAP_NATIVE_NOTIFY,
+        FERRY_CAP_NATIVE_NOTIFY | FERRY_CAP_FENCE,
     ferry_rdma::Init,
     ferry_rdma::Fini,
     ferry_rdma::ConnInfo,
@@ -161,5 +167,5 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     ferry_rdma::Post,
     ferry_rdma::OnCtrl,
     ferry_rdma::Describe,
-    nullptr,  // fence: not yet (docs/backends/rdma.md, "Fencing")
+    ferry_rdma::Fence,
 };

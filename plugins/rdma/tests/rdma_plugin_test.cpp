@@ -579,6 +579,42 @@ TEST_F(TwoInstances, QpErrorFailsTransferAndNextTransferRebuilds) {
   ops.mem_deregister(b_->ctx(), fresh->handle);
 }
 
+// fence() on the target: the QPs serving the initiator go to ERR, so nothing the
+// initiator still sends on them lands (its next WRITE on the old connection
+// fails and the target's memory is unchanged); the transfer after that makes a
+// new connection and lands.
+TEST_F(TwoInstances, FenceRetiresTheTargetsQpsAndTheNextConnectionWorks) {
+  EXPECT_NE(ops.caps & FERRY_CAP_FENCE, 0u);
+  ASSERT_NE(ops.fence, nullptr);
+  Fill(la_->data, 6);
+  Completion ok1;
+  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 1, &ok1), FERRY_OK);
+  ASSERT_TRUE(ok1.Wait());
+  ASSERT_EQ(ok1.status, FERRY_OK) << ok1.msg;
+  const uint64_t ids[2] = {77, 78};
+  ferry_fence_result_v1 res[2] = {};
+  ASSERT_EQ(ops.fence(b_->ctx(), "a", ids, 2, NowNs() + 5000000000ull, res), FERRY_OK);
+  EXPECT_EQ(res[0].state, FERRY_FENCE_PARTIAL);  // a connection served "a": maybe landed
+  EXPECT_EQ(res[1].state, FERRY_FENCE_PARTIAL);
+  ferry_fence_result_v1 none{};
+  ASSERT_EQ(ops.fence(b_->ctx(), "nobody", ids, 1, NowNs() + 5000000000ull, &none), FERRY_OK);
+  EXPECT_EQ(none.state, FERRY_FENCE_NONE);
+
+  const std::vector<uint8_t> before(rb_->data.begin(), rb_->data.begin() + 4096);
+  Fill(la_->data, 7);
+  Completion late;
+  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 2, &late, false),
+            FERRY_OK);
+  ASSERT_TRUE(late.Wait());
+  EXPECT_NE(late.status, FERRY_OK) << "a WRITE on a fenced connection was applied";
+  EXPECT_EQ(std::memcmp(before.data(), rb_->data.data(), 4096), 0);
+  Completion ok2;
+  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 3, &ok2), FERRY_OK);
+  ASSERT_TRUE(ok2.Wait());
+  ASSERT_EQ(ok2.status, FERRY_OK) << ok2.msg;
+  EXPECT_EQ(std::memcmp(la_->data.data(), rb_->data.data(), 4096), 0);
+}
+
 TEST_F(TwoInstances, LostHandshakeEndsAtTheDeadline) {
   {
     std::lock_guard lk(net_.mu);
