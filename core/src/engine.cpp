@@ -1,4 +1,8 @@
-// Engine: backends (plugins), remote engines, memory registration, host services.
+// The engine: its construction and teardown, backends (plugins), stats, and the
+// public Engine facade - argument checks and forwarding, nothing else. The
+// parts: registry.cpp (peers and memory), transfer.cpp (a transfer's life),
+// host_services.cpp (what plugins may call), fence_serve.cpp (fences asked of
+// this engine), session.cpp.
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,189 +19,17 @@ namespace ferry {
 
 namespace {
 
-constexpr size_t kMaxKey = 255;
-
-// ---- host services handed to every plugin instance --------------------------
-// Each is noexcept with a catch-all: an exception must never unwind into a
-// plugin's C frames (an allocation failure here is logged and the call dropped).
-void host_failed(const char* what) noexcept {
-  try {
-    log_line(LogLevel::ERROR, "core", std::string("host callback ") + what + " failed");
-  } catch (...) {
-  }
-}
-
-void host_log(void* hctx, int level, const char* msg) noexcept {
-  try {
-    auto* b = static_cast<Backend*>(hctx);
-    LogLevel l = level <= FERRY_LOG_ERROR  ? LogLevel::ERROR
-                 : level == FERRY_LOG_WARN ? LogLevel::WARN
-                 : level == FERRY_LOG_INFO ? LogLevel::INFO
-                                           : LogLevel::DEBUG;
-    if (log_enabled(l)) log_line(l, b->name, msg ? msg : "");
-  } catch (...) {
-  }
-}
-
-uint64_t host_now_ns(void*) noexcept {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
-int host_ctrl_send(void* hctx, const char* peer, const void* msg, size_t len) noexcept {
-  try {
-    auto* b = static_cast<Backend*>(hctx);
-    if (!peer || (!msg && len)) return FERRY_ERR_INVALID_ARGS;
-    return b->engine->ctrl_send(*b, peer, msg, len);
-  } catch (...) {
-    host_failed("ctrl_send");
-    return FERRY_ERR_NO_MEMORY;
-  }
-}
-
-void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
-  auto* b = static_cast<Backend*>(hctx);
-  auto* ref = static_cast<std::shared_ptr<Attempt>*>(xfer_ctx);
-  std::shared_ptr<Attempt> a = std::move(*ref);
-  delete ref;
-  try {
-    if (a->settled.exchange(true)) {  // the watchdog already ended this attempt
-      b->engine->late_completion(a);
-      return;
-    }
-    b->engine->attempt_done(a, status, message ? message : "");
-  } catch (...) {
-    host_failed("complete");
-    // Still end the transfer: its application must not wait forever.
-    a->transfer->status.Finish(StatusCode::ERR_BAD_STATE, "internal error completing the transfer");
-  }
-}
-
-void host_inbound(void* hctx, const char* peer, uint64_t uid, int status) noexcept {
-  try {
-    auto* b = static_cast<Backend*>(hctx);
-    if (peer) b->engine->inbound(peer, uid, status);
-  } catch (...) {
-    host_failed("inbound");
-  }
-}
-
-int host_auth_sign(void* hctx, const void* challenge, size_t len, uint8_t mac[32]) noexcept {
-  try {
-    auto* b = static_cast<Backend*>(hctx);
-    if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
-    return b->engine->auth_sign(challenge, len, mac);
-  } catch (...) {
-    host_failed("auth_sign");
-    return FERRY_ERR_INTERNAL;
-  }
-}
-
-int host_auth_verify(void* hctx, const void* challenge, size_t len, const uint8_t mac[32]) noexcept {
-  try {
-    auto* b = static_cast<Backend*>(hctx);
-    if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
-    return b->engine->auth_verify(challenge, len, mac);
-  } catch (...) {
-    host_failed("auth_verify");
-    return FERRY_ERR_INTERNAL;
-  }
-}
-
 std::string token_from(const EngineConfig& c) {
   if (!c.auth_token.empty()) return c.auth_token;
   const char* env = std::getenv("FERRY_AUTH_TOKEN");
   return env ? env : "";
 }
 
-// What a plugin is told about a peer and about a local region (pointers borrowed
-// from the descriptor, valid while it lives).
-ferry_peer_v1 peer_view(const EngineDesc& d, bool same_host, const std::vector<uint8_t>& blob) {
-  ferry_peer_v1 pv{};
-  pv.struct_size = sizeof pv;
-  pv.key = d.key.c_str();
-  pv.host = d.host.c_str();
-  pv.node_id = d.node_id.c_str();
-  pv.ctrl_port = d.port;
-  pv.same_host = same_host;
-  pv.conn_blob = blob.data();
-  pv.conn_blob_len = blob.size();
-  return pv;
-}
-
-ferry_mem_v1 mem_view(const LocalMem& m) {
-  ferry_mem_v1 mv{};
-  mv.struct_size = sizeof mv;
-  mv.location = m.desc.location == MemoryLocation::GPU ? FERRY_MEM_GPU : FERRY_MEM_CPU;
-  mv.id = m.desc.id;
-  mv.addr = m.addr;
-  mv.size = m.desc.size;
-  mv.device = m.desc.device;
-  return mv;
-}
-
-std::set<std::string> names_of(const std::map<std::string, std::vector<uint8_t>>& m) {
-  std::set<std::string> s;
-  for (const auto& [k, v] : m) s.insert(k);
-  return s;
-}
-
 }  // namespace
-
-StatusCode status_from_plugin(int rc) {
-  switch (rc) {
-    case FERRY_OK:
-      return StatusCode::SUCCESS;
-    case FERRY_ERR_INVALID_ARGS:
-      return StatusCode::ERR_INVALID_ARGS;
-    case FERRY_ERR_NOT_FOUND:
-      return StatusCode::ERR_NOT_FOUND;
-    case FERRY_ERR_BAD_STATE:
-      return StatusCode::ERR_BAD_STATE;
-    case FERRY_ERR_TIMEOUT:
-      return StatusCode::ERR_TIMEOUT;
-    case FERRY_ERR_GPU:
-      return StatusCode::ERR_GPU_OP;
-    default:
-      return StatusCode::ERR_TRANSPORT;
-  }
-}
-
-std::string plugin_error_name(int rc) {
-  switch (rc) {
-    case FERRY_ERR_INVALID_ARGS:
-      return "invalid arguments";
-    case FERRY_ERR_NOT_FOUND:
-      return "not found";
-    case FERRY_ERR_BAD_STATE:
-      return "bad state";
-    case FERRY_ERR_NO_MEMORY:
-      return "out of memory";
-    case FERRY_ERR_UNSUPPORTED:
-      return "unsupported";
-    case FERRY_ERR_TRANSPORT:
-      return "transport error";
-    case FERRY_ERR_TIMEOUT:
-      return "timed out";
-    case FERRY_ERR_REMOTE:
-      return "refused by the target";
-    case FERRY_ERR_GPU:
-      return "GPU error";
-    case FERRY_ERR_NO_DEVICE:
-      return "no device";
-    case FERRY_ERR_PROTOCOL:
-      return "protocol error";
-    case FERRY_ERR_NOT_SENT:
-      return "not sent (the target was not reached)";
-    default:
-      return "error " + std::to_string(rc);
-  }
-}
 
 EngineImpl::EngineImpl(std::string key, EngineConfig config)
     : key_(std::move(key)), config_(std::move(config)), secret_(token_from(config_)) {
-  if (key_.empty() || key_.size() > kMaxKey)
+  if (key_.empty() || key_.size() > kMaxKeyBytes)
     throw Error(StatusCode::ERR_INVALID_ARGS, "engine key must be 1..255 bytes");
   node_id_ = config_.node_id.empty() ? default_node_id() : config_.node_id;
   std::random_device rd;
@@ -289,16 +121,7 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   if (!FERRY_HAS_FIELD(ferry_plugin_ops_v1, b->ops, fence) || b->ops->fence == nullptr)
     b->caps &= ~FERRY_CAP_FENCE;
   b->engine = this;
-  b->host.struct_size = sizeof(ferry_host_v1);
-  b->host.host_ctx = b.get();
-  b->host.log = host_log;
-  b->host.now_ns = host_now_ns;
-  b->host.ctrl_send = host_ctrl_send;
-  b->host.complete = host_complete;
-  b->host.inbound = host_inbound;
-  b->host.auth_sign = host_auth_sign;
-  b->host.auth_verify = host_auth_verify;
-  b->host.gpu = gpu_runtime();
+  init_host_services(*b);
   std::string settings = settings_json.empty() ? policy_.settings_for(name) : settings_json;
   char err[512] = {};
   int rc = b->ops->init(&b->host, key_.c_str(), node_id_.c_str(), settings.c_str(), &b->ctx, err,
@@ -451,247 +274,6 @@ EngineDesc EngineImpl::desc() const {
   return d;
 }
 
-// ---- remote engines -------------------------------------------------------------
-
-Result EngineImpl::register_remote_engine(const EngineDesc& d) {
-  if (d.key.empty() || d.key.size() > kMaxKey)
-    return {StatusCode::ERR_INVALID_ARGS, "bad engine key"};
-  if (d.key == key_) return {StatusCode::ERR_INVALID_ARGS, "cannot register an engine with itself"};
-  if (d.port == 0) return {StatusCode::ERR_INVALID_ARGS, "engine descriptor has port 0"};
-  bool known;
-  uint64_t old_instance = 0;
-  {
-    std::shared_lock lk(mu_);
-    auto it = peers_.find(d.key);
-    known = it != peers_.end();
-    if (known) old_instance = it->second->desc.instance;
-  }
-  // A restarted peer: start afresh (its fence state too, when it is a new life).
-  if (known) deregister_peer(d.key, /*keep_fence=*/old_instance == d.instance);
-
-  auto p = std::make_shared<PeerEntry>();
-  p->desc = d;
-  p->same_host = d.node_id == node_id_;
-  p->advertised = names_of(d.backends);
-  std::vector<BackendPtr> bs;
-  {
-    std::shared_lock lk(mu_);
-    bs = backends_;
-  }
-  for (const auto& b : bs) {
-    auto it = d.backends.find(b->name);
-    if (it == d.backends.end()) continue;
-    ferry_peer_v1 pv = peer_view(d, p->same_host, it->second);
-    void* h = nullptr;
-    std::shared_lock life(b->life);
-    if (b->removed) continue;
-    int rc = b->ops->peer_add(b->ctx, &pv, &h);
-    if (rc == FERRY_OK)
-      p->handles[b->name] = h;
-    else
-      p->unreachable[b->name] = plugin_error_name(rc);
-  }
-  std::unique_lock lk(mu_);
-  peers_[d.key] = p;
-  return {};
-}
-
-Result EngineImpl::deregister_remote_engine(const std::string& key) {
-  return deregister_peer(key, /*keep_fence=*/false);
-}
-
-Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence) {
-  std::shared_ptr<PeerEntry> p;
-  std::vector<std::shared_ptr<RemoteMem>> mems;
-  std::vector<BackendPtr> bs;
-  {
-    std::unique_lock lk(mu_);
-    auto it = peers_.find(key);
-    if (it == peers_.end())
-      return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
-    p = it->second;
-    p->gone = true;
-    peers_.erase(it);
-    for (auto r = remote_mems_.begin(); r != remote_mems_.end();) {
-      if (r->first.first == key) {
-        mems.push_back(r->second);
-        r = remote_mems_.erase(r);
-      } else {
-        ++r;
-      }
-    }
-    auto [rb, re] = retired_remote_mems_.equal_range(key);
-    for (auto r = rb; r != re; ++r) mems.push_back(r->second);
-    retired_remote_mems_.erase(rb, re);
-    bs = backends_;
-  }
-  control_->forget_peer(key);
-  if (!keep_fence) fencer_->reset(key);
-  for (const auto& b : bs) {
-    std::unique_lock life(b->life);  // no post() may be using the handles freed here
-    if (b->removed) continue;
-    void* ph = nullptr;
-    std::vector<void*> rhs;
-    {
-      std::unique_lock lk(mu_);
-      if (auto h = p->handles.find(b->name); h != p->handles.end()) {
-        ph = h->second;
-        p->handles.erase(h);
-      }
-      for (auto& m : mems)
-        if (auto h = m->handles.find(b->name); h != m->handles.end()) {
-          rhs.push_back(h->second);
-          m->handles.erase(h);
-        }
-    }
-    if (ph) b->ops->peer_remove(b->ctx, ph);
-    for (void* h : rhs) b->ops->mem_release(b->ctx, h);
-  }
-  health_->forget_peer(key);
-  inbound_.forget_peer(key);
-  return {};
-}
-
-// ---- memory -----------------------------------------------------------------------
-
-MemoryDesc EngineImpl::register_memory(void* addr, size_t size, int device, MemoryLocation loc) {
-  if (!addr) throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: null address");
-  if (size == 0) throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: size 0");
-  if (reinterpret_cast<uintptr_t>(addr) + size < reinterpret_cast<uintptr_t>(addr))
-    throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: range wraps");
-  // Where the memory lives: the caller says, or the GPU runtime tells from the pointer.
-  const ferry_gpu_v1* gpu = gpu_runtime();
-  if (gpu) {
-    int32_t found = -1;
-    if (gpu->pointer_device(gpu->gpu_ctx, addr, &found) == FERRY_OK && found >= 0) {
-      loc = MemoryLocation::GPU;  // device memory is GPU memory whatever the caller said
-      device = found;
-    }
-  }
-  if (loc == MemoryLocation::UNKNOWN) loc = MemoryLocation::CPU;
-  if (loc == MemoryLocation::GPU && (!gpu || device < 0 || device >= gpu->device_count))
-    throw Error(StatusCode::ERR_GPU_OP,
-                std::string("register_memory: GPU memory given but ") +
-                    (gpu ? "the pointer is not device memory and no valid device was given"
-                         : "no GPU runtime (libcudart / libamdhip64) could be loaded"));
-  auto m = std::make_shared<LocalMem>();
-  m->addr = addr;
-  m->desc.engine_key = key_;
-  m->desc.engine_instance = instance_;
-  m->desc.location = loc;
-  m->desc.device = loc == MemoryLocation::GPU ? device : -1;
-  if (loc == MemoryLocation::GPU) {
-    char bus[64] = {};
-    if (gpu->device_bus_id(gpu->gpu_ctx, device, bus, sizeof bus) == FERRY_OK) m->desc.bus_id = bus;
-  }
-  m->desc.addr = reinterpret_cast<uint64_t>(addr);
-  m->desc.size = size;
-  std::vector<BackendPtr> bs;
-  {
-    std::unique_lock lk(mu_);
-    m->desc.id = next_mem_id_++;
-    bs = backends_;
-  }
-  for (const auto& b : bs) {
-    ferry_mem_v1 mv = mem_view(*m);
-    std::vector<uint8_t> blob(FERRY_MAX_BLOB);
-    size_t len = blob.size();
-    void* h = nullptr;
-    std::shared_lock life(b->life);
-    if (b->removed) continue;
-    int rc = b->ops->mem_register(b->ctx, &mv, &h, blob.data(), &len);
-    if (rc == FERRY_OK && len <= FERRY_MAX_BLOB) {
-      blob.resize(len);
-      m->desc.backends[b->name] = std::move(blob);
-      m->handles[b->name] = h;
-      m->advertised.insert(b->name);
-    } else if (rc != FERRY_ERR_UNSUPPORTED) {
-      FERRY_LOG(WARN, key_, b->name + " could not register memory: " + plugin_error_name(rc));
-    }
-  }
-  std::unique_lock lk(mu_);
-  local_mems_[m->desc.id] = m;
-  return m->desc;
-}
-
-Result EngineImpl::deregister_memory(const MemoryDesc& d) {
-  std::shared_ptr<LocalMem> m;
-  {
-    std::unique_lock lk(mu_);
-    auto it = local_mems_.find(d.id);
-    if (d.engine_key != key_ || it == local_mems_.end())
-      return {StatusCode::ERR_NOT_FOUND,
-              "memory " + std::to_string(d.id) + " is not registered here"};
-    m = it->second;
-    local_mems_.erase(it);
-  }
-  {
-    // Every transfer ends by its deadline, so this wait is bounded.
-    std::unique_lock lk(m->mu);
-    m->idle.wait(lk, [&] { return m->inflight == 0; });
-  }
-  std::vector<BackendPtr> bs;
-  {
-    std::shared_lock lk(mu_);
-    bs = backends_;
-  }
-  for (const auto& b : bs) {
-    std::unique_lock life(b->life);  // no post() may be using the handle freed here
-    if (b->removed) continue;
-    void* h = nullptr;
-    {
-      std::unique_lock lk(mu_);
-      auto it = m->handles.find(b->name);
-      if (it == m->handles.end()) continue;
-      h = it->second;
-      m->handles.erase(it);
-    }
-    b->ops->mem_deregister(b->ctx, h);
-  }
-  return {};
-}
-
-// ---- host services ------------------------------------------------------------------
-
-int EngineImpl::ctrl_send(Backend& b, const char* peer_key, const void* msg, size_t len) {
-  std::string host;
-  uint16_t port = 0;
-  {
-    std::shared_lock lk(mu_);
-    auto it = peers_.find(peer_key);
-    if (it == peers_.end()) return FERRY_ERR_NOT_FOUND;
-    host = it->second->desc.host;
-    port = it->second->desc.port;
-  }
-  std::string err;
-  int rc =
-      control_->send(peer_key, host, port, CtrlType::PLUGIN, plugin_body(b.name, msg, len), &err);
-  if (rc != FERRY_OK)
-    FERRY_LOG(WARN, b.name, "control message to " + std::string(peer_key) + " failed: " + err);
-  return rc;
-}
-
-void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status) {
-  if (status != FERRY_OK) {
-    // Only landings are recorded: a failed attempt may be retried elsewhere.
-    FERRY_LOG(DEBUG, key_,
-              "inbound transfer " + std::to_string(uid) + " from " + peer_key +
-                  " failed on the target: " + plugin_error_name(status));
-    return;
-  }
-  if (inbound_.land(peer_key, uid, StatusCode::SUCCESS)) ++inbound_count_;
-}
-
-int EngineImpl::auth_sign(const void* challenge, size_t len, uint8_t mac[32]) const {
-  if (!secret_.enabled()) return FERRY_ERR_UNSUPPORTED;
-  return secret_.sign(challenge, len, mac) ? FERRY_OK : FERRY_ERR_INTERNAL;
-}
-
-int EngineImpl::auth_verify(const void* challenge, size_t len, const uint8_t mac[32]) const {
-  if (!secret_.enabled()) return FERRY_ERR_UNSUPPORTED;
-  return secret_.verify(challenge, len, mac) ? FERRY_OK : FERRY_ERR_REMOTE;
-}
-
 EngineStats EngineImpl::stats() const {
   EngineStats s;
   std::shared_lock lk(mu_);
@@ -712,65 +294,6 @@ EngineStats EngineImpl::stats() const {
     s.fenced_peers = f.gated;
   }
   return s;
-}
-
-// ---- fences asked of this engine by an initiator ---------------------------------
-
-std::vector<FenceResult> EngineImpl::fence_inbound(const std::string& peer,
-                                                   const std::vector<FenceEntry>& entries) {
-  // How long a plugin may take to make its lanes pass their fence check.
-  constexpr auto kServeFor = std::chrono::seconds(5);
-  std::vector<FenceResult> out(entries.size());
-  std::map<std::string, std::vector<size_t>> by_backend;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    out[i] = {entries[i].attempt, FenceState::UNSUPPORTED, 0};
-    by_backend[entries[i].backend].push_back(i);
-  }
-  for (const auto& [name, idx] : by_backend) {
-    BackendPtr b, retired;
-    {
-      std::shared_lock lk(mu_);
-      for (const auto& x : backends_)
-        if (x->name == name) b = x;
-      if (auto r = retired_backends_.find(name); !b && r != retired_backends_.end())
-        retired = r->second;
-    }
-    if (!b) {
-      // Not loaded here now. Removed: once its fini has returned (the life lock
-      // is free) its lanes are gone and nothing more of it lands, though part may
-      // have. Never loaded here: none of it could land.
-      FenceState st = FenceState::NONE;
-      if (retired) {
-        std::shared_lock life(retired->life);
-        st = FenceState::PARTIAL;
-      }
-      for (size_t i : idx) out[i].state = st;
-      continue;
-    }
-    if (!(b->caps & FERRY_CAP_FENCE)) continue;
-    std::vector<uint64_t> ids;
-    for (size_t i : idx) ids.push_back(entries[i].attempt);
-    std::vector<ferry_fence_result_v1> res(ids.size());
-    const uint64_t deadline =
-        host_now_ns(nullptr) +
-        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(kServeFor).count());
-    int rc;
-    {
-      std::shared_lock life(b->life);
-      if (b->removed) continue;
-      rc = b->ops->fence(b->ctx, peer.c_str(), ids.data(), ids.size(), deadline, res.data());
-    }
-    for (size_t k = 0; k < idx.size(); ++k) {
-      FenceResult& r = out[idx[k]];
-      if (rc != FERRY_OK || res[k].state > FERRY_FENCE_WHOLE) {
-        r.state = FenceState::UNKNOWN;
-        continue;
-      }
-      r.state = static_cast<FenceState>(res[k].state);
-      r.landed = res[k].landed_bytes;
-    }
-  }
-  return out;
 }
 
 // ---- the public facade ------------------------------------------------------------------
@@ -806,5 +329,51 @@ std::optional<TransferStatus> Engine::wait_inbound_transfer_status(
 }
 EngineStats Engine::stats() const { return impl_->stats(); }
 std::string Engine::policy_source() const { return impl_->policy_.source; }
+
+
+namespace {
+TransferStatus failed_at_once(StatusCode code, std::string msg) {
+  TransferStatus s;
+  s.Finish(code, std::move(msg));
+  return s;
+}
+}  // namespace
+
+// ---- the public transfer calls (the lifecycle is transfer.cpp) -----------------
+
+TransferStatus Engine::read(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
+                            size_t roff, size_t size, TransferUid uid, bool notify) {
+  return impl_->submit(Op::READ, local, remote, &loff, &roff, &size, 1, uid, notify);
+}
+
+TransferStatus Engine::write(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
+                             size_t roff, size_t size, TransferUid uid, bool notify) {
+  return impl_->submit(Op::WRITE, local, remote, &loff, &roff, &size, 1, uid, notify);
+}
+
+namespace {
+bool same_lengths(const std::vector<size_t>& a, const std::vector<size_t>& b,
+                  const std::vector<size_t>& c) {
+  return a.size() == b.size() && b.size() == c.size();
+}
+}  // namespace
+
+TransferStatus Engine::batch_read(const MemoryDesc& local, const std::vector<size_t>& loffs,
+                                  const MemoryDesc& remote, const std::vector<size_t>& roffs,
+                                  const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
+  if (!same_lengths(loffs, roffs, sizes))
+    return failed_at_once(StatusCode::ERR_INVALID_ARGS, "batch: offsets and sizes differ in length");
+  return impl_->submit(Op::READ, local, remote, loffs.data(), roffs.data(), sizes.data(),
+                       sizes.size(), uid, notify);
+}
+
+TransferStatus Engine::batch_write(const MemoryDesc& local, const std::vector<size_t>& loffs,
+                                   const MemoryDesc& remote, const std::vector<size_t>& roffs,
+                                   const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
+  if (!same_lengths(loffs, roffs, sizes))
+    return failed_at_once(StatusCode::ERR_INVALID_ARGS, "batch: offsets and sizes differ in length");
+  return impl_->submit(Op::WRITE, local, remote, loffs.data(), roffs.data(), sizes.data(),
+                       sizes.size(), uid, notify);
+}
 
 }  // namespace ferry

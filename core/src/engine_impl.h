@@ -242,6 +242,16 @@ class EngineImpl {
   void release_remote(const std::shared_ptr<RemoteMem>& r);
 };
 
+// Engine keys are 1..255 bytes (they travel as str8 on the wire).
+constexpr size_t kMaxKeyBytes = 255;
+
+// host_services.cpp: fills b.host with the core's callbacks for that backend.
+void init_host_services(Backend& b);
+// registry.cpp: what a plugin is told about a peer and about a local region
+// (pointers borrowed from the descriptor, valid while it lives).
+ferry_peer_v1 peer_view(const EngineDesc& d, bool same_host, const std::vector<uint8_t>& blob);
+ferry_mem_v1 mem_view(const LocalMem& m);
+
 // Plugin error codes -> the user's status codes.
 StatusCode status_from_plugin(int rc);
 std::string plugin_error_name(int rc);

@@ -10,7 +10,8 @@
 //                         all landed: SUCCESS; none or part: as above; no answer
 //                         by the deadline: ERR_OUTCOME_UNKNOWN, the peer fenced.
 // The final error names every attempt. Everything ends by the transfer's
-// deadline (submit + policy timeout).
+// deadline (submit + policy timeout). Peers and memory are the registry's
+// (registry.cpp): a transfer gets its pair from resolve() and keeps it.
 #include <algorithm>
 #include <chrono>
 
@@ -66,114 +67,6 @@ void Attempt::on_deadline() {
   by_watchdog = true;
   transfer->engine->attempt_done(shared_from_this(), FERRY_ERR_TIMEOUT,
                                  "no completion from the backend within the deadline");
-}
-
-std::shared_ptr<RemoteMem> EngineImpl::import_remote(const std::shared_ptr<PeerEntry>& peer,
-                                                     const MemoryDesc& d) {
-  auto r = std::make_shared<RemoteMem>();
-  r->desc = d;
-  for (const auto& [name, blob] : d.backends) r->advertised.insert(name);
-  std::vector<BackendPtr> bs;
-  {
-    std::shared_lock lk(mu_);
-    bs = backends_;
-  }
-  for (const auto& b : bs) {
-    auto blob = d.backends.find(b->name);
-    if (blob == d.backends.end()) continue;
-    void* ph;
-    {
-      std::shared_lock lk(mu_);
-      auto h = peer->handles.find(b->name);
-      if (h == peer->handles.end()) continue;
-      ph = h->second;
-    }
-    std::shared_lock life(b->life);
-    if (b->removed) continue;
-    void* rh = nullptr;
-    int rc =
-        b->ops->mem_import(b->ctx, ph, d.id, d.size, blob->second.data(), blob->second.size(), &rh);
-    if (rc == FERRY_OK)
-      r->handles[b->name] = rh;
-    else
-      FERRY_LOG(WARN, key_,
-                b->name + " could not import memory " + std::to_string(d.id) + " of " +
-                    d.engine_key + ": " + plugin_error_name(rc));
-  }
-  return r;
-}
-
-StatusCode EngineImpl::resolve(const MemoryDesc& local, const MemoryDesc& remote, MemPair& out,
-                               std::string& why) {
-  {
-    std::shared_lock lk(mu_);
-    auto lm = local.engine_key == key_ ? local_mems_.find(local.id) : local_mems_.end();
-    if (lm == local_mems_.end()) {
-      why = "local memory " + std::to_string(local.id) + " of '" + local.engine_key +
-            "' is not registered with engine '" + key_ + "'";
-      return StatusCode::ERR_NOT_FOUND;
-    }
-    out.local = lm->second;
-    auto p = peers_.find(remote.engine_key);
-    if (p == peers_.end()) {
-      why =
-          "remote engine '" + remote.engine_key + "' is not registered with engine '" + key_ + "'";
-      return StatusCode::ERR_NOT_FOUND;
-    }
-    out.peer = p->second;
-    const uint64_t now = out.peer->desc.instance;
-    if (remote.engine_instance != 0 && now != 0 && remote.engine_instance != now) {
-      // Same key and id, but registered by an earlier life of the engine: its
-      // memory ids start over, so this id may name other memory now.
-      why = "memory descriptor " + std::to_string(remote.id) + " of '" + remote.engine_key +
-            "' is from a previous instance of that engine (it restarted); ask it for a fresh one";
-      return StatusCode::ERR_NOT_FOUND;
-    }
-    auto r = remote_mems_.find({remote.engine_key, remote.id});
-    // A descriptor that no longer matches the cached one (re-registered memory) is re-imported.
-    if (r != remote_mems_.end() && r->second->desc.addr == remote.addr &&
-        r->second->desc.size == remote.size && r->second->desc.location == remote.location &&
-        r->second->desc.device == remote.device && r->second->desc.backends == remote.backends) {
-      out.remote = r->second;
-      return StatusCode::SUCCESS;
-    }
-  }
-  auto fresh = import_remote(out.peer, remote);
-  {
-    std::unique_lock lk(mu_);
-    auto p = peers_.find(remote.engine_key);
-    if (p != peers_.end() && p->second == out.peer) {
-      auto& slot = remote_mems_[{remote.engine_key, remote.id}];
-      // Transfers in flight may still use the old import; it is released with the peer.
-      if (slot) retired_remote_mems_.emplace(remote.engine_key, slot);
-      slot = fresh;
-      out.remote = fresh;
-      return StatusCode::SUCCESS;
-    }
-  }
-  why = "remote engine '" + remote.engine_key + "' was deregistered";
-  release_remote(fresh);
-  return StatusCode::ERR_NOT_FOUND;
-}
-
-void EngineImpl::release_remote(const std::shared_ptr<RemoteMem>& r) {
-  std::vector<BackendPtr> bs;
-  {
-    std::shared_lock lk(mu_);
-    bs = backends_;
-  }
-  for (const auto& b : bs) {
-    void* h = nullptr;
-    {
-      std::unique_lock lk(mu_);
-      auto it = r->handles.find(b->name);
-      if (it == r->handles.end()) continue;
-      h = it->second;
-      r->handles.erase(it);
-    }
-    std::unique_lock life(b->life);  // no post() may be using the handle
-    if (!b->removed) b->ops->mem_release(b->ctx, h);
-  }
 }
 
 std::vector<BackendPtr> EngineImpl::route_for(const MemPair& pair, Op op, uint64_t bytes,
@@ -572,43 +465,6 @@ void EngineImpl::late_completion(const std::shared_ptr<Attempt>& a) {
   FERRY_LOG(INFO, key_, a->backend->name + " copy to '" + d.key +
                             "' ended after its deadline; transfers to it resume");
   fencer_->reopen(d.key, d.instance);
-}
-
-// ---- the public transfer calls -------------------------------------------------------
-
-TransferStatus Engine::read(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
-                            size_t roff, size_t size, TransferUid uid, bool notify) {
-  return impl_->submit(Op::READ, local, remote, &loff, &roff, &size, 1, uid, notify);
-}
-
-TransferStatus Engine::write(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
-                             size_t roff, size_t size, TransferUid uid, bool notify) {
-  return impl_->submit(Op::WRITE, local, remote, &loff, &roff, &size, 1, uid, notify);
-}
-
-namespace {
-bool same_lengths(const std::vector<size_t>& a, const std::vector<size_t>& b,
-                  const std::vector<size_t>& c) {
-  return a.size() == b.size() && b.size() == c.size();
-}
-}  // namespace
-
-TransferStatus Engine::batch_read(const MemoryDesc& local, const std::vector<size_t>& loffs,
-                                  const MemoryDesc& remote, const std::vector<size_t>& roffs,
-                                  const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
-  if (!same_lengths(loffs, roffs, sizes))
-    return failed(StatusCode::ERR_INVALID_ARGS, "batch: offsets and sizes differ in length");
-  return impl_->submit(Op::READ, local, remote, loffs.data(), roffs.data(), sizes.data(),
-                       sizes.size(), uid, notify);
-}
-
-TransferStatus Engine::batch_write(const MemoryDesc& local, const std::vector<size_t>& loffs,
-                                   const MemoryDesc& remote, const std::vector<size_t>& roffs,
-                                   const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
-  if (!same_lengths(loffs, roffs, sizes))
-    return failed(StatusCode::ERR_INVALID_ARGS, "batch: offsets and sizes differ in length");
-  return impl_->submit(Op::WRITE, local, remote, loffs.data(), roffs.data(), sizes.data(),
-                       sizes.size(), uid, notify);
 }
 
 }  // namespace ferry

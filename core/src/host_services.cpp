@@ -1,0 +1,206 @@
+// The services the core offers plugins (ferry_host_v1) and the plugin error
+// codes' names. Every callback is noexcept with a catch-all: nothing unwinds
+// into a plugin's C frames.
+#include <chrono>
+
+#include "engine_impl.h"
+#include "gpu_runtime.h"
+#include "log.h"
+
+namespace ferry {
+
+namespace {
+
+// An allocation failure inside a callback is logged and the call dropped.
+void host_failed(const char* what) noexcept {
+  try {
+    log_line(LogLevel::ERROR, "core", std::string("host callback ") + what + " failed");
+  } catch (...) {
+  }
+}
+
+void host_log(void* hctx, int level, const char* msg) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    LogLevel l = level <= FERRY_LOG_ERROR  ? LogLevel::ERROR
+                 : level == FERRY_LOG_WARN ? LogLevel::WARN
+                 : level == FERRY_LOG_INFO ? LogLevel::INFO
+                                           : LogLevel::DEBUG;
+    if (log_enabled(l)) log_line(l, b->name, msg ? msg : "");
+  } catch (...) {
+  }
+}
+
+uint64_t host_now_ns(void*) noexcept {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+int host_ctrl_send(void* hctx, const char* peer, const void* msg, size_t len) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (!peer || (!msg && len)) return FERRY_ERR_INVALID_ARGS;
+    return b->engine->ctrl_send(*b, peer, msg, len);
+  } catch (...) {
+    host_failed("ctrl_send");
+    return FERRY_ERR_NO_MEMORY;
+  }
+}
+
+void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
+  auto* b = static_cast<Backend*>(hctx);
+  auto* ref = static_cast<std::shared_ptr<Attempt>*>(xfer_ctx);
+  std::shared_ptr<Attempt> a = std::move(*ref);
+  delete ref;
+  try {
+    if (a->settled.exchange(true)) {  // the watchdog already ended this attempt
+      b->engine->late_completion(a);
+      return;
+    }
+    b->engine->attempt_done(a, status, message ? message : "");
+  } catch (...) {
+    host_failed("complete");
+    // Still end the transfer: its application must not wait forever.
+    a->transfer->status.Finish(StatusCode::ERR_BAD_STATE, "internal error completing the transfer");
+  }
+}
+
+void host_inbound(void* hctx, const char* peer, uint64_t uid, int status) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (peer) b->engine->inbound(peer, uid, status);
+  } catch (...) {
+    host_failed("inbound");
+  }
+}
+
+int host_auth_sign(void* hctx, const void* challenge, size_t len, uint8_t mac[32]) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
+    return b->engine->auth_sign(challenge, len, mac);
+  } catch (...) {
+    host_failed("auth_sign");
+    return FERRY_ERR_INTERNAL;
+  }
+}
+
+int host_auth_verify(void* hctx, const void* challenge, size_t len, const uint8_t mac[32]) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
+    return b->engine->auth_verify(challenge, len, mac);
+  } catch (...) {
+    host_failed("auth_verify");
+    return FERRY_ERR_INTERNAL;
+  }
+}
+
+}  // namespace
+
+void init_host_services(Backend& b) {
+  b.host.struct_size = sizeof(ferry_host_v1);
+  b.host.host_ctx = &b;
+  b.host.log = host_log;
+  b.host.now_ns = host_now_ns;
+  b.host.ctrl_send = host_ctrl_send;
+  b.host.complete = host_complete;
+  b.host.inbound = host_inbound;
+  b.host.auth_sign = host_auth_sign;
+  b.host.auth_verify = host_auth_verify;
+  b.host.gpu = gpu_runtime();
+}
+
+StatusCode status_from_plugin(int rc) {
+  switch (rc) {
+    case FERRY_OK:
+      return StatusCode::SUCCESS;
+    case FERRY_ERR_INVALID_ARGS:
+      return StatusCode::ERR_INVALID_ARGS;
+    case FERRY_ERR_NOT_FOUND:
+      return StatusCode::ERR_NOT_FOUND;
+    case FERRY_ERR_BAD_STATE:
+      return StatusCode::ERR_BAD_STATE;
+    case FERRY_ERR_TIMEOUT:
+      return StatusCode::ERR_TIMEOUT;
+    case FERRY_ERR_GPU:
+      return StatusCode::ERR_GPU_OP;
+    default:
+      return StatusCode::ERR_TRANSPORT;
+  }
+}
+
+std::string plugin_error_name(int rc) {
+  switch (rc) {
+    case FERRY_ERR_INVALID_ARGS:
+      return "invalid arguments";
+    case FERRY_ERR_NOT_FOUND:
+      return "not found";
+    case FERRY_ERR_BAD_STATE:
+      return "bad state";
+    case FERRY_ERR_NO_MEMORY:
+      return "out of memory";
+    case FERRY_ERR_UNSUPPORTED:
+      return "unsupported";
+    case FERRY_ERR_TRANSPORT:
+      return "transport error";
+    case FERRY_ERR_TIMEOUT:
+      return "timed out";
+    case FERRY_ERR_REMOTE:
+      return "refused by the target";
+    case FERRY_ERR_GPU:
+      return "GPU error";
+    case FERRY_ERR_NO_DEVICE:
+      return "no device";
+    case FERRY_ERR_PROTOCOL:
+      return "protocol error";
+    case FERRY_ERR_NOT_SENT:
+      return "not sent (the target was not reached)";
+    default:
+      return "error " + std::to_string(rc);
+  }
+}
+
+// ---- host services ------------------------------------------------------------------
+
+int EngineImpl::ctrl_send(Backend& b, const char* peer_key, const void* msg, size_t len) {
+  std::string host;
+  uint16_t port = 0;
+  {
+    std::shared_lock lk(mu_);
+    auto it = peers_.find(peer_key);
+    if (it == peers_.end()) return FERRY_ERR_NOT_FOUND;
+    host = it->second->desc.host;
+    port = it->second->desc.port;
+  }
+  std::string err;
+  int rc =
+      control_->send(peer_key, host, port, CtrlType::PLUGIN, plugin_body(b.name, msg, len), &err);
+  if (rc != FERRY_OK)
+    FERRY_LOG(WARN, b.name, "control message to " + std::string(peer_key) + " failed: " + err);
+  return rc;
+}
+
+void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status) {
+  if (status != FERRY_OK) {
+    // Only landings are recorded: a failed attempt may be retried elsewhere.
+    FERRY_LOG(DEBUG, key_,
+              "inbound transfer " + std::to_string(uid) + " from " + peer_key +
+                  " failed on the target: " + plugin_error_name(status));
+    return;
+  }
+  if (inbound_.land(peer_key, uid, StatusCode::SUCCESS)) ++inbound_count_;
+}
+
+int EngineImpl::auth_sign(const void* challenge, size_t len, uint8_t mac[32]) const {
+  if (!secret_.enabled()) return FERRY_ERR_UNSUPPORTED;
+  return secret_.sign(challenge, len, mac) ? FERRY_OK : FERRY_ERR_INTERNAL;
+}
+
+int EngineImpl::auth_verify(const void* challenge, size_t len, const uint8_t mac[32]) const {
+  if (!secret_.enabled()) return FERRY_ERR_UNSUPPORTED;
+  return secret_.verify(challenge, len, mac) ? FERRY_OK : FERRY_ERR_REMOTE;
+}
+
+}  // namespace ferry
