@@ -44,7 +44,8 @@ for t in "${targets[@]}"; do
     echo "   ok: ${execs:-?} inputs, ${cov:-cov: ?}, corpus $(ls "$work" | wc -l) files"
   else
     echo "   FINDING in fuzz_$t (log: $log):"
-    grep -E 'ERROR|SUMMARY|runtime error|Test unit written|deadly signal' "$log" | head -20 || tail -30 "$log"
+    # grep -m, not "| head": under pipefail head's early exit fails the pipeline.
+    grep -m 20 -E 'ERROR|SUMMARY|runtime error|Test unit written|deadly signal' "$log" || tail -30 "$log"
     failed+=("$t")
   fi
 done

@@ -60,7 +60,9 @@ GTEST_TOTAL = re.compile(r"^\[==========\] (\d+) tests? from .* ran\.", re.M)
 GTEST_PASSED = re.compile(r"^\[  PASSED  \] (\d+) tests?", re.M)
 GTEST_SKIPPED = re.compile(r"^\[  SKIPPED \] (\d+) tests?, listed below", re.M)
 GTEST_FAILED = re.compile(r"^\[  FAILED  \] (\d+) tests?, listed below", re.M)
-GTEST_SKIP_CASE = re.compile(r"^(.*)\n\[  SKIPPED \] [\w/.]+ \(\d+ ms\)", re.M)
+# gtest prints "file:line: Skipped", then the message, then "[  SKIPPED ] Case";
+# log lines of the test may come in between.
+GTEST_SKIP_CASE = re.compile(r"^[^\n]*: Skipped\n([^\n]*)", re.M)
 PYTEST = re.compile(r"^=+ (.*\d+ (?:passed|failed|skipped|error).*) in [\d.]+s", re.M)
 
 

@@ -28,7 +28,7 @@ targets=(ferry ferry-cli ferry-tcp ferry-xgmi ferry-gpu-peer gpu_transfer_test f
          engine_process_test ferry-test-peer)
 
 if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$report/build.log" 2>&1; then
-  log "build FAILED (see build.log)"; grep -E "error" "$report/build.log" | head -30; exit 1
+  log "build FAILED (see build.log)"; grep -m 30 -E "error" "$report/build.log"; exit 1
 fi
 # ofi where libfabric was found; its absence or failure only makes GpuOfi skip.
 if grep -q "ferry-ofi" "$build/build.ninja" 2>/dev/null; then

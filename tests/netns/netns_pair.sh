@@ -100,7 +100,9 @@ set +e
 # Carrier on both ends, then proof that A reaches B: a TCP connect to a closed
 # port on B must be refused (an answer), not time out (bounded: 5 s).
 for side in $links; do
-  if ! "$IP" -n "${side%%:*}" -br link show "${side##*:}" | grep -q LOWER_UP; then
+  # Captured, not "| grep -q" (its early exit would fail the pipeline under pipefail).
+  state=$("$IP" -n "${side%%:*}" -br link show "${side##*:}" 2>&1 || true)
+  if [[ "$state" != *LOWER_UP* ]]; then
     echo "netns_pair: ${side##*:} in ${side%%:*} has no carrier" >&2
     exit 1
   fi
