@@ -564,6 +564,29 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   return fd;
 }
 
+ControlPlane::OutboundUse::~OutboundUse() {
+  if (!held_) return;
+  {
+    std::lock_guard<std::mutex> lk(o_.mu);
+    o_.busy = false;
+  }
+  o_.free.notify_one();
+}
+
+bool ControlPlane::OutboundUse::acquire_until(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lk(o_.mu);
+  if (!o_.free.wait_until(lk, deadline, [&] { return !o_.busy; })) return false;
+  o_.busy = held_ = true;
+  return true;
+}
+
+bool ControlPlane::OutboundUse::try_acquire() {
+  std::lock_guard<std::mutex> lk(o_.mu);
+  if (o_.busy) return false;
+  o_.busy = held_ = true;
+  return true;
+}
+
 int ControlPlane::send(const std::string& peer_key, const std::string& host, uint16_t port,
                        CtrlType type, const std::vector<uint8_t>& body, std::string* err,
                        Clock::time_point deadline) {
@@ -581,8 +604,8 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
   auto frame = encode_ctrl_frame(type, body);
   // Another transfer's connect or HELLO to this peer may hold the connection:
   // wait for it only until our own deadline.
-  std::unique_lock<std::timed_mutex> lk(o->mu, std::defer_lock);
-  if (!lk.try_lock_until(deadline)) {
+  OutboundUse use(*o);
+  if (!use.acquire_until(deadline)) {
     *err = "control connection to '" + peer_key +
            "' is busy (another transfer is connecting to it) past this transfer's deadline";
     return FERRY_ERR_TIMEOUT;
@@ -616,8 +639,8 @@ bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
     if (it == outbound_.end()) return false;
     o = it->second;
   }
-  std::unique_lock<std::timed_mutex> lk(o->mu, std::try_to_lock);
-  if (!lk.owns_lock() || o->fd < 0 || looks_dead(o->fd)) return false;
+  OutboundUse use(*o);
+  if (!use.try_acquire() || o->fd < 0 || looks_dead(o->fd)) return false;
   auto frame = encode_ctrl_frame(type, body);
   // A blocking socket: a full send buffer (a stopped peer) would block here, so
   // only when the whole frame fits now (MSG_DONTWAIT) does it go.
@@ -664,15 +687,22 @@ int ControlPlane::request(const std::string& peer_key, const std::string& host, 
 }
 
 void ControlPlane::forget_peer(const std::string& key) {
+  std::shared_ptr<Outbound> o;
   {
     std::lock_guard<std::mutex> lk(out_mu_);
     auto it = outbound_.find(key);
     if (it != outbound_.end()) {
-      std::lock_guard<std::timed_mutex> olk(it->second->mu);
-      if (it->second->fd >= 0) ::close(it->second->fd);
-      it->second->fd = -1;
+      o = std::move(it->second);
       outbound_.erase(it);
     }
+  }
+  if (o) {
+    // After a sender in progress (bounded by its deadline), not under out_mu_:
+    // senders to other peers never wait behind this one.
+    OutboundUse use(*o);
+    use.acquire_until(Clock::time_point::max());
+    if (o->fd >= 0) ::close(o->fd);
+    o->fd = -1;
   }
   std::lock_guard<std::mutex> lk(in_mu_);
   for (auto& [fd, c] : inbound_)

@@ -85,9 +85,26 @@ class ControlPlane {
 
  private:
   struct Inbound;
+  // One sender at a time uses a connection; others wait for it only until their
+  // own deadline. (A mutex + condition variable rather than std::timed_mutex,
+  // whose try_lock_until ThreadSanitizer cannot follow: pthread_mutex_clocklock.)
   struct Outbound {
-    std::timed_mutex mu;  // one sender at a time; others wait until their deadline
-    int fd = -1;
+    std::mutex mu;
+    std::condition_variable free;
+    bool busy = false;  // guarded by mu
+    int fd = -1;        // used by the sender holding `busy`
+  };
+  // Holds an Outbound's `busy` for its lifetime once acquired.
+  class OutboundUse {
+   public:
+    explicit OutboundUse(Outbound& o) : o_(o) {}
+    ~OutboundUse();
+    bool acquire_until(Clock::time_point deadline);
+    bool try_acquire();
+
+   private:
+    Outbound& o_;
+    bool held_ = false;
   };
   struct FenceJob {
     int fd = -1;  // a dup of the inbound connection, owned by the job
