@@ -89,12 +89,18 @@ TargetPeer::Attempt& TargetPeer::AttemptLocked(uint64_t id) {
     // Forget the oldest attempt that is neither fenced nor being applied: a fence
     // of it later answers from what is left (NONE), which a finished attempt
     // that old is not asked for (the initiator fences within its deadline).
+    // Failing that (a peer fencing thousands of ids), the oldest not being
+    // applied, fenced or not: the table never grows past its bound.
+    auto victim = attempts_.end();
     for (auto o = attempts_.begin(); o != attempts_.end(); ++o) {
-      if (!o->second.fenced && o->second.applying == 0) {
-        attempts_.erase(o);
+      if (o->second.applying != 0) continue;
+      if (victim == attempts_.end()) victim = o;
+      if (!o->second.fenced) {
+        victim = o;
         break;
       }
     }
+    if (victim != attempts_.end()) attempts_.erase(victim);
   }
   return attempts_[id];
 }
@@ -156,7 +162,12 @@ int TargetPeer::Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::
   };
   if (!applied_.wait_until(lk, deadline, [&] { return !busy(); })) return FERRY_ERR_TIMEOUT;
   for (size_t i = 0; i < n; ++i) {
-    const Attempt& a = attempts_[ids[i]];
+    auto it = attempts_.find(ids[i]);
+    if (it == attempts_.end()) {  // forgotten already: more ids than the table holds
+      out[i] = {0, FERRY_FENCE_NONE, 0};
+      continue;
+    }
+    const Attempt& a = it->second;
     out[i].landed_bytes = a.landed;
     out[i].reserved = 0;
     if (a.frames_total > 0 && a.frames_done == a.frames_total && !a.broken)

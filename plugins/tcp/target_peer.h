@@ -48,6 +48,13 @@ class TargetPeer {
   int Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::time_point deadline,
             ferry_fence_result_v1* out);
 
+  // Attempts remembered for fences (at most kMaxAttempts).
+  size_t remembered_attempts() const {
+    std::lock_guard lk(mu_);
+    return attempts_.size();
+  }
+  static constexpr size_t kMaxAttempts = 4096;
+
   enum class Count { kNothing, kReport, kBad };
   // Records one served request frame (frame_status = how it was served). kReport:
   // call inbound now with *report_status. kBad: the frames contradict each other.
@@ -74,7 +81,6 @@ class TargetPeer {
     std::vector<int> lanes;  // fds of the lanes applying a frame of it now
     bool fenced = false, broken = false;
   };
-  static constexpr size_t kMaxAttempts = 4096;
   Attempt& AttemptLocked(uint64_t id);
 
   const std::string key_;

@@ -30,6 +30,7 @@
 #include "ferry/plugin.h"
 #include "planner.h"
 #include "socket_util.h"
+#include "target_peer.h"
 #include "wire.h"
 
 extern "C" const ferry_plugin_ops_v1 ferry_plugin_v1;
@@ -232,7 +233,7 @@ struct Result {
 // Posts a transfer and waits for its completion.
 Result Transfer(Engine& e, uint32_t op, void* peer, Mem* local, void* remote,
                 const std::vector<ferry_iov_v1>& iov, uint32_t flags = 0, uint64_t uid = 0,
-                uint64_t deadline_ns = 0) {
+                uint64_t deadline_ns = 0, uint64_t attempt_id = 0) {
   Completion c;
   ferry_xfer_v1 x{};
   x.struct_size = sizeof(x);
@@ -246,6 +247,7 @@ Result Transfer(Engine& e, uint32_t op, void* peer, Mem* local, void* remote,
   x.uid = uid;
   x.deadline_ns = deadline_ns;
   x.xfer_ctx = &c;
+  x.attempt_id = attempt_id;
   for (const auto& i : iov) x.total_bytes += i.len;
   const int rc = ops.post(e.ctx(), &x);
   if (rc != FERRY_OK) return {rc, 0, "", 0};
@@ -691,6 +693,61 @@ TEST_F(TcpPair, DeregisteredRemoteRegionIsRefused) {
   EXPECT_NE(w.msg.find("not registered"), std::string::npos) << w.msg;
   Result r = Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, 0, 4096}});
   EXPECT_EQ(r.status, FERRY_ERR_NOT_FOUND);
+  ops.mem_release(a_->ctx(), remote);
+}
+
+// fence() on the target: an attempt applied in full is WHOLE (with its bytes),
+// one never seen is NONE, and a frame of a fenced attempt that arrives later is
+// refused unread (its bytes do not land). A flood of fenced ids keeps the table
+// bounded.
+TEST_F(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
+  Mem* src = a_->Register(1, 1 << 20);
+  Mem* dst = b_->Register(1, 1 << 20);
+  void* remote = a_->Import(a_peer_b_, *dst);
+  Fill(src->data, 11);
+  // Four frames (256 KiB chunks would be one per lane; 1 MiB at the default 1 MiB chunk is one).
+  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 1 << 20}}, 0, 1, 0, 501)
+                .status,
+            FERRY_OK);
+  const uint64_t ids[2] = {501, 502};
+  ferry_fence_result_v1 res[2] = {};
+  ASSERT_EQ(ops.fence(b_->ctx(), "engine-a", ids, 2, NowNs() + 1000000000ull, res), FERRY_OK);
+  EXPECT_EQ(res[0].state, FERRY_FENCE_WHOLE);
+  EXPECT_EQ(res[0].landed_bytes, 1u << 20);
+  EXPECT_EQ(res[1].state, FERRY_FENCE_NONE);
+  // Attempt 502 is fenced now: when its WRITE comes, it is refused and not applied.
+  std::vector<uint8_t> before(dst->data.begin(), dst->data.begin() + 4096);
+  Fill(src->data, 12);
+  Result late = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, 0, 2, 0, 502);
+  EXPECT_EQ(late.status, FERRY_ERR_TIMEOUT) << late.msg;
+  EXPECT_NE(late.msg.find("fenced"), std::string::npos) << late.msg;
+  EXPECT_TRUE(SameBytes(before.data(), dst->data.data(), 4096));
+  // An expired attempt (its deadline already passed when the target reads it) likewise.
+  Result expired =
+      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, 0, 3, NowNs() - 1, 503);
+  EXPECT_NE(expired.status, FERRY_OK);
+  EXPECT_TRUE(SameBytes(before.data(), dst->data.data(), 4096));
+  // A hostile initiator fencing many ids: bounded.
+  std::vector<uint64_t> many(5000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = 1000000 + i;
+  std::vector<ferry_fence_result_v1> out(many.size());
+  for (int round = 0; round < 3; ++round)
+    ASSERT_EQ(ops.fence(b_->ctx(), "engine-a", many.data(), many.size(), NowNs() + 1000000000ull,
+                        out.data()),
+              FERRY_OK);
+  // (The table itself, directly: fencing 15,000 ids leaves kMaxAttempts.)
+  ferry_tcp::TargetPeer tp("hostile");
+  for (int round = 0; round < 3; ++round)
+    ASSERT_EQ(tp.Fence(many.data(), many.size(), std::chrono::steady_clock::now() + 1s,
+                       out.data()),
+              FERRY_OK);
+  EXPECT_EQ(tp.remembered_attempts(), ferry_tcp::TargetPeer::kMaxAttempts);
+  // Still serving: a fresh attempt lands.
+  Fill(src->data, 13);
+  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, 0, 4, 0, 504)
+                .status,
+            FERRY_OK);
+  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
   ops.mem_release(a_->ctx(), remote);
 }
 
