@@ -30,6 +30,15 @@ void decode_all(const std::vector<uint8_t>& body) {
   if (decode_notify(body, uid, status) && notify_body(uid, status) != body) __builtin_trap();
   if (decode_challenge(body, nonce, mac) && challenge_body(nonce, mac) != body) __builtin_trap();
   if (decode_proof(body, mac) && proof_body(mac) != body) __builtin_trap();
+  uint64_t req = 0, inst = 0;
+  std::vector<FenceEntry> entries;
+  if (decode_fence(body, req, inst, entries) &&
+      (entries.empty() || entries.size() > kMaxFenceEntries || fence_body(req, inst, entries) != body))
+    __builtin_trap();
+  std::vector<FenceResult> results;
+  if (decode_fence_reply(body, req, inst, results) &&
+      (results.size() > kMaxFenceEntries || fence_reply_body(req, inst, results) != body))
+    __builtin_trap();
 }
 
 }  // namespace

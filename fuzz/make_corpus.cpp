@@ -54,6 +54,12 @@ void ctrl() {
             encode_ctrl_frame(CtrlType::PLUGIN, plugin_body("tcp", payload.data(), payload.size())),
             encode_ctrl_frame(CtrlType::NOTIFY, notify_body(42, 0))})},
       {"notify_fail", encode_ctrl_frame(CtrlType::NOTIFY, notify_body(~0ull, -6))},
+      {"fence", encode_ctrl_frame(CtrlType::FENCE,
+                                  fence_body(7, 0x1234, {{"tcp", 41}, {"rdma", 42}}))},
+      {"fence_reply",
+       encode_ctrl_frame(CtrlType::FENCE_REPLY,
+                         fence_reply_body(7, 0x1234, {{41, FenceState::WHOLE, 1 << 20},
+                                                      {42, FenceState::NONE, 0}}))},
   };
   for (const auto& s : seeds) {
     put("ctrl_frame", std::string(s.name) + "_whole", cat({{0x3f}, s.stream}));  // one chunk
