@@ -521,10 +521,7 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   };
   // Until HELLO_OK the peer reads no frame but the handshake: whatever fails
   // here, nothing of ours was acted on (NOT_SENT), but a deadline is a deadline.
-  auto answer_wait = [&] {
-    int ms = ms_until(deadline, kHelloTimeoutMs);
-    return ms;
-  };
+  auto answer_wait = [&] { return ms_until(deadline, kHelloTimeoutMs); };
   auto hello = encode_ctrl_frame(
       CtrlType::HELLO, ours ? hello_body(self_key_, nc.data()) : hello_body(self_key_));
   CtrlFrame f;

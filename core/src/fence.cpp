@@ -38,41 +38,20 @@ Fencer::Fencer(ControlPlane* control) : control_(control) {}
 
 Fencer::~Fencer() {
   std::vector<std::function<void()>> calls;
-  std::vector<Worker> workers;
   {
     std::lock_guard<std::mutex> lk(mu_);
     stopping_ = true;
-    for (auto& [key, p] : peers_) {
-      finish_all(*p, "engine shutting down", calls);
-      if (p->worker.thread.joinable()) workers.push_back(std::move(p->worker));
-    }
-    for (auto& w : finished_) workers.push_back(std::move(w));
-    finished_.clear();
+    for (auto& [key, p] : peers_) finish_all(*p, "engine shutting down", calls);
     cv_.notify_all();
   }
   for (auto& c : calls) c();
-  for (auto& w : workers) w.thread.join();
-}
-
-void Fencer::retire(Worker& w) {
-  if (w.thread.joinable()) finished_.push_back(std::move(w));
-  // Only workers that have left run() are joined here (at once): one still in a
-  // request would make the caller, perhaps a plugin's thread, wait for it.
-  for (auto it = finished_.begin(); it != finished_.end();) {
-    if (it->exited->load()) {
-      it->thread.join();
-      it = finished_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  // workers_ joins the worker threads as the members go (it is the last one).
 }
 
 Fencer::PeerState& Fencer::state_for(const Target& t) {
   auto& p = peers_[t.key];
   if (!p || p->target.instance != t.instance) {
-    if (p) retire(p->worker);
-    p = std::make_shared<PeerState>();
+    p = std::make_shared<PeerState>();  // an old worker sees it is no longer its life
     p->target = t;
   }
   return *p;
@@ -102,14 +81,8 @@ void Fencer::fence(const Target& t, const std::string& backend, uint64_t attempt
   PeerState& p = state_for(t);
   p.pending.push_back({backend, attempt, deadline, std::move(done), false});
   if (!p.running) {
-    retire(p.worker);
     p.running = true;
-    auto exited = std::make_shared<std::atomic<bool>>(false);
-    p.worker.exited = exited;
-    p.worker.thread = std::thread([this, key = t.key, exited] {
-      run(key);
-      exited->store(true);
-    });
+    workers_.run([this, key = t.key] { run(key); });
   }
   cv_.notify_all();
 }
@@ -159,7 +132,6 @@ void Fencer::reset(const std::string& key) {
     auto it = peers_.find(key);
     if (it == peers_.end()) return;
     finish_all(*it->second, "the peer was registered again or deregistered", calls);
-    retire(it->second->worker);
     peers_.erase(it);
     cv_.notify_all();
   }

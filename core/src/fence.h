@@ -16,7 +16,6 @@
 //            target answers (the thread keeps asking) or a new instance of it is
 //            registered (reset()).
 #pragma once
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -25,9 +24,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "async_runner.h"
 #include "control_frame.h"
 
 namespace ferry {
@@ -80,24 +79,18 @@ class Fencer {
     Done done;
     bool reported = false;  // told "unknown" at its deadline; kept to learn the truth
   };
-  struct Worker {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> exited;
-  };
   struct PeerState {
     Target target;
     std::vector<Pending> pending;
     std::vector<Resume> held;
     std::string closed_why;  // non-empty: CLOSED
     bool manual_close = false;
-    Worker worker;  // runs while pending is not empty
-    bool running = false;
+    bool running = false;  // a worker thread runs while pending is not empty
   };
   void run(const std::string& key);
   void finish_all(PeerState& p, const std::string& why, std::vector<std::function<void()>>& out);
   // A fresh state for the target (dropping one of an older instance); mu_ held.
   PeerState& state_for(const Target& t);
-  void retire(Worker& w);  // mu_ held; joins workers that have exited
 
   ControlPlane* control_;
   mutable std::mutex mu_;
@@ -106,7 +99,8 @@ class Fencer {
   uint64_t next_req_ = 1;
   Counts counts_;
   std::map<std::string, std::shared_ptr<PeerState>> peers_;
-  std::vector<Worker> finished_;  // workers of reset or idle peers, joined once exited
+  // Last member: destroyed (its threads joined) before the state they use.
+  AsyncRunner workers_;
 };
 
 }  // namespace ferry
