@@ -44,6 +44,9 @@ Instance::~Instance() {
 void Instance::OnExpired(const std::shared_ptr<Xfer>& x) {
   auto peer = x->peer.lock();
   if (!peer) return;
+  // Before MarkError: from then on a lane may drop the transfer's frames and
+  // complete it, and the application post the next one, which is not doomed.
+  const uint64_t keep_from = peer->PostedSoFar();
   const uint64_t now = x->host->now_ns(x->host->host_ctx);
   const std::string msg = "transfer uid " + std::to_string(x->uid) + " to " + peer->info().label +
                           " passed its deadline (" +
@@ -52,7 +55,8 @@ void Instance::OnExpired(const std::shared_ptr<Xfer>& x) {
   Log(x->host, FERRY_LOG_WARN, "%s; resetting its lanes", msg.c_str());
   // A peer that lets one transfer hang is not trusted with the others either.
   peer->ResetLanes(FERRY_ERR_TIMEOUT,
-                   "lanes to " + peer->info().label + " were reset after a transfer timed out");
+                   "lanes to " + peer->info().label + " were reset after a transfer timed out",
+                   keep_from);
 }
 
 bool Instance::Start(std::string* err) {

@@ -42,7 +42,8 @@ void Lane::Fail(Doomed& doomed) {
   doomed.clear();
 }
 
-void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset) {
+void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset,
+                       uint64_t keep_from) {
   // A second report of a break already made (the sender's send failed and then
   // the receiver saw the close, or the other way round) must not fail frames
   // queued since: they belong to the next connection, not to this one.
@@ -77,16 +78,20 @@ void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool 
     waker_.Signal();
   }
   const bool broken = state_ == State::kBroken;
+  std::deque<FramePtr> kept;
   for (auto& f : queue_) {
-    doomed->emplace_back(f, broken ? reason_status_ : status, broken ? reason_msg_ : msg);
+    if (f->xfer->seq >= keep_from)
+      kept.push_back(std::move(f));
+    else
+      doomed->emplace_back(f, broken ? reason_status_ : status, broken ? reason_msg_ : msg);
   }
-  queue_.clear();
+  queue_.swap(kept);
   cv_.notify_all();
 }
 
-void Lane::Abort(int status, const std::string& msg, Doomed* doomed) {
+void Lane::Abort(int status, const std::string& msg, Doomed* doomed, uint64_t keep_from) {
   std::lock_guard lk(mu_);
-  BreakLocked(status, msg, doomed, /*reset=*/true);
+  BreakLocked(status, msg, doomed, /*reset=*/true, keep_from);
 }
 
 void Lane::Reset(int status, const std::string& msg) {

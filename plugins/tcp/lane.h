@@ -56,9 +56,11 @@ class Lane {
   // Drops the connection; everything queued or in flight fails with status/msg.
   void Reset(int status, const std::string& msg);
   // Reset's first half: drops the connection and moves what it carried into
-  // *doomed, for the caller to fail (Fail) once every lane it resets is down -
-  // a transfer posted meanwhile must not land on a lane about to be reset.
-  void Abort(int status, const std::string& msg, Doomed* doomed);
+  // *doomed, for the caller to fail (Fail) once every lane it resets is down.
+  // Queued frames of transfers with seq >= keep_from (posted after the reset
+  // began: the failure of one it aborts already completed elsewhere and the
+  // application posted again) stay queued for the next connection.
+  void Abort(int status, const std::string& msg, Doomed* doomed, uint64_t keep_from = UINT64_MAX);
   static void Fail(Doomed& doomed);
   // Reset, then join the lane's threads. Later submissions fail at once.
   void Stop(int status, const std::string& msg);
@@ -77,7 +79,8 @@ class Lane {
   void AfterSendLocked(const FramePtr& f, int err, Doomed* doomed);
   // Breaks the connection and fails what is queued. reset: an explicit Reset or
   // Stop, which also fails frames queued after an earlier break.
-  void BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset = false);
+  void BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset = false,
+                   uint64_t keep_from = UINT64_MAX);
   std::string Lost(int err) const;
 
   const PeerInfo* info_;

@@ -27,12 +27,22 @@ Peer::Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, uint64_t gpu_chunk_by
 
 Peer::~Peer() { Stop(FERRY_ERR_BAD_STATE, "peer " + info_.key + " destroyed"); }
 
-void Peer::ResetLanes(int status, const std::string& msg) {
-  // Every lane down before any frame is failed: failing one completes its
-  // transfer, and the application's next post must find no lane still to be
-  // reset (it would fail at once with this reset's error).
+uint64_t Peer::PostedSoFar() {
+  std::lock_guard lk(seq_mu_);
+  return next_seq_;
+}
+
+void Peer::ResetLanes(int status, const std::string& msg, uint64_t keep_from) {
+  // Every lane down before any frame is failed here. Frames in flight are
+  // failed by their lane's sender as soon as its connection is down, which may
+  // complete a transfer (and the application posts again) before the last lane
+  // is aborted: what is posted meanwhile waits (reset_mu_) until every lane is
+  // down, and what was posted after the reset began is not its to fail.
   Lane::Doomed doomed;
-  for (auto& l : lanes_) l->Abort(status, msg, &doomed);
+  {
+    std::unique_lock resetting(reset_mu_);
+    for (auto& l : lanes_) l->Abort(status, msg, &doomed, keep_from);
+  }
   Lane::Fail(doomed);
 }
 
@@ -154,6 +164,7 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   // A WRITE from GPU memory never goes out from here: staging it waits on copies.
   const bool direct =
       is_read || (n_frames == 1 && plan[0].bytes <= kDirectSendMax && !local->on_gpu());
+  std::shared_lock no_reset(reset_mu_);
   for (uint32_t i = 0; i < n_frames; ++i) {
     FramePtr& f = frames[i];
     try {

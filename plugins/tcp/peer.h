@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,12 @@ class Peer : public std::enable_shared_from_this<Peer> {
   // once; otherwise *why says what was wrong and nothing was started.
   int Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uint64_t remote_id,
            std::string* why);
-  void ResetLanes(int status, const std::string& msg);
+  // Drops every lane's connection and fails the frames of transfers posted
+  // before `keep_from` (a PostedSoFar() taken before the cause of the reset
+  // could complete any transfer); later ones wait for the next connection.
+  void ResetLanes(int status, const std::string& msg, uint64_t keep_from);
+  // The seq the next posted transfer gets.
+  uint64_t PostedSoFar();
   void Stop(int status, const std::string& msg);
   // Called once per transfer as it completes.
   void Finished(const Xfer& x);
@@ -44,6 +50,9 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::atomic<uint64_t> next_req_{1};
   std::atomic<uint64_t> next_lane_{0};
   std::atomic<bool> stopped_{false};
+  // Held shared while a Post puts frames on lanes, unique while ResetLanes
+  // aborts them: no frame lands on a lane between two of its aborts.
+  std::shared_mutex reset_mu_;
   std::mutex seq_mu_;
   uint64_t next_seq_ = 1;
   std::set<uint64_t> notify_inflight_;  // seqs of unfinished notify transfers
