@@ -8,8 +8,8 @@
 
 namespace ferry {
 
-std::vector<FenceResult> EngineImpl::fence_inbound(const std::string& peer,
-                                                   const std::vector<FenceEntry>& entries) {
+std::vector<FenceResult> serve_fence(const BackendSet& backends, const std::string& peer,
+                                     const std::vector<FenceEntry>& entries) {
   // How long a plugin may take to make its lanes pass their fence check.
   constexpr auto kServeFor = std::chrono::seconds(5);
   std::vector<FenceResult> out(entries.size());
@@ -19,14 +19,8 @@ std::vector<FenceResult> EngineImpl::fence_inbound(const std::string& peer,
     by_backend[entries[i].backend].push_back(i);
   }
   for (const auto& [name, idx] : by_backend) {
-    BackendPtr b, retired;
-    {
-      std::shared_lock lk(mu_);
-      for (const auto& x : backends_)
-        if (x->name == name) b = x;
-      if (auto r = retired_backends_.find(name); !b && r != retired_backends_.end())
-        retired = r->second;
-    }
+    BackendPtr b = backends.find(name);
+    BackendPtr retired = b ? nullptr : backends.find_retired(name);
     if (!b) {
       // Not loaded here now. Removed: once its fini has returned (the life lock
       // is free) its lanes are gone and nothing more of it lands, though part may
@@ -44,10 +38,10 @@ std::vector<FenceResult> EngineImpl::fence_inbound(const std::string& peer,
     for (size_t i : idx) ids.push_back(entries[i].attempt);
     std::vector<ferry_fence_result_v1> res(ids.size());
     // On host->now_ns()'s clock (steady_clock).
-    const uint64_t deadline = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(
-            (std::chrono::steady_clock::now() + kServeFor).time_since_epoch())
-            .count());
+    const uint64_t deadline =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  (std::chrono::steady_clock::now() + kServeFor).time_since_epoch())
+                                  .count());
     int rc;
     {
       std::shared_lock life(b->life);

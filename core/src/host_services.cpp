@@ -54,11 +54,7 @@ void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) 
   std::shared_ptr<Attempt> a = std::move(*ref);
   delete ref;
   try {
-    if (a->settled.exchange(true)) {  // the watchdog already ended this attempt
-      b->engine->late_completion(a);
-      return;
-    }
-    b->engine->attempt_done(a, status, message ? message : "");
+    b->engine->transfers().complete(a, status, message);
   } catch (...) {
     host_failed("complete");
     // Still end the transfer: its application must not wait forever.
@@ -86,7 +82,8 @@ int host_auth_sign(void* hctx, const void* challenge, size_t len, uint8_t mac[32
   }
 }
 
-int host_auth_verify(void* hctx, const void* challenge, size_t len, const uint8_t mac[32]) noexcept {
+int host_auth_verify(void* hctx, const void* challenge, size_t len,
+                     const uint8_t mac[32]) noexcept {
   try {
     auto* b = static_cast<Backend*>(hctx);
     if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
@@ -167,13 +164,7 @@ std::string plugin_error_name(int rc) {
 int EngineImpl::ctrl_send(Backend& b, const char* peer_key, const void* msg, size_t len) {
   std::string host;
   uint16_t port = 0;
-  {
-    std::shared_lock lk(mu_);
-    auto it = peers_.find(peer_key);
-    if (it == peers_.end()) return FERRY_ERR_NOT_FOUND;
-    host = it->second->desc.host;
-    port = it->second->desc.port;
-  }
+  if (!registry_.peer_address(peer_key, host, port)) return FERRY_ERR_NOT_FOUND;
   std::string err;
   int rc =
       control_->send(peer_key, host, port, CtrlType::PLUGIN, plugin_body(b.name, msg, len), &err);

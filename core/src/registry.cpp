@@ -1,16 +1,16 @@
-// The registry: remote engines (peers) and local and remote memory. Descriptors
-// are validated and imported here; transfers find their (local, remote) pair
-// through resolve() and never touch the maps themselves.
+// The registry (registry.h): peers, local memory, imports of remote memory and
+// the plugin handles made for them, behind one lock. Plugins are called with
+// the lock released (they may call back into the core) and with the backend's
+// life lock held: shared to make a handle, unique to free one.
+#include "registry.h"
+
 #include <algorithm>
 
-#include "engine_impl.h"
 #include "gpu_runtime.h"
 #include "log.h"
 
 namespace ferry {
 
-// What a plugin is told about a peer and about a local region (pointers borrowed
-// from the descriptor, valid while it lives).
 ferry_peer_v1 peer_view(const EngineDesc& d, bool same_host, const std::vector<uint8_t>& blob) {
   ferry_peer_v1 pv{};
   pv.struct_size = sizeof pv;
@@ -41,37 +41,44 @@ std::set<std::string> names_of(const std::map<std::string, std::vector<uint8_t>>
   for (const auto& [k, v] : m) s.insert(k);
   return s;
 }
+
+// Takes the handle `name` out of a handles map; nullptr when it had none.
+void* take(std::map<std::string, void*>& handles, const std::string& name) {
+  auto it = handles.find(name);
+  if (it == handles.end()) return nullptr;
+  void* h = it->second;
+  handles.erase(it);
+  return h;
+}
 }  // namespace
 
+Registry::Registry(std::string self_key, uint64_t self_instance, std::string node_id,
+                   BackendSet& backends)
+    : self_key_(std::move(self_key)),
+      self_instance_(self_instance),
+      node_id_(std::move(node_id)),
+      backends_(backends) {}
 
-// ---- remote engines -------------------------------------------------------------
+// ---- peers --------------------------------------------------------------------------
 
-Result EngineImpl::register_remote_engine(const EngineDesc& d) {
+Result Registry::check_peer(const EngineDesc& d) const {
   if (d.key.empty() || d.key.size() > kMaxKeyBytes)
     return {StatusCode::ERR_INVALID_ARGS, "bad engine key"};
-  if (d.key == key_) return {StatusCode::ERR_INVALID_ARGS, "cannot register an engine with itself"};
+  if (d.key == self_key_)
+    return {StatusCode::ERR_INVALID_ARGS, "cannot register an engine with itself"};
   if (d.port == 0) return {StatusCode::ERR_INVALID_ARGS, "engine descriptor has port 0"};
-  bool known;
-  uint64_t old_instance = 0;
-  {
-    std::shared_lock lk(mu_);
-    auto it = peers_.find(d.key);
-    known = it != peers_.end();
-    if (known) old_instance = it->second->desc.instance;
-  }
-  // A restarted peer: start afresh (its fence state too, when it is a new life).
-  if (known) deregister_peer(d.key, /*keep_fence=*/old_instance == d.instance);
+  return {};
+}
 
+Result Registry::add_peer(const EngineDesc& d) {
+  if (Result r = check_peer(d); !r.ok()) return r;
   auto p = std::make_shared<PeerEntry>();
   p->desc = d;
   p->same_host = d.node_id == node_id_;
   p->advertised = names_of(d.backends);
-  std::vector<BackendPtr> bs;
-  {
-    std::shared_lock lk(mu_);
-    bs = backends_;
-  }
-  for (const auto& b : bs) {
+  std::map<std::string, void*> handles;
+  std::map<std::string, std::string> unreachable;
+  for (const auto& b : backends_.snapshot()) {
     auto it = d.backends.find(b->name);
     if (it == d.backends.end()) continue;
     ferry_peer_v1 pv = peer_view(d, p->same_host, it->second);
@@ -80,28 +87,65 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
     if (b->removed) continue;
     int rc = b->ops->peer_add(b->ctx, &pv, &h);
     if (rc == FERRY_OK)
-      p->handles[b->name] = h;
+      handles[b->name] = h;
     else
-      p->unreachable[b->name] = plugin_error_name(rc);
+      unreachable[b->name] = plugin_error_name(rc);
   }
-  std::unique_lock lk(mu_);
-  peers_[d.key] = p;
+  std::shared_ptr<PeerEntry> raced;
+  {
+    std::unique_lock lk(mu_);
+    p->handles = std::move(handles);
+    p->unreachable = std::move(unreachable);
+    auto& slot = peers_[d.key];
+    raced = slot;
+    slot = p;
+  }
+  // Two registrations of one key at once: the later one stays. The one it
+  // replaced is released like a deregistered peer (its imports stay with the key).
+  if (raced) {
+    raced->gone = true;
+    for (const auto& b : backends_.snapshot()) {
+      std::unique_lock life(b->life);
+      if (b->removed) continue;
+      void* h;
+      {
+        std::unique_lock lk(mu_);
+        h = take(raced->handles, b->name);
+      }
+      if (h) b->ops->peer_remove(b->ctx, h);
+    }
+  }
   return {};
 }
 
-Result EngineImpl::deregister_remote_engine(const std::string& key) {
-  return deregister_peer(key, /*keep_fence=*/false);
+std::optional<uint64_t> Registry::peer_instance(const std::string& key) const {
+  std::shared_lock lk(mu_);
+  auto it = peers_.find(key);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second->desc.instance;
 }
 
-Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence) {
+bool Registry::has_peer(const std::string& key) const {
+  std::shared_lock lk(mu_);
+  return peers_.count(key) > 0;
+}
+
+bool Registry::peer_address(const std::string& key, std::string& host, uint16_t& port) const {
+  std::shared_lock lk(mu_);
+  auto it = peers_.find(key);
+  if (it == peers_.end()) return false;
+  host = it->second->desc.host;
+  port = it->second->desc.port;
+  return true;
+}
+
+bool Registry::remove_peer(const std::string& key) {
   std::shared_ptr<PeerEntry> p;
   std::vector<std::shared_ptr<RemoteMem>> mems;
-  std::vector<BackendPtr> bs;
   {
     std::unique_lock lk(mu_);
     auto it = peers_.find(key);
-    if (it == peers_.end())
-      return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
+    if (it == peers_.end()) return false;
     p = it->second;
     p->gone = true;
     peers_.erase(it);
@@ -116,38 +160,27 @@ Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence) {
     auto [rb, re] = retired_remote_mems_.equal_range(key);
     for (auto r = rb; r != re; ++r) mems.push_back(r->second);
     retired_remote_mems_.erase(rb, re);
-    bs = backends_;
   }
-  control_->forget_peer(key);
-  if (!keep_fence) fencer_->reset(key);
-  for (const auto& b : bs) {
+  for (const auto& b : backends_.snapshot()) {
     std::unique_lock life(b->life);  // no post() may be using the handles freed here
     if (b->removed) continue;
-    void* ph = nullptr;
+    void* ph;
     std::vector<void*> rhs;
     {
       std::unique_lock lk(mu_);
-      if (auto h = p->handles.find(b->name); h != p->handles.end()) {
-        ph = h->second;
-        p->handles.erase(h);
-      }
+      ph = take(p->handles, b->name);
       for (auto& m : mems)
-        if (auto h = m->handles.find(b->name); h != m->handles.end()) {
-          rhs.push_back(h->second);
-          m->handles.erase(h);
-        }
+        if (void* h = take(m->handles, b->name)) rhs.push_back(h);
     }
     if (ph) b->ops->peer_remove(b->ctx, ph);
     for (void* h : rhs) b->ops->mem_release(b->ctx, h);
   }
-  health_->forget_peer(key);
-  inbound_.forget_peer(key);
-  return {};
+  return true;
 }
 
-// ---- memory -----------------------------------------------------------------------
+// ---- local memory -------------------------------------------------------------------
 
-MemoryDesc EngineImpl::register_memory(void* addr, size_t size, int device, MemoryLocation loc) {
+MemoryDesc Registry::register_memory(void* addr, size_t size, int device, MemoryLocation loc) {
   if (!addr) throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: null address");
   if (size == 0) throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: size 0");
   if (reinterpret_cast<uintptr_t>(addr) + size < reinterpret_cast<uintptr_t>(addr))
@@ -169,8 +202,8 @@ MemoryDesc EngineImpl::register_memory(void* addr, size_t size, int device, Memo
                          : "no GPU runtime (libcudart / libamdhip64) could be loaded"));
   auto m = std::make_shared<LocalMem>();
   m->addr = addr;
-  m->desc.engine_key = key_;
-  m->desc.engine_instance = instance_;
+  m->desc.engine_key = self_key_;
+  m->desc.engine_instance = self_instance_;
   m->desc.location = loc;
   m->desc.device = loc == MemoryLocation::GPU ? device : -1;
   if (loc == MemoryLocation::GPU) {
@@ -179,13 +212,12 @@ MemoryDesc EngineImpl::register_memory(void* addr, size_t size, int device, Memo
   }
   m->desc.addr = reinterpret_cast<uint64_t>(addr);
   m->desc.size = size;
-  std::vector<BackendPtr> bs;
   {
     std::unique_lock lk(mu_);
     m->desc.id = next_mem_id_++;
-    bs = backends_;
   }
-  for (const auto& b : bs) {
+  // Nobody else sees `m` before it is published below: no lock for its maps.
+  for (const auto& b : backends_.snapshot()) {
     ferry_mem_v1 mv = mem_view(*m);
     std::vector<uint8_t> blob(FERRY_MAX_BLOB);
     size_t len = blob.size();
@@ -199,7 +231,7 @@ MemoryDesc EngineImpl::register_memory(void* addr, size_t size, int device, Memo
       m->handles[b->name] = h;
       m->advertised.insert(b->name);
     } else if (rc != FERRY_ERR_UNSUPPORTED) {
-      FERRY_LOG(WARN, key_, b->name + " could not register memory: " + plugin_error_name(rc));
+      FERRY_LOG(WARN, self_key_, b->name + " could not register memory: " + plugin_error_name(rc));
     }
   }
   std::unique_lock lk(mu_);
@@ -207,12 +239,12 @@ MemoryDesc EngineImpl::register_memory(void* addr, size_t size, int device, Memo
   return m->desc;
 }
 
-Result EngineImpl::deregister_memory(const MemoryDesc& d) {
+Result Registry::deregister_memory(const MemoryDesc& d) {
   std::shared_ptr<LocalMem> m;
   {
     std::unique_lock lk(mu_);
     auto it = local_mems_.find(d.id);
-    if (d.engine_key != key_ || it == local_mems_.end())
+    if (d.engine_key != self_key_ || it == local_mems_.end())
       return {StatusCode::ERR_NOT_FOUND,
               "memory " + std::to_string(d.id) + " is not registered here"};
     m = it->second;
@@ -223,43 +255,31 @@ Result EngineImpl::deregister_memory(const MemoryDesc& d) {
     std::unique_lock lk(m->mu);
     m->idle.wait(lk, [&] { return m->inflight == 0; });
   }
-  std::vector<BackendPtr> bs;
-  {
-    std::shared_lock lk(mu_);
-    bs = backends_;
-  }
-  for (const auto& b : bs) {
+  for (const auto& b : backends_.snapshot()) {
     std::unique_lock life(b->life);  // no post() may be using the handle freed here
     if (b->removed) continue;
-    void* h = nullptr;
+    void* h;
     {
       std::unique_lock lk(mu_);
-      auto it = m->handles.find(b->name);
-      if (it == m->handles.end()) continue;
-      h = it->second;
-      m->handles.erase(it);
+      h = take(m->handles, b->name);
     }
-    b->ops->mem_deregister(b->ctx, h);
+    if (h) b->ops->mem_deregister(b->ctx, h);
   }
   return {};
 }
 
-
 // ---- imports of remote memory -------------------------------------------------------
 
-std::shared_ptr<RemoteMem> EngineImpl::import_remote(const std::shared_ptr<PeerEntry>& peer,
-                                                     const MemoryDesc& d) {
+std::shared_ptr<RemoteMem> Registry::import_remote(const std::shared_ptr<PeerEntry>& peer,
+                                                   const MemoryDesc& d) {
   auto r = std::make_shared<RemoteMem>();
   r->desc = d;
   for (const auto& [name, blob] : d.backends) r->advertised.insert(name);
-  std::vector<BackendPtr> bs;
-  {
-    std::shared_lock lk(mu_);
-    bs = backends_;
-  }
-  for (const auto& b : bs) {
+  for (const auto& b : backends_.snapshot()) {
     auto blob = d.backends.find(b->name);
     if (blob == d.backends.end()) continue;
+    std::shared_lock life(b->life);  // keeps the peer handle valid too
+    if (b->removed) continue;
     void* ph;
     {
       std::shared_lock lk(mu_);
@@ -267,36 +287,34 @@ std::shared_ptr<RemoteMem> EngineImpl::import_remote(const std::shared_ptr<PeerE
       if (h == peer->handles.end()) continue;
       ph = h->second;
     }
-    std::shared_lock life(b->life);
-    if (b->removed) continue;
     void* rh = nullptr;
     int rc =
         b->ops->mem_import(b->ctx, ph, d.id, d.size, blob->second.data(), blob->second.size(), &rh);
     if (rc == FERRY_OK)
-      r->handles[b->name] = rh;
+      r->handles[b->name] = rh;  // `r` is not published yet
     else
-      FERRY_LOG(WARN, key_,
+      FERRY_LOG(WARN, self_key_,
                 b->name + " could not import memory " + std::to_string(d.id) + " of " +
                     d.engine_key + ": " + plugin_error_name(rc));
   }
   return r;
 }
 
-StatusCode EngineImpl::resolve(const MemoryDesc& local, const MemoryDesc& remote, MemPair& out,
-                               std::string& why) {
+StatusCode Registry::resolve(const MemoryDesc& local, const MemoryDesc& remote, MemPair& out,
+                             std::string& why) {
   {
     std::shared_lock lk(mu_);
-    auto lm = local.engine_key == key_ ? local_mems_.find(local.id) : local_mems_.end();
+    auto lm = local.engine_key == self_key_ ? local_mems_.find(local.id) : local_mems_.end();
     if (lm == local_mems_.end()) {
       why = "local memory " + std::to_string(local.id) + " of '" + local.engine_key +
-            "' is not registered with engine '" + key_ + "'";
+            "' is not registered with engine '" + self_key_ + "'";
       return StatusCode::ERR_NOT_FOUND;
     }
     out.local = lm->second;
     auto p = peers_.find(remote.engine_key);
     if (p == peers_.end()) {
-      why =
-          "remote engine '" + remote.engine_key + "' is not registered with engine '" + key_ + "'";
+      why = "remote engine '" + remote.engine_key + "' is not registered with engine '" +
+            self_key_ + "'";
       return StatusCode::ERR_NOT_FOUND;
     }
     out.peer = p->second;
@@ -335,24 +353,116 @@ StatusCode EngineImpl::resolve(const MemoryDesc& local, const MemoryDesc& remote
   return StatusCode::ERR_NOT_FOUND;
 }
 
-void EngineImpl::release_remote(const std::shared_ptr<RemoteMem>& r) {
-  std::vector<BackendPtr> bs;
-  {
-    std::shared_lock lk(mu_);
-    bs = backends_;
-  }
-  for (const auto& b : bs) {
-    void* h = nullptr;
+void Registry::release_remote(const std::shared_ptr<RemoteMem>& r) {
+  for (const auto& b : backends_.snapshot()) {
+    std::unique_lock life(b->life);  // no post() may be using the handle
+    void* h;
     {
       std::unique_lock lk(mu_);
-      auto it = r->handles.find(b->name);
-      if (it == r->handles.end()) continue;
-      h = it->second;
-      r->handles.erase(it);
+      h = take(r->handles, b->name);
     }
-    std::unique_lock life(b->life);  // no post() may be using the handle
-    if (!b->removed) b->ops->mem_release(b->ctx, h);
+    if (h && !b->removed) b->ops->mem_release(b->ctx, h);
   }
+}
+
+bool Registry::alive(const MemPair& pair) const {
+  std::shared_lock lk(mu_);
+  auto p = peers_.find(pair.peer->desc.key);
+  auto l = local_mems_.find(pair.local->desc.id);
+  return p != peers_.end() && p->second == pair.peer && l != local_mems_.end() &&
+         l->second == pair.local;
+}
+
+std::string Registry::unusable(const MemPair& pair, const std::string& backend) const {
+  std::shared_lock lk(mu_);
+  if (!pair.peer->handles.count(backend)) {
+    auto u = pair.peer->unreachable.find(backend);
+    return "cannot reach the peer" + (u == pair.peer->unreachable.end() ? "" : ": " + u->second);
+  }
+  if (!pair.remote->handles.count(backend)) return "remote memory could not be imported";
+  return {};
+}
+
+bool Registry::handles(const MemPair& pair, const std::string& backend, Handles& out) const {
+  std::shared_lock lk(mu_);
+  auto p = pair.peer->handles.find(backend);
+  auto l = pair.local->handles.find(backend);
+  auto r = pair.remote->handles.find(backend);
+  if (p == pair.peer->handles.end() || l == pair.local->handles.end() ||
+      r == pair.remote->handles.end())
+    return false;
+  out = {p->second, l->second, r->second};
+  return true;
+}
+
+// ---- backends coming and going --------------------------------------------------------
+
+void Registry::attach(const BackendPtr& b) {
+  std::vector<std::shared_ptr<PeerEntry>> peers;
+  std::vector<std::shared_ptr<LocalMem>> mems;
+  {
+    std::shared_lock lk(mu_);
+    for (auto& [k, p] : peers_) peers.push_back(p);
+    for (auto& [k, m] : local_mems_) mems.push_back(m);
+  }
+  const std::string& name = b->name;
+  std::map<PeerEntry*, std::pair<void*, std::string>> peer_results;
+  for (auto& p : peers) {
+    auto it = p->desc.backends.find(name);
+    if (it == p->desc.backends.end()) continue;
+    ferry_peer_v1 pv = peer_view(p->desc, p->same_host, it->second);
+    void* h = nullptr;
+    int rc = b->ops->peer_add(b->ctx, &pv, &h);
+    peer_results[p.get()] = {rc == FERRY_OK ? h : nullptr,
+                             rc == FERRY_OK ? "" : plugin_error_name(rc)};
+  }
+  std::map<LocalMem*, std::pair<void*, std::vector<uint8_t>>> mem_results;
+  for (auto& m : mems) {
+    ferry_mem_v1 mv = mem_view(*m);
+    std::vector<uint8_t> blob(FERRY_MAX_BLOB);
+    size_t len = blob.size();
+    void* h = nullptr;
+    if (b->ops->mem_register(b->ctx, &mv, &h, blob.data(), &len) == FERRY_OK &&
+        len <= FERRY_MAX_BLOB) {
+      blob.resize(len);
+      mem_results[m.get()] = {h, std::move(blob)};
+    }
+  }
+  std::unique_lock lk(mu_);
+  for (auto& p : peers) {
+    auto r = peer_results.find(p.get());
+    if (r == peer_results.end()) continue;
+    if (r->second.first)
+      p->handles[name] = r->second.first;
+    else
+      p->unreachable[name] = r->second.second;
+  }
+  for (auto& m : mems) {
+    auto r = mem_results.find(m.get());
+    if (r == mem_results.end()) continue;
+    m->handles[name] = r->second.first;
+    m->desc.backends[name] = std::move(r->second.second);
+    m->advertised.insert(name);
+  }
+}
+
+void Registry::detach(const BackendPtr& b) {
+  // Collect under the lock, call the plugin outside it.
+  std::vector<void*> remote_handles, local_handles, peer_handles;
+  {
+    std::unique_lock lk(mu_);
+    for (auto& [k, r] : remote_mems_)
+      if (void* h = take(r->handles, b->name)) remote_handles.push_back(h);
+    for (auto& [k, r] : retired_remote_mems_)
+      if (void* h = take(r->handles, b->name)) remote_handles.push_back(h);
+    for (auto& [k, m] : local_mems_)
+      if (void* h = take(m->handles, b->name)) local_handles.push_back(h);
+    for (auto& [k, p] : peers_)
+      if (void* h = take(p->handles, b->name)) peer_handles.push_back(h);
+  }
+  for (void* h : peer_handles) b->ops->peer_remove(b->ctx, h);
+  for (void* h : remote_handles) b->ops->mem_release(b->ctx, h);
+  for (void* h : local_handles) b->ops->mem_deregister(b->ctx, h);
 }
 
 }  // namespace ferry

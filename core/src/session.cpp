@@ -12,14 +12,16 @@ struct Session::Impl {
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Session::~Session() = default;
 
-TransferUid Session::allocate_transfer_uid() { return impl_->engine->next_uid_.fetch_add(1); }
+TransferUid Session::allocate_transfer_uid() { return impl_->engine->allocate_uid(); }
 
 TransferStatus Session::read(size_t loff, size_t roff, size_t size, TransferUid uid, bool notify) {
-  return impl_->engine->submit_pair(impl_->pair, Op::READ, &loff, &roff, &size, 1, uid, notify);
+  return impl_->engine->transfers().submit(impl_->pair, Op::READ, &loff, &roff, &size, 1, uid,
+                                           notify);
 }
 
 TransferStatus Session::write(size_t loff, size_t roff, size_t size, TransferUid uid, bool notify) {
-  return impl_->engine->submit_pair(impl_->pair, Op::WRITE, &loff, &roff, &size, 1, uid, notify);
+  return impl_->engine->transfers().submit(impl_->pair, Op::WRITE, &loff, &roff, &size, 1, uid,
+                                           notify);
 }
 
 namespace {
@@ -34,8 +36,8 @@ TransferStatus Session::batch_read(const std::vector<size_t>& loffs,
                                    const std::vector<size_t>& roffs,
                                    const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
   if (loffs.size() != sizes.size() || roffs.size() != sizes.size()) return length_mismatch();
-  return impl_->engine->submit_pair(impl_->pair, Op::READ, loffs.data(), roffs.data(),
-                                    sizes.data(), sizes.size(), uid, notify);
+  return impl_->engine->transfers().submit(impl_->pair, Op::READ, loffs.data(), roffs.data(),
+                                           sizes.data(), sizes.size(), uid, notify);
 }
 
 TransferStatus Session::batch_write(const std::vector<size_t>& loffs,
@@ -43,29 +45,22 @@ TransferStatus Session::batch_write(const std::vector<size_t>& loffs,
                                     const std::vector<size_t>& sizes, TransferUid uid,
                                     bool notify) {
   if (loffs.size() != sizes.size() || roffs.size() != sizes.size()) return length_mismatch();
-  return impl_->engine->submit_pair(impl_->pair, Op::WRITE, loffs.data(), roffs.data(),
-                                    sizes.data(), sizes.size(), uid, notify);
+  return impl_->engine->transfers().submit(impl_->pair, Op::WRITE, loffs.data(), roffs.data(),
+                                           sizes.data(), sizes.size(), uid, notify);
 }
 
-bool Session::alive() const {
-  EngineImpl& e = *impl_->engine;
-  std::shared_lock lk(e.mu_);
-  auto p = e.peers_.find(impl_->pair.peer->desc.key);
-  auto l = e.local_mems_.find(impl_->pair.local->desc.id);
-  return p != e.peers_.end() && p->second == impl_->pair.peer && l != e.local_mems_.end() &&
-         l->second == impl_->pair.local;
-}
+bool Session::alive() const { return impl_->engine->registry().alive(impl_->pair); }
 
 std::unique_ptr<Session> Engine::create_session(const MemoryDesc& local, const MemoryDesc& remote,
                                                 Result* why) {
   MemPair pair;
   std::string reason;
-  StatusCode c = impl_->resolve(local, remote, pair, reason);
+  StatusCode c = impl_->registry().resolve(local, remote, pair, reason);
   if (c == StatusCode::SUCCESS) {
     // A session needs a backend for at least one direction.
     std::string w1, w2;
-    if (impl_->route_for(pair, Op::WRITE, 1, w1).empty() &&
-        impl_->route_for(pair, Op::READ, 1, w2).empty()) {
+    if (impl_->transfers().route_for(pair, Op::WRITE, 1, w1).empty() &&
+        impl_->transfers().route_for(pair, Op::READ, 1, w2).empty()) {
       c = StatusCode::ERR_BAD_STATE;
       reason = w1;
     }
@@ -75,7 +70,8 @@ std::unique_ptr<Session> Engine::create_session(const MemoryDesc& local, const M
     return nullptr;
   }
   if (why) *why = {};
-  return std::make_unique<Session>(std::make_unique<Session::Impl>(Session::Impl{impl_.get(), pair}));
+  return std::make_unique<Session>(
+      std::make_unique<Session::Impl>(Session::Impl{impl_.get(), pair}));
 }
 
 }  // namespace ferry

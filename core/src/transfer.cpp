@@ -10,13 +10,16 @@
 //                         all landed: SUCCESS; none or part: as above; no answer
 //                         by the deadline: ERR_OUTCOME_UNKNOWN, the peer fenced.
 // The final error names every attempt. Everything ends by the transfer's
-// deadline (submit + policy timeout). Peers and memory are the registry's
-// (registry.cpp): a transfer gets its pair from resolve() and keeps it.
+// deadline (submit + policy timeout). Peers and memory are the registry's: a
+// transfer gets its pair from Registry::resolve() and keeps it.
+#include "transfer.h"
+
 #include <algorithm>
 #include <chrono>
 
-#include "engine_impl.h"
+#include "control_plane.h"
 #include "log.h"
+#include "router.h"
 
 namespace ferry {
 
@@ -60,17 +63,34 @@ Transfer::~Transfer() {
   if (--pair.local->inflight == 0) pair.local->idle.notify_all();
 }
 
-Attempt::~Attempt() { transfer->engine->watchdog_.disarm(this); }
+Attempt::~Attempt() { transfer->owner->watchdog_.disarm(this); }
 
 void Attempt::on_deadline() {
   if (settled.exchange(true)) return;
   by_watchdog = true;
-  transfer->engine->attempt_done(shared_from_this(), FERRY_ERR_TIMEOUT,
-                                 "no completion from the backend within the deadline");
+  transfer->owner->attempt_done(shared_from_this(), FERRY_ERR_TIMEOUT,
+                                "no completion from the backend within the deadline");
 }
 
-std::vector<BackendPtr> EngineImpl::route_for(const MemPair& pair, Op op, uint64_t bytes,
-                                              std::string& why) {
+Transfers::Transfers(Parts parts)
+    : self_key_(parts.self_key),
+      policy_(parts.policy),
+      health_(parts.health),
+      backends_(parts.backends),
+      registry_(parts.registry),
+      control_(parts.control),
+      fencer_(&parts.control) {}
+
+void Transfers::complete(std::shared_ptr<Attempt> a, int status, const char* message) {
+  if (a->settled.exchange(true)) {  // the watchdog already ended this attempt
+    late_completion(a);
+    return;
+  }
+  attempt_done(a, status, message ? message : "");
+}
+
+std::vector<BackendPtr> Transfers::route_for(const MemPair& pair, Op op, uint64_t bytes,
+                                             std::string& why) {
   RouteInputs in;
   in.query.peer_key = pair.peer->desc.key;
   in.query.peer_host = pair.peer->desc.host;
@@ -81,8 +101,8 @@ std::vector<BackendPtr> EngineImpl::route_for(const MemPair& pair, Op op, uint64
   in.query.op = op;
   const int rule = policy_.match(in.query);
   const auto key = std::make_tuple(pair.local->desc.id, static_cast<int>(op), rule);
-  const uint64_t bgen = backend_generation_.load(std::memory_order_acquire);
-  const uint64_t hgen = health_->generation();
+  const uint64_t bgen = backends_.generation();
+  const uint64_t hgen = health_.generation();
   const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lk(pair.remote->route_mu);
@@ -100,32 +120,25 @@ std::vector<BackendPtr> EngineImpl::route_for(const MemPair& pair, Op op, uint64
   in.peer_backends = &pair.peer->advertised;
   in.local_mem_backends = &pair.local->advertised;
   in.remote_mem_backends = &pair.remote->advertised;
-  {
-    std::shared_lock lk(mu_);
-    in.loaded = loaded_;
-    in.unusable = [&](const std::string& name) -> std::string {
-      if (!pair.peer->handles.count(name)) {
-        auto u = pair.peer->unreachable.find(name);
-        return "cannot reach the peer" +
-               (u == pair.peer->unreachable.end() ? "" : ": " + u->second);
-      }
-      if (!pair.remote->handles.count(name)) return "remote memory could not be imported";
-      if (health_->state(pair.peer->desc.key, name) == Health::State::QUARANTINED) {
-        auto until = health_->quarantined_until(pair.peer->desc.key, name);
-        c.valid_until = std::min(c.valid_until, until);
-        return "quarantined for this peer for another " +
-               std::to_string(
-                   std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) +
-               " ms";
-      }
-      return {};
-    };
-    RouteDecision d = route(policy_, in);
-    for (const auto& name : d.kept())
-      for (const auto& b : backends_)
-        if (b->name == name) c.route.push_back(b);
-    if (c.route.empty()) c.why = "no backend can serve this transfer (" + d.dropped_summary() + ")";
-  }
+  const std::vector<BackendPtr> loaded = backends_.snapshot();
+  for (const auto& b : loaded) in.loaded.emplace_back(b->name, b->caps);
+  in.unusable = [&](const std::string& name) -> std::string {
+    if (std::string why_not = registry_.unusable(pair, name); !why_not.empty()) return why_not;
+    if (health_.state(pair.peer->desc.key, name) == Health::State::QUARANTINED) {
+      auto until = health_.quarantined_until(pair.peer->desc.key, name);
+      c.valid_until = std::min(c.valid_until, until);
+      return "quarantined for this peer for another " +
+             std::to_string(
+                 std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) +
+             " ms";
+    }
+    return {};
+  };
+  RouteDecision d = route(policy_, in);
+  for (const auto& name : d.kept())
+    for (const auto& b : loaded)
+      if (b->name == name) c.route.push_back(b);
+  if (c.route.empty()) c.why = "no backend can serve this transfer (" + d.dropped_summary() + ")";
   why = c.why;
   std::vector<BackendPtr> out = c.route;
   std::lock_guard<std::mutex> lk(pair.remote->route_mu);
@@ -133,19 +146,9 @@ std::vector<BackendPtr> EngineImpl::route_for(const MemPair& pair, Op op, uint64
   return out;
 }
 
-TransferStatus EngineImpl::submit(Op op, const MemoryDesc& local, const MemoryDesc& remote,
-                                  const size_t* local_offs, const size_t* remote_offs,
-                                  const size_t* sizes, size_t n, TransferUid uid, bool notify) {
-  MemPair pair;
-  std::string why;
-  StatusCode c = resolve(local, remote, pair, why);
-  if (c != StatusCode::SUCCESS) return failed(c, why);
-  return submit_pair(pair, op, local_offs, remote_offs, sizes, n, uid, notify);
-}
-
-TransferStatus EngineImpl::submit_pair(const MemPair& pair, Op op, const size_t* local_offs,
-                                       const size_t* remote_offs, const size_t* sizes, size_t n,
-                                       TransferUid uid, bool notify) {
+TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local_offs,
+                                 const size_t* remote_offs, const size_t* sizes, size_t n,
+                                 TransferUid uid, bool notify) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
   if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
   if (pair.peer->gone.load(std::memory_order_relaxed))
@@ -154,7 +157,7 @@ TransferStatus EngineImpl::submit_pair(const MemPair& pair, Op op, const size_t*
                       "' was deregistered or registered again since this session was created; "
                       "create a new session");
   auto t = std::make_shared<Transfer>();
-  t->engine = this;
+  t->owner = this;
   t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
   t->flags = notify ? FERRY_XFER_NOTIFY : 0;
   t->uid = uid;
@@ -192,21 +195,26 @@ TransferStatus EngineImpl::submit_pair(const MemPair& pair, Op op, const size_t*
   return status;
 }
 
-void EngineImpl::finish(const TransferPtr& t, StatusCode code, std::string msg) {
+void Transfers::finish(const TransferPtr& t, StatusCode code, std::string msg) {
   t->status.Finish(code, std::move(msg));
 }
 
-Fencer::Target EngineImpl::fence_target(const TransferPtr& t) const {
+Fencer::Target Transfers::fence_target(const TransferPtr& t) const {
   const EngineDesc& d = t->pair.peer->desc;
   return {d.key, d.host, d.port, d.instance};
 }
 
-void EngineImpl::start_next(const TransferPtr& t) {
+void Transfers::start_next(const TransferPtr& t) {
+  if (shutting_down_) {
+    add_history(t->history, "engine shutting down");
+    finish(t, t->last_code, t->history);
+    return;
+  }
   // No attempt starts while the target is being fenced (it waits) or stays
   // fenced (it fails): an earlier attempt's bytes could still land over it.
   std::string why;
   const EngineDesc& peer = t->pair.peer->desc;
-  auto gate = fencer_->admit(
+  auto gate = fencer_.admit(
       peer.key, peer.instance,
       [this, t](bool go, const std::string& w) {
         if (go) {
@@ -229,13 +237,13 @@ void EngineImpl::start_next(const TransferPtr& t) {
       break;
     }
     if (std::chrono::steady_clock::now() >= t->deadline) {
-      add_history(t->history, "the transfer's deadline passed before " +
-                                  t->route[t->next]->name + " could be tried");
+      add_history(t->history, "the transfer's deadline passed before " + t->route[t->next]->name +
+                                  " could be tried");
       t->last_code = StatusCode::ERR_TIMEOUT;
       break;
     }
     BackendPtr b = t->route[t->next++];
-    auto hs = health_->state(t->pair.peer->desc.key, b->name);
+    auto hs = health_.state(t->pair.peer->desc.key, b->name);
     if (hs == Health::State::QUARANTINED) {
       add_history(t->history, b->name + ": quarantined");
       continue;
@@ -246,7 +254,7 @@ void EngineImpl::start_next(const TransferPtr& t) {
     t->last_code = status_from_plugin(rc);
     add_history(t->history, b->name + ": " + why);
     ++b->counters->failures;
-    if (!t->pair.peer->gone && health_->fail(t->pair.peer->desc.key, b->name))
+    if (!t->pair.peer->gone && health_.fail(t->pair.peer->desc.key, b->name))
       ++b->counters->quarantines;
     if (t->next < t->route.size()) ++b->counters->failovers;
   }
@@ -254,7 +262,7 @@ void EngineImpl::start_next(const TransferPtr& t) {
   finish(t, t->last_code, t->history);
 }
 
-int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why) {
+int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why) {
   // Hold the backend's life lock from the handle lookup through post(): the
   // calls that free plugin handles take it exclusively, so a handle found here
   // stays valid until the plugin has taken the transfer.
@@ -263,20 +271,10 @@ int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::str
     why = "backend was removed";
     return FERRY_ERR_BAD_STATE;
   }
-  void *ph, *lh, *rh;
-  {
-    std::shared_lock lk(mu_);
-    auto p = t->pair.peer->handles.find(b->name);
-    auto l = t->pair.local->handles.find(b->name);
-    auto r = t->pair.remote->handles.find(b->name);
-    if (p == t->pair.peer->handles.end() || l == t->pair.local->handles.end() ||
-        r == t->pair.remote->handles.end()) {
-      why = "the peer or the memory is no longer registered with this backend";
-      return FERRY_ERR_NOT_FOUND;
-    }
-    ph = p->second;
-    lh = l->second;
-    rh = r->second;
+  Registry::Handles h;
+  if (!registry_.handles(t->pair, b->name, h)) {
+    why = "the peer or the memory is no longer registered with this backend";
+    return FERRY_ERR_NOT_FOUND;
   }
   auto a = std::make_shared<Attempt>();
   a->transfer = t;
@@ -297,9 +295,9 @@ int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::str
   // cannot know whether what it sent arrived.
   x.flags = t->op == FERRY_OP_READ ? t->flags & ~FERRY_XFER_NOTIFY : t->flags;
   x.n_iov = static_cast<uint32_t>(t->iov.size());
-  x.peer = ph;
-  x.local_mem = lh;
-  x.remote_mem = rh;
+  x.peer = h.peer;
+  x.local_mem = h.local;
+  x.remote_mem = h.remote;
   x.iov = t->iov.data();
   x.uid = t->uid;
   x.deadline_ns = to_ns(attempt_deadline);
@@ -317,17 +315,16 @@ int EngineImpl::post_attempt(const TransferPtr& t, const BackendPtr& b, std::str
   return rc;
 }
 
-std::string EngineImpl::notify_by_core(const TransferPtr& t) {
+std::string Transfers::notify_by_core(const TransferPtr& t) {
   std::string err;
   const EngineDesc& d = t->pair.peer->desc;
-  int rc = control_ ? control_->send(d.key, d.host, d.port, CtrlType::NOTIFY,
-                                     notify_body(t->uid, 0), &err, t->deadline)
-                    : FERRY_ERR_BAD_STATE;
+  int rc = control_.send(d.key, d.host, d.port, CtrlType::NOTIFY, notify_body(t->uid, 0), &err,
+                         t->deadline);
   return rc == FERRY_OK ? std::string() : (err.empty() ? plugin_error_name(rc) : err);
 }
 
-void EngineImpl::attempt_done(const std::shared_ptr<Attempt>& a, int status,
-                              const std::string& msg) {
+void Transfers::attempt_done(const std::shared_ptr<Attempt>& a, int status,
+                             const std::string& msg) {
   watchdog_.disarm(a.get());
   const TransferPtr& t = a->transfer;
   Backend& b = *a->backend;
@@ -349,14 +346,14 @@ void EngineImpl::attempt_done(const std::shared_ptr<Attempt>& a, int status,
     // stays closed until the plugin's late completion says the attempt is over.
     ++b.counters->failures;
     a->closed_gate = true;
-    fencer_->close(fence_target(t), "peer '" + peer + "' is fenced: a " + b.name +
-                                        " attempt to it has not ended (" + message + ")");
+    fencer_.close(fence_target(t), "peer '" + peer + "' is fenced: a " + b.name +
+                                       " attempt to it has not ended (" + message + ")");
     add_history(t->history, b.name + ": " + message);
     finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
     return;
   }
-  const bool nothing_can_land = status == FERRY_ERR_NOT_SENT || t->op == FERRY_OP_READ ||
-                                (b.caps & FERRY_CAP_INITIATOR_COPY);
+  const bool nothing_can_land =
+      status == FERRY_ERR_NOT_SENT || t->op == FERRY_OP_READ || (b.caps & FERRY_CAP_INITIATOR_COPY);
   if (nothing_can_land) {
     attempt_failed(a, status, message);
     return;
@@ -368,18 +365,18 @@ void EngineImpl::attempt_done(const std::shared_ptr<Attempt>& a, int status,
     return;
   }
   auto self = a;
-  fencer_->fence(fence_target(t), b.name, a->id, t->deadline,
-                 [this, self, status, message](const FenceResult& r, const std::string& why) {
-                   attempt_fenced(self, status, message, r, why);
-                 });
+  fencer_.fence(fence_target(t), b.name, a->id, t->deadline,
+                [this, self, status, message](const FenceResult& r, const std::string& why) {
+                  attempt_fenced(self, status, message, r, why);
+                });
 }
 
-void EngineImpl::attempt_fenced(const std::shared_ptr<Attempt>& a, int status,
-                                const std::string& msg, const FenceResult& r,
-                                const std::string& why) {
+void Transfers::attempt_fenced(const std::shared_ptr<Attempt>& a, int status,
+                               const std::string& msg, const FenceResult& r,
+                               const std::string& why) {
   const TransferPtr& t = a->transfer;
   Backend& b = *a->backend;
-  if (!t->pair.peer->gone && health_->fail(t->pair.peer->desc.key, b.name))
+  if (!t->pair.peer->gone && health_.fail(t->pair.peer->desc.key, b.name))
     ++b.counters->quarantines;
   const std::string entry = b.name + ": " + msg + " (" + why + ")";
   switch (r.state) {
@@ -403,7 +400,7 @@ void EngineImpl::attempt_fenced(const std::shared_ptr<Attempt>& a, int status,
   finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
 }
 
-void EngineImpl::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
+void Transfers::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
   if (!owes_notify) {
     landed(a, {});
     return;
@@ -412,17 +409,17 @@ void EngineImpl::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
   const EngineDesc& d = t->pair.peer->desc;
   int rc = FERRY_ERR_BAD_STATE;
   std::string err;
-  if (control_ && control_->try_send(d.key, CtrlType::NOTIFY, notify_body(t->uid, 0), &rc, &err)) {
+  if (control_.try_send(d.key, CtrlType::NOTIFY, notify_body(t->uid, 0), &rc, &err)) {
     landed(a, rc == FERRY_OK ? std::string() : err);
     return;
   }
   // It has to connect (and say HELLO) first, which may take until the deadline:
   // not on this thread, perhaps the application's own inside post().
   auto self = a;
-  async_->run([this, self] { landed(self, notify_by_core(self->transfer)); });
+  async_.run([this, self] { landed(self, notify_by_core(self->transfer)); });
 }
 
-void EngineImpl::landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error) {
+void Transfers::landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error) {
   const TransferPtr& t = a->transfer;
   Backend& b = *a->backend;
   if (!notify_error.empty()) {
@@ -436,35 +433,36 @@ void EngineImpl::landed(const std::shared_ptr<Attempt>& a, const std::string& no
   }
   b.counters->bytes += t->total;
   ++b.counters->transfers;
-  health_->succeed(t->pair.peer->desc.key, b.name);
+  health_.succeed(t->pair.peer->desc.key, b.name);
   finish(t, StatusCode::SUCCESS, t->history.empty() ? std::string() : "after: " + t->history);
 }
 
-void EngineImpl::attempt_failed(const std::shared_ptr<Attempt>& a, int status,
-                                const std::string& msg, bool backend_at_fault) {
+void Transfers::attempt_failed(const std::shared_ptr<Attempt>& a, int status,
+                               const std::string& msg, bool backend_at_fault) {
   const TransferPtr& t = a->transfer;
   Backend& b = *a->backend;
   const std::string& peer = t->pair.peer->desc.key;
   t->last_code = status_from_plugin(status);
   add_history(t->history, b.name + ": " + msg);
   ++b.counters->failures;
-  if (backend_at_fault && !t->pair.peer->gone && health_->fail(peer, b.name))
+  if (backend_at_fault && !t->pair.peer->gone && health_.fail(peer, b.name))
     ++b.counters->quarantines;
   if (t->next < t->route.size() && t->attempts < policy_.max_attempts && !shutting_down_) {
     ++b.counters->failovers;
-    FERRY_LOG(INFO, key_,
+    FERRY_LOG(INFO, self_key_,
               "transfer " + std::to_string(t->uid) + " to " + peer + " failed on " + b.name + " (" +
                   msg + "); trying " + t->route[t->next]->name);
   }
   start_next(t);
 }
 
-void EngineImpl::late_completion(const std::shared_ptr<Attempt>& a) {
+void Transfers::late_completion(const std::shared_ptr<Attempt>& a) {
   if (!a->closed_gate.exchange(false)) return;
   const EngineDesc& d = a->transfer->pair.peer->desc;
-  FERRY_LOG(INFO, key_, a->backend->name + " copy to '" + d.key +
-                            "' ended after its deadline; transfers to it resume");
-  fencer_->reopen(d.key, d.instance);
+  FERRY_LOG(INFO, self_key_,
+            a->backend->name + " copy to '" + d.key +
+                "' ended after its deadline; transfers to it resume");
+  fencer_.reopen(d.key, d.instance);
 }
 
 }  // namespace ferry

@@ -1,0 +1,74 @@
+#include "backend_set.h"
+
+#include <algorithm>
+#include <mutex>
+
+namespace ferry {
+
+std::vector<BackendPtr> BackendSet::snapshot() const {
+  std::shared_lock lk(mu_);
+  return loaded_;
+}
+
+BackendPtr BackendSet::find(const std::string& name) const {
+  std::shared_lock lk(mu_);
+  for (const auto& b : loaded_)
+    if (b->name == name) return b;
+  return nullptr;
+}
+
+BackendPtr BackendSet::find_retired(const std::string& name) const {
+  std::shared_lock lk(mu_);
+  auto it = retired_.find(name);
+  return it == retired_.end() ? nullptr : it->second;
+}
+
+std::vector<std::pair<std::string, uint64_t>> BackendSet::loaded() const {
+  std::shared_lock lk(mu_);
+  std::vector<std::pair<std::string, uint64_t>> out;
+  out.reserve(loaded_.size());
+  for (const auto& b : loaded_) out.emplace_back(b->name, b->caps);
+  return out;
+}
+
+std::shared_ptr<BackendCounters> BackendSet::counters_for(const std::string& name) {
+  std::unique_lock lk(mu_);
+  auto& c = counters_[name];
+  if (!c) c = std::make_shared<BackendCounters>();
+  return c;
+}
+
+std::map<std::string, BackendStats> BackendSet::counter_values() const {
+  std::shared_lock lk(mu_);
+  std::map<std::string, BackendStats> out;
+  for (const auto& [name, c] : counters_) {
+    BackendStats& s = out[name];
+    s.bytes = c->bytes;
+    s.transfers = c->transfers;
+    s.failures = c->failures;
+    s.failovers = c->failovers;
+    s.quarantines = c->quarantines;
+  }
+  return out;
+}
+
+void BackendSet::add(const BackendPtr& b) {
+  std::unique_lock lk(mu_);
+  retired_.erase(b->name);
+  loaded_.push_back(b);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+BackendPtr BackendSet::remove(const std::string& name) {
+  std::unique_lock lk(mu_);
+  auto it = std::find_if(loaded_.begin(), loaded_.end(),
+                         [&](const BackendPtr& x) { return x->name == name; });
+  if (it == loaded_.end()) return nullptr;
+  BackendPtr b = *it;
+  loaded_.erase(it);
+  retired_[name] = b;
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  return b;
+}
+
+}  // namespace ferry

@@ -1,0 +1,71 @@
+// The plugin instances loaded in one engine, in load order, and the ones removed
+// (kept by name so a fence asked later can tell "removed" from "never loaded").
+// Private state behind its own lock; callers get snapshots and keep a Backend
+// alive by its shared_ptr.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "ferry/plugin.h"
+#include "plugin_loader.h"
+
+namespace ferry {
+
+class EngineImpl;
+
+struct BackendCounters {
+  std::atomic<uint64_t> bytes{0}, transfers{0}, failures{0}, failovers{0}, quarantines{0};
+};
+
+// One loaded plugin instance in this engine.
+struct Backend {
+  std::string name;
+  std::shared_ptr<PluginLibrary> lib;
+  const ferry_plugin_ops_v1* ops = nullptr;
+  void* ctx = nullptr;
+  uint64_t caps = 0;
+  std::vector<uint8_t> conn_blob;
+  ferry_host_v1 host{};  // host_ctx points at this Backend
+  EngineImpl* engine = nullptr;
+  std::shared_ptr<BackendCounters> counters;  // survive a remove / add of the name
+  // Calls into the plugin hold `life` shared; removal holds it unique and sets
+  // `removed`, so nothing reaches a plugin instance after fini().
+  std::shared_mutex life;
+  bool removed = false;
+};
+using BackendPtr = std::shared_ptr<Backend>;
+
+class BackendSet {
+ public:
+  std::vector<BackendPtr> snapshot() const;  // load order
+  BackendPtr find(const std::string& name) const;
+  // A backend of that name was loaded and removed (and not loaded again).
+  BackendPtr find_retired(const std::string& name) const;
+  bool has(const std::string& name) const { return find(name) != nullptr; }
+  // Name and capabilities in load order, what the router ranks among.
+  std::vector<std::pair<std::string, uint64_t>> loaded() const;
+  // Changes whenever a backend is added or removed (cached routes check it).
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+  // The counters kept for a name across its loads.
+  std::shared_ptr<BackendCounters> counters_for(const std::string& name);
+  std::map<std::string, BackendStats> counter_values() const;
+  void add(const BackendPtr& b);
+  // Takes it out of the set and keeps it as retired; nullptr when not loaded.
+  BackendPtr remove(const std::string& name);
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::vector<BackendPtr> loaded_;
+  std::map<std::string, BackendPtr> retired_;
+  std::map<std::string, std::shared_ptr<BackendCounters>> counters_;
+  std::atomic<uint64_t> generation_{0};
+};
+
+}  // namespace ferry

@@ -1,0 +1,215 @@
+// The engine's parts put together (engine_impl.h): construction and teardown,
+// backends loaded and removed, peers registered across the parts, stats.
+#include "engine_impl.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <random>
+
+#include "log.h"
+#include "node_id.h"
+
+namespace ferry {
+
+namespace {
+
+std::string token_from(const EngineConfig& c) {
+  if (!c.auth_token.empty()) return c.auth_token;
+  const char* env = std::getenv("FERRY_AUTH_TOKEN");
+  return env ? env : "";
+}
+
+const std::string& checked_key(const std::string& key) {
+  if (key.empty() || key.size() > kMaxKeyBytes)
+    throw Error(StatusCode::ERR_INVALID_ARGS, "engine key must be 1..255 bytes");
+  return key;
+}
+
+uint64_t random_instance() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
+  return v;
+}
+
+Policy policy_for(const EngineConfig& c) {
+  std::string file = c.policy_file;
+  if (file.empty())
+    if (const char* env = std::getenv("FERRY_POLICY"); env && *env) file = env;
+  Policy p = file.empty() ? builtin_policy() : load_policy_file(file);
+  if (c.timeout.count() > 0) p.timeout = c.timeout;
+  return p;
+}
+
+}  // namespace
+
+EngineImpl::EngineImpl(std::string key, EngineConfig config)
+    : key_(checked_key(key)),
+      config_(std::move(config)),
+      secret_(token_from(config_)),
+      node_id_(config_.node_id.empty() ? default_node_id() : config_.node_id),
+      instance_(random_instance()),
+      policy_(policy_for(config_)),
+      health_(std::make_unique<Health>(policy_.quarantine)),
+      registry_(key_, instance_, node_id_, backends_) {
+  ControlPlane::Handlers h;
+  h.is_known_peer = [this](const std::string& k) { return registry_.has_peer(k); };
+  h.on_plugin = [this](const std::string& peer, const std::string& plugin, const uint8_t* msg,
+                       size_t len) {
+    BackendPtr b = backends_.find(plugin);
+    if (!b) {
+      FERRY_LOG(WARN, key_, "control message for backend '" + plugin + "' which is not loaded");
+      return;
+    }
+    std::shared_lock life(b->life);
+    if (!b->removed) b->ops->on_ctrl(b->ctx, peer.c_str(), msg, len);
+  };
+  h.on_notify = [this](const std::string& peer, uint64_t uid, int32_t status) {
+    inbound(peer.c_str(), uid, status);
+  };
+  h.on_fence = [this](const std::string& peer, const std::vector<FenceEntry>& entries,
+                      uint64_t* instance) {
+    *instance = instance_;
+    return serve_fence(backends_, peer, entries);
+  };
+  control_ =
+      std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &secret_);
+  transfers_ = std::make_unique<Transfers>(
+      Transfers::Parts{key_, policy_, *health_, backends_, registry_, *control_});
+  if (secret_.enabled())
+    FERRY_LOG(INFO, key_,
+              "auth token set: peers must prove it on every control and data connection");
+  std::string stats_path = config_.stats_socket;
+  if (stats_path.empty())
+    if (const char* env = std::getenv("FERRY_STATS_SOCKET"); env && *env) stats_path = env;
+  if (!stats_path.empty()) {
+    stats_server_ = std::make_unique<StatsServer>(expand_stats_path(stats_path, key_),
+                                                  [this] { return stats_to_json(key_, stats()); });
+    FERRY_LOG(INFO, key_, "stats on unix socket " + stats_server_->path() + " (ferry stats PATH)");
+  }
+}
+
+EngineImpl::~EngineImpl() {
+  transfers_->shut_down();
+  stats_server_.reset();
+  // Backends first: a plugin's fini may still send control messages (ctrl_send
+  // uses control_), and control traffic arriving meanwhile finds them marked
+  // removed and is dropped. Then the lifecycle (its notifications and fences use
+  // control_), then the control plane.
+  std::vector<std::string> names = backend_names();
+  for (auto it = names.rbegin(); it != names.rend(); ++it) remove_backend(*it);
+  transfers_.reset();
+  control_.reset();
+}
+
+// ---- backends -----------------------------------------------------------------
+
+Result EngineImpl::add_backend(const std::string& name, const std::string& settings_json) {
+  if (backends_.has(name))
+    return {StatusCode::ERR_BAD_STATE, "backend '" + name + "' is already loaded"};
+  std::vector<std::string> dirs = config_.plugin_dirs;
+  dirs.insert(dirs.end(), policy_.plugin_dirs.begin(), policy_.plugin_dirs.end());
+  PluginLoad load = load_plugin(name, plugin_search_dirs(dirs));
+  if (!load.lib) return {StatusCode::ERR_NOT_FOUND, "backend '" + name + "': " + load.error};
+
+  auto b = std::make_shared<Backend>();
+  b->name = name;
+  b->lib = load.lib;
+  b->ops = load.lib->ops;
+  b->caps = b->ops->caps;
+  // FENCE is believed only from a plugin whose table has a fence() to call.
+  if (!FERRY_HAS_FIELD(ferry_plugin_ops_v1, b->ops, fence) || b->ops->fence == nullptr)
+    b->caps &= ~FERRY_CAP_FENCE;
+  b->engine = this;
+  init_host_services(*b);
+  std::string settings = settings_json.empty() ? policy_.settings_for(name) : settings_json;
+  char err[512] = {};
+  int rc = b->ops->init(&b->host, key_.c_str(), node_id_.c_str(), settings.c_str(), &b->ctx, err,
+                        sizeof err);
+  if (rc != FERRY_OK)
+    return {rc == FERRY_ERR_INVALID_ARGS ? StatusCode::ERR_INVALID_ARGS : StatusCode::ERR_BAD_STATE,
+            "backend '" + name + "' failed to start: " + (err[0] ? err : plugin_error_name(rc))};
+  std::vector<uint8_t> blob(FERRY_MAX_BLOB);
+  size_t len = blob.size();
+  rc = b->ops->conn_info(b->ctx, blob.data(), &len);
+  if (rc != FERRY_OK || len > FERRY_MAX_BLOB) {
+    b->ops->fini(b->ctx);
+    return {StatusCode::ERR_BAD_STATE, "backend '" + name + "': conn_info failed"};
+  }
+  blob.resize(len);
+  b->conn_blob = std::move(blob);
+  b->counters = backends_.counters_for(name);
+  registry_.attach(b);  // what exists already: peers and local memory
+  backends_.add(b);
+  FERRY_LOG(INFO, key_, "backend '" + name + "' loaded from " + load.lib->path);
+  return {};
+}
+
+Result EngineImpl::remove_backend(const std::string& name) {
+  BackendPtr b = backends_.remove(name);  // kept as retired: fences ask about it
+  if (!b) return {StatusCode::ERR_NOT_FOUND, "backend '" + name + "' is not loaded"};
+  std::unique_lock life(b->life);  // waits for calls in progress
+  registry_.detach(b);
+  b->ops->fini(b->ctx);  // completes whatever was still pending
+  b->removed = true;
+  return {};
+}
+
+std::vector<std::string> EngineImpl::backend_names() const {
+  std::vector<std::string> out;
+  for (const auto& b : backends_.snapshot()) out.push_back(b->name);
+  return out;
+}
+
+EngineDesc EngineImpl::desc() const {
+  EngineDesc d;
+  d.key = key_;
+  d.host = config_.host;
+  d.port = control_->port();
+  d.node_id = node_id_;
+  d.pid = static_cast<uint32_t>(::getpid());
+  d.instance = instance_;
+  for (const auto& b : backends_.snapshot()) d.backends[b->name] = b->conn_blob;
+  return d;
+}
+
+// ---- peers --------------------------------------------------------------------
+
+Result EngineImpl::register_remote_engine(const EngineDesc& d) {
+  if (Result r = registry_.check_peer(d); !r.ok()) return r;
+  // A restarted peer: start afresh (its fence state too, when it is a new life).
+  if (auto old = registry_.peer_instance(d.key))
+    deregister_peer(d.key, /*keep_fence=*/*old == d.instance);
+  return registry_.add_peer(d);
+}
+
+Result EngineImpl::deregister_remote_engine(const std::string& key) {
+  return deregister_peer(key, /*keep_fence=*/false);
+}
+
+Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence) {
+  if (!registry_.remove_peer(key))
+    return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
+  control_->forget_peer(key);
+  if (!keep_fence) transfers_->forget_fences(key);
+  health_->forget_peer(key);
+  inbound_.forget_peer(key);
+  return {};
+}
+
+// ---- stats ------------------------------------------------------------------------
+
+EngineStats EngineImpl::stats() const {
+  EngineStats s;
+  s.backends = backends_.counter_values();
+  s.inbound_notifications = inbound_count_;
+  s.ctrl_rejected = control_->rejected();
+  auto f = transfers_->fence_counts();
+  s.fences = f.fences;
+  s.fence_unknown = f.unknown;
+  s.fenced_peers = f.gated;
+  return s;
+}
+
+}  // namespace ferry

@@ -1,0 +1,162 @@
+// The registry: remote engines (peers), local memory and imports of remote
+// memory, and the plugin handles each backend made for them. Private state
+// behind its own lock; descriptors are validated and imported here. A transfer
+// gets its (local, remote) pair from resolve() and the plugin handles for one
+// attempt from handles(); nothing else reaches into the maps.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "backend_set.h"
+#include "ferry/ferry.hpp"
+#include "ferry/plugin.h"
+
+namespace ferry {
+
+struct PeerEntry {
+  EngineDesc desc;
+  bool same_host = false;
+  std::set<std::string> advertised;  // backends in the peer's descriptor
+  // Deregistered (or replaced by a re-registration of its key): sessions made
+  // for it refuse new transfers, and its late failures do not count against the
+  // health of the engine now registered under the key.
+  std::atomic<bool> gone{false};
+
+ private:
+  friend class Registry;
+  std::map<std::string, void*> handles;            // backend -> plugin peer handle
+  std::map<std::string, std::string> unreachable;  // backend -> why peer_add failed
+};
+
+struct LocalMem {
+  MemoryDesc desc;
+  void* addr = nullptr;
+  std::set<std::string> advertised;
+  // Transfers using this region as local memory; deregistration waits for zero.
+  std::mutex mu;
+  std::condition_variable idle;
+  uint64_t inflight = 0;
+
+ private:
+  friend class Registry;
+  std::map<std::string, void*> handles;
+};
+
+// A routing decision kept for one (local region, remote region, op, rule); valid
+// while neither the loaded backends nor any health state changed, and no
+// quarantine it relied on has ended.
+struct CachedRoute {
+  uint64_t backend_generation = 0;
+  uint64_t health_generation = 0;
+  std::chrono::steady_clock::time_point valid_until;
+  std::vector<BackendPtr> route;
+  std::string why;
+};
+
+struct RemoteMem {
+  MemoryDesc desc;
+  std::set<std::string> advertised;
+  std::mutex route_mu;  // the transfer lifecycle's route cache
+  std::map<std::tuple<uint64_t, int, int>, CachedRoute> routes;  // (local id, op, rule)
+
+ private:
+  friend class Registry;
+  std::map<std::string, void*> handles;
+};
+
+// A resolved (local, remote) pair: what a transfer and a Session keep.
+struct MemPair {
+  std::shared_ptr<PeerEntry> peer;
+  std::shared_ptr<LocalMem> local;
+  std::shared_ptr<RemoteMem> remote;
+};
+
+// Engine keys are 1..255 bytes (they travel as str8 on the wire).
+constexpr size_t kMaxKeyBytes = 255;
+
+class Registry {
+ public:
+  // self: this engine's key, instance and node id (same_host is node id equality).
+  Registry(std::string self_key, uint64_t self_instance, std::string node_id, BackendSet& backends);
+
+  // ---- peers
+  // What add_peer refuses: a bad key, this engine itself, port 0.
+  Result check_peer(const EngineDesc& d) const;
+  // Checks the descriptor and tells every loaded backend it advertises. A peer
+  // already known under the key should be removed first (remove_peer).
+  Result add_peer(const EngineDesc& d);
+  // The instance registered under `key`, or none.
+  std::optional<uint64_t> peer_instance(const std::string& key) const;
+  bool has_peer(const std::string& key) const;
+  // Host and port of a registered peer's control plane.
+  bool peer_address(const std::string& key, std::string& host, uint16_t& port) const;
+  // Takes the peer, its imports and their plugin handles away; false when unknown.
+  bool remove_peer(const std::string& key);
+
+  // ---- local memory
+  MemoryDesc register_memory(void* addr, size_t size, int device, MemoryLocation loc);
+  // Waits until no transfer uses the region (each ends by its deadline).
+  Result deregister_memory(const MemoryDesc& m);
+
+  // ---- what transfers use
+  // Descriptors -> registered state (re-imports a descriptor that changed).
+  StatusCode resolve(const MemoryDesc& local, const MemoryDesc& remote, MemPair& out,
+                     std::string& why);
+  // The pair's peer and local region are still the registered ones.
+  bool alive(const MemPair& pair) const;
+  // "" when `backend` holds handles for the pair's peer and remote region, else why not.
+  std::string unusable(const MemPair& pair, const std::string& backend) const;
+  struct Handles {
+    void* peer = nullptr;
+    void* local = nullptr;
+    void* remote = nullptr;
+  };
+  // The backend's handles for one attempt. Call with the backend's life lock
+  // held shared: the calls that free handles hold it unique.
+  bool handles(const MemPair& pair, const std::string& backend, Handles& out) const;
+
+  // ---- backends coming and going
+  // Tells a newly started backend about the peers and memory registered so far.
+  void attach(const BackendPtr& b);
+  // Releases every handle `b` made (its life lock held unique by the caller).
+  void detach(const BackendPtr& b);
+
+ private:
+  std::shared_ptr<RemoteMem> import_remote(const std::shared_ptr<PeerEntry>& peer,
+                                           const MemoryDesc& d);
+  void release_remote(const std::shared_ptr<RemoteMem>& r);
+
+  const std::string self_key_;
+  const uint64_t self_instance_;
+  const std::string node_id_;
+  BackendSet& backends_;
+
+  mutable std::shared_mutex mu_;  // the maps below and every handles map in them
+  std::map<std::string, std::shared_ptr<PeerEntry>> peers_;
+  std::unordered_map<uint64_t, std::shared_ptr<LocalMem>> local_mems_;
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<RemoteMem>> remote_mems_;
+  // Imports replaced by a newer descriptor, kept until their peer goes away.
+  std::multimap<std::string, std::shared_ptr<RemoteMem>> retired_remote_mems_;
+  uint64_t next_mem_id_ = 1;
+};
+
+// What a plugin is told about a peer and about a local region (pointers borrowed
+// from the descriptor, valid while it lives).
+ferry_peer_v1 peer_view(const EngineDesc& d, bool same_host, const std::vector<uint8_t>& blob);
+ferry_mem_v1 mem_view(const LocalMem& m);
+
+// Plugin error codes -> the user's status codes, and their names (host_services.cpp).
+StatusCode status_from_plugin(int rc);
+std::string plugin_error_name(int rc);
+
+}  // namespace ferry

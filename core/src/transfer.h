@@ -1,0 +1,139 @@
+// The transfer lifecycle (transfer.cpp): the one component where a transfer's
+// outcome is decided - its attempts, deadline, fence, failover, completion and
+// the notification the core owes. It owns the watchdog, the fencer and the
+// runner for notifications that must connect first; it borrows the registry
+// (pairs and plugin handles), the backends, the policy, the health table and
+// the control plane from the engine, which outlives it.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "async_runner.h"
+#include "backend_set.h"
+#include "fence.h"
+#include "ferry/ferry.hpp"
+#include "health.h"
+#include "policy.h"
+#include "registry.h"
+#include "watchdog.h"
+
+namespace ferry {
+
+class ControlPlane;
+class Transfers;
+
+// One logical transfer, across however many backends it takes.
+struct Transfer {
+  Transfers* owner = nullptr;
+  TransferStatus status;
+  MemPair pair;
+  uint32_t op = FERRY_OP_WRITE;
+  uint32_t flags = 0;
+  uint64_t uid = 0;
+  std::vector<ferry_iov_v1> iov;
+  uint64_t total = 0;
+  std::vector<BackendPtr> route;
+  // The whole transfer ends by this (submit + policy timeout): attempts, fences,
+  // failovers and the notification all fit inside it.
+  std::chrono::steady_clock::time_point deadline;
+  size_t next = 0;
+  uint32_t attempts = 0;
+  StatusCode last_code = StatusCode::ERR_BAD_STATE;
+  std::string history;  // "tcp: connection reset; ofi: timeout"
+  ~Transfer();          // releases the local region (LocalMem::inflight)
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+// One try of a transfer on one backend. The plugin holds a reference (the
+// xfer_ctx) until it calls complete(); the watchdog fires if it never does.
+struct Attempt : WatchItem, std::enable_shared_from_this<Attempt> {
+  TransferPtr transfer;
+  BackendPtr backend;
+  uint64_t id = 0;  // ferry_xfer_v1.attempt_id
+  std::atomic<bool> settled{false};
+  bool by_watchdog = false;  // ended by the core's watchdog, not by the plugin
+  // The watchdog closed the peer's gate (an INITIATOR_COPY copy may still run);
+  // the plugin's late completion reopens it.
+  std::atomic<bool> closed_gate{false};
+  void on_deadline() override;
+  ~Attempt() override;
+};
+
+class Transfers {
+ public:
+  struct Parts {
+    const std::string& self_key;  // for logs
+    const Policy& policy;
+    Health& health;
+    BackendSet& backends;
+    Registry& registry;
+    ControlPlane& control;
+  };
+  explicit Transfers(Parts parts);
+  // Waits for notifications on their way and ends pending fences (both end
+  // their transfers). Backends must have been removed first.
+  ~Transfers() { shutting_down_ = true; }
+  Transfers(const Transfers&) = delete;
+  Transfers& operator=(const Transfers&) = delete;
+
+  // Validates offsets and sizes against the pair, routes and starts the transfer.
+  TransferStatus submit(const MemPair& pair, Op op, const size_t* local_offs,
+                        const size_t* remote_offs, const size_t* sizes, size_t n, TransferUid uid,
+                        bool notify);
+  // The ranked backends for a transfer over `pair` now (cached per pair and rule).
+  std::vector<BackendPtr> route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why);
+  // host->complete: a plugin ended an attempt (it drops its reference after this).
+  void complete(std::shared_ptr<Attempt> a, int status, const char* message);
+  // New transfers fail at once from now on.
+  void shut_down() { shutting_down_ = true; }
+  // A peer was deregistered or replaced by a new instance: forget its fence state.
+  void forget_fences(const std::string& peer_key) { fencer_.reset(peer_key); }
+  Fencer::Counts fence_counts() const { return fencer_.counts(); }
+
+ private:
+  friend struct Attempt;
+  void start_next(const TransferPtr& t);
+  int post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why);
+  void attempt_done(const std::shared_ptr<Attempt>& a, int status, const std::string& msg);
+  void finish(const TransferPtr& t, StatusCode code, std::string msg);
+  // An attempt failed in a way that leaves nothing to land later: count it
+  // against the backend's health and go on with the next backend.
+  void attempt_failed(const std::shared_ptr<Attempt>& a, int status, const std::string& msg,
+                      bool backend_at_fault = true);
+  // The target's answer to the fence of an attempt whose outcome was unknown.
+  void attempt_fenced(const std::shared_ptr<Attempt>& a, int status, const std::string& msg,
+                      const FenceResult& r, const std::string& why);
+  // Tell the target a transfer landed when the backend cannot (or, for a READ,
+  // must not: its target cannot know the data arrived). "" or why it failed.
+  std::string notify_by_core(const TransferPtr& t);
+  // The attempt's data is in place: notify if the core owes it (at once when the
+  // control connection is up and free, else on a thread of its own, by the
+  // deadline), then end the transfer SUCCESS, or fail the attempt over when the
+  // target could not be told.
+  void land(const std::shared_ptr<Attempt>& a, bool owes_notify);
+  void landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error);
+  // host->complete for an attempt the watchdog had already ended.
+  void late_completion(const std::shared_ptr<Attempt>& a);
+  Fencer::Target fence_target(const TransferPtr& t) const;
+
+  const std::string& self_key_;
+  const Policy& policy_;
+  Health& health_;
+  BackendSet& backends_;
+  Registry& registry_;
+  ControlPlane& control_;
+  std::atomic<uint64_t> next_attempt_{1};
+  std::atomic<bool> shutting_down_{false};
+  // Destroyed in reverse: the fencer first (its pending attempts end UNKNOWN;
+  // an answer may still hand a landing to async_), then the notifications on
+  // their way, then the watchdog that every ended attempt disarms. Once
+  // shutting_down_ is set start_next() ends a transfer without the fencer.
+  Watchdog watchdog_;
+  AsyncRunner async_;  // notifications that must connect first
+  Fencer fencer_;      // uses control_
+};
+
+}  // namespace ferry
