@@ -104,6 +104,7 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.label = info.key + " (" + ci.host + ":" + std::to_string(ci.port) + ")";
   info.my_key = engine_key_;
   info.connect_timeout_ms = settings_.connect_timeout_ms;
+  info.keepalive_s = settings_.keepalive_s;
   info.stages = &stages_;
 
   if (!target_.AddPeer(info.key, p->same_host != 0)) {

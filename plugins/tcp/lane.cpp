@@ -215,6 +215,7 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
   int rc = ConnectTcp(info_->addr, info_->port, info_->connect_timeout_ms, waker_.fd(), &fd, &err);
   if (rc == 0) {
     SetNoDelay(fd);
+    SetKeepAlive(fd, info_->keepalive_s);
     InitiatorHello hello;
     hello.host = info_->host;
     hello.my_key = info_->my_key;

@@ -36,6 +36,7 @@ struct PeerInfo {
   std::string label;   // "key (addr:port)" for messages
   std::string my_key;  // sent in HELLO
   int connect_timeout_ms = 5000;
+  int keepalive_s = 10;
   StagePool* stages = nullptr;  // for frames whose local memory is on a GPU
 };
 

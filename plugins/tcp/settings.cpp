@@ -64,6 +64,9 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
     } else if (key == "io_timeout_ms") {
       if (!GetInt(v, "io_timeout_ms", 1, 3600000, &n, err)) return false;
       s.io_timeout_ms = static_cast<int>(n);
+    } else if (key == "keepalive_s") {
+      if (!GetInt(v, "keepalive_s", 0, 86400, &n, err)) return false;
+      s.keepalive_s = static_cast<int>(n);
     } else if (key == "gpu_stage_bytes") {
       if (!GetPayloadBytes(v, "gpu_stage_bytes", &s.gpu_stage_bytes, err)) return false;
     } else if (key == "gpu_chunk_bytes") {
@@ -71,10 +74,10 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
     } else if (key == "gpu_pinned_bytes") {
       if (!GetBytes(v, "gpu_pinned_bytes", &s.gpu_pinned_bytes, err)) return false;
     } else {
-      *err =
-          "unknown tcp setting '" + key +
-          "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
-          "connect_timeout_ms, io_timeout_ms, gpu_stage_bytes, gpu_chunk_bytes, gpu_pinned_bytes)";
+      *err = "unknown tcp setting '" + key +
+             "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
+             "connect_timeout_ms, io_timeout_ms, keepalive_s, gpu_stage_bytes, gpu_chunk_bytes, "
+             "gpu_pinned_bytes)";
       return false;
     }
   }

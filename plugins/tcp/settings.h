@@ -16,6 +16,7 @@ struct Settings {
   std::string advertise_host;  // what peers dial; empty = listen_host
   int connect_timeout_ms = 5000;
   int io_timeout_ms = 30000;  // a frame that stops moving for this long is dropped
+  int keepalive_s = 10;       // idle lanes probed after this long (0 = off): SetKeepAlive
   // GPU memory is staged through host buffers (gpu_stage.h): the piece size of
   // the copy/network pipeline, and the most pinned host memory held for it.
   uint64_t gpu_stage_bytes = 1 << 20;

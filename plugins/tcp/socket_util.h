@@ -64,6 +64,11 @@ int ListenTcp(const std::string& host, uint16_t port, int* out_fd, uint16_t* bou
 void SetNoDelay(int fd);
 // SO_RCVTIMEO and SO_SNDTIMEO; 0 = block forever.
 void SetIoTimeout(int fd, int timeout_ms);
+// Probes an idle connection after idle_s seconds (then every idle_s / 5, three
+// times): a peer whose RST was lost (link down, host gone) is noticed and the
+// lane's thread and descriptor freed, instead of an idle read waiting forever.
+// 0: off.
+void SetKeepAlive(int fd, int idle_s);
 std::string PeerAddress(int fd);
 
 // An eventfd that wakes a poll() in another thread.

@@ -270,6 +270,7 @@ bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs, std
 
 void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   SetNoDelay(fd);
+  SetKeepAlive(fd, settings_.keepalive_s);
   // The handshake must finish within the connect timeout; after it, a frame that
   // stops moving for io_timeout_ms is given up on.
   SetIoTimeout(fd, std::min(settings_.io_timeout_ms, settings_.connect_timeout_ms));
@@ -326,8 +327,8 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   // the fence stays the exact answer either way.
   int64_t clock_offset = 0;
   if (!tp->same_host() && hello_clock != 0)
-    clock_offset = static_cast<int64_t>(host_->now_ns(host_->host_ctx)) -
-                   static_cast<int64_t>(hello_clock);
+    clock_offset =
+        static_cast<int64_t>(host_->now_ns(host_->host_ctx)) - static_cast<int64_t>(hello_clock);
   {
     std::lock_guard lk(mu_);
     c->admitted = true;

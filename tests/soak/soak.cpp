@@ -43,6 +43,14 @@
 // every --sample-every seconds (table on stdout, CSV with --report); the plateau
 // rule and its bounds are explained above the check in main().
 //
+// Mixed backends and link faults: --backend tcp,cma ranks tcp first and fails
+// over to cma. Run inside tests/netns/netns_pair.sh (--same-node --ctrl-link),
+// the targets live in the other namespace, tcp crosses a veth link and the
+// control plane another; --link-down-every takes the data link down for 1.3
+// deadlines under every target at once while the workers go on: tcp attempts
+// time out (WRITEs are fenced over the control link) and cma carries the
+// transfer, so windows that overlap it must still succeed and verify.
+//
 // --seed reproduces the op stream of every worker (sizes, offsets, ops, paths);
 // where the restarts fall in it depends on timing.
 #include <dirent.h>
@@ -84,10 +92,12 @@ namespace {
 
 struct Options {
   double duration_s = 60;
-  double restart_every_s = 10;  // 0: no restarts
-  int procs = 3;                // target processes
-  int stable = 1;               // of which never restarted
-  std::string backend = "tcp";
+  double restart_every_s = 10;   // 0: no restarts
+  int procs = 3;                 // target processes
+  int stable = 1;                // of which never restarted
+  std::string backend = "tcp";   // or a ranked list: "tcp,cma"
+  double link_down_every_s = 0;  // netns only: the data link goes down this often
+  int link_settle_ms = 6000;     // after it is up again, samples are not quiet this long
   uint64_t seed = 0;
   bool seed_given = false;
   std::string report;         // CSV of the samples
@@ -108,14 +118,20 @@ struct Options {
 void usage(const char* argv0) {
   std::printf(
       "usage: %s [--duration S] [--restart-every S] [--procs N] [--stable N]\n"
-      "          [--backend NAME] [--seed N] [--report FILE.csv] [--sample-every S]\n"
+      "          [--backend NAME[,NAME...]] [--link-down-every S] [--link-settle-ms MS]\n"
+      "          [--seed N]\n"
+      "          [--report FILE.csv] [--sample-every S]\n"
       "          [--depth N] [--max-batch N] [--max-item BYTES] [--timeout-ms MS] [--pace-ms MS]\n"
       "          [--peer PATH]\n"
       "          [--inject-leak-kib N] [--inject-fd-leak-every WINDOWS]  (to check the checker)\n"
       "Runs random verified transfers for S seconds (default 60) from this process to N\n"
       "target processes (default 3; the first --stable (1) are never restarted, the others\n"
       "every --restart-every seconds (10; 0 = never)), sampling RSS/fds/threads of every\n"
-      "process; exits 0 only when nothing failed and the long-lived processes plateaued.\n",
+      "process; exits 0 only when nothing failed and the long-lived processes plateaued.\n"
+      "--backend tcp,cma ranks tcp first and fails over to cma (opted in as trusted).\n"
+      "--link-down-every S (run inside tests/netns/netns_pair.sh, which starts the targets\n"
+      "in the other namespace): every S seconds the data link goes down for 1.3 deadlines;\n"
+      "with a second backend that needs no network (cma) every transfer must still succeed.\n",
       argv0);
 }
 
@@ -136,6 +152,10 @@ bool parse(int argc, char** argv, Options& o) {
       o.stable = std::stoi(val());
     else if (a == "--backend")
       o.backend = val();
+    else if (a == "--link-down-every")
+      o.link_down_every_s = std::stod(val());
+    else if (a == "--link-settle-ms")
+      o.link_settle_ms = std::stoi(val());
     else if (a == "--seed") {
       o.seed = std::stoull(val());
       o.seed_given = true;
@@ -180,6 +200,7 @@ bool parse(int argc, char** argv, Options& o) {
 Options opt;
 std::atomic<bool> stop{false};
 std::atomic<bool> failed{false};
+bool has_cma = false;  // cma among --backend: the target need not run for a transfer
 Clock::time_point t_start;
 // Restart windows in progress, and a count bumped as each starts and ends: a
 // sample is "quiet" when none was in progress while it was taken.
@@ -228,7 +249,33 @@ struct Counters {
   std::atomic<uint64_t> early_reregister{0}, inflight_at_stop{0}, inflight_at_reregister{0};
   std::atomic<uint64_t> restart_failures{0}, restart_ok_verified{0}, restart_ok_unverified{0};
   std::atomic<uint64_t> max_fail_ms{0}, local_reregister{0}, stale_session_failures{0};
+  std::atomic<uint64_t> link_downs{0};
 } C;
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string w; std::getline(in, w, sep);)
+    if (!w.empty()) out.push_back(w);
+  return out;
+}
+
+std::vector<std::string> peer_wrapper() {
+  const char* w = std::getenv("FERRY_TEST_PEER_WRAPPER");
+  return w ? split(w, ' ') : std::vector<std::string>{};
+}
+
+// `ip -n NS link set DEV up|down`, waited for; false when it failed.
+bool set_link(const std::string& ns, const std::string& dev, bool up) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execlp("ip", "ip", "-n", ns.c_str(), "link", "set", dev.c_str(), up ? "up" : "down",
+             static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int ws = 0;
+  return pid > 0 && ::waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+}
 
 void atomic_max(std::atomic<uint64_t>& a, uint64_t v) {
   uint64_t cur = a.load();
@@ -257,6 +304,7 @@ struct Xfer {
   bool notify = false;
   bool check_silence = false;  // notify off: the target must have nothing to pop
   bool must_fail = false;      // posted to a stopped target
+  bool unfilled = false;       // a READ whose source the (stopped) target could not fill
   std::vector<size_t> lo, ro, sz;
   TransferUid uid = 0;
   TransferStatus st;
@@ -319,8 +367,13 @@ class Target {
 
   // Starts a target process: READY, its region touched, the initiator registered there.
   bool spawn(std::unique_ptr<test::ChildProcess>& child, EngineDesc& d, MemoryDesc& m) {
-    child = std::make_unique<test::ChildProcess>(std::vector<std::string>{
-        opt.peer, name_, opt.backend, std::to_string(region_), std::to_string(opt.timeout_ms)});
+    // Inside netns_pair.sh the target runs in the other namespace (the wrapper
+    // execs it there: the pid is the target's own, for SIGSTOP and SIGKILL).
+    std::vector<std::string> argv = peer_wrapper();
+    for (const auto& a :
+         {opt.peer, name_, opt.backend, std::to_string(region_), std::to_string(opt.timeout_ms)})
+      argv.push_back(a);
+    child = std::make_unique<test::ChildProcess>(argv);
     std::string ready = child->read_line(60000);
     std::istringstream in(ready);
     std::string word, ehex, mhex;
@@ -364,8 +417,10 @@ class Target {
     while (!stop) {
       if (next_restart_ > 0 && since_start() >= next_restart_) {
         // Every fourth fault is a stop longer than the deadline, not a restart.
-        if (faults_++ % 4 == 3) stop_window();
-        else restart_window();
+        if (faults_++ % 4 == 3)
+          stop_window();
+        else
+          restart_window();
         next_restart_ += opt.restart_every_s;
       } else {
         normal_window();
@@ -531,13 +586,36 @@ class Target {
     for (size_t i = 0; i < x.sz.size(); ++i) {
       int64_t bad = test::find_mismatch(local_.data(), x.lo[i], x.sz[i], wseed, x.ro[i]);
       if (bad >= 0) {
+        // What is there instead: still the poison (nothing arrived) or other bytes.
+        size_t poison = 0, wrong = 0;
+        for (size_t k = 0; k < x.sz[i]; ++k) {
+          const uint8_t want = test::pattern_byte(wseed, x.ro[i] + k);
+          const uint8_t got = local_[x.lo[i] + k];
+          poison += got == static_cast<uint8_t>(~want);
+          wrong += got != want;
+        }
         fail(name_ + ": data mismatch at byte " + std::to_string(bad) + " of item " +
-             std::to_string(i) + " of " + x.describe());
+             std::to_string(i) + " of " + x.describe() + " (" + x.st.Message() +
+             "): " + std::to_string(wrong) + " of " + std::to_string(x.sz[i]) + " bytes wrong, " +
+             std::to_string(poison) + " of them still the poison; " + target_view(x, i, wseed));
         return false;
       }
       C.bytes_verified += x.sz[i];
     }
     return true;
+  }
+
+  // Whether the target's own bytes of a READ's item are what it was filled with
+  // (then ours were overwritten after the READ) or not (something wrote there).
+  std::string target_view(const Xfer& x, size_t i, uint64_t wseed) {
+    std::vector<uint8_t> want(x.sz[i]);
+    for (size_t k = 0; k < want.size(); ++k) want[k] = test::pattern_byte(wseed, x.ro[i] + k);
+    const std::string expect =
+        "HASH " + std::to_string(test::fnv1a(want.data(), want.size(), test::kFnvBasis));
+    const std::string got =
+        child_->ask("hash 1 " + std::to_string(x.ro[i]) + " " + std::to_string(x.sz[i]));
+    return got == expect ? "the target holds the right bytes"
+                         : "the target's bytes are wrong too ('" + got + "')";
   }
 
   std::string hash_cmd(const std::vector<const Xfer*>& ws) {
@@ -740,14 +818,38 @@ class Target {
     for (const auto& x : xs) C.inflight_at_stop += x.st.InProgress();
     const int stopped_pid = child_->pid();
     if (::kill(stopped_pid, SIGSTOP) != 0) return fail(name_ + ": SIGSTOP failed");
+    // However this window ends, the target runs again (a failing soak still
+    // has to make it quit).
+    struct Resume {
+      int pid;
+      bool done = false;
+      void now() {
+        if (done) return;
+        done = true;
+        int w = 0;
+        ::kill(pid, SIGCONT);
+        ::waitpid(pid, &w, WCONTINUED);
+      }
+      ~Resume() { now(); }
+    } resume{stopped_pid};
     int ws = 0;
     if (::waitpid(stopped_pid, &ws, WUNTRACED) != stopped_pid || !WIFSTOPPED(ws))
       return fail(name_ + ": the target did not stop");
-    for (int k = 0; k < 2; ++k) {  // while it is stopped: they cannot succeed
+    // Posted while it is stopped, on the slot the window left free: over tcp
+    // they cannot succeed. cma needs no help from the target: a WRITE (when no
+    // fence holds the peer) may succeed and is verified after SIGCONT; a READ
+    // may succeed too, but its source could not be filled. One such transfer
+    // with cma (two would share the slot), two without.
+    for (int k = 0; k < (has_cma ? 1 : 2); ++k) {
       auto more = plan(rrng_, opt.depth);
       Xfer& d = more.back();
       d.notify = false;
-      d.must_fail = true;
+      d.must_fail = !has_cma;
+      if (d.op == Op::WRITE)
+        for (size_t i = 0; i < d.sz.size(); ++i)
+          test::fill_pattern(local_.data(), d.lo[i], d.sz[i], wseed);
+      else
+        d.unfilled = true;
       submit(d);
       xs.push_back(std::move(d));
     }
@@ -757,8 +859,7 @@ class Target {
       if (x.st.Code() == StatusCode::ERR_OUTCOME_UNKNOWN) ++C.stop_unknown;
       if (x.op == Op::WRITE && x.st.Code() == StatusCode::SUCCESS) landed.push_back(&x);
     }
-    ::kill(stopped_pid, SIGCONT);
-    ::waitpid(stopped_pid, &ws, WCONTINUED);
+    resume.now();
     // The fence is answered once the target runs again: probe with a 1-byte READ
     // (it fails at once while the peer is fenced) until it works.
     const auto until = Clock::now() + 15s;
@@ -785,7 +886,7 @@ class Target {
     if (x.st.Code() == StatusCode::SUCCESS) {
       if (x.must_fail)
         return failing(name_ + ": " + x.describe() + " (target " + what + ") succeeded");
-      if (x.op == Op::READ) {
+      if (x.op == Op::READ && !x.unfilled) {
         if (!verify_read(x, wseed)) return false;
         ++C.restart_ok_verified;
       } else {
@@ -886,16 +987,40 @@ int main(int argc, char** argv) {
 
   EngineConfig cfg;
   cfg.timeout = std::chrono::milliseconds(opt.timeout_ms);
-  // The built-in policy with a short quarantine: a stop longer than the deadline
-  // fails several transfers at once, and 3 failures quarantine tcp for that peer
-  // (30 s by default, longer than a soak's pause between faults). The threshold
-  // stays 3, so the stale-session check below still means what it says.
-  const std::string policy_path =
-      "/tmp/ferry-soak-policy-" + std::to_string(getpid()) + ".yaml";
-  std::ofstream(policy_path) << "failover:\n  quarantine: { after_failures: 3, within: 10s, "
+  // Inside netns_pair.sh: the control plane listens where the targets (in the
+  // other namespace) can reach it.
+  if (const char* h = std::getenv("FERRY_TEST_INITIATOR_HOST"); h && *h) cfg.host = h;
+  const std::vector<std::string> backends = split(opt.backend, ',');
+  if (backends.empty()) {
+    std::fprintf(stderr, "--backend: no backend named\n");
+    return 2;
+  }
+  const char* netns_b = std::getenv("FERRY_NETNS_B");
+  const char* dev_b = std::getenv("FERRY_NETNS_DEV_B");
+  if (opt.link_down_every_s > 0 && (!netns_b || !dev_b)) {
+    std::fprintf(stderr, "--link-down-every needs tests/netns/netns_pair.sh around the soak\n");
+    return 2;
+  }
+  // The backends in the order given, cma opted in (it cannot check on the
+  // target side), and a short quarantine: a stop longer than the deadline fails
+  // several transfers at once, and 3 failures quarantine tcp for that peer (30 s
+  // by default, longer than a soak's pause between faults). The threshold stays
+  // 3, so the stale-session check below still means what it says.
+  const bool trust = std::find(backends.begin(), backends.end(), "cma") != backends.end();
+  has_cma = trust;
+  std::string prefer;
+  for (const auto& b : backends) prefer += (prefer.empty() ? "" : ", ") + b;
+  const std::string policy_path = "/tmp/ferry-soak-policy-" + std::to_string(getpid()) + ".yaml";
+  std::string listed;  // backends outside the built-in list must be named under backends:
+  for (const auto& b : backends) listed += "  " + b + ": {}\n";
+  std::ofstream(policy_path) << "backends:\n"
+                             << listed << "rules:\n  - prefer: [" << prefer << "]\n"
+                             << (trust ? "    trust_descriptors: true\n" : "")
+                             << "failover:\n  quarantine: { after_failures: 3, within: 10s, "
                                 "for: 1s, max: 2s }\n";
   cfg.policy_file = policy_path;
-  setenv("FERRY_POLICY", policy_path.c_str(), 0);  // the targets read it too
+  // The targets read it too, unless netns_pair.sh gave them one of their own.
+  setenv("FERRY_POLICY", policy_path.c_str(), 0);
   struct RemovePolicy {
     std::string path;
     ~RemovePolicy() { std::remove(path.c_str()); }
@@ -907,10 +1032,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "engine: %s\n", e.what());
     return 1;
   }
-  if (Result r = engine->add_backend(opt.backend); !r) {
-    std::fprintf(stderr, "add_backend %s: %s\n", opt.backend.c_str(), r.message.c_str());
-    return 1;
-  }
+  for (const auto& b : backends)
+    if (Result r = engine->add_backend(b); !r) {
+      std::fprintf(stderr, "add_backend %s: %s\n", b.c_str(), r.message.c_str());
+      return 1;
+    }
 
   t_start = Clock::now();
   std::vector<std::unique_ptr<Target>> targets;
@@ -987,9 +1113,35 @@ int main(int argc, char** argv) {
       }
     }
   });
+  // The data link goes down for 1.3 deadlines every --link-down-every seconds,
+  // under every target at once; the workers go on meanwhile.
+  std::thread link_fault;
+  if (opt.link_down_every_s > 0 && !failed)
+    link_fault = std::thread([&] {
+      const auto down_for = std::chrono::milliseconds(opt.timeout_ms * 13 / 10);
+      double next = opt.link_down_every_s;
+      while (!stop) {
+        std::this_thread::sleep_for(50ms);  // pacing only: the fault schedule is by time
+        if (since_start() < next) continue;
+        next += opt.link_down_every_s;
+        RestartMark mark;  // samples taken meanwhile are not quiet
+        if (!set_link(netns_b, dev_b, false)) return fail("link down failed");
+        ++C.link_downs;
+        const auto up_at = Clock::now() + down_for;
+        while (!stop && Clock::now() < up_at) std::this_thread::sleep_for(50ms);
+        if (!set_link(netns_b, dev_b, true)) return fail("link up failed");
+        // The targets' lanes whose initiator side was reset while the link was
+        // down never saw the RST: they stay until tcp keepalive finds them dead
+        // (keepalive_s in the targets' policy; 2 s in soak-netns.yaml.in, so by
+        // 2 + 3 x 1 s). Samples taken until then are not quiet either.
+        const auto settled_at = Clock::now() + std::chrono::milliseconds(opt.link_settle_ms);
+        while (!stop && Clock::now() < settled_at) std::this_thread::sleep_for(50ms);
+      }
+    });
   if (failed) stop = true;
   sampler.join();
   for (auto& w : workers) w.join();
+  if (link_fault.joinable()) link_fault.join();
   const double ran_s = since_start();
   if (!failed) take_samples();  // the last one, before anything is torn down
   std::vector<unsigned long long> digests;
@@ -1112,13 +1264,14 @@ int main(int argc, char** argv) {
   for (const auto& [code, n] : restart_codes)
     std::printf(" %s %llu", code.c_str(), static_cast<unsigned long long>(n));
   std::printf(
-      ")\n  restart-window transfers that succeeded: READ verified %llu, WRITE "
-      "unverifiable (target gone) %llu\n",
+      ")\n  restart-window transfers that succeeded: READ verified %llu, unverifiable (a "
+      "WRITE to a target gone, a READ whose stopped target could not fill it) %llu\n",
       u(C.restart_ok_verified), u(C.restart_ok_unverified));
   std::printf(
+      "  data link down for 1.3 deadlines %llu times\n"
       "  stops longer than the deadline %llu: outcome unknown %llu, WRITEs that succeeded and "
       "were verified after SIGCONT %llu\n",
-      u(C.stops), u(C.stop_unknown), u(C.stop_writes_verified));
+      u(C.link_downs), u(C.stops), u(C.stop_unknown), u(C.stop_writes_verified));
   for (const auto& m : restart_messages) std::printf("    e.g. \"%s\"\n", m.c_str());
   std::printf("  op stream digest (first %llu windows per target, same seed -> same digest):",
               static_cast<unsigned long long>(Target::kDigestWindows));
