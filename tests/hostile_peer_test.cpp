@@ -11,6 +11,8 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -331,7 +334,9 @@ TEST(HostileControlPlane, MalformedAndUnauthenticatedConnectionsAreRefused) {
        [](int fd) { send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(1, 0))); },
        "first frame is not a valid HELLO"},
       {"hello with a bad body",
-       [](int fd) { send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, {200, 'x'})); },
+       [](int fd) {
+         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, {200, 'x'}));
+       },
        "first frame is not a valid HELLO"},
       {"unregistered engine",
        [&](int fd) {
@@ -428,6 +433,103 @@ TEST(HostileControlPlane, ReplayedProofsAreRefused) {
   EXPECT_TRUE(rig.good_transfer(3));
 }
 
+long rss_kib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
+  // An authenticated peer (or one that learned the token) sends NOTIFYs with
+  // random uids that no application will ever pop: the target keeps at most
+  // inbound_max_per_peer of them (the newest), counts the rest as dropped, and
+  // its memory stays within 32 MiB of where it started.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr uint64_t kFlood = 200000;  // the sanitizers' runs: the same bound, fewer frames
+#else
+  constexpr uint64_t kFlood = 1000000;
+#endif
+  Rig rig("tcp");
+  const uint64_t cap = EngineConfig{}.inbound_max_per_peer;
+  ASSERT_GT(kFlood, cap);
+  const long rss_before = rss_kib();
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  CtrlHandshake hs;
+  ASSERT_TRUE(rig.ctrl_login(fd, hs));
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t x = 0x9E3779B97F4A7C15ull, first = 0, last = 0;
+  Bytes batch;
+  for (uint64_t i = 0; i < kFlood; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64: no repeats within the flood
+    if (i == 0) first = x;
+    last = x;
+    Bytes f = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(x, 0));
+    batch.insert(batch.end(), f.begin(), f.end());
+    if (batch.size() >= 64 * 1024 || i + 1 == kFlood) {
+      send_raw(fd, batch);
+      batch.clear();
+    }
+  }
+  ASSERT_TRUE(eventually([&] { return rig.tgt->stats().inbound_notifications >= kFlood; }, 120s))
+      << "landed " << rig.tgt->stats().inbound_notifications << " of " << kFlood;
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const EngineStats st = rig.tgt->stats();
+  const long rss_after = rss_kib();
+  std::printf("RESULT notify_flood frames=%llu seconds=%.2f dropped=%llu rss_kib %ld -> %ld\n",
+              static_cast<unsigned long long>(kFlood), took,
+              static_cast<unsigned long long>(st.inbound_dropped), rss_before, rss_after);
+  EXPECT_EQ(st.inbound_dropped, kFlood - cap);
+  EXPECT_FALSE(rig.tgt->pop_inbound_transfer_status("good", first)) << "the oldest was kept";
+  EXPECT_TRUE(rig.tgt->pop_inbound_transfer_status("good", last)) << "the newest was dropped";
+  EXPECT_LE(rss_after - rss_before, 32 * 1024)
+      << "RSS grew by " << (rss_after - rss_before) << " KiB";
+  close(fd);
+  EXPECT_TRUE(rig.good_transfer(7));
+}
+
+TEST(HostileControlPlane, OutOfDescriptorsTheEngineIdlesAndRecovers) {
+  // Connections waiting in the backlogs of the control plane and of a tcp
+  // listener while this process has no descriptor left: accept() fails with
+  // EMFILE until one is freed. The engine must not spin on it (it did: 100% of a
+  // core, ~5,900 failing accept4 per second), and must serve again once
+  // descriptors are back.
+  Rig rig("tcp");
+  ASSERT_TRUE(rig.good_transfer(9));
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit tight = old;
+  tight.rlim_cur = open_fds() + 64;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  std::vector<int> clients;
+  for (int i = 0; i < 8; ++i) clients.push_back(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  std::vector<int> hogs;
+  for (int fd; (fd = dup(0)) >= 0;) hogs.push_back(fd);
+  ASSERT_EQ(errno, EMFILE);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (size_t i = 0; i < clients.size(); ++i) {
+    a.sin_port = htons(i % 2 ? rig.tcp_port : rig.ctrl_port);
+    ASSERT_EQ(connect(clients[i], reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << i;
+  }
+  rusage r0{}, r1{};
+  getrusage(RUSAGE_SELF, &r0);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(2s);  // the measured interval, not an ordering
+  getrusage(RUSAGE_SELF, &r1);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  const double cpu = secs(r1.ru_utime) - secs(r0.ru_utime) + secs(r1.ru_stime) - secs(r0.ru_stime);
+  for (int fd : hogs) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  std::printf("RESULT emfile cpu=%.3f s over %.2f s (%.1f%%)\n", cpu, wall, 100 * cpu / wall);
+  EXPECT_LT(cpu, 0.10 * wall) << "the engine spun while out of descriptors";
+  for (int fd : clients) close(fd);
+  EXPECT_TRUE(rig.good_transfer(10)) << "no recovery once descriptors were free";
+}
+
 TEST(HostileControlPlane, FloodOfConnectionsWhileAGoodPeerIsServed) {
   // cma notifies over the control plane, so the good peer's first transfer has
   // to complete a control-plane handshake in the middle of the flood.
@@ -439,7 +541,7 @@ TEST(HostileControlPlane, FloodOfConnectionsWhileAGoodPeerIsServed) {
   for (int i = 0; i < kFlood; ++i) {
     int fd = dial(rig.ctrl_port);
     ASSERT_GE(fd, 0) << "connection " << i;
-    if (i % 4 == 1) send_raw(fd, ctrl_header(1, 200));              // a header, body never sent
+    if (i % 4 == 1) send_raw(fd, ctrl_header(1, 200));                 // a header, body never sent
     if (i % 4 == 2) send_raw(fd, Bytes(64, static_cast<uint8_t>(i)));  // junk
     if (i % 4 == 3) send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body("good")));
     flood.push_back(fd);
@@ -568,7 +670,9 @@ TEST(HostileDataLane, MalformedAndUnauthenticatedLanesAreRefused) {
        },
        "unknown frame type 99"},
       {"request before hello",
-       [](int fd) { send_raw(fd, lane_frame(request(tw::Type::kRead, 1, 1, 0), {{0, 16}}, {})); },
+       [](int fd) {
+         send_raw(fd, lane_frame(request(tw::Type::kRead, 1, 1, 0), {{0, 16}}, {}));
+       },
        "before HELLO"},
       {"unregistered engine",
        [](int fd) {
@@ -578,8 +682,8 @@ TEST(HostileDataLane, MalformedAndUnauthenticatedLanesAreRefused) {
        "engine 'mallory' is not a registered peer"},
       {"no token",
        [](int fd) {
-         send_raw(fd, cat({lane_hello("good", false),
-                           lane_frame(request(tw::Type::kWrite, 1, 1, 8), {{0, 8}}, Bytes(8, 0xee))}));
+         send_raw(fd, cat({lane_hello("good", false), lane_frame(request(tw::Type::kWrite, 1, 1, 8),
+                                                                 {{0, 8}}, Bytes(8, 0xee))}));
          EXPECT_NE(lane_refusal(fd).find("requires authentication"), std::string::npos);
        },
        "requires authentication"},
@@ -587,7 +691,7 @@ TEST(HostileDataLane, MalformedAndUnauthenticatedLanesAreRefused) {
        [](int fd) {
          LaneLogin l;
          EXPECT_FALSE(lane_login(fd, l, "good", "not-the-token"));  // the target cannot prove it
-         shutdown(fd, SHUT_WR);  // ... so the client gives up
+         shutdown(fd, SHUT_WR);                                     // ... so the client gives up
        },
        "auth handshake"},
       {"forged proof",
@@ -616,6 +720,115 @@ TEST(HostileDataLane, MalformedAndUnauthenticatedLanesAreRefused) {
   }
   log.restore();
   EXPECT_TRUE(rig.good_transfer(20));
+}
+
+TEST(HostileControlPlane, ClaimedKeysCannotForgeLogLinesOrEscapes) {
+  // A key with a newline, a forged log line after it and a terminal escape, on
+  // the control plane and on a tcp lane: the engine logs it escaped, on one line.
+  Rig rig("tcp");
+  const std::string evil = "mallory\nferry[error] core: forged line\x1b[2J";
+  LogCapture log;
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body(evil)));
+  EXPECT_TRUE(closed_by_peer(fd));
+  close(fd);
+  fd = dial(rig.tcp_port);
+  ASSERT_GE(fd, 0);
+  send_raw(fd, lane_hello(evil, true));
+  EXPECT_TRUE(closed_by_peer(fd));
+  close(fd);
+  EXPECT_TRUE(eventually([&] {
+    return log.has("mallory\\nferry[error] core: forged line\\x1b[2J");
+  })) << log.text();
+  const std::string text = log.text();
+  EXPECT_EQ(text.find("\nferry[error] core: forged line"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << "a raw escape reached the log";
+  log.restore();
+  EXPECT_TRUE(rig.good_transfer(8));
+}
+
+TEST(HostileDataLane, SlowlorisHandshakeIsClosedByItsDeadline) {
+  // A lane HELLO sent one byte every 200 ms: each recv sees progress, but the
+  // handshake as a whole must end by connect_timeout_ms (1 s here; it used to
+  // stay open as long as the bytes kept coming).
+  setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
+  Engine tgt("slow-tgt");
+  ASSERT_TRUE(tgt.add_backend("tcp", R"({"connect_timeout_ms": 1000})"));
+  const EngineDesc d = tgt.desc();
+  tw::ConnInfo ci;
+  std::string why;
+  ASSERT_TRUE(
+      tw::DecodeConnBlob(d.backends.at("tcp").data(), d.backends.at("tcp").size(), &ci, &why));
+  int fd = dial(ci.port);
+  ASSERT_GE(fd, 0);
+  const Bytes hello = lane_hello("good", false);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (size_t i = 0; i < hello.size() && !closed; ++i) {
+    if (send(fd, &hello[i], 1, MSG_NOSIGNAL) != 1) closed = true;
+    pollfd p{fd, POLLIN, 0};
+    // The attacker's pace; the target's close shows as readable (EOF or RST).
+    if (!closed && poll(&p, 1, 200) > 0) {
+      char c;
+      closed = recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+    }
+    if (std::chrono::steady_clock::now() - t0 > 10s) break;
+  }
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  close(fd);
+  std::printf("RESULT slowloris closed=%d after %lld ms\n", closed ? 1 : 0,
+              static_cast<long long>(took.count()));
+  EXPECT_TRUE(closed) << "the trickled handshake was still open after " << took.count() << " ms";
+  EXPECT_LT(took, 1600ms);
+}
+
+size_t thread_count() {
+  size_t n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+TEST(HostileDataLane, AdmittedLanesPerPeerAreCapped) {
+  // 200 fully authenticated lanes claiming one peer: the target keeps at most
+  // TargetPeer::kMaxLanesPerPeer (64) of them, shutting the oldest down, so the
+  // threads and descriptors a peer can pin are bounded (it was one thread per
+  // lane, without limit: 2,000 lanes were 2,009 threads).
+  Rig rig("tcp");
+  ASSERT_TRUE(rig.good_transfer(11));
+  const size_t threads_before = thread_count();
+  constexpr int kLanes = 200;
+  constexpr size_t kCap = 64;
+  std::vector<int> lanes;
+  for (int i = 0; i < kLanes; ++i) {
+    int fd = dial(rig.tcp_port);
+    ASSERT_GE(fd, 0) << i;
+    LaneLogin l;
+    ASSERT_TRUE(lane_login(fd, l)) << i;
+    lanes.push_back(fd);
+  }
+  auto shut = [&] {
+    size_t n = 0;
+    for (int fd : lanes) {
+      pollfd p{fd, POLLIN, 0};
+      char c;
+      if (poll(&p, 1, 0) > 0 && recv(fd, &c, 1, MSG_DONTWAIT) == 0) ++n;
+    }
+    return n;
+  };
+  // The good engine's own lanes count too: at least kLanes - kCap of ours go.
+  EXPECT_TRUE(eventually([&] { return shut() >= kLanes - kCap; }))
+      << shut() << " of " << kLanes << " lanes were shut down";
+  EXPECT_TRUE(eventually([&] { return thread_count() <= threads_before + kCap + 4; }))
+      << "threads " << threads_before << " -> " << thread_count();
+  std::printf("RESULT lanes_per_peer opened=%d shut=%zu threads %zu -> %zu\n", kLanes, shut(),
+              threads_before, thread_count());
+  for (int fd : lanes) close(fd);
+  EXPECT_TRUE(rig.good_transfer(12)) << "the real peer could not work after the flood";
 }
 
 TEST(HostileDataLane, ReplayedHandshakeIsRefused) {
@@ -660,16 +873,31 @@ TEST(HostileDataLane, OutOfRangeAndForeignMemoryAreRefusedOnAnAuthenticatedLane)
     Bytes payload;
     const char* refused;  // nullptr: must succeed
   } reqs[] = {
-      {"write past the end", request(tw::Type::kWrite, 1, id, 16), {{kRegion - 8, 16}},
-       Bytes(16, 0x11), "outside memory"},
-      {"offset that wraps", request(tw::Type::kRead, 2, id, 0), {{~0ull - 7, 16}}, {},
+      {"write past the end",
+       request(tw::Type::kWrite, 1, id, 16),
+       {{kRegion - 8, 16}},
+       Bytes(16, 0x11),
        "outside memory"},
-      {"read of unregistered id", request(tw::Type::kRead, 3, 9999, 0), {{0, 16}}, {},
+      {"offset that wraps",
+       request(tw::Type::kRead, 2, id, 0),
+       {{~0ull - 7, 16}},
+       {},
+       "outside memory"},
+      {"read of unregistered id",
+       request(tw::Type::kRead, 3, 9999, 0),
+       {{0, 16}},
+       {},
        "is not registered"},
-      {"write to deregistered id", request(tw::Type::kWrite, 4, gone_desc.id, 8), {{0, 8}},
-       Bytes(8, 0x22), "is not registered"},
-      {"read of an id this target never exported", request(tw::Type::kRead, 5, id + 100, 0),
-       {{0, 8}}, {}, "is not registered"},
+      {"write to deregistered id",
+       request(tw::Type::kWrite, 4, gone_desc.id, 8),
+       {{0, 8}},
+       Bytes(8, 0x22),
+       "is not registered"},
+      {"read of an id this target never exported",
+       request(tw::Type::kRead, 5, id + 100, 0),
+       {{0, 8}},
+       {},
+       "is not registered"},
       {"good write", request(tw::Type::kWrite, 6, id, 8), {{64, 8}}, Bytes(8, 0x5c), nullptr},
   };
   for (auto& r : reqs) {
@@ -711,7 +939,7 @@ TEST(HostileDataLane, FloodOfLanesWhileAGoodPeerIsServed) {
     int fd = dial(rig.tcp_port);
     ASSERT_GE(fd, 0) << "connection " << i;
     if (i % 3 == 1) send_raw(fd, lane_hello("good", true));  // hello, then silence
-    if (i % 3 == 2) send_raw(fd, Bytes(40, 0x33));            // half a header of junk
+    if (i % 3 == 2) send_raw(fd, Bytes(40, 0x33));           // half a header of junk
     flood.push_back(fd);
     if (i == kFlood / 2) {
       EXPECT_TRUE(rig.good_transfer(30));

@@ -1,8 +1,8 @@
+#include "inbound_table.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
-
-#include "inbound_table.h"
 
 using namespace ferry;
 using namespace std::chrono_literals;
@@ -38,4 +38,81 @@ TEST(InboundTable, WaitPopWakesWhenTheTransferLands) {
   ASSERT_TRUE(s);
   EXPECT_EQ(s->Code(), StatusCode::SUCCESS);
   EXPECT_FALSE(t.wait_pop("a", 10, 1ms));
+}
+
+namespace {
+// A clock the test moves by hand.
+struct FakeClock {
+  InboundTable::Clock::time_point now = InboundTable::Clock::time_point(std::chrono::hours(1));
+  std::function<InboundTable::Clock::time_point()> fn() {
+    return [this] { return now; };
+  }
+};
+}  // namespace
+
+TEST(InboundTable, UnpoppedRecordsStopAtTheCapOldestFirst) {
+  InboundTable t({/*max_per_peer=*/100, /*max_age=*/0ms, /*max_peers=*/16});
+  for (uint64_t u = 1; u <= 1000; ++u) t.land("a", u, StatusCode::SUCCESS);
+  EXPECT_EQ(t.pending(), 100u);
+  EXPECT_EQ(t.dropped(), 900u);
+  EXPECT_FALSE(t.pop("a", 900)) << "an old record outlived the cap";
+  EXPECT_TRUE(t.pop("a", 901));
+  EXPECT_TRUE(t.pop("a", 1000));
+  // Dropped records still count as seen while the repeat window remembers them.
+  EXPECT_FALSE(t.land("a", 5, StatusCode::SUCCESS));
+}
+
+TEST(InboundTable, RecordsOlderThanTheAgeLimitAreDropped) {
+  FakeClock clock;
+  InboundTable t({/*max_per_peer=*/0, /*max_age=*/1000ms, /*max_peers=*/16}, clock.fn());
+  t.land("a", 1, StatusCode::SUCCESS);
+  clock.now += 600ms;
+  t.land("a", 2, StatusCode::SUCCESS);
+  clock.now += 600ms;  // 1 is 1.2 s old, 2 is 0.6 s
+  EXPECT_FALSE(t.pop("a", 1)) << "a record past its age was handed out";
+  EXPECT_TRUE(t.pop("a", 2));
+  EXPECT_EQ(t.dropped(), 1u);
+}
+
+TEST(InboundTable, InitiatorsAreCappedLeastRecentFirst) {
+  FakeClock clock;
+  InboundTable t({/*max_per_peer=*/0, /*max_age=*/0ms, /*max_peers=*/3}, clock.fn());
+  for (const char* p : {"a", "b", "c"}) {
+    t.land(p, 1, StatusCode::SUCCESS);
+    clock.now += 1ms;
+  }
+  t.land("a", 2, StatusCode::SUCCESS);  // a is now the most recent
+  clock.now += 1ms;
+  t.land("d", 1, StatusCode::SUCCESS);  // b (least recent) makes room
+  EXPECT_FALSE(t.pop("b", 1));
+  EXPECT_TRUE(t.pop("a", 1));
+  EXPECT_TRUE(t.pop("c", 1));
+  EXPECT_TRUE(t.pop("d", 1));
+  EXPECT_EQ(t.dropped(), 1u);
+}
+
+TEST(InboundTable, AFloodOfNeverPoppedUidsStaysBounded) {
+  // What a peer forging NOTIFYs with random uids, or an application that never
+  // pops, does to the table: it holds at most the cap, and after the flood the
+  // uids it remembers are bounded by the repeat window plus the cap.
+  InboundTable t({/*max_per_peer=*/1000, /*max_age=*/0ms, /*max_peers=*/16});
+  uint64_t x = 88172645463325252ull;
+  for (int i = 0; i < 300000; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t.land("flood", x, StatusCode::SUCCESS);
+  }
+  EXPECT_EQ(t.pending(), 1000u);
+  EXPECT_EQ(t.dropped(), 299000u);
+  const size_t window = InboundTable::kRememberPerPeer;
+  EXPECT_LE(t.footprint(), 2 * window + 6 * 1000 + 64);
+  // One old unpopped record at the front does not keep every later popped one.
+  InboundTable u({/*max_per_peer=*/0, /*max_age=*/0ms, /*max_peers=*/16});
+  u.land("a", 0, StatusCode::SUCCESS);
+  for (uint64_t k = 1; k < 200000; ++k) {
+    u.land("a", k, StatusCode::SUCCESS);
+    ASSERT_TRUE(u.pop("a", k));
+  }
+  EXPECT_EQ(u.pending(), 1u);
+  EXPECT_LE(u.footprint(), 2 * window + 200) << "popped records' places were kept";
+  EXPECT_TRUE(u.pop("a", 0));
 }

@@ -25,9 +25,10 @@ struct ControlPlane::Inbound {
   enum class State { HELLO, PROOF, OPEN };
   int fd = -1;
   State state = State::HELLO;
-  std::string peer;  // the key claimed in HELLO; trusted once OPEN
-  std::string from;  // address:port, for messages
-  uint64_t seq = 0;  // accept order (the oldest handshake is evicted first)
+  std::string peer;    // the key claimed in HELLO; trusted once OPEN
+  std::string from;    // address:port, for messages
+  std::string source;  // the address alone: whose handshakes a flood evicts
+  uint64_t seq = 0;    // accept order (the oldest handshake is evicted first)
   std::chrono::steady_clock::time_point deadline;  // for the handshake
   auth::Nonce client_nonce{}, server_nonce{};
   CtrlFrameReader reader;
@@ -201,13 +202,32 @@ void ControlPlane::io_loop() {
   epoll_event evs[32];
   while (!stop_) {
     // Blocks without a timeout when no handshake is pending: an idle engine costs no CPU.
-    int n = epoll_wait(epoll_fd_, evs, 32, expire_handshakes());
+    int timeout = expire_handshakes();
+    if (!listen_armed_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= accept_paused_until_) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = listen_fd_;
+        epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+        listen_armed_ = true;
+      } else {
+        const int left = static_cast<int>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(accept_paused_until_ - now)
+                .count() +
+            1);
+        timeout = timeout < 0 ? left : std::min(timeout, left);
+      }
+    }
+    int n = epoll_wait(epoll_fd_, evs, 32, timeout);
     if (n < 0 && errno == EINTR) continue;
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
       if (fd == wake_fd_) continue;
-      if (fd == listen_fd_) accept_all();
-      else read_from(fd);
+      if (fd == listen_fd_)
+        accept_all();
+      else
+        read_from(fd);
     }
   }
 }
@@ -215,10 +235,32 @@ void ControlPlane::io_loop() {
 void ControlPlane::accept_all() {
   for (;;) {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        // The connection stays in the backlog. Try again in 100 ms, not at once:
+        // until a descriptor is freed every try fails the same way.
+        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+        listen_armed_ = false;
+        const auto now = std::chrono::steady_clock::now();
+        accept_paused_until_ = now + std::chrono::milliseconds(100);
+        ++accept_failures_;
+        if (now - accept_warned_ >= std::chrono::seconds(10)) {
+          FERRY_LOG(WARN, "control",
+                    std::string("cannot accept control connections: ") + std::strerror(err) + " (" +
+                        std::to_string(accept_failures_) +
+                        " times since the last report); retrying every 100 ms");
+          accept_warned_ = now;
+          accept_failures_ = 0;
+        }
+      }
+      return;
+    }
     auto c = std::make_unique<Inbound>();
     c->fd = fd;
     c->from = address_of(fd);
+    c->source = c->from.substr(0, c->from.rfind(':'));
     c->seq = ++accept_seq_;
     c->deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kHandshakeTimeoutMs);
     c->reader.set_max_body(kMaxHandshakeBody);
@@ -235,26 +277,37 @@ void ControlPlane::accept_all() {
 }
 
 void ControlPlane::evict_oldest_pending() {
+  // The victim is the oldest handshake of the source with the most of them: a
+  // flood from one address evicts its own connections, not a good peer's.
   int victim = -1;
-  uint64_t oldest = UINT64_MAX;
   size_t pending = 0;
   std::string from;
   {
     std::lock_guard<std::mutex> lk(in_mu_);
+    std::map<std::string, std::pair<size_t, uint64_t>> by_source;  // count, oldest seq
     for (auto& [fd, c] : inbound_) {
       if (c->state == Inbound::State::OPEN) continue;
       ++pending;
-      if (c->seq < oldest) {
+      auto& [n, oldest] = by_source.try_emplace(c->source, 0, UINT64_MAX).first->second;
+      ++n;
+      oldest = std::min(oldest, c->seq);
+    }
+    if (pending < kMaxPendingInbound) return;
+    const std::string* worst = nullptr;
+    for (auto& [src, e] : by_source)
+      if (!worst || e.first > by_source[*worst].first) worst = &src;
+    uint64_t oldest = UINT64_MAX;
+    for (auto& [fd, c] : inbound_)
+      if (c->state != Inbound::State::OPEN && c->source == *worst && c->seq < oldest) {
         oldest = c->seq;
         victim = fd;
         from = c->from;
       }
-    }
   }
-  if (pending < kMaxPendingInbound || victim < 0) return;
-  FERRY_LOG(WARN, "control", "dropping connection from " + from +
-                                 ": more than " + std::to_string(kMaxPendingInbound) +
-                                 " connections are in the handshake");
+  if (victim < 0) return;
+  FERRY_LOG(WARN, "control",
+            "dropping connection from " + from + ": more than " +
+                std::to_string(kMaxPendingInbound) + " connections are in the handshake");
   ++rejected_;
   close_inbound(victim);
 }
@@ -267,14 +320,16 @@ int ControlPlane::expire_handshakes() {
     std::lock_guard<std::mutex> lk(in_mu_);
     for (auto& [fd, c] : inbound_) {
       if (c->state == Inbound::State::OPEN) continue;
-      if (c->deadline <= now) overdue.emplace_back(fd, c->from);
-      else next = std::min(next, c->deadline);
+      if (c->deadline <= now)
+        overdue.emplace_back(fd, c->from);
+      else
+        next = std::min(next, c->deadline);
     }
   }
   for (auto& [fd, from] : overdue) {
-    FERRY_LOG(WARN, "control", "closing connection from " + from +
-                                   ": handshake not completed within " +
-                                   std::to_string(kHandshakeTimeoutMs) + " ms");
+    FERRY_LOG(WARN, "control",
+              "closing connection from " + from + ": handshake not completed within " +
+                  std::to_string(kHandshakeTimeoutMs) + " ms");
     ++rejected_;
     close_inbound(fd);
   }
@@ -305,9 +360,9 @@ void ControlPlane::read_from(int fd) {
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (k <= 0) {
       if (c->state != Inbound::State::OPEN) {
-        FERRY_LOG(WARN, "control", "connection from " + c->from +
-                                       (c->peer.empty() ? "" : " ('" + c->peer + "')") +
-                                       " closed during the handshake");
+        FERRY_LOG(WARN, "control",
+                  "connection from " + c->from + (c->peer.empty() ? "" : " ('" + c->peer + "')") +
+                      " closed during the handshake");
         ++rejected_;
       }
       close_inbound(fd);
@@ -322,11 +377,11 @@ void ControlPlane::read_from(int fd) {
       }
     }
     if (!ok) {
-      FERRY_LOG(WARN, "control",
-                "closing connection from " +
-                    (c->state == Inbound::State::OPEN ? "'" + c->peer + "' (" + c->from + ")"
-                                                      : c->from) +
-                    ": malformed frame (" + c->reader.error() + ")");
+      FERRY_LOG(
+          WARN, "control",
+          "closing connection from " +
+              (c->state == Inbound::State::OPEN ? "'" + c->peer + "' (" + c->from + ")" : c->from) +
+              ": malformed frame (" + c->reader.error() + ")");
       ++rejected_;
       close_inbound(fd);
       return;
@@ -350,24 +405,24 @@ bool ControlPlane::handle_hello(Inbound& c, CtrlFrame& f) {
   if (f.type != CtrlType::HELLO || !decode_hello(f.body, key, c.client_nonce.data(), &has_nonce))
     return reject(c, "first frame is not a valid HELLO", false);
   if (!handlers_.is_known_peer(key))
-    return reject(c, "engine '" + key + "' is not registered with engine '" + self_key_ + "'", true);
+    return reject(c, "engine '" + key + "' is not registered with engine '" + self_key_ + "'",
+                  true);
   const bool ours = secret_ && secret_->enabled();
   if (ours && !has_nonce)
-    return reject(c, "engine '" + self_key_ + "' requires authentication but engine '" + key +
-                         "' has no auth token (" + kTokenHint + ")", true);
+    return reject(c,
+                  "engine '" + self_key_ + "' requires authentication but engine '" + key +
+                      "' has no auth token (" + kTokenHint + ")",
+                  true);
   if (!ours && has_nonce)
-    return reject(c, "engine '" + key + "' uses an auth token but engine '" + self_key_ +
-                         "' has none (" + kTokenHint + ")", true);
+    return reject(c,
+                  "engine '" + key + "' uses an auth token but engine '" + self_key_ +
+                      "' has none (" + kTokenHint + ")",
+                  true);
   {
     std::lock_guard<std::mutex> lk(in_mu_);  // forget_peer() reads it from other threads
     c.peer = key;
   }
-  if (!ours) {
-    c.state = Inbound::State::OPEN;
-    c.reader.set_max_body(kMaxCtrlBody);
-    auto ok = encode_ctrl_frame(CtrlType::HELLO_OK, {});
-    return write_all(c.fd, ok.data(), ok.size());
-  }
+  if (!ours) return admit(c);
   auth::Mac mac;
   if (!auth::random_bytes(c.server_nonce.data(), c.server_nonce.size()))
     return reject(c, "no random bytes for a challenge", true);
@@ -387,9 +442,36 @@ bool ControlPlane::handle_proof(Inbound& c, CtrlFrame& f) {
   auto t = auth::ctrl_transcript(kClientLabel, c.client_nonce, c.server_nonce, c.peer, self_key_);
   if (!secret_->verify(t.data(), t.size(), mac.data()))
     return reject(c, "engine '" + c.peer + "' failed authentication (wrong auth token?)", true);
+  FERRY_LOG(DEBUG, "control", "engine '" + c.peer + "' (" + c.from + ") authenticated");
+  return admit(c);
+}
+
+bool ControlPlane::admit(Inbound& c) {
+  // A peer needs a few connections (its sends, its fences); more than
+  // kMaxConnsPerPeer admitted at once are old ones it lost track of, or a
+  // flood: the oldest goes (each may hold a frame of up to 1 MiB).
+  int oldest_fd = -1;
+  size_t open = 0;
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    uint64_t oldest = UINT64_MAX;
+    for (auto& [fd, o] : inbound_)
+      if (o.get() != &c && o->state == Inbound::State::OPEN && o->peer == c.peer) {
+        ++open;
+        if (o->seq < oldest) {
+          oldest = o->seq;
+          oldest_fd = fd;
+        }
+      }
+  }
+  if (open >= kMaxConnsPerPeer && oldest_fd >= 0) {
+    FERRY_LOG(INFO, "control",
+              "closing the oldest control connection of '" + c.peer + "': more than " +
+                  std::to_string(kMaxConnsPerPeer) + " are open");
+    close_inbound(oldest_fd);
+  }
   c.state = Inbound::State::OPEN;
   c.reader.set_max_body(kMaxCtrlBody);
-  FERRY_LOG(DEBUG, "control", "engine '" + c.peer + "' (" + c.from + ") authenticated");
   auto ok = encode_ctrl_frame(CtrlType::HELLO_OK, {});
   return write_all(c.fd, ok.data(), ok.size());
 }
@@ -430,9 +512,9 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
     default:
       break;
   }
-  FERRY_LOG(WARN, "control", "closing connection from '" + c.peer + "' (" + c.from +
-                                 "): unexpected or malformed " +
-                                 std::to_string(static_cast<int>(f.type)) + " frame");
+  FERRY_LOG(WARN, "control",
+            "closing connection from '" + c.peer + "' (" + c.from + "): unexpected or malformed " +
+                std::to_string(static_cast<int>(f.type)) + " frame");
   ++rejected_;
   return false;
 }
@@ -522,8 +604,8 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   // Until HELLO_OK the peer reads no frame but the handshake: whatever fails
   // here, nothing of ours was acted on (NOT_SENT), but a deadline is a deadline.
   auto answer_wait = [&] { return ms_until(deadline, kHelloTimeoutMs); };
-  auto hello = encode_ctrl_frame(
-      CtrlType::HELLO, ours ? hello_body(self_key_, nc.data()) : hello_body(self_key_));
+  auto hello = encode_ctrl_frame(CtrlType::HELLO,
+                                 ours ? hello_body(self_key_, nc.data()) : hello_body(self_key_));
   CtrlFrame f;
   std::string why;
   if (!write_all(fd, hello.data(), hello.size()) || !read_frame(fd, f, answer_wait(), &why)) {
@@ -533,17 +615,21 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   if (f.type == CtrlType::AUTH_CHALLENGE) {
     if (!ours)
       return fail("peer " + where + " requires an auth token and engine '" + self_key_ +
-                      "' has none (" + kTokenHint + ")", false);
+                      "' has none (" + kTokenHint + ")",
+                  false);
     auth::Nonce ns{};
     auth::Mac mac{};
     if (!decode_challenge(f.body, ns.data(), mac.data()))
       return fail("malformed auth challenge from " + where, true);
     auto ts = auth::ctrl_transcript(kServerLabel, nc, ns, self_key_, peer_key);
     if (!secret_->verify(ts.data(), ts.size(), mac.data()))
-      return fail("peer " + where + " failed to prove the auth token (a different token, "
-                  "or not the engine it claims to be)", true);
+      return fail("peer " + where +
+                      " failed to prove the auth token (a different token, "
+                      "or not the engine it claims to be)",
+                  true);
     auto tc = auth::ctrl_transcript(kClientLabel, nc, ns, self_key_, peer_key);
-    if (!secret_->sign(tc.data(), tc.size(), mac.data())) return fail("cannot compute a MAC", false);
+    if (!secret_->sign(tc.data(), tc.size(), mac.data()))
+      return fail("cannot compute a MAC", false);
     auto proof = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(mac.data()));
     if (!write_all(fd, proof.data(), proof.size()) || !read_frame(fd, f, answer_wait(), &why)) {
       if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
@@ -551,7 +637,8 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
     }
   } else if (ours && f.type == CtrlType::HELLO_OK) {
     return fail("peer " + where + " did not authenticate: it has no auth token and engine '" +
-                    self_key_ + "' requires one (" + kTokenHint + ")", true);
+                    self_key_ + "' requires one (" + kTokenHint + ")",
+                true);
   }
   if (f.type != CtrlType::HELLO_OK) {
     std::string reason = "unexpected answer";

@@ -37,15 +37,15 @@ class ControlPlane {
     // FENCE from `peer`: fence the listed attempts here; *instance = this engine's
     // instance (the initiator checks it is the life it fenced). Runs on the
     // control plane's fence thread, never on its I/O thread.
-    std::function<std::vector<FenceResult>(const std::string& peer,
-                                           const std::vector<FenceEntry>& entries,
-                                           uint64_t* instance)>
+    std::function<std::vector<FenceResult>(
+        const std::string& peer, const std::vector<FenceEntry>& entries, uint64_t* instance)>
         on_fence;
   };
   using Clock = std::chrono::steady_clock;
 
   static constexpr int kHandshakeTimeoutMs = 5000;
   static constexpr size_t kMaxPendingInbound = 64;
+  static constexpr size_t kMaxConnsPerPeer = 16;  // admitted at once; the oldest goes
 
   // Binds host:port (0 = any free port) and starts the I/O thread. Throws
   // ferry::Error. `secret` (borrowed, outlives this) decides whether peers must
@@ -118,6 +118,7 @@ class ControlPlane {
   bool handle_frame(Inbound& c, CtrlFrame& f);
   bool handle_hello(Inbound& c, CtrlFrame& f);
   bool handle_proof(Inbound& c, CtrlFrame& f);
+  bool admit(Inbound& c);  // the handshake is done: open it (kMaxConnsPerPeer)
   bool reject(Inbound& c, const std::string& why, bool answer);
   int expire_handshakes();  // closes overdue handshakes; ms until the next is due, or -1
   void evict_oldest_pending();
@@ -132,6 +133,12 @@ class ControlPlane {
   uint64_t accept_seq_ = 0;  // I/O thread only
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
+  // Out of descriptors (EMFILE and the like): the listener leaves the epoll set
+  // for a while instead of waking it on every loop (level-triggered: a spin).
+  bool listen_armed_ = true;
+  std::chrono::steady_clock::time_point accept_paused_until_{};
+  uint64_t accept_failures_ = 0;  // since the last warning
+  std::chrono::steady_clock::time_point accept_warned_{};
   int wake_fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};

@@ -52,6 +52,7 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
       instance_(random_instance()),
       policy_(policy_for(config_)),
       health_(std::make_unique<Health>(policy_.quarantine)),
+      inbound_(InboundTable::Limits{config_.inbound_max_per_peer, config_.inbound_max_age}),
       registry_(key_, instance_, node_id_, backends_) {
   ControlPlane::Handlers h;
   h.is_known_peer = [this](const std::string& k) { return registry_.has_peer(k); };
@@ -59,7 +60,12 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
                        size_t len) {
     BackendPtr b = backends_.find(plugin);
     if (!b) {
-      FERRY_LOG(WARN, key_, "control message for backend '" + plugin + "' which is not loaded");
+      uint64_t held = 0;
+      if (log_enabled(LogLevel::WARN) && log_limiter_.allow("unknown-backend " + peer, &held))
+        log_line(LogLevel::WARN, key_,
+                 "control message from '" + peer + "' for backend '" + plugin +
+                     "' which is not loaded" +
+                     (held ? " (" + std::to_string(held) + " more since the last report)" : ""));
       return;
     }
     std::shared_lock life(b->life);
@@ -204,6 +210,7 @@ EngineStats EngineImpl::stats() const {
   EngineStats s;
   s.backends = backends_.counter_values();
   s.inbound_notifications = inbound_count_;
+  s.inbound_dropped = inbound_.dropped();
   s.ctrl_rejected = control_->rejected();
   auto f = transfers_->fence_counts();
   s.fences = f.fences;

@@ -17,6 +17,7 @@
 #include "ferry/plugin.h"
 #include "health.h"
 #include "inbound_table.h"
+#include "log.h"
 #include "policy.h"
 #include "registry.h"
 #include "stats_server.h"
@@ -62,6 +63,7 @@ class EngineImpl {
   Policy policy_;
   std::unique_ptr<Health> health_;
   InboundTable inbound_;
+  LogLimiter log_limiter_;  // warnings a peer can cause by the thousand
   std::atomic<uint64_t> next_uid_{1};
   std::atomic<uint64_t> inbound_count_{0};
 

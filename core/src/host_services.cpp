@@ -181,7 +181,17 @@ void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status) {
                   " failed on the target: " + plugin_error_name(status));
     return;
   }
+  const uint64_t dropped_before = inbound_.dropped();
   if (inbound_.land(peer_key, uid, StatusCode::SUCCESS)) ++inbound_count_;
+  uint64_t held = 0;
+  if (inbound_.dropped() != dropped_before && log_enabled(LogLevel::WARN) &&
+      log_limiter_.allow("inbound-dropped " + std::string(peer_key), &held))
+    log_line(LogLevel::WARN, key_,
+             "inbound statuses from '" + std::string(peer_key) +
+                 "' are not being popped: the oldest are dropped (at most " +
+                 std::to_string(inbound_.limits().max_per_peer) + " per peer, " +
+                 std::to_string(inbound_.limits().max_age.count()) + " ms; " +
+                 std::to_string(inbound_.dropped()) + " dropped so far)");
 }
 
 int EngineImpl::auth_sign(const void* challenge, size_t len, uint8_t mac[32]) const {

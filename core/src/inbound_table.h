@@ -2,11 +2,18 @@
 // (initiator, uid) is recorded once, however many backends or attempts carried
 // it; a remembered window of recent uids per initiator drops repeats, also
 // after the application popped the first report.
+//
+// Bounded (a peer can land records faster than the application pops them, and
+// some applications never pop): per initiator at most `max_per_peer` un-popped
+// records, none older than `max_age`, and at most `max_peers` initiators. The
+// oldest record (or the initiator with the oldest landing) goes first; every
+// record dropped unpopped is counted.
 #pragma once
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -18,8 +25,18 @@
 
 namespace ferry {
 
+struct InboundLimits {
+  size_t max_per_peer = 65536;                                   // 0: no limit
+  std::chrono::milliseconds max_age = std::chrono::minutes(10);  // 0: no limit
+  size_t max_peers = 4096;
+};
+
 class InboundTable {
  public:
+  using Clock = std::chrono::steady_clock;
+  using Limits = InboundLimits;
+  explicit InboundTable(Limits limits = {}, std::function<Clock::time_point()> now = {});
+
   // Returns true when this was the first report for (peer, uid).
   bool land(const std::string& peer, uint64_t uid, StatusCode code);
   std::optional<TransferStatus> pop(const std::string& peer, uint64_t uid);
@@ -28,19 +45,39 @@ class InboundTable {
                                          std::chrono::milliseconds timeout);
   void forget_peer(const std::string& peer);
   size_t pending() const;
+  // Records dropped before the application popped them (cap, age, peer cap).
+  uint64_t dropped() const;
+  // Entries in every internal container (records, their order, remembered
+  // uids): what the table's memory grows with.
+  size_t footprint() const;
+  const Limits& limits() const { return limits_; }
 
   static constexpr size_t kRememberPerPeer = 1 << 16;
 
  private:
   struct PeerState {
     std::unordered_map<uint64_t, TransferStatus> landed;
+    std::deque<std::pair<Clock::time_point, uint64_t>> landed_order;  // may hold popped uids
     std::unordered_set<uint64_t> seen;
     std::deque<uint64_t> seen_order;
+    // In `seen` only because they were unpopped when the window passed them:
+    // they leave it when popped or dropped.
+    std::unordered_set<uint64_t> kept_past_window;
+    Clock::time_point last_landing{};
   };
   std::optional<TransferStatus> pop_locked(const std::string& peer, uint64_t uid);
+  // Drops what is too old, then the oldest while over the cap; mu_ held.
+  void trim_locked(PeerState& p, Clock::time_point now);
+  // A record leaves `landed` (popped or dropped); mu_ held.
+  static void release_locked(PeerState& p, uint64_t uid);
+  PeerState& state_for_locked(const std::string& peer, Clock::time_point now);
+
+  const Limits limits_;
+  const std::function<Clock::time_point()> now_;
   mutable std::mutex mu_;
   std::condition_variable landed_cv_;
   std::map<std::string, PeerState> peers_;
+  uint64_t dropped_ = 0;
 };
 
 }  // namespace ferry

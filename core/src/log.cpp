@@ -1,5 +1,6 @@
 #include "log.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -34,10 +35,59 @@ bool set_log_level(const std::string& name) {
   return false;
 }
 
+std::string printable(std::string_view s, size_t max_bytes) {
+  static const char hex[] = "0123456789abcdef";
+  const size_t n = std::min(s.size(), max_bytes);
+  std::string out;
+  out.reserve(n + 16);
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  if (s.size() > n) out += "...(" + std::to_string(s.size() - n) + " more bytes)";
+  return out;
+}
+
 void log_line(LogLevel level, const std::string& who, const std::string& msg) {
+  const std::string w = printable(who, 256), m = printable(msg);
   static std::mutex mu;  // keeps lines from interleaving
   std::lock_guard<std::mutex> lk(mu);
-  std::fprintf(stderr, "ferry[%s] %s: %s\n", names[static_cast<int>(level)], who.c_str(),
-               msg.c_str());
+  std::fprintf(stderr, "ferry[%s] %s: %s\n", names[static_cast<int>(level)], w.c_str(), m.c_str());
+}
+
+bool LogLimiter::allow(const std::string& key, uint64_t* held_back) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    if (entries_.size() >= max_keys_) {
+      auto oldest = std::min_element(
+          entries_.begin(), entries_.end(),
+          [](const auto& a, const auto& b) { return a.second.last < b.second.last; });
+      entries_.erase(oldest);
+    }
+    entries_[key].last = now;
+    *held_back = 0;
+    return true;
+  }
+  if (now - it->second.last < interval_) {
+    ++it->second.held_back;
+    return false;
+  }
+  *held_back = it->second.held_back;
+  it->second = {now, 0};
+  return true;
 }
 }  // namespace ferry

@@ -1,16 +1,49 @@
 // The core's logger: one line per event on stderr, level from FERRY_LOG_LEVEL
 // (error|warn|info|debug; default warn). Plugins log through the host table.
+// Every line is passed through printable(): text from the network (claimed
+// keys, a peer's error text) cannot forge lines or send terminal escapes.
 #pragma once
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <string_view>
 
 namespace ferry {
 enum class LogLevel { ERROR = 0, WARN = 1, INFO = 2, DEBUG = 3 };
 bool log_enabled(LogLevel level);
 void log_line(LogLevel level, const std::string& who, const std::string& msg);
+
+// Bytes outside printable ASCII become \n, \r, \t or \xHH; more than max_bytes
+// of input are cut, saying how many were left out.
+std::string printable(std::string_view s, size_t max_bytes = 2048);
+
+// At most one line per key per interval; the next allowed one says how many
+// were held back. Keys are bounded (the oldest goes), so a flood of distinct
+// keys costs memory only up to max_keys.
+class LogLimiter {
+ public:
+  explicit LogLimiter(std::chrono::milliseconds interval = std::chrono::seconds(10),
+                      size_t max_keys = 1024)
+      : interval_(interval), max_keys_(max_keys) {}
+  // True: log now; *held_back is how many were suppressed since the last one.
+  bool allow(const std::string& key, uint64_t* held_back);
+
+ private:
+  struct Entry {
+    std::chrono::steady_clock::time_point last{};
+    uint64_t held_back = 0;
+  };
+  const std::chrono::milliseconds interval_;
+  const size_t max_keys_;
+  std::mutex mu_;
+  std::map<std::string, Entry> entries_;
+};
 }  // namespace ferry
 
-#define FERRY_LOG(level, who, msg)                                             \
-  do {                                                                         \
-    if (::ferry::log_enabled(::ferry::LogLevel::level))                        \
-      ::ferry::log_line(::ferry::LogLevel::level, (who), (msg));               \
+#define FERRY_LOG(level, who, msg)                               \
+  do {                                                           \
+    if (::ferry::log_enabled(::ferry::LogLevel::level))          \
+      ::ferry::log_line(::ferry::LogLevel::level, (who), (msg)); \
   } while (0)

@@ -48,6 +48,7 @@ std::string stats_to_json(const std::string& engine_key, const EngineStats& s) {
   j["engine"] = engine_key;
   j["pid"] = static_cast<long>(::getpid());
   j["inbound_notifications"] = s.inbound_notifications;
+  j["inbound_dropped"] = s.inbound_dropped;
   j["ctrl_rejected"] = s.ctrl_rejected;
   j["fences"] = s.fences;
   j["fence_unknown"] = s.fence_unknown;
@@ -135,7 +136,14 @@ void StatsServer::Serve() {
     }
     if (p[0].revents != 0) return;
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // Out of descriptors: wait 100 ms (or for the stop) instead of spinning
+      // on a listener that stays readable.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        ::poll(p, 1, 100);
+      if (p[0].revents != 0) return;
+      continue;
+    }
     timeval tv{kSendTimeoutMs / 1000, (kSendTimeoutMs % 1000) * 1000};
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     const std::string doc = render_();

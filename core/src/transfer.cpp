@@ -86,7 +86,8 @@ void Transfers::complete(std::shared_ptr<Attempt> a, int status, const char* mes
     late_completion(a);
     return;
   }
-  attempt_done(a, status, message ? message : "");
+  // The text may come from the peer (a tcp ERROR frame): printable, bounded.
+  attempt_done(a, status, message ? printable(message, 512) : "");
 }
 
 std::vector<BackendPtr> Transfers::route_for(const MemPair& pair, Op op, uint64_t bytes,

@@ -116,6 +116,29 @@ int RecvAll(int fd, void* buf, size_t len, bool idle_ok) {
   return RecvIov(fd, &iov, 1, idle_ok);
 }
 
+int RecvAllBy(int fd, void* buf, size_t len, std::chrono::steady_clock::time_point deadline) {
+  auto* p = static_cast<char*>(buf);
+  while (len > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return ETIMEDOUT;
+    pollfd pf{fd, POLLIN, 0};
+    const int n = poll(&pf, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, INT_MAX)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return ETIMEDOUT;
+    const ssize_t r = recv(fd, p, len, MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return errno;
+    }
+    if (r == 0) return kEof;
+    p += r;
+    len -= static_cast<size_t>(r);
+  }
+  return 0;
+}
+
 int Discard(int fd, uint64_t len) {
   std::vector<char> scratch(std::min<uint64_t>(len, 256 * 1024));
   while (len > 0) {

@@ -8,6 +8,7 @@
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -29,6 +30,9 @@ int SendAll(int fd, const void* buf, size_t len);
 // fine, a stalled frame is not.
 int RecvIov(int fd, const iovec* iov, size_t n, bool idle_ok = false);
 int RecvAll(int fd, void* buf, size_t len, bool idle_ok = false);
+// RecvAll with one deadline for the whole read, however the bytes trickle in
+// (a handshake sent a byte at a time must still end by its deadline).
+int RecvAllBy(int fd, void* buf, size_t len, std::chrono::steady_clock::time_point deadline);
 // Reads and discards len bytes, keeping the stream in step after a refused frame.
 int Discard(int fd, uint64_t len);
 

@@ -110,9 +110,18 @@ void TargetServer::AcceptMain() {
       if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
         // Out of descriptors: the pending connection stays in the backlog; retry
         // when something may have been freed rather than spin on it.
-        lk.unlock();
-        Log(host_, FERRY_LOG_WARN, "accept failed: %s", std::strerror(err));
-        lk.lock();
+        // Said once per 10 s, with how often it failed meanwhile.
+        ++accept_failures_;
+        const uint64_t now = host_->now_ns(host_->host_ctx);
+        if (accept_warned_ns_ == 0 || now - accept_warned_ns_ >= 10'000'000'000ull) {
+          const uint64_t times = accept_failures_;
+          accept_failures_ = 0;
+          accept_warned_ns_ = now;
+          lk.unlock();
+          Log(host_, FERRY_LOG_WARN, "accept failed: %s (%llu times since the last report)",
+              std::strerror(err), static_cast<unsigned long long>(times));
+          lk.lock();
+        }
         ReapLocked();
         cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return stopping_; });
         continue;
@@ -123,13 +132,27 @@ void TargetServer::AcceptMain() {
     }
     ReapLocked();
     // A flood of connections that never finish the handshake must not pin a
-    // thread each: past the limit, the oldest of them is cut.
+    // thread each: past the limit, the oldest of the source with the most of
+    // them is cut (a flood from one address evicts its own, not a good peer's).
+    std::string source = PeerAddress(fd);
+    source = source.substr(0, source.rfind(':'));
     size_t pending = 0;
-    Conn* oldest = nullptr;
+    std::map<std::string, size_t> by_source;
     for (auto& c : conns_) {
       if (c->admitted || c->done || c->evicted) continue;
-      if (!oldest) oldest = c.get();
+      ++by_source[c->source];
       ++pending;
+    }
+    Conn* oldest = nullptr;
+    if (pending >= kMaxPendingLanes) {
+      auto worst =
+          std::max_element(by_source.begin(), by_source.end(),
+                           [](const auto& a, const auto& b) { return a.second < b.second; });
+      for (auto& c : conns_)  // in accept order: the first match is the oldest
+        if (!c->admitted && !c->done && !c->evicted && c->source == worst->first) {
+          oldest = c.get();
+          break;
+        }
     }
     if (pending >= kMaxPendingLanes && oldest != nullptr && oldest->fd >= 0) {
       oldest->evicted = true;
@@ -147,6 +170,7 @@ void TargetServer::AcceptMain() {
       conns_.push_back(std::make_unique<Conn>());
       Conn* c = conns_.back().get();
       c->fd = fd;
+      c->source = source;
       c->thread = std::thread([this, c] { Serve(c); });
     } catch (const std::exception& e) {
       if (!conns_.empty() && conns_.back()->fd == fd && !conns_.back()->thread.joinable()) {
@@ -199,7 +223,8 @@ void TargetServer::Refuse(int fd, const std::string& from, const std::string& wh
   }
 }
 
-bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs, std::string* why) {
+bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs,
+                                std::chrono::steady_clock::time_point deadline, std::string* why) {
   const bool ours = AuthEnabled(host_);
   const std::string hint =
       " (set the same EngineConfig::auth_token or FERRY_AUTH_TOKEN on both engines)";
@@ -219,13 +244,13 @@ bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs, std
   wire::Header h;
   std::string bad;
   uint8_t ni[wire::kAuthNonceSize];
-  int err = RecvAll(fd, hb, sizeof(hb));
+  int err = RecvAllBy(fd, hb, sizeof(hb), deadline);
   if (err == 0 && (!wire::DecodeHeader(hb, &h, &bad) || h.type != wire::Type::kAuth ||
                    h.payload_len != wire::kAuthNonceSize)) {
     *why = "expected an AUTH challenge after HELLO" + (bad.empty() ? "" : ": " + bad);
     return false;
   }
-  if (err == 0) err = RecvAll(fd, ni, sizeof(ni));
+  if (err == 0) err = RecvAllBy(fd, ni, sizeof(ni), deadline);
   if (err != 0) {
     *why = "auth handshake: " + IoErrorString(err);
     return false;
@@ -249,13 +274,13 @@ bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs, std
   frame.insert(frame.end(), out, out + sizeof(out));
   err = SendAll(fd, frame.data(), frame.size());
   uint8_t mac[wire::kAuthMacSize];
-  if (err == 0) err = RecvAll(fd, hb, sizeof(hb));
+  if (err == 0) err = RecvAllBy(fd, hb, sizeof(hb), deadline);
   if (err == 0 && (!wire::DecodeHeader(hb, &h, &bad) || h.type != wire::Type::kAuth ||
                    h.payload_len != wire::kAuthMacSize)) {
     *why = "expected an AUTH answer" + (bad.empty() ? "" : ": " + bad);
     return false;
   }
-  if (err == 0) err = RecvAll(fd, mac, sizeof(mac));
+  if (err == 0) err = RecvAllBy(fd, mac, sizeof(mac), deadline);
   if (err != 0) {
     *why = "auth handshake: " + IoErrorString(err);
     return false;
@@ -271,14 +296,17 @@ bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs, std
 void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   SetNoDelay(fd);
   SetKeepAlive(fd, settings_.keepalive_s);
-  // The handshake must finish within the connect timeout; after it, a frame that
-  // stops moving for io_timeout_ms is given up on.
+  // The whole handshake (HELLO, key, auth) must finish within the connect
+  // timeout, however its bytes trickle in; after it, a frame that stops moving
+  // for io_timeout_ms is given up on.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(settings_.connect_timeout_ms);
   SetIoTimeout(fd, std::min(settings_.io_timeout_ms, settings_.connect_timeout_ms));
 
   uint8_t hb[wire::kHeaderSize];
   wire::Header h;
   std::string why;
-  int err = RecvAll(fd, hb, sizeof(hb));
+  int err = RecvAllBy(fd, hb, sizeof(hb), deadline);
   if (err != 0) {
     ++rejected_;
     Log(host_, FERRY_LOG_WARN, "closing lane from %s before HELLO: %s", from.c_str(),
@@ -294,7 +322,7 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   const bool wants_auth = (h.flags & wire::kFlagAuth) != 0;
   const uint64_t hello_clock = h.expires_ns;
   std::string key(h.payload_len, '\0');
-  err = RecvAll(fd, key.data(), key.size());
+  err = RecvAllBy(fd, key.data(), key.size(), deadline);
   if (err != 0) {
     ++rejected_;
     Log(host_, FERRY_LOG_WARN, "closing lane from %s: %s", from.c_str(),
@@ -312,7 +340,7 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     Refuse(fd, from, not_peer);
     return;
   }
-  if (!Authenticate(fd, key, wants_auth, &why)) {
+  if (!Authenticate(fd, key, wants_auth, deadline, &why)) {
     Refuse(fd, from, why);
     return;
   }

@@ -61,6 +61,7 @@ class TargetServer {
     bool done = false;
     bool admitted = false;  // past the handshake (guarded by mu_)
     bool evicted = false;
+    std::string source;  // the peer's address without the port
   };
   // What serving one request frame decided.
   enum class Outcome { kServed, kRefused, kCloseLane };
@@ -70,7 +71,9 @@ class TargetServer {
   void ServeLane(Conn* c, int fd, const std::string& from);
   // Authenticates the initiator `key` (HELLO carried kFlagAuth == theirs).
   // False with *why when the lane must be refused.
-  bool Authenticate(int fd, const std::string& key, bool theirs, std::string* why);
+  // The handshake ends by `deadline` (the lane's connect timeout).
+  bool Authenticate(int fd, const std::string& key, bool theirs,
+                    std::chrono::steady_clock::time_point deadline, std::string* why);
   void Refuse(int fd, const std::string& from, const std::string& why);
   Outcome ServeRequest(int fd, SocketReader& in, TargetPeer& tp, const wire::Header& h,
                        const std::vector<wire::Item>& items, const std::function<bool(int)>& count,
@@ -96,6 +99,8 @@ class TargetServer {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  uint64_t accept_failures_ = 0;   // accept() out of descriptors since the last warning
+  uint64_t accept_warned_ns_ = 0;  // host clock of that warning
   std::map<std::string, std::shared_ptr<TargetPeer>> peers_;
   std::list<std::unique_ptr<Conn>> conns_;
 };

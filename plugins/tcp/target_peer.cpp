@@ -16,6 +16,8 @@ bool TargetPeer::removed() const {
 bool TargetPeer::Attach(int fd) {
   std::lock_guard lk(mu_);
   if (removed_) return false;
+  // Shut down, not closed: its thread still reads it, and Detaches it itself.
+  if (fds_.size() >= kMaxLanesPerPeer) ::shutdown(fds_[fds_.size() - kMaxLanesPerPeer], SHUT_RDWR);
   fds_.push_back(fd);
   return true;
 }

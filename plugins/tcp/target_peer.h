@@ -24,6 +24,10 @@ class TargetPeer {
   bool same_host() const { return same_host_; }
 
   bool removed() const;
+  // An initiator uses at most 16 lanes (the `lanes` setting); more admitted at
+  // once are lanes it lost (a link that went down) or a flood: the oldest is
+  // shut down when another would exceed this.
+  static constexpr size_t kMaxLanesPerPeer = 64;
   // False once removed: the lane must be refused.
   bool Attach(int fd);
   // The last lane to go drops the counting state, so a vanished initiator leaks nothing.

@@ -38,9 +38,9 @@ namespace {
 
 // ---- errors -------------------------------------------------------------------------
 
-PyObject* g_transfer_error = nullptr;  // ferry.TransferError(RuntimeError)
-PyObject* g_invalid_error = nullptr;   // ferry.InvalidArgumentError(ValueError)
-PyObject* g_not_found_error = nullptr; // ferry.NotFoundError(LookupError)
+PyObject* g_transfer_error = nullptr;   // ferry.TransferError(RuntimeError)
+PyObject* g_invalid_error = nullptr;    // ferry.InvalidArgumentError(ValueError)
+PyObject* g_not_found_error = nullptr;  // ferry.NotFoundError(LookupError)
 
 // Thrown inside the binding; translated to one of the three classes above.
 struct BindingError {
@@ -64,7 +64,7 @@ void check(const Result& r) {
 }
 
 void set_python_error(StatusCode code, const std::string& message, bool transfer_error = false) {
-  PyObject* type = transfer_error                       ? g_transfer_error
+  PyObject* type = transfer_error                         ? g_transfer_error
                    : code == StatusCode::ERR_INVALID_ARGS ? g_invalid_error
                    : code == StatusCode::ERR_NOT_FOUND    ? g_not_found_error
                                                           : g_transfer_error;
@@ -144,7 +144,8 @@ std::vector<size_t> to_sizes(py::handle obj, const char* what) {
       PyErr_Clear();
     }
   }
-  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) || !py::hasattr(obj, "__iter__"))
+  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) ||
+      !py::hasattr(obj, "__iter__"))
     throw py::type_error(std::string(what) + " must be a sequence of integers");
   size_t i = 0;
   for (py::handle item : obj) {
@@ -191,18 +192,25 @@ enum class BackendType : int { Unknown = 0, XGMI = 1, RDMA = 2, TCP = 3, OFI = 4
 std::string backend_name(py::handle v) {
   if (py::isinstance<BackendType>(v)) {
     switch (py::cast<BackendType>(v)) {
-      case BackendType::XGMI: return "xgmi";
-      case BackendType::RDMA: return "rdma";
-      case BackendType::TCP: return "tcp";
-      case BackendType::OFI: return "ofi";
-      case BackendType::Unknown: break;
+      case BackendType::XGMI:
+        return "xgmi";
+      case BackendType::RDMA:
+        return "rdma";
+      case BackendType::TCP:
+        return "tcp";
+      case BackendType::OFI:
+        return "ofi";
+      case BackendType::Unknown:
+        break;
     }
     raise_value("BackendType.Unknown names no backend");
   }
-  if (!py::isinstance<py::str>(v)) throw py::type_error("backend must be a BackendType or a string");
+  if (!py::isinstance<py::str>(v))
+    throw py::type_error("backend must be a BackendType or a string");
   std::string s = lower(py::cast<std::string>(v));
   if (s.rfind("backendtype.", 0) == 0) s = s.substr(12);
-  if (s.empty() || s.size() > 64) raise_value("bad backend name '" + py::cast<std::string>(v) + "'");
+  if (s.empty() || s.size() > 64)
+    raise_value("bad backend name '" + py::cast<std::string>(v) + "'");
   for (char c : s)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-')
       raise_value("bad backend name '" + py::cast<std::string>(v) +
@@ -390,7 +398,8 @@ class PySession {
 
 class PyEngine {
  public:
-  PyEngine(const std::string& key, std::optional<EngineConfig> config) : h_(std::make_shared<EngineHolder>()) {
+  PyEngine(const std::string& key, std::optional<EngineConfig> config)
+      : h_(std::make_shared<EngineHolder>()) {
     EngineConfig cfg = config.value_or(EngineConfig{});
     h_->key = key;
     py::gil_scoped_release nogil;
@@ -429,9 +438,12 @@ class PyEngine {
   }
   void deregister_remote_engine(py::handle desc_or_key) {
     std::string k;
-    if (py::isinstance<EngineDesc>(desc_or_key)) k = py::cast<EngineDesc&>(desc_or_key).key;
-    else if (py::isinstance<py::str>(desc_or_key)) k = py::cast<std::string>(desc_or_key);
-    else throw py::type_error("deregister_remote_engine takes an EngineDesc or an engine key");
+    if (py::isinstance<EngineDesc>(desc_or_key))
+      k = py::cast<EngineDesc&>(desc_or_key).key;
+    else if (py::isinstance<py::str>(desc_or_key))
+      k = py::cast<std::string>(desc_or_key);
+    else
+      throw py::type_error("deregister_remote_engine takes an EngineDesc or an engine key");
     check(h_->with_engine([&](Engine& e) { return e.deregister_remote_engine(k); }));
   }
 
@@ -471,9 +483,8 @@ class PyEngine {
     if (raw->len <= 0) raise_value("register_buffer: the buffer is empty");
     void* addr = raw->buf;
     size_t len = static_cast<size_t>(raw->len);
-    MemoryDesc d = h_->with_engine([&](Engine& e) {
-      return e.register_memory(addr, len, -1, MemoryLocation::CPU);
-    });
+    MemoryDesc d = h_->with_engine(
+        [&](Engine& e) { return e.register_memory(addr, len, -1, MemoryLocation::CPU); });
     h_->keep[d.id] = std::move(hold);
     return d;
   }
@@ -493,9 +504,11 @@ class PyEngine {
         py::object idx = dev.attr("index");
         device = idx.is_none() ? 0 : py::cast<int>(idx);
       } else if (type != "cpu") {
-        raise_value("register_torch_tensor: tensors on '" + type + "' are not supported (cpu, cuda)");
+        raise_value("register_torch_tensor: tensors on '" + type +
+                    "' are not supported (cpu, cuda)");
       }
-      nbytes = to_size(t.attr("numel")(), "numel") * to_size(t.attr("element_size")(), "element_size");
+      nbytes =
+          to_size(t.attr("numel")(), "numel") * to_size(t.attr("element_size")(), "element_size");
       ptr = static_cast<uintptr_t>(to_u64(t.attr("data_ptr")(), "data_ptr"));
     } else if (py::hasattr(t, "__cuda_array_interface__")) {  // CuPy, Numba, ...
       py::dict cai = t.attr("__cuda_array_interface__");
@@ -503,7 +516,8 @@ class PyEngine {
       std::string typestr = py::cast<std::string>(cai["typestr"]);
       size_t item = 0;
       for (char c : typestr)
-        if (std::isdigit(static_cast<unsigned char>(c))) item = item * 10 + static_cast<size_t>(c - '0');
+        if (std::isdigit(static_cast<unsigned char>(c)))
+          item = item * 10 + static_cast<size_t>(c - '0');
       size_t count = 1;
       for (py::handle s : shape) count *= to_size(s, "shape");
       if (cai.contains("strides") && !cai["strides"].is_none()) {
@@ -523,8 +537,9 @@ class PyEngine {
       if (py::hasattr(t, "device") && py::hasattr(t.attr("device"), "id"))
         device = py::cast<int>(t.attr("device").attr("id"));
     } else {
-      throw py::type_error("register_torch_tensor takes a torch.Tensor (or an object with "
-                           "__cuda_array_interface__); for numpy arrays use register_buffer");
+      throw py::type_error(
+          "register_torch_tensor takes a torch.Tensor (or an object with "
+          "__cuda_array_interface__); for numpy arrays use register_buffer");
     }
     if (nbytes == 0) raise_value("register_torch_tensor: the tensor is empty");
     if (ptr == 0) raise_value("register_torch_tensor: the tensor has no storage");
@@ -616,6 +631,7 @@ class PyEngine {
     py::dict out;
     out["backends"] = backends;
     out["inbound_notifications"] = s.inbound_notifications;
+    out["inbound_dropped"] = s.inbound_dropped;
     out["ctrl_rejected"] = s.ctrl_rejected;
     out["fences"] = s.fences;
     out["fence_unknown"] = s.fence_unknown;
@@ -663,8 +679,10 @@ void set_auth_token(C& c, const std::string& token) {
 }
 template <class C>
 std::string get_auth_token(const C& c) {
-  if constexpr (requires { std::string(c.auth_token); }) return c.auth_token;
-  else return {};
+  if constexpr (requires { std::string(c.auth_token); })
+    return c.auth_token;
+  else
+    return {};
 }
 
 // Lets an enum compare with plain ints too (StatusCode.ERR_TIMEOUT == 16, code > 10),
@@ -709,10 +727,10 @@ PYBIND11_MODULE(_ferry, m) {
       "A setup call failed for a reason other than its arguments: a backend that does not "
       "load or start, a closed engine, a session that cannot be served. `.code` is the "
       "StatusCode. Transfer outcomes are never raised: they are in TransferStatus.");
-  g_invalid_error = new_exception(
-      m, "InvalidArgumentError", PyExc_ValueError,
-      "Bad arguments (ValueError): null or empty memory, a malformed descriptor, bad "
-      "backend settings. `.code` is StatusCode.ERR_INVALID_ARGS.");
+  g_invalid_error =
+      new_exception(m, "InvalidArgumentError", PyExc_ValueError,
+                    "Bad arguments (ValueError): null or empty memory, a malformed descriptor, bad "
+                    "backend settings. `.code` is StatusCode.ERR_INVALID_ARGS.");
   g_not_found_error = new_exception(
       m, "NotFoundError", PyExc_LookupError,
       "Something named is not there (LookupError): memory, an engine or a backend that is "
@@ -727,9 +745,10 @@ PYBIND11_MODULE(_ferry, m) {
     }
   });
 
-  py::enum_<StatusCode> status_code(m, "StatusCode", py::arithmetic(),
-                        "Transfer and call outcome codes (MORI-IO's, plus ERR_TIMEOUT and "
-                        "ERR_TRANSPORT). Errors are > 10.");
+  py::enum_<StatusCode> status_code(
+      m, "StatusCode", py::arithmetic(),
+      "Transfer and call outcome codes (MORI-IO's, plus ERR_TIMEOUT and "
+      "ERR_TRANSPORT). Errors are > 10.");
   status_code.value("SUCCESS", StatusCode::SUCCESS)
       .value("INIT", StatusCode::INIT)
       .value("IN_PROGRESS", StatusCode::IN_PROGRESS)
@@ -803,6 +822,19 @@ PYBIND11_MODULE(_ferry, m) {
             c.timeout = milliseconds(static_cast<int64_t>(to_u64(v, "timeout_ms")));
           })
       .def_property(
+          "inbound_max_per_peer",
+          [](const EngineConfig& c) { return static_cast<uint64_t>(c.inbound_max_per_peer); },
+          [](EngineConfig& c, py::handle v) {
+            c.inbound_max_per_peer = static_cast<size_t>(to_u64(v, "inbound_max_per_peer"));
+          },
+          "Un-popped inbound statuses kept per initiator (the oldest go first; 0: no limit).")
+      .def_property(
+          "inbound_max_age_ms", [](const EngineConfig& c) { return c.inbound_max_age.count(); },
+          [](EngineConfig& c, py::handle v) {
+            c.inbound_max_age = milliseconds(static_cast<int64_t>(to_u64(v, "inbound_max_age_ms")));
+          },
+          "Un-popped inbound statuses older than this are dropped (0: no limit).")
+      .def_property(
           "auth_token", [](const EngineConfig& c) { return get_auth_token(c); },
           [](EngineConfig& c, const std::string& t) { set_auth_token(c, t); },
           "Shared secret every peer must prove (HMAC challenge; never sent). Empty: "
@@ -826,11 +858,13 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly(
           "backends", [](const EngineDesc& d) { return backends_dict(d.backends); },
           "Backend name -> opaque connection blob.")
-      .def("pack", [](const EngineDesc& d) { return to_bytes(d.pack()); },
-           "Serialize to compact bytes (msgpack).")
-      .def_static("unpack", [](py::handle b) { return EngineDesc::unpack(from_buffer(b)); },
-                  py::arg("data"),
-                  "Decode pack()'s bytes; a truncated or forged blob raises InvalidArgumentError.")
+      .def(
+          "pack", [](const EngineDesc& d) { return to_bytes(d.pack()); },
+          "Serialize to compact bytes (msgpack).")
+      .def_static(
+          "unpack", [](py::handle b) { return EngineDesc::unpack(from_buffer(b)); },
+          py::arg("data"),
+          "Decode pack()'s bytes; a truncated or forged blob raises InvalidArgumentError.")
       .def("to_json", &EngineDesc::to_json, "A readable JSON form.")
       .def(py::self == py::self)
       .def(py::self != py::self)
@@ -838,9 +872,9 @@ PYBIND11_MODULE(_ferry, m) {
            [](const EngineDesc& d) {
              std::string b;
              for (const auto& [k, v] : d.backends) b += (b.empty() ? "" : ",") + k;
-             return "EngineDesc(key='" + d.key + "', host='" + d.host + "', port=" +
-                    std::to_string(d.port) + ", pid=" + std::to_string(d.pid) + ", backends=[" + b +
-                    "])";
+             return "EngineDesc(key='" + d.key + "', host='" + d.host +
+                    "', port=" + std::to_string(d.port) + ", pid=" + std::to_string(d.pid) +
+                    ", backends=[" + b + "])";
            })
       .def(py::pickle([](const EngineDesc& d) { return to_bytes(d.pack()); },
                       [](const py::bytes& b) { return EngineDesc::unpack(from_buffer(b)); }));
@@ -859,11 +893,13 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly(
           "backends", [](const MemoryDesc& d) { return backends_dict(d.backends); },
           "Backend name -> opaque memory blob (rkey, IPC handle, ...).")
-      .def("pack", [](const MemoryDesc& d) { return to_bytes(d.pack()); },
-           "Serialize to compact bytes (msgpack).")
-      .def_static("unpack", [](py::handle b) { return MemoryDesc::unpack(from_buffer(b)); },
-                  py::arg("data"),
-                  "Decode pack()'s bytes; a truncated or forged blob raises InvalidArgumentError.")
+      .def(
+          "pack", [](const MemoryDesc& d) { return to_bytes(d.pack()); },
+          "Serialize to compact bytes (msgpack).")
+      .def_static(
+          "unpack", [](py::handle b) { return MemoryDesc::unpack(from_buffer(b)); },
+          py::arg("data"),
+          "Decode pack()'s bytes; a truncated or forged blob raises InvalidArgumentError.")
       .def("to_json", &MemoryDesc::to_json, "A readable JSON form.")
       .def(py::self == py::self)
       .def(py::self != py::self)
@@ -954,8 +990,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def("backends", &PyEngine::backends, "Names of the loaded backends.")
       .def("register_remote_engine", &PyEngine::register_remote_engine, py::arg("engine_desc"),
            "Register a peer from its EngineDesc (or its packed bytes).")
-      .def("deregister_remote_engine", &PyEngine::deregister_remote_engine,
-           py::arg("engine_desc"), "Forget a peer (an EngineDesc or its key).")
+      .def("deregister_remote_engine", &PyEngine::deregister_remote_engine, py::arg("engine_desc"),
+           "Forget a peer (an EngineDesc or its key).")
       .def("register_memory", &PyEngine::register_memory, py::arg("ptr"), py::arg("size"),
            py::arg("device_id") = -1, py::arg("mem_loc") = MemoryLocation::UNKNOWN,
            "Register raw memory (ptr: int address, ctypes pointer or capsule). mem_loc Unknown: "
@@ -974,9 +1010,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def(
           "read",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
-             py::handle sz, py::handle uid, bool n) {
-            return e.single(Op::READ, l, lo, r, ro, sz, uid, n);
-          },
+             py::handle sz, py::handle uid,
+             bool n) { return e.single(Op::READ, l, lo, r, ro, sz, uid, n); },
           py::arg("local_mem"), py::arg("local_offset"), py::arg("remote_mem"),
           py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"),
           py::arg("notify") = true,
@@ -985,18 +1020,16 @@ PYBIND11_MODULE(_ferry, m) {
       .def(
           "write",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
-             py::handle sz, py::handle uid, bool n) {
-            return e.single(Op::WRITE, l, lo, r, ro, sz, uid, n);
-          },
+             py::handle sz, py::handle uid,
+             bool n) { return e.single(Op::WRITE, l, lo, r, ro, sz, uid, n); },
           py::arg("local_mem"), py::arg("local_offset"), py::arg("remote_mem"),
           py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"),
           py::arg("notify") = true, "One-sided WRITE local -> remote. Returns a TransferStatus.")
       .def(
           "batch_read",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
-             py::handle sz, py::handle uid, bool n) {
-            return e.batch(Op::READ, l, lo, r, ro, sz, uid, n);
-          },
+             py::handle sz, py::handle uid,
+             bool n) { return e.batch(Op::READ, l, lo, r, ro, sz, uid, n); },
           py::arg("local_mem"), py::arg("local_offsets"), py::arg("remote_mem"),
           py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"),
           py::arg("notify") = true,
@@ -1005,14 +1038,13 @@ PYBIND11_MODULE(_ferry, m) {
       .def(
           "batch_write",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
-             py::handle sz, py::handle uid, bool n) {
-            return e.batch(Op::WRITE, l, lo, r, ro, sz, uid, n);
-          },
+             py::handle sz, py::handle uid,
+             bool n) { return e.batch(Op::WRITE, l, lo, r, ro, sz, uid, n); },
           py::arg("local_mem"), py::arg("local_offsets"), py::arg("remote_mem"),
           py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"),
           py::arg("notify") = true, "WRITE many items as one transfer with one status.")
-      .def("create_session", &PyEngine::create_session, py::arg("local_mem"),
-           py::arg("remote_mem"), py::kw_only(), py::arg("raise_on_failure") = false,
+      .def("create_session", &PyEngine::create_session, py::arg("local_mem"), py::arg("remote_mem"),
+           py::kw_only(), py::arg("raise_on_failure") = false,
            "A session for repeated transfers between the two regions, or None when no backend "
            "can serve them (as MORI-IO); raise_on_failure=True raises the reason instead.")
       .def("pop_inbound_transfer_status", &PyEngine::pop_inbound, py::arg("remote_key"),
@@ -1023,9 +1055,11 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("timeout_ms") = py::none(),
            "As pop_inbound_transfer_status, waiting up to timeout_ms (None: no limit) for it to "
            "land. Releases the GIL.")
-      .def("stats", &PyEngine::stats,
-           "Counters: {'backends': {name: {bytes, transfers, failures, failovers, quarantines}}, "
-           "'inbound_notifications', 'ctrl_rejected', 'fences', 'fence_unknown', 'fenced_peers'}.")
+      .def(
+          "stats", &PyEngine::stats,
+          "Counters: {'backends': {name: {bytes, transfers, failures, failovers, quarantines}}, "
+          "'inbound_notifications', 'inbound_dropped', 'ctrl_rejected', 'fences', 'fence_unknown', "
+          "'fenced_peers'}.")
       .def("policy_source", &PyEngine::policy_source,
            "Where the routing policy came from ('built-in' or a file name).")
       .def_static("wait_all", &wait_all_py, py::arg("statuses"), py::arg("timeout_ms") = py::none(),

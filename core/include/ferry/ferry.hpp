@@ -153,6 +153,11 @@ struct EngineConfig {
   // `ferry stats PATH`; "{key}" and "{pid}" are replaced. Empty:
   // FERRY_STATS_SOCKET, then no endpoint.
   std::string stats_socket;
+  // Target side: inbound statuses kept for pop_inbound_transfer_status(), per
+  // initiator at most this many and none older than inbound_max_age (the oldest
+  // go first, counted in EngineStats::inbound_dropped). 0: no limit.
+  size_t inbound_max_per_peer = 65536;
+  std::chrono::milliseconds inbound_max_age{std::chrono::minutes(10)};
 };
 
 struct BackendStats {
@@ -165,6 +170,7 @@ struct BackendStats {
 struct EngineStats {
   std::map<std::string, BackendStats> backends;
   uint64_t inbound_notifications = 0;
+  uint64_t inbound_dropped = 0;  // inbound statuses dropped unpopped (cap or age)
   uint64_t ctrl_rejected = 0;  // control connections refused
   uint64_t fences = 0;         // FENCE requests sent after attempts with unknown outcome
   uint64_t fence_unknown = 0;  // attempts whose fence got no answer by their deadline
