@@ -530,6 +530,31 @@ TEST(HostileControlPlane, OutOfDescriptorsTheEngineIdlesAndRecovers) {
   EXPECT_TRUE(rig.good_transfer(10)) << "no recovery once descriptors were free";
 }
 
+TEST(HostileControlPlane, AFloodOfBadConnectionsIsNotAFloodOfLogLines) {
+  // 500 connections of garbage from one address: each is refused and counted,
+  // but at most 20 refusals per 10 s per address reach the log (84 MB of log
+  // for 1M bad frames before).
+  Rig rig("tcp");
+  LogCapture log;
+  const uint64_t before = rig.rejected();
+  constexpr int kBad = 500;
+  for (int i = 0; i < kBad; ++i) {
+    int fd = dial(rig.ctrl_port);
+    ASSERT_GE(fd, 0) << i;
+    send_raw(fd, Bytes(64, 0xa5));
+    EXPECT_TRUE(closed_by_peer(fd));
+    close(fd);
+  }
+  EXPECT_TRUE(eventually([&] { return rig.rejected() >= before + kBad; }))
+      << "rejected " << rig.rejected() - before << " of " << kBad;
+  const size_t lines = log.count("bad magic");
+  std::printf("RESULT refusal_log connections=%d logged=%zu\n", kBad, lines);
+  EXPECT_GE(lines, 1u) << "refusals must still be logged";
+  EXPECT_LE(lines, 20u) << log.text().substr(0, 2000);
+  log.restore();
+  EXPECT_TRUE(rig.good_transfer(13));
+}
+
 TEST(HostileControlPlane, FloodOfConnectionsWhileAGoodPeerIsServed) {
   // cma notifies over the control plane, so the good peer's first transfer has
   // to complete a control-plane handshake in the middle of the flood.

@@ -305,7 +305,7 @@ void ControlPlane::evict_oldest_pending() {
       }
   }
   if (victim < 0) return;
-  FERRY_LOG(WARN, "control",
+  warn_from("evicted", from,
             "dropping connection from " + from + ": more than " +
                 std::to_string(kMaxPendingInbound) + " connections are in the handshake");
   ++rejected_;
@@ -327,7 +327,7 @@ int ControlPlane::expire_handshakes() {
     }
   }
   for (auto& [fd, from] : overdue) {
-    FERRY_LOG(WARN, "control",
+    warn_from("timeout", from,
               "closing connection from " + from + ": handshake not completed within " +
                   std::to_string(kHandshakeTimeoutMs) + " ms");
     ++rejected_;
@@ -360,7 +360,7 @@ void ControlPlane::read_from(int fd) {
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (k <= 0) {
       if (c->state != Inbound::State::OPEN) {
-        FERRY_LOG(WARN, "control",
+        warn_from("closed", c->from,
                   "connection from " + c->from + (c->peer.empty() ? "" : " ('" + c->peer + "')") +
                       " closed during the handshake");
         ++rejected_;
@@ -377,8 +377,8 @@ void ControlPlane::read_from(int fd) {
       }
     }
     if (!ok) {
-      FERRY_LOG(
-          WARN, "control",
+      warn_from(
+          "malformed", c->from,
           "closing connection from " +
               (c->state == Inbound::State::OPEN ? "'" + c->peer + "' (" + c->from + ")" : c->from) +
               ": malformed frame (" + c->reader.error() + ")");
@@ -389,8 +389,16 @@ void ControlPlane::read_from(int fd) {
   }
 }
 
+void ControlPlane::warn_from(const char* what, const std::string& from, const std::string& msg) {
+  if (!log_enabled(LogLevel::WARN)) return;
+  uint64_t held = 0;
+  if (!refusal_log_.allow(std::string(what) + " " + from.substr(0, from.rfind(':')), &held)) return;
+  log_line(LogLevel::WARN, "control",
+           msg + (held ? " (" + std::to_string(held) + " more from this address not logged)" : ""));
+}
+
 bool ControlPlane::reject(Inbound& c, const std::string& why, bool answer) {
-  FERRY_LOG(WARN, "control", "refusing connection from " + c.from + ": " + why);
+  warn_from("refused", c.from, "refusing connection from " + c.from + ": " + why);
   if (answer) {
     auto frame = encode_ctrl_frame(CtrlType::HELLO_REFUSED, refused_body(why));
     write_all(c.fd, frame.data(), frame.size());
@@ -512,7 +520,7 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
     default:
       break;
   }
-  FERRY_LOG(WARN, "control",
+  warn_from("unexpected", c.from,
             "closing connection from '" + c.peer + "' (" + c.from + "): unexpected or malformed " +
                 std::to_string(static_cast<int>(f.type)) + " frame");
   ++rejected_;

@@ -23,6 +23,7 @@
 
 #include "auth.h"
 #include "control_frame.h"
+#include "log.h"
 
 namespace ferry {
 
@@ -119,6 +120,10 @@ class ControlPlane {
   bool handle_hello(Inbound& c, CtrlFrame& f);
   bool handle_proof(Inbound& c, CtrlFrame& f);
   bool admit(Inbound& c);  // the handshake is done: open it (kMaxConnsPerPeer)
+  // Refusals are logged at most 20 per 10 s per (kind, source address): a flood
+  // of bad connections must not become a flood of log lines. `from` is
+  // address:port; `what` a fixed word for the kind of refusal.
+  void warn_from(const char* what, const std::string& from, const std::string& msg);
   bool reject(Inbound& c, const std::string& why, bool answer);
   int expire_handshakes();  // closes overdue handshakes; ms until the next is due, or -1
   void evict_oldest_pending();
@@ -143,6 +148,7 @@ class ControlPlane {
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> rejected_{0};
+  LogLimiter refusal_log_{std::chrono::seconds(10), 1024, 20};
   std::mutex in_mu_;
   std::map<int, std::unique_ptr<Inbound>> inbound_;  // by fd; touched by the I/O thread
   std::mutex out_mu_;

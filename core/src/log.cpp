@@ -75,19 +75,23 @@ bool LogLimiter::allow(const std::string& key, uint64_t* held_back) {
     if (entries_.size() >= max_keys_) {
       auto oldest = std::min_element(
           entries_.begin(), entries_.end(),
-          [](const auto& a, const auto& b) { return a.second.last < b.second.last; });
+          [](const auto& a, const auto& b) { return a.second.window < b.second.window; });
       entries_.erase(oldest);
     }
-    entries_[key].last = now;
-    *held_back = 0;
-    return true;
+    it = entries_.emplace(key, Entry{now, 0, 0}).first;
   }
-  if (now - it->second.last < interval_) {
-    ++it->second.held_back;
+  Entry& e = it->second;
+  if (now - e.window >= interval_) {
+    e.window = now;
+    e.in_window = 0;
+  }
+  if (e.in_window >= burst_) {
+    ++e.held_back;
     return false;
   }
-  *held_back = it->second.held_back;
-  it->second = {now, 0};
+  ++e.in_window;
+  *held_back = e.held_back;
+  e.held_back = 0;
   return true;
 }
 }  // namespace ferry

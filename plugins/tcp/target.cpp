@@ -157,9 +157,11 @@ void TargetServer::AcceptMain() {
     if (pending >= kMaxPendingLanes && oldest != nullptr && oldest->fd >= 0) {
       oldest->evicted = true;
       ::shutdown(oldest->fd, SHUT_RDWR);  // its thread logs and counts the refusal
+      const std::string cut = oldest->source;
       lk.unlock();
-      Log(host_, FERRY_LOG_WARN, "cut a lane still in its handshake: more than %zu pending",
-          kMaxPendingLanes);
+      WarnFrom("evicted", cut + ":",
+               "cut a lane from " + cut + " still in its handshake: more than " +
+                   std::to_string(kMaxPendingLanes) + " pending");
       lk.lock();
       if (stopping_) {
         ::close(fd);
@@ -212,9 +214,19 @@ int TargetServer::SendError(int fd, uint64_t req_id, int status, const std::stri
   return SendAll(fd, out.data(), out.size());
 }
 
+void TargetServer::WarnFrom(const char* what, const std::string& from, const std::string& msg) {
+  uint64_t held = 0;
+  if (!refusal_log_.Allow(std::string(what) + " " + from.substr(0, from.rfind(':')), &held)) return;
+  if (held == 0)
+    Log(host_, FERRY_LOG_WARN, "%s", msg.c_str());
+  else
+    Log(host_, FERRY_LOG_WARN, "%s (%llu more from this address not logged)", msg.c_str(),
+        static_cast<unsigned long long>(held));
+}
+
 void TargetServer::Refuse(int fd, const std::string& from, const std::string& why) {
   ++rejected_;
-  Log(host_, FERRY_LOG_WARN, "refusing lane from %s: %s", from.c_str(), why.c_str());
+  WarnFrom("refused", from, "refusing lane from " + from + ": " + why);
   if (SendError(fd, 0, FERRY_ERR_REMOTE, why) == 0) {
     // Closing with the initiator's frames unread would reset the connection and
     // could destroy the refusal before it is read; let the initiator close first.
@@ -309,14 +321,13 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   int err = RecvAllBy(fd, hb, sizeof(hb), deadline);
   if (err != 0) {
     ++rejected_;
-    Log(host_, FERRY_LOG_WARN, "closing lane from %s before HELLO: %s", from.c_str(),
-        IoErrorString(err).c_str());
+    WarnFrom("hello", from, "closing lane from " + from + " before HELLO: " + IoErrorString(err));
     return;
   }
   if (!wire::DecodeHeader(hb, &h, &why) || h.type != wire::Type::kHello) {
     if (why.empty()) why = std::string("got ") + wire::TypeName(h.type) + " before HELLO";
     ++rejected_;
-    Log(host_, FERRY_LOG_WARN, "closing lane from %s: %s", from.c_str(), why.c_str());
+    WarnFrom("handshake", from, "closing lane from " + from + ": " + why);
     return;
   }
   const bool wants_auth = (h.flags & wire::kFlagAuth) != 0;
@@ -325,8 +336,7 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   err = RecvAllBy(fd, key.data(), key.size(), deadline);
   if (err != 0) {
     ++rejected_;
-    Log(host_, FERRY_LOG_WARN, "closing lane from %s: %s", from.c_str(),
-        IoErrorString(err).c_str());
+    WarnFrom("handshake", from, "closing lane from " + from + ": " + IoErrorString(err));
     return;
   }
   std::shared_ptr<TargetPeer> tp;
@@ -444,7 +454,7 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     }
   }
   if (!close_why.empty()) {
-    Log(host_, FERRY_LOG_WARN, "closing lane from %s: %s", who.c_str(), close_why.c_str());
+    WarnFrom("closed", from, "closing lane from " + who + ": " + close_why);
   }
   tp->Detach(fd);
 }

@@ -25,6 +25,7 @@
 
 #include "ferry/plugin.h"
 #include "gpu_stage.h"
+#include "log_gate.h"
 #include "region.h"
 #include "settings.h"
 #include "socket_util.h"
@@ -75,6 +76,9 @@ class TargetServer {
   bool Authenticate(int fd, const std::string& key, bool theirs,
                     std::chrono::steady_clock::time_point deadline, std::string* why);
   void Refuse(int fd, const std::string& from, const std::string& why);
+  // A WARN about a connection from `from` (address:port), through refusal_log_:
+  // 20 per 10 s per (kind `what`, address).
+  void WarnFrom(const char* what, const std::string& from, const std::string& msg);
   Outcome ServeRequest(int fd, SocketReader& in, TargetPeer& tp, const wire::Header& h,
                        const std::vector<wire::Item>& items, const std::function<bool(int)>& count,
                        int64_t clock_offset, int* status, std::string* reason,
@@ -99,6 +103,8 @@ class TargetServer {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  // Warnings about refused or closed connections (WarnFrom).
+  ferry_plugin_kit::LogGate refusal_log_;
   uint64_t accept_failures_ = 0;   // accept() out of descriptors since the last warning
   uint64_t accept_warned_ns_ = 0;  // host clock of that warning
   std::map<std::string, std::shared_ptr<TargetPeer>> peers_;
