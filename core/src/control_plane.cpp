@@ -392,7 +392,7 @@ void ControlPlane::read_from(int fd) {
 void ControlPlane::warn_from(const char* what, const std::string& from, const std::string& msg) {
   if (!log_enabled(LogLevel::WARN)) return;
   uint64_t held = 0;
-  if (!refusal_log_.allow(std::string(what) + " " + from.substr(0, from.rfind(':')), &held)) return;
+  if (!refusal_log_.Allow(std::string(what) + " " + from.substr(0, from.rfind(':')), &held)) return;
   log_line(LogLevel::WARN, "control",
            msg + (held ? " (" + std::to_string(held) + " more from this address not logged)" : ""));
 }

@@ -148,7 +148,7 @@ class ControlPlane {
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> rejected_{0};
-  LogLimiter refusal_log_{std::chrono::seconds(10), 1024, 20};
+  LogLimiter refusal_log_{std::chrono::seconds(10), /*burst=*/20};
   std::mutex in_mu_;
   std::map<int, std::unique_ptr<Inbound>> inbound_;  // by fd; touched by the I/O thread
   std::mutex out_mu_;

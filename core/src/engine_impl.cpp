@@ -61,7 +61,7 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
     BackendPtr b = backends_.find(plugin);
     if (!b) {
       uint64_t held = 0;
-      if (log_enabled(LogLevel::WARN) && log_limiter_.allow("unknown-backend " + peer, &held))
+      if (log_enabled(LogLevel::WARN) && log_limiter_.Allow("unknown-backend " + peer, &held))
         log_line(LogLevel::WARN, key_,
                  "control message from '" + peer + "' for backend '" + plugin +
                      "' which is not loaded" +

@@ -63,7 +63,8 @@ class EngineImpl {
   Policy policy_;
   std::unique_ptr<Health> health_;
   InboundTable inbound_;
-  LogLimiter log_limiter_;  // warnings a peer can cause by the thousand
+  LogLimiter log_limiter_{std::chrono::seconds(10),
+                          /*burst=*/1};  // warnings a peer can cause by the thousand
   std::atomic<uint64_t> next_uid_{1};
   std::atomic<uint64_t> inbound_count_{0};
 

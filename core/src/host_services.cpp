@@ -185,7 +185,7 @@ void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status) {
   if (inbound_.land(peer_key, uid, StatusCode::SUCCESS)) ++inbound_count_;
   uint64_t held = 0;
   if (inbound_.dropped() != dropped_before && log_enabled(LogLevel::WARN) &&
-      log_limiter_.allow("inbound-dropped " + std::string(peer_key), &held))
+      log_limiter_.Allow("inbound-dropped " + std::string(peer_key), &held))
     log_line(LogLevel::WARN, key_,
              "inbound statuses from '" + std::string(peer_key) +
                  "' are not being popped: the oldest are dropped (at most " +

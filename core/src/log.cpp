@@ -67,31 +67,4 @@ void log_line(LogLevel level, const std::string& who, const std::string& msg) {
   std::fprintf(stderr, "ferry[%s] %s: %s\n", names[static_cast<int>(level)], w.c_str(), m.c_str());
 }
 
-bool LogLimiter::allow(const std::string& key, uint64_t* held_back) {
-  const auto now = std::chrono::steady_clock::now();
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) {
-    if (entries_.size() >= max_keys_) {
-      auto oldest = std::min_element(
-          entries_.begin(), entries_.end(),
-          [](const auto& a, const auto& b) { return a.second.window < b.second.window; });
-      entries_.erase(oldest);
-    }
-    it = entries_.emplace(key, Entry{now, 0, 0}).first;
-  }
-  Entry& e = it->second;
-  if (now - e.window >= interval_) {
-    e.window = now;
-    e.in_window = 0;
-  }
-  if (e.in_window >= burst_) {
-    ++e.held_back;
-    return false;
-  }
-  ++e.in_window;
-  *held_back = e.held_back;
-  e.held_back = 0;
-  return true;
-}
 }  // namespace ferry
