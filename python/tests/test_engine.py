@@ -255,6 +255,50 @@ def test_config_validation():
         ferry.IOEngine("", cfg)
 
 
+def test_inbound_limits_in_the_config():
+    cfg = ferry.IOEngineConfig()
+    assert cfg.inbound_max_per_peer == 65536
+    assert cfg.inbound_max_age_ms == 600000
+    cfg.inbound_max_per_peer = 8
+    cfg.inbound_max_age_ms = 0
+    assert (cfg.inbound_max_per_peer, cfg.inbound_max_age_ms) == (8, 0)
+    with pytest.raises((ValueError, OverflowError, TypeError)):
+        cfg.inbound_max_per_peer = -1
+
+
+def test_unpopped_inbound_statuses_stop_at_the_configured_cap():
+    # A target that never pops keeps only the newest inbound_max_per_peer.
+    cfg = ferry.IOEngineConfig(host="127.0.0.1", timeout_ms=10000)
+    cfg.inbound_max_per_peer = 2
+    target = ferry.IOEngine("capped-target", cfg)
+    initiator = make_engine("capped-initiator")
+    try:
+        for e in (initiator, target):
+            e.create_backend("tcp")
+        initiator.register_remote_engine(target.get_engine_desc())
+        target.register_remote_engine(initiator.get_engine_desc())
+        src = np.ones(4096, dtype=np.uint8)
+        dst = np.zeros(4096, dtype=np.uint8)
+        local = initiator.register_buffer(src)
+        remote = ferry.MemoryDesc.unpack(target.register_buffer(dst).pack())
+        uids = []
+        for _ in range(5):
+            uid = initiator.allocate_transfer_uid()
+            st = initiator.write(local, 0, remote, 0, 4096, uid, notify=True)
+            # tcp records the landing at the target before the initiator completes
+            assert st.WaitFor(WAIT_MS) and st.Succeeded(), st.Message()
+            uids.append(uid)
+        s = target.stats()
+        assert s["inbound_notifications"] == 5
+        assert s["inbound_dropped"] == 3
+        assert target.pop_inbound_transfer_status("capped-initiator", uids[0]) is None
+        assert target.pop_inbound_transfer_status("capped-initiator", uids[4]) is not None
+        assert target.pop_inbound_transfer_status("capped-initiator", uids[3]) is not None
+    finally:
+        initiator.close()
+        target.close()
+
+
 def test_backend_names_and_errors():
     e = make_engine("be")
     try:
