@@ -446,9 +446,13 @@ TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
   // inbound_max_per_peer of them (the newest), counts the rest as dropped, and
   // its memory stays within 32 MiB of where it started.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  constexpr uint64_t kFlood = 200000;  // the sanitizers' runs: the same bound, fewer frames
+  // The sanitizers' runs: fewer frames, and no RSS bound (their shadow memory
+  // and allocator make RSS several times the program's own).
+  constexpr uint64_t kFlood = 200000;
+  constexpr bool kCheckRss = false;
 #else
   constexpr uint64_t kFlood = 1000000;
+  constexpr bool kCheckRss = true;
 #endif
   Rig rig("tcp");
   const uint64_t cap = EngineConfig{}.inbound_max_per_peer;
@@ -483,8 +487,10 @@ TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
   EXPECT_EQ(st.inbound_dropped, kFlood - cap);
   EXPECT_FALSE(rig.tgt->pop_inbound_transfer_status("good", first)) << "the oldest was kept";
   EXPECT_TRUE(rig.tgt->pop_inbound_transfer_status("good", last)) << "the newest was dropped";
-  EXPECT_LE(rss_after - rss_before, 32 * 1024)
-      << "RSS grew by " << (rss_after - rss_before) << " KiB";
+  if (kCheckRss) {
+    EXPECT_LE(rss_after - rss_before, 32 * 1024)
+        << "RSS grew by " << (rss_after - rss_before) << " KiB";
+  }
   close(fd);
   EXPECT_TRUE(rig.good_transfer(7));
 }
