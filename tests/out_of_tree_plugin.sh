@@ -97,7 +97,8 @@ fi
 # ---- 2. the installed tree ---------------------------------------------------------
 step "check the installed tree"
 for f in include/ferry/plugin.h include/ferry/ferry.hpp lib/ferry/plugins/libferry-tcp.so \
-  lib/cmake/ferry/ferryConfig.cmake lib/pkgconfig/ferry.pc share/ferry/examples/plugin-cma/CMakeLists.txt; do
+  lib/cmake/ferry/ferryConfig.cmake lib/pkgconfig/ferry.pc lib/pkgconfig/ferry-plugin.pc \
+  share/ferry/examples/plugin-cma/CMakeLists.txt; do
   if [[ -f "$PREFIX/$f" ]]; then ok "$f"; else fail "missing $f"; fi
 done
 shopt -s nullglob
@@ -228,16 +229,47 @@ int main() {
 }
 EOF
   # shellcheck disable=SC2086  # flags is a list of words
-  if run cxx "${CXX:-c++}" -std=c++20 "$TMP/engine_port.cpp" -o "$TMP/engine_port" $flags; then
-    ok "compiled against the installed headers and library"
-    if LD_LIBRARY_PATH="$PREFIX/lib" "$TMP/engine_port" >"$LOGS/run.log" 2>&1; then
-      ok "$(cat "$LOGS/run.log")"
+  # Exactly what a user types: no -std, no LD_LIBRARY_PATH (the .pc carries both).
+  if run cxx "${CXX:-c++}" "$TMP/engine_port.cpp" -o "$TMP/engine_port" $flags; then
+    ok "compiled with nothing but the pkg-config flags"
+    if env -u LD_LIBRARY_PATH "$TMP/engine_port" >"$LOGS/run.log" 2>&1; then
+      ok "$(cat "$LOGS/run.log") (found libferry.so without LD_LIBRARY_PATH)"
     else
       show "$LOGS/run.log"
       fail "the program failed"
     fi
   else
-    fail "compiling with pkg-config flags failed"
+    fail "compiling with pkg-config flags alone failed"
+  fi
+  # The same program through find_package(ferry): ferry::ferry brings C++20 along.
+  mkdir -p "$TMP/cmake-app"
+  cp "$TMP/engine_port.cpp" "$TMP/cmake-app/"
+  cat >"$TMP/cmake-app/CMakeLists.txt" <<'EOF2'
+cmake_minimum_required(VERSION 3.22)
+project(engine_port CXX)
+find_package(ferry REQUIRED)
+add_executable(engine_port engine_port.cpp)
+target_link_libraries(engine_port PRIVATE ferry::ferry)
+EOF2
+  if run app-configure cmake -S "$TMP/cmake-app" -B "$TMP/cmake-app/build" "${generator[@]}" \
+    -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF &&
+    run app-build cmake --build "$TMP/cmake-app/build" &&
+    env -u LD_LIBRARY_PATH "$TMP/cmake-app/build/engine_port" >"$LOGS/app.log" 2>&1; then
+    ok "find_package(ferry) + ferry::ferry: built without setting a C++ standard, and ran"
+  else
+    show "$LOGS/app.log" 2>/dev/null
+    fail "a CMake program linking ferry::ferry did not build or run"
+  fi
+  # A C plugin compiles against the ABI header alone (ferry-plugin.pc).
+  printf '#include <ferry/plugin.h>\nint main(void) { return FERRY_PLUGIN_ABI_MAJOR == 1 ? 0 : 1; }\n' \
+    >"$TMP/abi_only.c"
+  cflags=$("${pc[@]}" --cflags ferry-plugin 2>"$LOGS/pc-plugin.log") || { show "$LOGS/pc-plugin.log"; cflags=""; }
+  # shellcheck disable=SC2086
+  if [[ -n "$cflags" ]] && run cc "${CC:-cc}" -std=c99 -Werror $cflags "$TMP/abi_only.c" -o "$TMP/abi_only" &&
+    "$TMP/abi_only"; then
+    ok "a C99 file compiled against ferry-plugin.pc ($cflags)"
+  else
+    fail "pkg-config --cflags ferry-plugin does not give a C99 compile of ferry/plugin.h"
   fi
 fi
 
