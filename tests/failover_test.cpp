@@ -136,7 +136,8 @@ TEST(Failover, HungAttemptEndsUnknownAndFencesThePeerUntilItEnds) {
   EXPECT_EQ(st.Code(), StatusCode::ERR_OUTCOME_UNKNOWN) << st.Message();
   EXPECT_LE(took, 1s + 100ms) << "must end by the 1 s deadline (+100 ms)";
   EXPECT_NE(st.Message().find("fault"), std::string::npos) << st.Message();
-  EXPECT_EQ(rig.stats("fault").failovers, 0u) << "an attempt that may still land is not failed over";
+  EXPECT_EQ(rig.stats("fault").failovers, 0u)
+      << "an attempt that may still land is not failed over";
   EXPECT_EQ(rig.stats("tcp").transfers, 0u);
 
   const auto t1 = std::chrono::steady_clock::now();
@@ -182,6 +183,18 @@ TEST(Failover, AttemptBudgetEndsWithEveryReason) {
   TransferStatus st = rig.run(Op::WRITE, 40);
   EXPECT_EQ(st.Code(), StatusCode::ERR_TRANSPORT);
   EXPECT_NE(st.Message().find("fault: fault: scripted completion failure"), std::string::npos)
+      << st.Message();
+}
+
+TEST(Failover, APostRefusalSaysWhyInTheMessage) {
+  // ABI 1.3: the reason a plugin gives when post() refuses reaches the message.
+  Rig rig("fail_submit");
+  test::fill_pattern(rig.src.data(), 0, kBytes, 78);
+  auto st = rig.ini->write(rig.lmem, 0, rig.rmem, 0, kBytes, rig.ini->allocate_transfer_uid());
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();  // tcp carried it
+  EXPECT_NE(st.Message().find("fault: refused the transfer: transport error (fault: scripted "
+                              "refusal in post())"),
+            std::string::npos)
       << st.Message();
 }
 

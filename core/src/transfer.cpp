@@ -306,12 +306,17 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   x.attempt_id = a->id;
   auto* ref = new std::shared_ptr<Attempt>(a);
   x.xfer_ctx = ref;
+  char reason[256] = {};
+  x.reason = reason;
+  x.reason_len = sizeof reason;
   watchdog_.arm(a, attempt_deadline + reserve / 2);
   int rc = b->ops->post(b->ctx, &x);
   if (rc != FERRY_OK) {
     delete ref;
     a->settled = true;
-    why = "refused the transfer: " + plugin_error_name(rc);
+    reason[sizeof reason - 1] = '\0';  // whatever the plugin wrote, it ends here
+    why = "refused the transfer: " + plugin_error_name(rc) +
+          (reason[0] ? " (" + printable(reason, 255) + ")" : "");
   }
   return rc;
 }

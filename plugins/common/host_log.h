@@ -21,4 +21,13 @@ __attribute__((format(printf, 3, 4))) inline void Log(const ferry_host_v1* host,
   host->log(host->host_ctx, level, buf);
 }
 
+// post() refusing: tell the core why (ABI 1.3, ferry_xfer_v1.reason), so the
+// reason reaches the application's TransferStatus::Message(), not only the log.
+inline void TellRefusal(const ferry_xfer_v1* x, const char* why) {
+  if (!FERRY_HAS_FIELD(ferry_xfer_v1, x, reason_len) || x->reason == nullptr ||
+      x->reason_len == 0 || why == nullptr)
+    return;
+  std::snprintf(x->reason, x->reason_len, "%s", why);
+}
+
 }  // namespace ferry_plugin_kit

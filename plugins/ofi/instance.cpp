@@ -125,7 +125,8 @@ bool Instance::Start(std::string* err) {
 
 bool Instance::OpenProvider(const std::string& name, std::string* why) {
   const bool is_shm = name == "shm";
-  const char* node = !is_shm && !settings_.listen_host.empty() ? settings_.listen_host.c_str() : nullptr;
+  const char* node =
+      !is_shm && !settings_.listen_host.empty() ? settings_.listen_host.c_str() : nullptr;
   auto pick = [&](fi_info* list) -> const fi_info* {
     for (fi_info* i = list; i != nullptr; i = i->next) {
       const std::string pn = i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "";
@@ -287,7 +288,8 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** handle, void* blob_out, 
     blob::MemKey key;
     rc = eps_[i]->RegisterMr(m->addr, m->size, &h->mrs[i], &key, &why);
     if (rc != FERRY_OK) {
-      Log(host_, FERRY_LOG_WARN, "memory %llu: %s", static_cast<unsigned long long>(m->id), why.c_str());
+      Log(host_, FERRY_LOG_WARN, "memory %llu: %s", static_cast<unsigned long long>(m->id),
+          why.c_str());
       continue;
     }
     mi.keys.push_back(std::move(key));
@@ -359,8 +361,8 @@ int Instance::MemImport(void* peer, uint64_t remote_id, uint64_t remote_size, co
   blob::MemInfo mi;
   std::string why;
   if (!blob::DecodeMem(data, len, &mi, &why)) {
-    Log(host_, FERRY_LOG_WARN, "import of memory %llu: %s", static_cast<unsigned long long>(remote_id),
-        why.c_str());
+    Log(host_, FERRY_LOG_WARN, "import of memory %llu: %s",
+        static_cast<unsigned long long>(remote_id), why.c_str());
     return FERRY_ERR_INVALID_ARGS;
   }
   if (mi.id != remote_id || mi.size != remote_size) {
@@ -393,8 +395,8 @@ int Instance::MemImport(void* peer, uint64_t remote_id, uint64_t remote_size, co
   r->size = mi.size;
   const int rc = ep->ImportKey(*key, mi.size, &r->rkey, &r->base, &r->mapped, &why);
   if (rc != FERRY_OK) {
-    Log(host_, FERRY_LOG_WARN, "import of memory %llu: %s", static_cast<unsigned long long>(remote_id),
-        why.c_str());
+    Log(host_, FERRY_LOG_WARN, "import of memory %llu: %s",
+        static_cast<unsigned long long>(remote_id), why.c_str());
     return rc;
   }
   std::lock_guard lk(handles_mu_);
@@ -448,6 +450,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   }
   if (rc != FERRY_OK) {
     Log(host_, FERRY_LOG_WARN, "post refused: %s", why.c_str());
+    ferry_plugin_kit::TellRefusal(x, why.c_str());
     return rc;
   }
   auto xf = std::make_shared<Xfer>();

@@ -82,7 +82,8 @@ Instance::~Instance() {
   for (auto& p : passives) p->Destroy();
   passives.clear();
   for (PeerHandle* p : peers) {
-    for (auto& [k, c] : p->conns) c->Close(FERRY_ERR_BAD_STATE, "the rdma backend is shutting down", &done);
+    for (auto& [k, c] : p->conns)
+      c->Close(FERRY_ERR_BAD_STATE, "the rdma backend is shutting down", &done);
     delete p;
   }
   Report(done);
@@ -201,7 +202,8 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** handle, void* blob, size
   info.addr = reinterpret_cast<uintptr_t>(m->addr);
   info.size = m->size;
   info.preferred_port = static_cast<uint16_t>(lm->preferred_port);
-  for (const auto& p : devices_.ports) info.rkeys.push_back(lm->mrs[static_cast<size_t>(p.dev->index)]->rkey);
+  for (const auto& p : devices_.ports)
+    info.rkeys.push_back(lm->mrs[static_cast<size_t>(p.dev->index)]->rkey);
   const auto bytes = wire::EncodeMemInfo(info);
   if (*blob_len < bytes.size()) {
     for (ibv_mr* r : lm->mrs) ibv_dereg_mr(r);
@@ -275,6 +277,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
     if (v.len == 0 || !RangeOk(v.local_off, v.len, lm->size) ||
         !RangeOk(v.remote_off, v.len, rm->size)) {
       Log(host_, FERRY_LOG_WARN, "refusing a transfer: piece %u is out of range", i);
+      ferry_plugin_kit::TellRefusal(x, "a piece is outside a region");
       return FERRY_ERR_INVALID_ARGS;
     }
   }
@@ -292,7 +295,10 @@ int Instance::Post(const ferry_xfer_v1* x) {
     for (int l = 0; l < static_cast<int>(devices_.ports.size()) && !found; ++l)
       for (int r = 0; r < static_cast<int>(ph->info.ports.size()) && !found; ++r)
         if (compatible(l, r)) lp = l, rp = r, found = true;
-    if (!found) return FERRY_ERR_UNSUPPORTED;
+    if (!found) {
+      ferry_plugin_kit::TellRefusal(x, "no port pair with a common link layer (IB vs RoCE)");
+      return FERRY_ERR_UNSUPPORTED;
+    }
   }
   Port* port = &devices_.ports[static_cast<size_t>(lp)];
   std::shared_ptr<Conn> conn;
@@ -318,7 +324,8 @@ int Instance::Post(const ferry_xfer_v1* x) {
   xf->lkey = lm->mrs[static_cast<size_t>(dev->index)]->lkey;
   xf->remote_base = rm->info.addr;
   xf->rkey = rm->info.rkeys[static_cast<size_t>(rp)];
-  xf->plan = MakePlan(x->iov, x->n_iov, settings_.chunk_bytes, static_cast<uint32_t>(std::max(1, max_sge)));
+  xf->plan = MakePlan(x->iov, x->n_iov, settings_.chunk_bytes,
+                      static_cast<uint32_t>(std::max(1, max_sge)));
   xf->conn = conn;
   if (xf->deadline_ns != 0) AddXferTimer(xf);
   FinishedList done;
@@ -480,7 +487,8 @@ int Instance::DrainCqs() {
       total += n;
       for (int i = 0; i < n; ++i) Dispatch(d.get(), wcs[i], &done, &inbound);
       Report(done);
-      for (const auto& [key, uid] : inbound) host_->inbound(host_->host_ctx, key.c_str(), uid, FERRY_OK);
+      for (const auto& [key, uid] : inbound)
+        host_->inbound(host_->host_ctx, key.c_str(), uid, FERRY_OK);
       inbound.clear();
       if (n < 32) break;
     }
@@ -655,7 +663,8 @@ void Instance::SendConnectReq(std::weak_ptr<Conn> wc, uint64_t conn_id, std::vec
 void Instance::OnCtrl(const char* peer_key, const void* msg, size_t len) {
   if (peer_key == nullptr || (msg == nullptr && len > 0) || stop_) return;
   std::string key = peer_key;
-  std::vector<uint8_t> bytes(static_cast<const uint8_t*>(msg), static_cast<const uint8_t*>(msg) + len);
+  std::vector<uint8_t> bytes(static_cast<const uint8_t*>(msg),
+                             static_cast<const uint8_t*>(msg) + len);
   PushWork([this, key = std::move(key), bytes = std::move(bytes)] { HandleCtrl(key, bytes); });
 }
 
@@ -716,7 +725,8 @@ void Instance::Accept(const std::string& peer_key, const wire::ConnectMsg& req) 
   if (!p->Setup(req, &rep, &err)) {
     p->Destroy();
     nak.reason = err;
-    Log(host_, FERRY_LOG_WARN, "refusing the QP handshake of '%s': %s", peer_key.c_str(), err.c_str());
+    Log(host_, FERRY_LOG_WARN, "refusing the QP handshake of '%s': %s", peer_key.c_str(),
+        err.c_str());
     SendCtrl(peer_key, nak);
     return;
   }
@@ -736,7 +746,8 @@ void Instance::Accept(const std::string& peer_key, const wire::ConnectMsg& req) 
 int Instance::Describe(char* buf, size_t len) {
   if (buf == nullptr || len == 0) return FERRY_ERR_INVALID_ARGS;
   const Settings& s = settings_;
-  std::string mode = s.busy_poll ? "busy-poll" : "event mode, spin " + std::to_string(s.spin_us) + "us";
+  std::string mode =
+      s.busy_poll ? "busy-poll" : "event mode, spin " + std::to_string(s.spin_us) + "us";
   std::snprintf(buf, len,
                 "%s; qp_per_transfer %d, chunk %s, max_send_wr %d, max_sge %d, inline %d, "
                 "timeout %d retry %d; %s; notify by SEND",

@@ -236,6 +236,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
     if (rc == FERRY_OK) return rc;
   }
   Log(host_, FERRY_LOG_WARN, "post refused: %s", why.c_str());
+  ferry_plugin_kit::TellRefusal(x, why.c_str());
   return rc;
 }
 

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -64,8 +65,12 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
   std::string mode = j.is_object() ? j.value("mode", "ok") : "?";
   in->n = j.is_object() ? j.value("n", 0) : 0;
   static const std::pair<const char*, Mode> modes[] = {
-      {"ok", Mode::OK},       {"fail_submit", Mode::FAIL_SUBMIT}, {"fail_complete", Mode::FAIL_COMPLETE},
-      {"hang", Mode::HANG},   {"drop", Mode::DROP},               {"fail_first_n", Mode::FAIL_FIRST_N},
+      {"ok", Mode::OK},
+      {"fail_submit", Mode::FAIL_SUBMIT},
+      {"fail_complete", Mode::FAIL_COMPLETE},
+      {"hang", Mode::HANG},
+      {"drop", Mode::DROP},
+      {"fail_first_n", Mode::FAIL_FIRST_N},
       {"notify_then_fail", Mode::NOTIFY_THEN_FAIL}};
   bool found = false;
   for (const auto& [name, m] : modes)
@@ -85,7 +90,8 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
 void f_fini(void* ctx) {
   auto* in = static_cast<Instance*>(ctx);
   for (auto& t : in->threads) t.join();
-  for (void* x : in->hung) in->host->complete(in->host->host_ctx, x, FERRY_ERR_BAD_STATE, "fault: shut down");
+  for (void* x : in->hung)
+    in->host->complete(in->host->host_ctx, x, FERRY_ERR_BAD_STATE, "fault: shut down");
   delete in;
 }
 
@@ -130,8 +136,10 @@ void copy(const ferry_xfer_v1* x) {
   auto* r = static_cast<Mem*>(x->remote_mem);
   for (uint32_t i = 0; i < x->n_iov; ++i) {
     const auto& v = x->iov[i];
-    if (x->op == FERRY_OP_WRITE) std::memcpy(r->addr + v.remote_off, l->addr + v.local_off, v.len);
-    else std::memcpy(l->addr + v.local_off, r->addr + v.remote_off, v.len);
+    if (x->op == FERRY_OP_WRITE)
+      std::memcpy(r->addr + v.remote_off, l->addr + v.local_off, v.len);
+    else
+      std::memcpy(l->addr + v.local_off, r->addr + v.remote_off, v.len);
   }
 }
 
@@ -148,9 +156,12 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
   void* hc = in->host->host_ctx;
   switch (in->mode) {
     case Mode::FAIL_SUBMIT:
+      if (FERRY_HAS_FIELD(ferry_xfer_v1, x, reason_len) && x->reason && x->reason_len)
+        std::snprintf(x->reason, x->reason_len, "fault: scripted refusal in post()");
       return FERRY_ERR_TRANSPORT;
     case Mode::FAIL_COMPLETE:
-      in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT, "fault: scripted completion failure");
+      in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT,
+                         "fault: scripted completion failure");
       return FERRY_OK;
     case Mode::HANG: {
       std::lock_guard<std::mutex> lk(in->mu);
@@ -161,7 +172,8 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       std::lock_guard<std::mutex> lk(in->mu);
       void* xc = x->xfer_ctx;
       in->threads.emplace_back([in, xc] {
-        in->host->complete(in->host->host_ctx, xc, FERRY_ERR_TRANSPORT, "fault: connection dropped");
+        in->host->complete(in->host->host_ctx, xc, FERRY_ERR_TRANSPORT,
+                           "fault: connection dropped");
       });
       return FERRY_OK;
     }
@@ -180,7 +192,8 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       break;
   }
   if (!static_cast<Peer*>(x->peer)->same_process) {
-    in->host->complete(hc, x->xfer_ctx, FERRY_ERR_UNSUPPORTED, "fault: moves data only within one process");
+    in->host->complete(hc, x->xfer_ctx, FERRY_ERR_UNSUPPORTED,
+                       "fault: moves data only within one process");
     return FERRY_OK;
   }
   copy(x);
@@ -200,23 +213,10 @@ void f_on_ctrl(void* ctx, const char* peer, const void* msg, size_t len) {
 }  // namespace
 
 extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
-    sizeof(ferry_plugin_ops_v1),
-    FERRY_PLUGIN_ABI_MINOR,
-    "fault",
-    "0.1-test",
+    sizeof(ferry_plugin_ops_v1), FERRY_PLUGIN_ABI_MINOR, "fault", "0.1-test",
     // A memcpy in post(): the initiator's own copy is the whole transfer.
     FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
         FERRY_CAP_INITIATOR_COPY,
-    f_init,
-    f_fini,
-    f_conn_info,
-    f_peer_add,
-    f_peer_remove,
-    f_mem_register,
-    f_mem_deregister,
-    f_mem_import,
-    f_mem_release,
-    f_post,
-    f_on_ctrl,
-    nullptr,
+    f_init, f_fini, f_conn_info, f_peer_add, f_peer_remove, f_mem_register, f_mem_deregister,
+    f_mem_import, f_mem_release, f_post, f_on_ctrl, nullptr,
     nullptr};  // fence: a memcpy in post() is the whole transfer

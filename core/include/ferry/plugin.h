@@ -16,6 +16,11 @@
  *  - Nothing throws across this boundary. Errors are negative FERRY_ERR_* codes
  *    with fixed meanings. FERRY_OK is 0.
  *
+ * History: 1.0 the ops table and host services; 1.1 auth_sign / auth_verify and
+ * the GPU runtime shim; 1.2 fencing (fence(), attempt_id, FERRY_ERR_NOT_SENT,
+ * the FENCE / INITIATOR_COPY / NO_TARGET_CHECK capabilities); 1.3 a refusal
+ * reason from post() (ferry_xfer_v1.reason).
+ *
  * Ownership is written next to every pointer: "borrowed" means valid only for the
  * duration of the call; "core-owned" / "plugin-owned" says who frees.
  *
@@ -38,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 2
+#define FERRY_PLUGIN_ABI_MINOR 3
 
 /* Name of the entry symbol for ABI major 1 (for dlsym). */
 #define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
@@ -268,6 +273,12 @@ typedef struct ferry_xfer_v1 {
   /* Unique per attempt in the initiating engine, never 0. A FENCE plugin carries
    * it to the target, where fence() names attempts by it. */
   uint64_t attempt_id;
+  /* ---- ABI 1.3 ---- */
+  /* Core-owned buffer of reason_len bytes (NUL-terminated, empty on entry).
+   * When post() refuses (returns non-OK) it may write why there, truncated;
+   * the core puts it in the transfer's message. Unused on FERRY_OK. */
+  char *reason;
+  size_t reason_len;
 } ferry_xfer_v1;
 
 /* ---- fencing (ABI 1.2) -----------------------------------------------------
