@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ferry/plugin.h"
+#include "host_log.h"
 #include "xgmi_blob.h"
 
 namespace ferry_xgmi {
@@ -67,11 +68,11 @@ struct Instance {
   std::chrono::microseconds spin{200};  // poll a finishing copy this long before blocking
 
   std::mutex mu;
-  std::condition_variable cv;       // pending work for the completion thread
-  std::condition_variable drained;  // a transfer finished (peer_remove waits on it)
+  std::condition_variable cv;               // pending work for the completion thread
+  std::condition_variable drained;          // a transfer finished (peer_remove waits on it)
   std::vector<std::vector<void*>> streams;  // per device
   std::vector<size_t> next_stream;
-  std::vector<std::vector<void*>> free_events;  // per device
+  std::vector<std::vector<void*>> free_events;           // per device
   std::map<std::pair<std::string, int>, Opened> opened;  // (handle bytes, device)
   std::deque<Pending> pending;
   bool stop = false;
@@ -114,10 +115,35 @@ void complete_loop(Instance* in) {
   }
 }
 
-void set_err(char* err, size_t n, const std::string& m) { std::snprintf(err, n, "%s", m.c_str()); }
+void set_err(char* err, size_t n, const std::string& m) {
+  if (err != nullptr && n > 0) std::snprintf(err, n, "%s", m.c_str());
+}
 
-int x_init(const ferry_host_v1* host, const char*, const char*, const char* settings, void** ctx,
-           char* err, size_t errlen) {
+// Nothing unwinds into the core's C frames: every entry point runs its body
+// through one of these (an allocation failure becomes FERRY_ERR_NO_MEMORY,
+// anything else FERRY_ERR_INTERNAL; a void entry point logs and returns).
+template <class F>
+int guarded(F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return FERRY_ERR_NO_MEMORY;
+  } catch (...) {
+    return FERRY_ERR_INTERNAL;
+  }
+}
+template <class F>
+void guarded_void(const ferry_host_v1* host, const char* what, F&& body) noexcept {
+  try {
+    body();
+  } catch (...) {
+    if (host != nullptr && host->log != nullptr) host->log(host->host_ctx, FERRY_LOG_ERROR, what);
+  }
+}
+
+int init_body(const ferry_host_v1* host, const char* settings, void** ctx, char* err,
+              size_t errlen) {
+  if (ctx == nullptr) return FERRY_ERR_INVALID_ARGS;
   if (!FERRY_HAS_FIELD(ferry_host_v1, host, gpu) || !host->gpu) {
     set_err(err, errlen, "no GPU runtime (libcudart / libamdhip64) or no GPU device");
     return FERRY_ERR_NO_DEVICE;
@@ -138,8 +164,9 @@ int x_init(const ferry_host_v1* host, const char*, const char*, const char* sett
                it->get<int>() <= 100000) {
       in->spin = std::chrono::microseconds(it->get<int>());
     } else {
-      set_err(err, errlen, "xgmi: bad or unknown setting '" + it.key() +
-                               "' (known: num_streams 1..64, batch_copy true|false, spin_us 0..100000)");
+      set_err(err, errlen,
+              "xgmi: bad or unknown setting '" + it.key() +
+                  "' (known: num_streams 1..64, batch_copy true|false, spin_us 0..100000)");
       return FERRY_ERR_INVALID_ARGS;
     }
   }
@@ -155,8 +182,14 @@ int x_init(const ferry_host_v1* host, const char*, const char*, const char* sett
   return FERRY_OK;
 }
 
-void x_fini(void* ctx) {
+int x_init(const ferry_host_v1* host, const char*, const char*, const char* settings, void** ctx,
+           char* err, size_t errlen) {
+  return guarded([&] { return init_body(host, settings, ctx, err, errlen); });
+}
+
+void fini_body(void* ctx) {
   auto* in = static_cast<Instance*>(ctx);
+  if (in == nullptr) return;
   {
     std::lock_guard<std::mutex> lk(in->mu);
     in->stop = true;  // the completion thread drains what is pending, then exits
@@ -172,31 +205,47 @@ void x_fini(void* ctx) {
   delete in;
 }
 
+void x_fini(void* ctx) {
+  const ferry_host_v1* host = ctx ? static_cast<Instance*>(ctx)->host : nullptr;
+  guarded_void(host, "xgmi: fini failed", [&] { fini_body(ctx); });
+}
+
 int x_conn_info(void*, void* buf, size_t* len) {
+  if (buf == nullptr || len == nullptr || *len < 1) return FERRY_ERR_INVALID_ARGS;
   static_cast<uint8_t*>(buf)[0] = kBlobVersion;
   *len = 1;
   return FERRY_OK;
 }
 
 int x_peer_add(void*, const ferry_peer_v1* p, void** h) {
-  if (!p->same_host) return FERRY_ERR_UNSUPPORTED;  // IPC handles only open on the same host
-  if (p->conn_blob_len != 1 || static_cast<const uint8_t*>(p->conn_blob)[0] != kBlobVersion)
+  if (!FERRY_HAS_FIELD(ferry_peer_v1, p, conn_blob_len) || h == nullptr || p->key == nullptr)
     return FERRY_ERR_INVALID_ARGS;
-  *h = new Peer{p->key};
-  return FERRY_OK;
+  if (!p->same_host) return FERRY_ERR_UNSUPPORTED;  // IPC handles only open on the same host
+  if (p->conn_blob_len != 1 || p->conn_blob == nullptr ||
+      static_cast<const uint8_t*>(p->conn_blob)[0] != kBlobVersion)
+    return FERRY_ERR_INVALID_ARGS;
+  return guarded([&] {
+    *h = new Peer{p->key};
+    return FERRY_OK;
+  });
 }
 
 void x_peer_remove(void* ctx, void* h) {
   auto* in = static_cast<Instance*>(ctx);
   auto* peer = static_cast<Peer*>(h);
-  std::unique_lock<std::mutex> lk(in->mu);
-  in->drained.wait(lk, [&] { return peer->inflight == 0; });  // GPU copies always finish
-  lk.unlock();
+  if (in == nullptr || peer == nullptr) return;
+  guarded_void(in->host, "xgmi: peer_remove failed", [&] {
+    std::unique_lock<std::mutex> lk(in->mu);
+    in->drained.wait(lk, [&] { return peer->inflight == 0; });  // GPU copies always finish
+  });
   delete peer;
 }
 
-int x_mem_register(void* ctx, const ferry_mem_v1* m, void** h, void* blob, size_t* len) {
+int mem_register_body(void* ctx, const ferry_mem_v1* m, void** h, void* blob, size_t* len) {
   auto* in = static_cast<Instance*>(ctx);
+  if (in == nullptr || !FERRY_HAS_FIELD(ferry_mem_v1, m, device) || h == nullptr ||
+      blob == nullptr || len == nullptr)
+    return FERRY_ERR_INVALID_ARGS;
   if (m->location != FERRY_MEM_GPU) return FERRY_ERR_UNSUPPORTED;
   const ferry_gpu_v1* g = in->gpu;
   void* base = nullptr;
@@ -220,14 +269,20 @@ int x_mem_register(void* ctx, const ferry_mem_v1* m, void** h, void* blob, size_
   return FERRY_OK;
 }
 
+int x_mem_register(void* ctx, const ferry_mem_v1* m, void** h, void* blob, size_t* len) {
+  return guarded([&] { return mem_register_body(ctx, m, h, blob, len); });
+}
+
 void x_mem_deregister(void*, void* h) { delete static_cast<Local*>(h); }
 
-int x_mem_import(void*, void*, uint64_t id, uint64_t size, const void* blob, size_t len,
-                 void** h) {
+int x_mem_import(void*, void*, uint64_t id, uint64_t size, const void* blob, size_t len, void** h) {
+  if (blob == nullptr || h == nullptr) return FERRY_ERR_INVALID_ARGS;
   MemBlob b;
   if (!decode(blob, len, &b) || b.region_id != id || b.size != size) return FERRY_ERR_INVALID_ARGS;
-  *h = new Remote{b, b.pid == static_cast<uint64_t>(getpid())};
-  return FERRY_OK;
+  return guarded([&] {
+    *h = new Remote{b, b.pid == static_cast<uint64_t>(getpid())};
+    return FERRY_OK;
+  });
 }
 
 void x_mem_release(void*, void* h) { delete static_cast<Remote*>(h); }
@@ -251,11 +306,23 @@ char* remote_base(Instance* in, const Remote& r, int device, std::string* why) {
   return it->second.base + r.blob.offset;
 }
 
-int x_post(void* ctx, const ferry_xfer_v1* x) {
-  auto* in = static_cast<Instance*>(ctx);
+int post_body(Instance* in, const ferry_xfer_v1* x) {
   auto* local = static_cast<Local*>(x->local_mem);
   auto* remote = static_cast<Remote*>(x->remote_mem);
   auto* peer = static_cast<Peer*>(x->peer);
+  if (local == nullptr || remote == nullptr || peer == nullptr || x->iov == nullptr ||
+      x->n_iov == 0 || (x->op != FERRY_OP_READ && x->op != FERRY_OP_WRITE)) {
+    ferry_plugin_kit::TellRefusal(x, "missing handle, no pieces or unknown op");
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  for (uint32_t i = 0; i < x->n_iov; ++i) {
+    const ferry_iov_v1& v = x->iov[i];
+    if (v.len == 0 || v.local_off > local->size || v.len > local->size - v.local_off ||
+        v.remote_off > remote->blob.size || v.len > remote->blob.size - v.remote_off) {
+      ferry_plugin_kit::TellRefusal(x, "a piece is outside a region");
+      return FERRY_ERR_INVALID_ARGS;
+    }
+  }
   const ferry_gpu_v1* g = in->gpu;
   const int dev = local->device;
   std::unique_lock<std::mutex> lk(in->mu);
@@ -264,6 +331,7 @@ int x_post(void* ctx, const ferry_xfer_v1* x) {
   if (!rbase) {
     lk.unlock();
     in->log(FERRY_LOG_WARN, why);
+    ferry_plugin_kit::TellRefusal(x, why.c_str());
     return FERRY_ERR_GPU;
   }
   auto& pool = in->streams[static_cast<size_t>(dev)];
@@ -331,10 +399,18 @@ int x_post(void* ctx, const ferry_xfer_v1* x) {
   return FERRY_OK;
 }
 
+int x_post(void* ctx, const ferry_xfer_v1* x) {
+  auto* in = static_cast<Instance*>(ctx);
+  if (in == nullptr || !FERRY_HAS_FIELD(ferry_xfer_v1, x, total_bytes))
+    return FERRY_ERR_INVALID_ARGS;
+  return guarded([&] { return post_body(in, x); });
+}
+
 void x_on_ctrl(void*, const char*, const void*, size_t) {}
 
 int x_describe(void* ctx, char* buf, size_t len) {
   auto* in = static_cast<Instance*>(ctx);
+  if (in == nullptr || buf == nullptr || len == 0) return FERRY_ERR_INVALID_ARGS;
   std::snprintf(buf, len, "%s runtime, %d device(s), %d streams/device, batched copies %s",
                 in->gpu->vendor == FERRY_GPU_CUDA ? "CUDA" : "HIP", in->gpu->device_count,
                 in->streams_per_device, in->batch_copy ? "on (when the runtime has them)" : "off");
@@ -346,25 +422,28 @@ int x_describe(void* ctx, char* buf, size_t len) {
 
 using namespace ferry_xgmi;
 
+// Designated initialisers: a field named wrongly does not compile (peer_remove,
+// mem_deregister and mem_release share one signature).
 extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
-    sizeof(ferry_plugin_ops_v1),
-    FERRY_PLUGIN_ABI_MINOR,
-    "xgmi",
-    "0.1.0",
+    .struct_size = sizeof(ferry_plugin_ops_v1),
+    .abi_minor = FERRY_PLUGIN_ABI_MINOR,
+    .name = "xgmi",
+    .version = "0.1.0",
     // INITIATOR_COPY: the initiator's peer copy is the whole transfer; complete()
     // comes after its stream finished, so nothing lands later.
-    FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
-        FERRY_CAP_INITIATOR_COPY,
-    x_init,
-    x_fini,
-    x_conn_info,
-    x_peer_add,
-    x_peer_remove,
-    x_mem_register,
-    x_mem_deregister,
-    x_mem_import,
-    x_mem_release,
-    x_post,
-    x_on_ctrl,
-    x_describe,
-    nullptr};  // fence: the initiator's own copy is the whole transfer (INITIATOR_COPY)
+    .caps = FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
+            FERRY_CAP_INITIATOR_COPY,
+    .init = x_init,
+    .fini = x_fini,
+    .conn_info = x_conn_info,
+    .peer_add = x_peer_add,
+    .peer_remove = x_peer_remove,
+    .mem_register = x_mem_register,
+    .mem_deregister = x_mem_deregister,
+    .mem_import = x_mem_import,
+    .mem_release = x_mem_release,
+    .post = x_post,
+    .on_ctrl = x_on_ctrl,
+    .describe = x_describe,
+    .fence = nullptr,  // the initiator's own copy is the whole transfer (INITIATOR_COPY)
+};
