@@ -21,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,6 +31,7 @@
 #include "control_frame.h"
 #include "ferry/ferry.hpp"
 #include "pattern.h"
+#include "proc_self.h"
 #include "wire.h"
 
 using namespace ferry;
@@ -433,13 +433,6 @@ TEST(HostileControlPlane, ReplayedProofsAreRefused) {
   EXPECT_TRUE(rig.good_transfer(3));
 }
 
-long rss_kib() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  return -1;
-}
-
 TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
   // An authenticated peer (or one that learned the token) sends NOTIFYs with
   // random uids that no application will ever pop: the target keeps at most
@@ -457,7 +450,7 @@ TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
   Rig rig("tcp");
   const uint64_t cap = EngineConfig{}.inbound_max_per_peer;
   ASSERT_GT(kFlood, cap);
-  const long rss_before = rss_kib();
+  const long rss_before = test::rss_kib();
   int fd = dial(rig.ctrl_port);
   ASSERT_GE(fd, 0);
   CtrlHandshake hs;
@@ -480,7 +473,7 @@ TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
       << "landed " << rig.tgt->stats().inbound_notifications << " of " << kFlood;
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const EngineStats st = rig.tgt->stats();
-  const long rss_after = rss_kib();
+  const long rss_after = test::rss_kib();
   std::printf("RESULT notify_flood frames=%llu seconds=%.2f dropped=%llu rss_kib %ld -> %ld\n",
               static_cast<unsigned long long>(kFlood), took,
               static_cast<unsigned long long>(st.inbound_dropped), rss_before, rss_after);
@@ -815,15 +808,6 @@ TEST(HostileDataLane, SlowlorisHandshakeIsClosedByItsDeadline) {
   EXPECT_LT(took, 1600ms);
 }
 
-size_t thread_count() {
-  size_t n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
-
 TEST(HostileDataLane, AdmittedLanesPerPeerAreCapped) {
   // 200 fully authenticated lanes claiming one peer: the target keeps at most
   // TargetPeer::kMaxLanesPerPeer (64) of them, shutting the oldest down, so the
@@ -831,7 +815,7 @@ TEST(HostileDataLane, AdmittedLanesPerPeerAreCapped) {
   // lane, without limit: 2,000 lanes were 2,009 threads).
   Rig rig("tcp");
   ASSERT_TRUE(rig.good_transfer(11));
-  const size_t threads_before = thread_count();
+  const size_t threads_before = test::thread_count();
   constexpr int kLanes = 200;
   constexpr size_t kCap = 64;
   std::vector<int> lanes;
@@ -854,10 +838,10 @@ TEST(HostileDataLane, AdmittedLanesPerPeerAreCapped) {
   // The good engine's own lanes count too: at least kLanes - kCap of ours go.
   EXPECT_TRUE(eventually([&] { return shut() >= kLanes - kCap; }))
       << shut() << " of " << kLanes << " lanes were shut down";
-  EXPECT_TRUE(eventually([&] { return thread_count() <= threads_before + kCap + 4; }))
-      << "threads " << threads_before << " -> " << thread_count();
+  EXPECT_TRUE(eventually([&] { return test::thread_count() <= threads_before + kCap + 4; }))
+      << "threads " << threads_before << " -> " << test::thread_count();
   std::printf("RESULT lanes_per_peer opened=%d shut=%zu threads %zu -> %zu\n", kLanes, shut(),
-              threads_before, thread_count());
+              threads_before, test::thread_count());
   for (int fd : lanes) close(fd);
   EXPECT_TRUE(rig.good_transfer(12)) << "the real peer could not work after the flood";
 }

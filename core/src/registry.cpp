@@ -104,18 +104,23 @@ Result Registry::add_peer(const EngineDesc& d) {
   // replaced is released like a deregistered peer (its imports stay with the key).
   if (raced) {
     raced->gone = true;
-    for (const auto& b : backends_.snapshot()) {
-      std::unique_lock life(b->life);
-      if (b->removed) continue;
-      void* h;
-      {
-        std::unique_lock lk(mu_);
-        h = take(raced->handles, b->name);
-      }
-      if (h) b->ops->peer_remove(b->ctx, h);
-    }
+    release_handles(raced->handles, [](Backend& b, void* h) { b.ops->peer_remove(b.ctx, h); });
   }
   return {};
+}
+
+template <class Release>
+void Registry::release_handles(std::map<std::string, void*>& handles, Release release) {
+  for (const auto& b : backends_.snapshot()) {
+    std::unique_lock life(b->life);  // no post() may be using the handle freed here
+    if (b->removed) continue;        // its fini has freed what it made
+    void* h;
+    {
+      std::unique_lock lk(mu_);
+      h = take(handles, b->name);
+    }
+    if (h) release(*b, h);
+  }
 }
 
 std::optional<uint64_t> Registry::peer_instance(const std::string& key) const {
@@ -255,16 +260,7 @@ Result Registry::deregister_memory(const MemoryDesc& d) {
     std::unique_lock lk(m->mu);
     m->idle.wait(lk, [&] { return m->inflight == 0; });
   }
-  for (const auto& b : backends_.snapshot()) {
-    std::unique_lock life(b->life);  // no post() may be using the handle freed here
-    if (b->removed) continue;
-    void* h;
-    {
-      std::unique_lock lk(mu_);
-      h = take(m->handles, b->name);
-    }
-    if (h) b->ops->mem_deregister(b->ctx, h);
-  }
+  release_handles(m->handles, [](Backend& b, void* h) { b.ops->mem_deregister(b.ctx, h); });
   return {};
 }
 
@@ -354,15 +350,7 @@ StatusCode Registry::resolve(const MemoryDesc& local, const MemoryDesc& remote, 
 }
 
 void Registry::release_remote(const std::shared_ptr<RemoteMem>& r) {
-  for (const auto& b : backends_.snapshot()) {
-    std::unique_lock life(b->life);  // no post() may be using the handle
-    void* h;
-    {
-      std::unique_lock lk(mu_);
-      h = take(r->handles, b->name);
-    }
-    if (h && !b->removed) b->ops->mem_release(b->ctx, h);
-  }
+  release_handles(r->handles, [](Backend& b, void* h) { b.ops->mem_release(b.ctx, h); });
 }
 
 bool Registry::alive(const MemPair& pair) const {

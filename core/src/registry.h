@@ -135,6 +135,10 @@ class Registry {
   std::shared_ptr<RemoteMem> import_remote(const std::shared_ptr<PeerEntry>& peer,
                                            const MemoryDesc& d);
   void release_remote(const std::shared_ptr<RemoteMem>& r);
+  // For each loaded backend: take its handle out of `handles` (under mu_) and
+  // hand it to release(backend, handle), holding the backend's life lock.
+  template <class Release>
+  void release_handles(std::map<std::string, void*>& handles, Release release);
 
   const std::string self_key_;
   const uint64_t self_instance_;

@@ -47,6 +47,7 @@
 #include "child_process.h"
 #include "ferry/ferry.hpp"
 #include "pattern.h"
+#include "proc_self.h"
 
 using namespace ferry;
 using namespace std::chrono_literals;
@@ -191,13 +192,6 @@ size_t open_fds() {
     closedir(d);
   }
   return n - 1;  // the directory stream's own fd
-}
-
-long rss_kib() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  return -1;
 }
 
 std::string fd_list() {
@@ -567,7 +561,7 @@ struct LeakCheck {
   bool have_base = false;
   void baseline() {
     fds_base = open_fds();
-    rss_base = rss_kib();
+    rss_base = test::rss_kib();
     have_base = true;
   }
   // At the start of a fault cycle: the baseline is taken once the engine is
@@ -582,8 +576,10 @@ struct LeakCheck {
   }
   void after_cycles_checked(const std::string& what, bool require_warm = true) {
     if (!require_warm && !have_base) {
-      std::printf("RESULT %s no cycle needed a failover or a fence; fds are checked after "
-                  "teardown only\n", what.c_str());
+      std::printf(
+          "RESULT %s no cycle needed a failover or a fence; fds are checked after "
+          "teardown only\n",
+          what.c_str());
       return;
     }
     EXPECT_TRUE(have_base) << what << ": no fault cycle ended in a failover or a fence";
@@ -591,7 +587,7 @@ struct LeakCheck {
   }
   void after_cycles(const std::string& what) {
     size_t fds = fds_settled(fds_base);
-    long rss = rss_kib();
+    long rss = test::rss_kib();
     std::printf("RESULT %s fds baseline=%zu after=%zu rss_kib baseline=%ld after=%ld (+%ld)\n",
                 what.c_str(), fds_base, fds, rss_base, rss, rss - rss_base);
     EXPECT_EQ(fds, fds_base) << what << ": fds leaked over the fault cycles:" << fd_list();

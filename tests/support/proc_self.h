@@ -1,0 +1,10 @@
+// What this process holds now, from /proc/self: for tests that bound resources.
+#pragma once
+#include <cstddef>
+
+namespace ferry::test {
+
+long rss_kib();         // VmRSS in KiB, -1 if unreadable
+size_t thread_count();  // entries of /proc/self/task
+
+}  // namespace ferry::test
