@@ -68,8 +68,8 @@ struct Pair {
     return st;
   }
 
+  std::vector<uint8_t> src, dst;  // before the engines: it outlives their threads
   std::unique_ptr<Engine> ini, tgt;
-  std::vector<uint8_t> src, dst;
   MemoryDesc lmem, rmem;
 };
 

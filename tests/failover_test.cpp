@@ -95,8 +95,8 @@ struct Rig {
   BackendStats stats(const std::string& b) { return ini->stats().backends[b]; }
 
   std::string policy_path;
+  std::vector<uint8_t> src, dst;  // before the engines: it outlives their threads
   std::unique_ptr<Engine> ini, tgt;
-  std::vector<uint8_t> src, dst;
   MemoryDesc lmem, rmem;
 };
 

@@ -274,8 +274,11 @@ struct Rig {
     return read_ctrl(fd, f) && f.type == CtrlType::HELLO_OK;
   }
 
-  std::unique_ptr<Engine> tgt, good;
+  // The memory is declared before the engines, so it outlives them: a target
+  // lane thread may still be inside the sendmsg() of a READ's answer when the
+  // test ends (ASan saw that as a use after free in the CI run of f3ed9d1).
   std::vector<uint8_t> tmem, gmem;
+  std::unique_ptr<Engine> tgt, good;
   MemoryDesc tdesc, gdesc;
   uint16_t ctrl_port = 0, tcp_port = 0;
 };
