@@ -14,16 +14,14 @@ namespace {
 
 void decode_all(const std::vector<uint8_t>& body) {
   std::string s;
-  uint8_t nonce[kCtrlNonceSize], mac[kCtrlMacSize];
-  bool has_nonce = false;
+  uint8_t nonce[kCtrlNonceSize], mac[kCtrlProofSize];
+  uint8_t flags = 0;
   size_t off = 0;
   uint64_t uid = 0;
   int32_t status = 0;
-  decode_hello(body, s);
-  if (decode_hello(body, s, nonce, &has_nonce)) {
+  if (decode_hello(body, s, nonce, &flags)) {
     // What decodes must re-encode to the same bytes.
-    auto again = has_nonce ? hello_body(s, nonce) : hello_body(s);
-    if (again != body) __builtin_trap();
+    if (hello_body(s, nonce, flags) != body) __builtin_trap();
   }
   decode_refused(body, s);
   if (decode_plugin(body, s, off) && (off > body.size() || s.empty())) __builtin_trap();
@@ -33,7 +31,8 @@ void decode_all(const std::vector<uint8_t>& body) {
   uint64_t req = 0, inst = 0;
   std::vector<FenceEntry> entries;
   if (decode_fence(body, req, inst, entries) &&
-      (entries.empty() || entries.size() > kMaxFenceEntries || fence_body(req, inst, entries) != body))
+      (entries.empty() || entries.size() > kMaxFenceEntries ||
+       fence_body(req, inst, entries) != body))
     __builtin_trap();
   std::vector<FenceResult> results;
   if (decode_fence_reply(body, req, inst, results) &&

@@ -35,7 +35,7 @@ Bytes cat(std::initializer_list<Bytes> parts) {
 
 void ctrl() {
   using namespace ferry;
-  uint8_t nonce[kCtrlNonceSize], mac[kCtrlMacSize];
+  uint8_t nonce[kCtrlNonceSize], mac[kCtrlProofSize];
   for (size_t i = 0; i < sizeof nonce; ++i) nonce[i] = static_cast<uint8_t>(i * 7);
   for (size_t i = 0; i < sizeof mac; ++i) mac[i] = static_cast<uint8_t>(255 - i);
   const std::string payload = "{\"op\":\"hello\"}";
@@ -43,14 +43,14 @@ void ctrl() {
     const char* name;
     Bytes stream;
   } seeds[] = {
-      {"hello", encode_ctrl_frame(CtrlType::HELLO, hello_body("prefill-0"))},
-      {"hello_auth", encode_ctrl_frame(CtrlType::HELLO, hello_body("decode-1", nonce))},
+      {"hello", encode_ctrl_frame(CtrlType::HELLO, hello_body("prefill-0", nonce, 0))},
+      {"hello_auth", encode_ctrl_frame(CtrlType::HELLO, hello_body("decode-1", nonce, 1))},
       {"challenge", encode_ctrl_frame(CtrlType::AUTH_CHALLENGE, challenge_body(nonce, mac))},
       {"proof", encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(mac))},
       {"ok", encode_ctrl_frame(CtrlType::HELLO_OK, {})},
       {"refused", encode_ctrl_frame(CtrlType::HELLO_REFUSED, refused_body("not registered"))},
       {"session",
-       cat({encode_ctrl_frame(CtrlType::HELLO, hello_body("a")),
+       cat({encode_ctrl_frame(CtrlType::HELLO, hello_body("a", nonce, 0)),
             encode_ctrl_frame(CtrlType::PLUGIN, plugin_body("tcp", payload.data(), payload.size())),
             encode_ctrl_frame(CtrlType::NOTIFY, notify_body(42, 0))})},
       {"notify_fail", encode_ctrl_frame(CtrlType::NOTIFY, notify_body(~0ull, -6))},
@@ -118,7 +118,7 @@ void tcp() {
   put("tcp_wire", "error", frame(e, {}, Bytes{'n', 'o', 't', ' ', 'r', 'e', 'g', 'i', 's', 't', 'e', 'r', 'd'}));
   put("tcp_wire", "conn_blob", wire::EncodeConnBlob({"10.0.0.7", 40000}));
   put("tcp_wire", "conn_blob_empty_host", wire::EncodeConnBlob({"", 1}));
-  put("tcp_wire", "mem_blob", wire::EncodeMemBlob({3, 1 << 30}));
+  put("tcp_wire", "mem_blob", wire::EncodeMemBlob({3, 1 << 30, 0x1122334455667788ull}));
 }
 
 void descriptors() {
@@ -128,6 +128,7 @@ void descriptors() {
   d.port = 41000;
   d.node_id = "node-a";
   d.pid = 1234;
+  d.secret = Bytes(32, 0x5a);
   d.backends["tcp"] = {1, 0x10, 0xa0, 0};
   d.backends["rdma"] = Bytes(40, 7);
   put("descriptors", "engine", d.pack());
@@ -141,7 +142,7 @@ void descriptors() {
   m.bus_id = "0000:1b:00.0";
   m.addr = 0x7f0000000000;
   m.size = 1ull << 30;
-  m.backends["tcp"] = ferry_tcp::wire::EncodeMemBlob({17, 1ull << 30});
+  m.backends["tcp"] = ferry_tcp::wire::EncodeMemBlob({17, 1ull << 30, 0x0123456789abcdefull});
   put("descriptors", "memory", m.pack());
   m.location = ferry::MemoryLocation::CPU;
   m.device = -1;

@@ -1,7 +1,11 @@
-// Authentication: the HMAC-SHA256 challenge/response of the control plane and of
-// the tcp data lanes. Same token: transfers work. Different token, or a token on
-// one side only: the connection is refused with a message that says why, the
-// refusal is counted, and no byte of the target's memory changes.
+// Authentication: access by descriptor (per-instance secrets, link_auth.h) and the
+// optional cluster token, on the control plane and on the tcp data lanes. A peer
+// with the target's descriptor (and the same token) moves data, also one the
+// target never registered; one without it, one claiming a registered key, one
+// with another token: refused with a message that says why, counted, and no
+// byte of the target's memory changes.
+#include "auth.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,16 +13,17 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "auth.h"
 #include "control_plane.h"
 #include "engine_impl.h"
 #include "ferry/ferry.hpp"
+#include "link_auth.h"
 #include "pattern.h"
 
 using namespace ferry;
@@ -103,8 +108,8 @@ TEST(Auth, DifferentTokensAreRefusedOnTheDataLane) {
   Pair p("token-one-aaaaaaaaaaaa", "token-two-bbbbbbbbbbbb");
   TransferStatus st = p.write(9, p.ini->allocate_transfer_uid());
   ASSERT_TRUE(st.Failed());
-  EXPECT_NE(st.Message().find("failed to prove the auth token"), std::string::npos)
-      << st.Message();
+  EXPECT_NE(st.Message().find("did not prove the secret"), std::string::npos) << st.Message();
+  EXPECT_NE(st.Message().find("a different auth token"), std::string::npos) << st.Message();
   EXPECT_EQ(std::count(p.dst.begin(), p.dst.end(), 0), static_cast<long>(kBytes))
       << "an unauthenticated peer changed memory";
 }
@@ -113,25 +118,25 @@ TEST(Auth, DifferentTokensAreRefusedOnTheControlPlane) {
   Pair p("token-one-aaaaaaaaaaaa", "token-two-bbbbbbbbbbbb", "cma");
   TransferStatus st = p.write(10, p.ini->allocate_transfer_uid());
   ASSERT_TRUE(st.Failed());
-  EXPECT_NE(st.Message().find("failed to prove the auth token"), std::string::npos)
-      << st.Message();
+  EXPECT_NE(st.Message().find("did not prove the secret"), std::string::npos) << st.Message();
   EXPECT_GE(p.ini->stats().ctrl_rejected, 1u);
   EXPECT_TRUE(eventually([&] { return p.tgt->stats().ctrl_rejected >= 1; }));
 }
 
 TEST(Auth, InitiatorWithoutTokenGetsAClearMessage) {
   {
+    // tcp lanes: the token is mixed into the target's proof, which fails here.
     Pair p("", "the-targets-token-xyz");
     TransferStatus st = p.write(11, p.ini->allocate_transfer_uid());
     ASSERT_TRUE(st.Failed());
-    EXPECT_NE(st.Message().find("requires authentication"), std::string::npos) << st.Message();
-    EXPECT_NE(st.Message().find("FERRY_AUTH_TOKEN"), std::string::npos) << st.Message();
+    EXPECT_NE(st.Message().find("an auth token set there only"), std::string::npos) << st.Message();
   }
   {
     Pair p("", "the-targets-token-xyz", "cma");
     TransferStatus st = p.write(12, p.ini->allocate_transfer_uid());
     ASSERT_TRUE(st.Failed());
-    EXPECT_NE(st.Message().find("requires authentication"), std::string::npos) << st.Message();
+    EXPECT_NE(st.Message().find("requires an auth token"), std::string::npos) << st.Message();
+    EXPECT_NE(st.Message().find("FERRY_AUTH_TOKEN"), std::string::npos) << st.Message();
     EXPECT_TRUE(eventually([&] { return p.tgt->stats().ctrl_rejected >= 1; }));
   }
 }
@@ -141,9 +146,7 @@ TEST(Auth, TargetWithoutTokenGetsAClearMessage) {
     Pair p("the-initiators-token", "");
     TransferStatus st = p.write(13, p.ini->allocate_transfer_uid());
     ASSERT_TRUE(st.Failed());
-    EXPECT_NE(st.Message().find("uses an auth token but engine 'auth-tgt' has none"),
-              std::string::npos)
-        << st.Message();
+    EXPECT_NE(st.Message().find("a different auth token"), std::string::npos) << st.Message();
   }
   {
     Pair p("the-initiators-token", "", "cma");
@@ -193,22 +196,181 @@ TEST(Auth, HostServicesSignAndVerify) {
   EXPECT_TRUE(auth::mac_equal(out, want));
 }
 
+// ---- access by descriptor ---------------------------------------------------------
+
+// A target with memory, and what an initiator needs to write into it.
+struct Target {
+  explicit Target(const std::string& backend = "tcp") {
+    setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
+    EngineConfig c;
+    c.timeout = 5s;
+    eng = std::make_unique<Engine>("desc-tgt", c);
+    Result r = eng->add_backend(backend);
+    if (!r) throw std::runtime_error(r.message);
+    mem.assign(kBytes, 0);
+    desc = eng->register_memory(mem.data(), mem.size());
+  }
+  bool untouched() const {
+    return std::count(mem.begin(), mem.end(), 0) == static_cast<long>(kBytes);
+  }
+  std::vector<uint8_t> mem;
+  std::unique_ptr<Engine> eng;
+  MemoryDesc desc;
+};
+
+struct Initiator {
+  explicit Initiator(const std::string& key, const std::string& backend = "tcp") {
+    EngineConfig c;
+    c.timeout = 5s;
+    eng = std::make_unique<Engine>(key, c);
+    Result r = eng->add_backend(backend);
+    if (!r) throw std::runtime_error(r.message);
+    mem.resize(kBytes);
+    desc = eng->register_memory(mem.data(), mem.size());
+  }
+  TransferStatus write(const MemoryDesc& to, uint64_t seed, bool notify = false) {
+    test::fill_pattern(mem.data(), 0, kBytes, seed);
+    uid = eng->allocate_transfer_uid();
+    TransferStatus st = eng->write(desc, 0, to, 0, kBytes, uid, notify);
+    EXPECT_TRUE(st.WaitFor(30s));
+    return st;
+  }
+  std::vector<uint8_t> mem;
+  std::unique_ptr<Engine> eng;
+  MemoryDesc desc;
+  TransferUid uid = 0;  // of the last write
+};
+
+TEST(AccessByDescriptor, AnInitiatorTheTargetNeverRegisteredIsServed) {
+  // Real connectors register one way: only the target at the initiator.
+  Target t;
+  Initiator i("desc-ini");
+  ASSERT_TRUE(i.eng->register_remote_engine(t.eng->desc()));
+  TransferStatus st = i.write(t.desc, 21, /*notify=*/true);
+  ASSERT_TRUE(st.Succeeded()) << st.Message();
+  EXPECT_EQ(test::find_mismatch(t.mem.data(), 0, kBytes, 21, 0), -1);
+  EXPECT_TRUE(t.eng->wait_inbound_transfer_status("desc-ini", i.uid, 5s).has_value());
+  std::fill(i.mem.begin(), i.mem.end(), 0);
+  TransferStatus rd = i.eng->read(i.desc, 0, t.desc, 0, kBytes, i.eng->allocate_transfer_uid());
+  ASSERT_TRUE(rd.WaitFor(30s));
+  ASSERT_TRUE(rd.Succeeded()) << rd.Message();
+  EXPECT_EQ(test::find_mismatch(i.mem.data(), 0, kBytes, 21, 0), -1);
+}
+
+TEST(AccessByDescriptor, KnowingTheNameAndAddressIsNotEnough) {
+  // Everything of the target's descriptor but its secret: what anyone who can
+  // read the open source and scan the network learns.
+  for (const char* backend : {"tcp", "cma"}) {
+    SCOPED_TRACE(backend);
+    Target t(backend);
+    Initiator i("desc-guesser", backend);
+    EngineDesc forged = t.eng->desc();
+    ASSERT_TRUE(auth::random_bytes(forged.secret.data(), forged.secret.size()));
+    ASSERT_TRUE(i.eng->register_remote_engine(forged));
+    // cma moves bytes itself (no target check): the control plane's NOTIFY is
+    // what must be refused; tcp lanes must refuse the WRITE itself.
+    TransferStatus st = i.write(t.desc, 22, /*notify=*/true);
+    ASSERT_TRUE(st.Failed()) << "a peer without the descriptor's secret was served";
+    EXPECT_NE(st.Message().find("did not prove the secret"), std::string::npos) << st.Message();
+    if (std::string(backend) == "tcp") {
+      EXPECT_TRUE(t.untouched());
+    }
+    EXPECT_FALSE(t.eng->wait_inbound_transfer_status("desc-guesser", i.uid, 0ms).has_value());
+  }
+}
+
+TEST(AccessByDescriptor, ClaimingARegisteredPeersKeyFails) {
+  Target t;
+  Initiator real("desc-victim");
+  ASSERT_TRUE(t.eng->register_remote_engine(real.eng->desc()));
+  ASSERT_TRUE(real.eng->register_remote_engine(t.eng->desc()));
+  ASSERT_TRUE(real.write(t.desc, 23).Succeeded());
+  // An impostor that holds the target's descriptor (so it passes the first
+  // proof) claims the registered peer's key without that peer's secret.
+  std::fill(t.mem.begin(), t.mem.end(), 0);
+  Initiator impostor("desc-victim");
+  ASSERT_TRUE(impostor.eng->register_remote_engine(t.eng->desc()));
+  TransferStatus st = impostor.write(t.desc, 24);
+  ASSERT_TRUE(st.Failed()) << "an impostor was served under a registered key";
+  EXPECT_NE(st.Message().find("claims the key of registered engine 'desc-victim'"),
+            std::string::npos)
+      << st.Message();
+  EXPECT_TRUE(t.untouched());
+  // The real peer is not disturbed.
+  ASSERT_TRUE(real.write(t.desc, 25).Succeeded());
+}
+
+TEST(AccessByDescriptor, ADescriptorOfAnEarlierLifeIsRefused) {
+  // The target's descriptor, then the engine behind its address restarts (a
+  // new instance, a new secret): the old descriptor no longer opens it.
+  Target t;
+  Initiator i("desc-stale");
+  EngineDesc old = t.eng->desc();
+  ASSERT_TRUE(i.eng->register_remote_engine(old));
+  ASSERT_TRUE(i.write(t.desc, 26).Succeeded());
+  EngineDesc again = old;
+  ASSERT_TRUE(auth::random_bytes(again.secret.data(), again.secret.size()));
+  ASSERT_TRUE(i.eng->register_remote_engine(again));  // as if registered from a stale copy
+  TransferStatus st = i.write(t.desc, 27);
+  ASSERT_TRUE(st.Failed());
+  EXPECT_NE(st.Message().find("did not prove the secret"), std::string::npos) << st.Message();
+}
+
+TEST(AccessByDescriptor, HostLinkProofsAreBoundToTheirRoleAndPeer) {
+  EngineImpl a("link-a", EngineConfig{}), b("link-b", EngineConfig{});
+  ASSERT_TRUE(a.register_remote_engine(b.desc()));
+  const char t[] = "transcript";
+  uint8_t p[FERRY_LINK_PROOF_SIZE];
+  std::string why;
+  // a -> b: a proves as initiator; b (which never registered a) accepts.
+  ASSERT_EQ(a.link_auth().prove("link-b", FERRY_LINK_INITIATOR, t, sizeof t, p), FERRY_OK);
+  EXPECT_EQ(b.link_auth().check("link-a", FERRY_LINK_TARGET, t, sizeof t, p, &why), FERRY_OK)
+      << why;
+  // ... but not for another transcript, nor as the other role.
+  EXPECT_EQ(b.link_auth().check("link-a", FERRY_LINK_TARGET, "other", 5, p, &why),
+            FERRY_ERR_REMOTE);
+  EXPECT_EQ(a.link_auth().check("link-b", FERRY_LINK_INITIATOR, t, sizeof t, p, &why),
+            FERRY_ERR_REMOTE);
+  // b's answer as target passes at a; a proof for an unregistered peer is refused.
+  ASSERT_EQ(b.link_auth().prove("link-a", FERRY_LINK_TARGET, t, sizeof t, p), FERRY_OK);
+  EXPECT_EQ(a.link_auth().check("link-b", FERRY_LINK_INITIATOR, t, sizeof t, p, &why), FERRY_OK)
+      << why;
+  EXPECT_EQ(b.link_auth().prove("link-a", FERRY_LINK_INITIATOR, t, sizeof t, p),
+            FERRY_ERR_NOT_FOUND);
+  // Once b registers a, a's second half must prove a's own secret.
+  ASSERT_TRUE(b.register_remote_engine(a.desc()));
+  ASSERT_EQ(a.link_auth().prove("link-b", FERRY_LINK_INITIATOR, t, sizeof t, p), FERRY_OK);
+  EXPECT_EQ(b.link_auth().check("link-a", FERRY_LINK_TARGET, t, sizeof t, p, &why), FERRY_OK);
+  p[FERRY_LINK_PROOF_SIZE - 1] ^= 1;
+  EXPECT_EQ(b.link_auth().check("link-a", FERRY_LINK_TARGET, t, sizeof t, p, &why),
+            FERRY_ERR_REMOTE);
+  EXPECT_NE(why.find("claims the key"), std::string::npos) << why;
+}
+
 // ---- the control plane on its own ------------------------------------------------
 
+// One control plane with its own credentials; `trust` registers another's secret.
 struct Plane {
-  Plane(const std::string& key, const std::string& token, std::vector<std::string> known)
-      : secret(token) {
+  Plane(const std::string& key, const std::string& token)
+      : creds(token), link(creds, [this](const std::string& k, auth::InstanceSecret* s) {
+          std::lock_guard lk(mu);
+          auto it = known.find(k);
+          if (it == known.end()) return false;
+          *s = it->second;
+          return true;
+        }) {
     ControlPlane::Handlers h;
-    h.is_known_peer = [known](const std::string& k) {
-      return std::find(known.begin(), known.end(), k) != known.end();
-    };
     h.on_plugin = [this](const std::string& peer, const std::string&, const uint8_t* m, size_t n) {
       std::lock_guard lk(mu);
       got.push_back(peer + ":" + std::string(reinterpret_cast<const char*>(m), n));
       cv.notify_all();
     };
     h.on_notify = [](const std::string&, uint64_t, int32_t) {};
-    cp = std::make_unique<ControlPlane>(key, "127.0.0.1", 0, std::move(h), &secret);
+    cp = std::make_unique<ControlPlane>(key, "127.0.0.1", 0, std::move(h), &link);
+  }
+  void trust(const std::string& key, const Plane& other) {
+    std::lock_guard lk(mu);
+    known[key] = other.creds.own();
   }
   bool wait_for(size_t n) {
     std::unique_lock lk(mu);
@@ -218,15 +380,19 @@ struct Plane {
     return cp->send(to_key, "127.0.0.1", to.cp->port(), CtrlType::PLUGIN,
                     plugin_body("x", text.data(), text.size()), err);
   }
-  auth::Secret secret;
+  auth::Credentials creds;
   std::mutex mu;
+  std::map<std::string, auth::InstanceSecret> known;
+  LinkAuth link;
   std::condition_variable cv;
   std::vector<std::string> got;
   std::unique_ptr<ControlPlane> cp;
 };
 
 TEST(AuthControlPlane, MutualProofThenFrames) {
-  Plane a("a", "tok", {"b"}), b("b", "tok", {"a"});
+  Plane a("a", "tok"), b("b", "tok");
+  a.trust("b", b);
+  b.trust("a", a);
   std::string err;
   ASSERT_EQ(a.send(b, "b", "hi", &err), FERRY_OK) << err;
   ASSERT_EQ(a.send(b, "b", "again", &err), FERRY_OK) << err;
@@ -237,27 +403,27 @@ TEST(AuthControlPlane, MutualProofThenFrames) {
 }
 
 TEST(AuthControlPlane, ServerThatCannotProveIsNotTrusted) {
-  // The client checks the server's MAC before it sends anything: NOT_SENT.
-  Plane a("a", "tok", {"b"}), b("b", "other", {"a"});
+  // The client checks the server's proof before it sends anything: NOT_SENT.
+  Plane a("a", "tok"), b("b", "tok"), c("c", "tok");
+  a.trust("b", c);  // a holds a descriptor for "b" whose secret b does not have
   std::string err;
   EXPECT_EQ(a.send(b, "b", "secret data", &err), FERRY_ERR_NOT_SENT);
-  EXPECT_NE(err.find("failed to prove the auth token"), std::string::npos) << err;
+  EXPECT_NE(err.find("did not prove the secret"), std::string::npos) << err;
   EXPECT_EQ(a.cp->rejected(), 1u);
-  EXPECT_TRUE(eventually([&] { return b.cp->rejected() == 1; }));
   std::lock_guard lk(b.mu);
   EXPECT_TRUE(b.got.empty());
 }
 
-TEST(AuthControlPlane, PeerClaimingAnotherKeyFails) {
-  // "c" knows the token only for its own name: the MAC binds both keys, so a
-  // proof made for the pair (c, b) does not pass for (a, b).
-  Plane b("b", "tok", {"a", "c"}), c("c", "tok", {"b"});
+TEST(AuthControlPlane, PeerDialingTheWrongKeyFails) {
+  // The proofs bind both keys: b's answer for the pair (c, b) does not pass
+  // for (c, not-b), even though c holds a secret under that name.
+  Plane b("b", "tok"), c("c", "tok");
+  c.trust("b", b);
+  c.trust("not-b", b);
   std::string err;
-  // c connects to b correctly ...
   ASSERT_EQ(c.send(b, "b", "ok", &err), FERRY_OK) << err;
-  // ... but dialing b while b is expected to be someone else fails on c's side.
   EXPECT_EQ(c.send(b, "not-b", "x", &err), FERRY_ERR_NOT_SENT);
-  EXPECT_NE(err.find("failed to prove"), std::string::npos) << err;
+  EXPECT_NE(err.find("did not prove"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -1,14 +1,15 @@
 // The control plane's frame reader under hostile input.
+#include "control_frame.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "control_frame.h"
-
 using namespace ferry;
 
 TEST(ControlFrame, RoundTripAcrossArbitrarySplits) {
-  auto a = encode_ctrl_frame(CtrlType::HELLO, hello_body("engine-a"));
+  const uint8_t nonce[kCtrlNonceSize] = {9, 8, 7};
+  auto a = encode_ctrl_frame(CtrlType::HELLO, hello_body("engine-a", nonce, kHelloHasToken));
   auto b = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(77, 0));
   auto c = encode_ctrl_frame(CtrlType::PLUGIN, plugin_body("tcp", "xyz", 3));
   std::vector<uint8_t> all;
@@ -20,8 +21,11 @@ TEST(ControlFrame, RoundTripAcrossArbitrarySplits) {
       ASSERT_TRUE(r.feed(all.data() + i, std::min(step, all.size() - i), out));
     ASSERT_EQ(out.size(), 3u);
     std::string key;
-    EXPECT_TRUE(decode_hello(out[0].body, key));
+    uint8_t got[kCtrlNonceSize], flags = 0;
+    EXPECT_TRUE(decode_hello(out[0].body, key, got, &flags));
     EXPECT_EQ(key, "engine-a");
+    EXPECT_EQ(flags, kHelloHasToken);
+    EXPECT_EQ(std::vector<uint8_t>(got, got + 3), std::vector<uint8_t>({9, 8, 7}));
     uint64_t uid;
     int32_t st;
     EXPECT_TRUE(decode_notify(out[1].body, uid, st));
@@ -40,8 +44,8 @@ TEST(ControlFrame, MalformedHeadersAreErrors) {
     size_t at;
     uint8_t val;
     const char* expect;
-  } muts[] = {{0, 0x00, "magic"}, {4, 9, "version"}, {5, 0, "type"}, {5, 200, "type"},
-              {6, 1, "reserved"}, {11, 0xff, "exceeds"}};
+  } muts[] = {{0, 0x00, "magic"}, {4, 9, "version"},  {5, 0, "type"},
+              {5, 200, "type"},   {6, 1, "reserved"}, {11, 0xff, "exceeds"}};
   for (const auto& m : muts) {
     auto f = good;
     f[m.at] = m.val;
@@ -55,10 +59,25 @@ TEST(ControlFrame, MalformedHeadersAreErrors) {
 
 TEST(ControlFrame, BodyDecodersRejectWrongShapes) {
   std::string key;
-  EXPECT_FALSE(decode_hello({}, key));
-  EXPECT_FALSE(decode_hello({5, 'a'}, key));      // length beyond the body
-  EXPECT_FALSE(decode_hello({0}, key));           // empty key
-  EXPECT_FALSE(decode_hello({1, 'a', 'b'}, key));  // trailing bytes
+  uint8_t nonce[kCtrlNonceSize] = {};
+  uint8_t flags = 0;
+  auto hello = [&](std::vector<uint8_t> b) { return decode_hello(b, key, nonce, &flags); };
+  std::vector<uint8_t> good = hello_body("a", nonce, 0);
+  EXPECT_TRUE(hello(good));
+  EXPECT_FALSE(hello({}));
+  EXPECT_FALSE(hello({5, 'a'}));  // length beyond the body
+  EXPECT_FALSE(hello({1, 'a'}));  // no nonce: a version-1 HELLO
+  std::vector<uint8_t> b = good;
+  b[1] = 0;
+  b.erase(b.begin() + 1);
+  b[0] = 0;
+  EXPECT_FALSE(hello(b));  // empty key
+  b = good;
+  b.push_back(0);
+  EXPECT_FALSE(hello(b));  // trailing bytes
+  b = good;
+  b.back() = 0x80;
+  EXPECT_FALSE(hello(b));  // unknown flag
   uint64_t uid;
   int32_t st;
   EXPECT_FALSE(decode_notify({1, 2, 3}, uid, st));
@@ -84,7 +103,8 @@ TEST(ControlFrame, RandomStreamsNeverCrash) {
       size_t off;
       uint64_t u;
       int32_t st;
-      decode_hello(fr.body, s);
+      uint8_t nonce[kCtrlNonceSize], flags;
+      decode_hello(fr.body, s, nonce, &flags);
       decode_plugin(fr.body, s, off);
       decode_notify(fr.body, u, st);
     }

@@ -17,6 +17,8 @@ EngineDesc sample_engine() {
   d.node_id = "node-a";
   d.pid = 1234;
   d.instance = 0x1234567890abcdefull;
+  d.secret.assign(32, 0);
+  for (size_t i = 0; i < d.secret.size(); ++i) d.secret[i] = static_cast<uint8_t>(0xa0 + i);
   d.backends["tcp"] = {1, 2, 3, 4};
   d.backends["rdma"] = std::vector<uint8_t>(300, 7);
   return d;
@@ -50,6 +52,61 @@ TEST(Descriptors, EngineRoundTrip) {
   EngineDesc d = sample_engine();
   EXPECT_EQ(EngineDesc::unpack(d.pack()), d);
   EXPECT_NE(d.to_json().find("\"prefill-0\""), std::string::npos);
+}
+
+TEST(Descriptors, TheAccessSecretTravelsButIsNeverPrinted) {
+  EngineDesc d = sample_engine();
+  EXPECT_EQ(EngineDesc::unpack(d.pack()).secret, d.secret);
+  const std::string json = d.to_json();
+  EXPECT_NE(json.find("(secret, 32 bytes)"), std::string::npos) << json;
+  // Not as hex, not as the bytes themselves.
+  EXPECT_EQ(json.find("a0a1a2a3"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\xa0"), std::string::npos) << json;
+  for (size_t bad : {0u, 16u, 31u, 33u}) {
+    EngineDesc e = sample_engine();
+    e.secret.assign(bad, 1);
+    EXPECT_THROW(EngineDesc::unpack(e.pack()), Error) << bad << "-byte secret";
+  }
+}
+
+// A descriptor of format version 1 (before access by descriptor), as that
+// ferry packed it: the same map without "s", with "v": 1.
+std::vector<uint8_t> version1_engine() {
+  // msgpack by hand, so the test does not depend on today's encoder.
+  std::vector<uint8_t> b = {0x87};  // map of 7
+  auto str = [&](const std::string& s) {
+    b.push_back(static_cast<uint8_t>(0xa0 | s.size()));
+    b.insert(b.end(), s.begin(), s.end());
+  };
+  str("t"), str("engine");
+  str("v"), b.push_back(0x01);
+  str("k"), str("prefill-0");
+  str("h"), str("10.0.0.7");
+  str("p"), b.push_back(0xcd), b.push_back(0x10), b.push_back(0x92);  // 4242
+  str("n"), str("node-a");
+  str("b"), b.push_back(0x80);  // {}
+  return b;
+}
+
+TEST(Descriptors, AnOlderFormatVersionIsRefusedWithAMessage) {
+  try {
+    EngineDesc::unpack(version1_engine());
+    FAIL() << "a version-1 descriptor was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::ERR_INVALID_ARGS);
+    const std::string w = e.what();
+    EXPECT_NE(w.find("format version 1"), std::string::npos) << w;
+    EXPECT_NE(w.find("export it again"), std::string::npos) << w;
+  }
+  std::vector<uint8_t> v9 = version1_engine();
+  v9[12] = 0x09;  // "v": 9
+  ASSERT_EQ(v9[11], 'v');
+  try {
+    EngineDesc::unpack(v9);
+    FAIL() << "a version-9 descriptor was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("newer than this ferry"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Descriptors, MemoryRoundTrip) {
@@ -105,14 +162,16 @@ TEST(Descriptors, ForgedFieldsAreErrors) {
 // bytes that are not UTF-8 text (or hold a NUL) are refused at unpack.
 TEST(Descriptors, StringsThatAreNotUtf8TextAreRefused) {
   const std::vector<std::string> bad = {
-      std::string("pre\xff" "fill"),       // not UTF-8 at all
-      std::string("\xc0\xaf"),             // overlong '/'
-      std::string("\xed\xa0\x80"),         // a UTF-16 surrogate
-      std::string("\xf4\x90\x80\x80"),     // above U+10FFFF
-      std::string("cut\xe2\x82"),          // truncated sequence
-      std::string("nul\0inside", 10),      // NUL: a C string would end early
+      std::string("pre\xff"
+                  "fill"),              // not UTF-8 at all
+      std::string("\xc0\xaf"),          // overlong '/'
+      std::string("\xed\xa0\x80"),      // a UTF-16 surrogate
+      std::string("\xf4\x90\x80\x80"),  // above U+10FFFF
+      std::string("cut\xe2\x82"),       // truncated sequence
+      std::string("nul\0inside", 10),   // NUL: a C string would end early
   };
-  auto expect_refused = [](auto unpack, const std::vector<uint8_t>& bytes, const std::string& what) {
+  auto expect_refused = [](auto unpack, const std::vector<uint8_t>& bytes,
+                           const std::string& what) {
     try {
       unpack(bytes);
       ADD_FAILURE() << what << ": accepted";
@@ -140,7 +199,9 @@ TEST(Descriptors, StringsThatAreNotUtf8TextAreRefused) {
   }
   // Real UTF-8 beyond ASCII is fine.
   EngineDesc e = sample_engine();
-  e.key = "d\xc3\xa9" "code-\xe2\x82\xac-\xf0\x9f\x9a\xa2";
+  e.key =
+      "d\xc3\xa9"
+      "code-\xe2\x82\xac-\xf0\x9f\x9a\xa2";
   EXPECT_EQ(EngineDesc::unpack(e.pack()).key, e.key);
 }
 

@@ -124,15 +124,24 @@ struct StoppableTarget {
   bool stopped = false;
 };
 
-std::string policy_tcp() { return "rules:\n  - prefer: [tcp]\ntimeout: 1s\n"; }
+// One tcp lane: the baseline opens it, so the caught WRITE is written into an
+// open connection and sits in the stopped target's socket buffers. (A lane
+// opened after the stop cannot finish its handshake - the target must prove
+// its descriptor - so nothing of a WRITE queued on it leaves: that is a plain
+// failure without a fence, NewLaneToAStoppedTargetSendsNothing below.)
+std::string policy_tcp() {
+  return "backends:\n  tcp: { lanes: 1 }\nrules:\n  - prefer: [tcp]\ntimeout: 1s\n";
+}
 std::string policy_tcp_ofi() {
-  return "backends:\n  ofi: { provider: shm }\nrules:\n  - prefer: [tcp, ofi]\n"
+  return "backends:\n  tcp: { lanes: 1 }\n  ofi: { provider: shm }\nrules:\n  - prefer: [tcp, "
+         "ofi]\n"
          "failover:\n  max_attempts: 2\n  quarantine: { after_failures: 1000, within: 1s, for: 1s "
          "}\n"
          "timeout: 1s\n";
 }
 std::string policy_tcp_cma() {
-  return "backends:\n  cma: {}\nrules:\n  - prefer: [tcp, cma]\n    trust_descriptors: true\n"
+  return "backends:\n  tcp: { lanes: 1 }\n  cma: {}\nrules:\n  - prefer: [tcp, cma]\n    "
+         "trust_descriptors: true\n"
          "failover:\n  max_attempts: 2\n  quarantine: { after_failures: 1000, within: 1s, for: 1s "
          "}\n"
          "timeout: 1s\n";
@@ -231,6 +240,30 @@ TEST(Fence, ReadFromAStoppedTargetFailsByTheDeadlineWithoutFencing) {
   r.cont();
   TransferStatus w = r.write(5, 0, kSlice, 201);
   EXPECT_EQ(w.Wait(), StatusCode::SUCCESS) << w.Message();
+}
+
+// A WRITE to a stopped target that no lane is open to yet: the lane connects
+// (the kernel accepts for the stopped process) but its handshake waits for the
+// target's proof, so no frame leaves. The transfer fails by its deadline as
+// not sent - exact, no fence, the peer not fenced - and nothing lands later.
+TEST(Fence, NewLaneToAStoppedTargetSendsNothing) {
+  StoppableTarget r("tcp", policy_tcp());
+  r.stop();
+  const auto t0 = std::chrono::steady_clock::now();
+  TransferStatus w = r.write(6, 0, kSlice, 210);
+  ASSERT_TRUE(w.WaitFor(kDeadline + 2s));
+  EXPECT_LE(std::chrono::steady_clock::now() - t0, kDeadline + kSlack) << w.Message();
+  EXPECT_TRUE(w.Failed());
+  EXPECT_NE(w.Code(), StatusCode::ERR_OUTCOME_UNKNOWN) << w.Message();
+  EXPECT_EQ(r.ini->stats().fences, 0u);
+  EXPECT_EQ(r.ini->stats().fenced_peers, 0u);
+  r.cont();
+  EXPECT_EQ(r.inbound(210, 200), "NONE");
+  EXPECT_NE(r.target_hash(0, kSlice), StoppableTarget::expected_hash(6, 0, kSlice))
+      << "the failed WRITE landed after SIGCONT";
+  TransferStatus after = r.write(7, 0, kSlice, 211);
+  ASSERT_EQ(after.Wait(), StatusCode::SUCCESS) << after.Message();
+  EXPECT_EQ(r.target_hash(0, kSlice), StoppableTarget::expected_hash(7, 0, kSlice));
 }
 
 // Five notified cma WRITEs to a stopped target with no control connection yet:

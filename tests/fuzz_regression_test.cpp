@@ -18,7 +18,10 @@ TEST(FuzzRegression, DescriptorWithInvalidUtf8PrintsAsJson) {
   d.key = "prefill-0";
   d.host = "10.1.2.3";
   d.port = 41000;
-  d.node_id = "n\xef" "de-a";
+  d.node_id =
+      "n\xef"
+      "de-a";
+  d.secret.assign(32, 7);
   // Such a descriptor no longer decodes (strings must be UTF-8 text) ...
   EXPECT_THROW(EngineDesc::unpack(d.pack()), Error);
   // ... but one built locally still prints without throwing.

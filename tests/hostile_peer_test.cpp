@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -126,6 +127,8 @@ int dial(uint16_t port) {
   }
   timeval tv{10, 0};  // no test can hang on a socket
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  int one = 1;  // handshakes are several small writes: no 40 ms Nagle/delayed-ACK stall each
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
 }
 
@@ -202,6 +205,23 @@ struct CtrlHandshake {
   Bytes hello, proof;
 };
 
+// A link proof (link_auth.h): MACs for two instance secrets over one transcript,
+// as `role` proves it (the target's own is its first half).
+Bytes link_proof(const auth::InstanceSecret& first, const auth::InstanceSecret& second,
+                 const std::vector<uint8_t>& transcript, const std::string& token = kToken,
+                 char role = auth::kInitiatorRole) {
+  Bytes p(64, 0);
+  auth::link_mac(first, token, role, transcript.data(), transcript.size(), p.data());
+  auth::link_mac(second, token, role, transcript.data(), transcript.size(), p.data() + 32);
+  return p;
+}
+
+auth::InstanceSecret random_secret() {
+  auth::InstanceSecret s(auth::kInstanceSecretSize);
+  auth::random_bytes(s.data(), s.size());
+  return s;
+}
+
 // ---- the engines ------------------------------------------------------------
 
 // A target engine and a good initiator, registered both ways, with memory.
@@ -224,7 +244,16 @@ struct Rig {
     tdesc = tgt->register_memory(tmem.data(), tmem.size());
     gdesc = good->register_memory(gmem.data(), gmem.size());
     const EngineDesc d = tgt->desc();
+    tgt_secret = d.secret;
+    good_secret = good->desc().secret;
     ctrl_port = d.port;
+    if (auto it = tdesc.backends.find("tcp"); it != tdesc.backends.end()) {
+      tw::MemInfo mi;
+      std::string why;
+      if (!tw::DecodeMemBlob(it->second.data(), it->second.size(), &mi, &why))
+        throw std::runtime_error(why);
+      tkey = mi.key;
+    }
     if (auto it = d.backends.find("tcp"); it != d.backends.end()) {
       tw::ConnInfo ci;
       std::string why;
@@ -257,19 +286,24 @@ struct Rig {
 
   uint64_t rejected() const { return tgt->stats().ctrl_rejected; }
 
-  // The honest control-plane handshake as "good", over a raw socket.
+  // The honest control-plane handshake as "good", over a raw socket: it holds
+  // the target's descriptor (tgt_secret) and its own (good_secret).
   bool ctrl_login(int fd, CtrlHandshake& hs, const std::string& key = "good",
-                  const std::string& server_key = "hostile-tgt") {
+                  const std::string& server_key = "hostile-tgt", bool check_server = true) {
     auth::random_bytes(hs.nc.data(), hs.nc.size());
-    hs.hello = encode_ctrl_frame(CtrlType::HELLO, hello_body(key, hs.nc.data()));
+    hs.hello = encode_ctrl_frame(CtrlType::HELLO, hello_body(key, hs.nc.data(), kHelloHasToken));
     send_raw(fd, hs.hello);
     CtrlFrame f;
-    auth::Mac mac;
-    if (!read_ctrl(fd, f) || !decode_challenge(f.body, hs.ns.data(), mac.data())) return false;
-    auth::Secret s(kToken);
-    auto t = auth::ctrl_transcript("ferry-ctrl-v1 client", hs.nc, hs.ns, key, server_key);
-    s.sign(t.data(), t.size(), mac.data());
-    hs.proof = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(mac.data()));
+    uint8_t server[kCtrlProofSize];
+    if (!read_ctrl(fd, f) || !decode_challenge(f.body, hs.ns.data(), server)) return false;
+    auto ts = auth::ctrl_transcript("ferry-ctrl-v2 server", hs.nc, hs.ns, key, server_key);
+    if (check_server &&
+        std::memcmp(link_proof(tgt_secret, tgt_secret, ts, kToken, auth::kTargetRole).data(),
+                    server, 32) != 0)
+      return false;  // the target did not prove its descriptor
+    auto tc = auth::ctrl_transcript("ferry-ctrl-v2 client", hs.nc, hs.ns, key, server_key);
+    hs.proof = encode_ctrl_frame(CtrlType::AUTH_PROOF,
+                                 proof_body(link_proof(tgt_secret, good_secret, tc).data()));
     send_raw(fd, hs.proof);
     return read_ctrl(fd, f) && f.type == CtrlType::HELLO_OK;
   }
@@ -280,6 +314,8 @@ struct Rig {
   std::vector<uint8_t> tmem, gmem;
   std::unique_ptr<Engine> tgt, good;
   MemoryDesc tdesc, gdesc;
+  auth::InstanceSecret tgt_secret, good_secret;  // from the two descriptors
+  uint64_t tkey = 0;                             // tdesc's tcp region key
   uint16_t ctrl_port = 0, tcp_port = 0;
 };
 
@@ -299,7 +335,21 @@ TEST(HostileControlPlane, MalformedAndUnauthenticatedConnectionsAreRefused) {
     auth::random_bytes(n.data(), n.size());
     return n;
   }();
-  Bytes hello_good = encode_ctrl_frame(CtrlType::HELLO, hello_body("good", nonce.data()));
+  Bytes hello_good =
+      encode_ctrl_frame(CtrlType::HELLO, hello_body("good", nonce.data(), kHelloHasToken));
+  // Answers a challenge with MACs for the given secrets over the right transcript.
+  auto answer = [&](int fd, const std::string& key, const auth::InstanceSecret& first,
+                    const auth::InstanceSecret& second) {
+    CtrlFrame f;
+    ASSERT_TRUE(read_ctrl(fd, f));
+    ASSERT_EQ(f.type, CtrlType::AUTH_CHALLENGE);
+    auth::Nonce ns;
+    uint8_t server[kCtrlProofSize];
+    ASSERT_TRUE(decode_challenge(f.body, ns.data(), server));
+    auto tc = auth::ctrl_transcript("ferry-ctrl-v2 client", nonce, ns, key, "hostile-tgt");
+    send_raw(fd, encode_ctrl_frame(CtrlType::AUTH_PROOF,
+                                   proof_body(link_proof(first, second, tc).data())));
+  };
   std::vector<CtrlCase> cases = {
       {"header without its body",
        [](int fd) {
@@ -341,30 +391,58 @@ TEST(HostileControlPlane, MalformedAndUnauthenticatedConnectionsAreRefused) {
          send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, {200, 'x'}));
        },
        "first frame is not a valid HELLO"},
-      {"unregistered engine",
-       [&](int fd) {
-         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body("mallory", nonce.data())));
-         EXPECT_NE(refusal(fd).find("not registered"), std::string::npos);
-       },
-       "engine 'mallory' is not registered"},
-      {"no token",
+      {"a version-1 HELLO (no nonce)",
        [](int fd) {
-         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body("good")));
-         EXPECT_NE(refusal(fd).find("requires authentication"), std::string::npos);
+         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, {4, 'g', 'o', 'o', 'd'}));
        },
-       "has no auth token"},
+       "first frame is not a valid HELLO"},
+      {"an engine without the descriptor",
+       [&](int fd) {
+         // It knows the key, the address and the token, not the secret.
+         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO,
+                                        hello_body("mallory", nonce.data(), kHelloHasToken)));
+         answer(fd, "mallory", random_secret(), random_secret());
+         EXPECT_NE(refusal(fd).find("does not hold this engine's current descriptor"),
+                   std::string::npos);
+       },
+       "'mallory' does not hold this engine's current descriptor"},
+      {"no token",
+       [&](int fd) {
+         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body("good", nonce.data(), 0)));
+         EXPECT_NE(refusal(fd).find("requires an auth token"), std::string::npos);
+       },
+       "requires an auth token"},
       {"forged proof",
+       [&](int fd) {
+         send_raw(fd, hello_good);
+         answer(fd, "good", random_secret(), rig.good_secret);
+         EXPECT_NE(refusal(fd).find("does not hold"), std::string::npos);
+       },
+       "'good' does not hold this engine's current descriptor"},
+      {"a registered key claimed without its secret",
+       [&](int fd) {
+         // The target's descriptor leaked: the first half is right, but "good"
+         // is registered here and the claimant cannot prove good's secret.
+         send_raw(fd, hello_good);
+         answer(fd, "good", rig.tgt_secret, random_secret());
+         EXPECT_NE(refusal(fd).find("claims the key of registered engine 'good'"),
+                   std::string::npos);
+       },
+       "claims the key of registered engine 'good'"},
+      {"proof under another token",
        [&](int fd) {
          send_raw(fd, hello_good);
          CtrlFrame f;
          ASSERT_TRUE(read_ctrl(fd, f));
-         ASSERT_EQ(f.type, CtrlType::AUTH_CHALLENGE);
-         auth::Mac forged;
-         auth::random_bytes(forged.data(), forged.size());
-         send_raw(fd, encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(forged.data())));
-         EXPECT_NE(refusal(fd).find("failed authentication"), std::string::npos);
+         auth::Nonce ns;
+         uint8_t server[kCtrlProofSize];
+         ASSERT_TRUE(decode_challenge(f.body, ns.data(), server));
+         auto tc = auth::ctrl_transcript("ferry-ctrl-v2 client", nonce, ns, "good", "hostile-tgt");
+         Bytes p = link_proof(rig.tgt_secret, rig.good_secret, tc, "another-token");
+         send_raw(fd, encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(p.data())));
+         EXPECT_NE(refusal(fd).find("a different auth token"), std::string::npos);
        },
-       "'good' failed authentication"},
+       "'good' does not hold"},
       {"frame instead of proof",
        [&](int fd) {
          send_raw(fd, hello_good);
@@ -378,7 +456,7 @@ TEST(HostileControlPlane, MalformedAndUnauthenticatedConnectionsAreRefused) {
          send_raw(fd, hello_good);
          CtrlFrame f;
          ASSERT_TRUE(read_ctrl(fd, f));
-         send_raw(fd, encode_ctrl_frame(CtrlType::AUTH_PROOF, Bytes(31, 0)));
+         send_raw(fd, encode_ctrl_frame(CtrlType::AUTH_PROOF, Bytes(63, 0)));
        },
        "did not answer the auth challenge"},
       {"garbage", [](int fd) { send_raw(fd, Bytes(300, 0xa5)); }, "bad magic"},
@@ -419,19 +497,19 @@ TEST(HostileControlPlane, ReplayedProofsAreRefused) {
   ASSERT_TRUE(read_ctrl(fd, f));
   ASSERT_EQ(f.type, CtrlType::AUTH_CHALLENGE);
   auth::Nonce ns2;
-  auth::Mac mac;
-  ASSERT_TRUE(decode_challenge(f.body, ns2.data(), mac.data()));
+  uint8_t server[kCtrlProofSize];
+  ASSERT_TRUE(decode_challenge(f.body, ns2.data(), server));
   EXPECT_NE(ns2, first.ns) << "server nonces must not repeat";
-  EXPECT_NE(refusal(fd).find("failed authentication"), std::string::npos);
+  EXPECT_NE(refusal(fd).find("does not hold"), std::string::npos);
   EXPECT_TRUE(closed_by_peer(fd));
   close(fd);
   // A proof made for another target does not pass here (relayed from elsewhere).
   fd = dial(rig.ctrl_port);
   CtrlHandshake other;
-  EXPECT_FALSE(rig.ctrl_login(fd, other, "good", "some-other-target"));
+  EXPECT_FALSE(rig.ctrl_login(fd, other, "good", "some-other-target", /*check_server=*/false));
   close(fd);
   EXPECT_TRUE(eventually([&] { return rig.rejected() == before + 2; })) << rig.rejected();
-  EXPECT_TRUE(eventually([&] { return log.count("failed authentication") == 2; }));
+  EXPECT_TRUE(eventually([&] { return log.count("'good' does not hold") == 2; }));
   log.restore();
   EXPECT_TRUE(rig.good_transfer(3));
 }
@@ -570,7 +648,10 @@ TEST(HostileControlPlane, FloodOfConnectionsWhileAGoodPeerIsServed) {
     ASSERT_GE(fd, 0) << "connection " << i;
     if (i % 4 == 1) send_raw(fd, ctrl_header(1, 200));                 // a header, body never sent
     if (i % 4 == 2) send_raw(fd, Bytes(64, static_cast<uint8_t>(i)));  // junk
-    if (i % 4 == 3) send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body("good")));
+    if (i % 4 == 3) {
+      const uint8_t nc[kCtrlNonceSize] = {};
+      send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body("good", nc, kHelloHasToken)));
+    }
     flood.push_back(fd);
     if (i == kFlood / 2) {
       EXPECT_TRUE(rig.good_transfer(10));  // served during the flood
@@ -629,28 +710,29 @@ struct LaneLogin {
   uint8_t ni[32], nt[32];
   Bytes sent;  // everything the client sent, for replays
 };
-bool lane_login(int fd, LaneLogin& l, const std::string& key = "good",
+// `tgt` and `self`: the instance secrets the client holds (the target's
+// descriptor and its own).
+bool lane_login(int fd, LaneLogin& l, const auth::InstanceSecret& tgt,
+                const auth::InstanceSecret& self, const std::string& key = "good",
                 const std::string& token = kToken) {
   auth::random_bytes(l.ni, sizeof l.ni);
   l.sent = cat({lane_hello(key, true), lane_auth(l.ni, sizeof l.ni)});
   send_raw(fd, l.sent);
   tw::Header h;
   Bytes p;
-  if (!read_lane(fd, &h, &p) || h.type != tw::Type::kAuth || p.size() != 64) return false;
+  if (!read_lane(fd, &h, &p) || h.type != tw::Type::kAuth || p.size() != 96) return false;
   std::memcpy(l.nt, p.data(), 32);
-  auth::Secret s(token);
   auto t = tw::AuthTranscript(tw::kAuthTargetLabel, l.ni, l.nt, key, "hostile-tgt");
-  if (!s.verify(t.data(), t.size(), p.data() + 32)) return false;  // the target proved itself
+  if (std::memcmp(link_proof(tgt, tgt, t, token, auth::kTargetRole).data(), p.data() + 32, 32) != 0)
+    return false;  // the target did not prove its descriptor
   t = tw::AuthTranscript(tw::kAuthInitiatorLabel, l.ni, l.nt, key, "hostile-tgt");
-  uint8_t mac[32];
-  s.sign(t.data(), t.size(), mac);
-  Bytes proof = lane_auth(mac, sizeof mac);
+  Bytes proof = lane_auth(link_proof(tgt, self, t, token).data(), 64);
   send_raw(fd, proof);
   l.sent.insert(l.sent.end(), proof.begin(), proof.end());
   return true;
 }
 
-tw::Header request(tw::Type type, uint64_t req, uint64_t region, uint64_t payload,
+tw::Header request(tw::Type type, uint64_t req, uint64_t region, uint64_t key, uint64_t payload,
                    uint32_t items = 1) {
   tw::Header h;
   h.type = type;
@@ -658,6 +740,7 @@ tw::Header request(tw::Type type, uint64_t req, uint64_t region, uint64_t payloa
   h.frame_count = 1;
   h.req_id = req;
   h.region_id = region;
+  h.region_key = key;
   h.payload_len = payload;
   h.xfer_seq = req;
   h.low_seq = req;
@@ -698,41 +781,61 @@ TEST(HostileDataLane, MalformedAndUnauthenticatedLanesAreRefused) {
        "unknown frame type 99"},
       {"request before hello",
        [](int fd) {
-         send_raw(fd, lane_frame(request(tw::Type::kRead, 1, 1, 0), {{0, 16}}, {}));
+         send_raw(fd, lane_frame(request(tw::Type::kRead, 1, 1, 0, 0), {{0, 16}}, {}));
        },
        "before HELLO"},
-      {"unregistered engine",
-       [](int fd) {
-         send_raw(fd, lane_hello("mallory", true));
-         EXPECT_NE(lane_refusal(fd).find("not a registered peer"), std::string::npos);
-       },
-       "engine 'mallory' is not a registered peer"},
-      {"no token",
-       [](int fd) {
-         send_raw(fd, cat({lane_hello("good", false), lane_frame(request(tw::Type::kWrite, 1, 1, 8),
-                                                                 {{0, 8}}, Bytes(8, 0xee))}));
-         EXPECT_NE(lane_refusal(fd).find("requires authentication"), std::string::npos);
-       },
-       "requires authentication"},
-      {"wrong token",
-       [](int fd) {
+      {"an engine without the descriptor",
+       [&](int fd) {
          LaneLogin l;
-         EXPECT_FALSE(lane_login(fd, l, "good", "not-the-token"));  // the target cannot prove it
-         shutdown(fd, SHUT_WR);                                     // ... so the client gives up
+         // It cannot check the target's proof either; it answers anyway.
+         l.sent.clear();
+         uint8_t ni[32] = {3};
+         send_raw(fd, cat({lane_hello("mallory", true), lane_auth(ni, 32)}));
+         tw::Header h;
+         Bytes p;
+         ASSERT_TRUE(read_lane(fd, &h, &p));
+         send_raw(fd, lane_auth(link_proof(random_secret(), random_secret(), {1}).data(), 64));
+         EXPECT_NE(lane_refusal(fd).find("does not hold this engine's current descriptor"),
+                   std::string::npos);
+       },
+       "'mallory' does not hold this engine's current descriptor"},
+      {"no proof (an old peer)",
+       [](int fd) {
+         send_raw(fd,
+                  cat({lane_hello("good", false), lane_frame(request(tw::Type::kWrite, 1, 1, 0, 8),
+                                                             {{0, 8}}, Bytes(8, 0xee))}));
+         EXPECT_NE(lane_refusal(fd).find("did not prove access by descriptor"), std::string::npos);
+       },
+       "did not prove access by descriptor"},
+      {"wrong token",
+       [&](int fd) {
+         LaneLogin l;
+         // The target cannot prove it under this token, so the client gives up.
+         EXPECT_FALSE(lane_login(fd, l, rig.tgt_secret, rig.good_secret, "good", "not-the-token"));
+         shutdown(fd, SHUT_WR);
        },
        "auth handshake"},
       {"forged proof",
-       [](int fd) {
+       [&](int fd) {
          uint8_t ni[32] = {1};
          send_raw(fd, cat({lane_hello("good", true), lane_auth(ni, 32)}));
          tw::Header h;
          Bytes p;
          ASSERT_TRUE(read_lane(fd, &h, &p));
-         uint8_t forged[32] = {2};
-         send_raw(fd, lane_auth(forged, 32));
-         EXPECT_NE(lane_refusal(fd).find("failed authentication"), std::string::npos);
+         uint8_t forged[64] = {2};
+         send_raw(fd, lane_auth(forged, 64));
+         EXPECT_NE(lane_refusal(fd).find("does not hold"), std::string::npos);
        },
-       "'good' failed authentication"},
+       "'good' does not hold this engine's current descriptor"},
+      {"a registered key claimed without its secret",
+       [&](int fd) {
+         LaneLogin l;
+         // The target's descriptor, but not good's: the second half fails.
+         EXPECT_TRUE(lane_login(fd, l, rig.tgt_secret, random_secret()));
+         EXPECT_NE(lane_refusal(fd).find("claims the key of registered engine 'good'"),
+                   std::string::npos);
+       },
+       "claims the key of registered engine 'good'"},
   };
   for (auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -757,12 +860,22 @@ TEST(HostileControlPlane, ClaimedKeysCannotForgeLogLinesOrEscapes) {
   LogCapture log;
   int fd = dial(rig.ctrl_port);
   ASSERT_GE(fd, 0);
-  send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body(evil)));
+  const uint8_t nc[kCtrlNonceSize] = {};
+  // HELLO, then a proof that fails: the refusal names the claimed key.
+  send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body(evil, nc, kHelloHasToken)));
+  CtrlFrame f;
+  ASSERT_TRUE(read_ctrl(fd, f));
+  send_raw(fd, encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(Bytes(64, 1).data())));
   EXPECT_TRUE(closed_by_peer(fd));
   close(fd);
   fd = dial(rig.tcp_port);
   ASSERT_GE(fd, 0);
-  send_raw(fd, lane_hello(evil, true));
+  const uint8_t ni[32] = {};
+  send_raw(fd, cat({lane_hello(evil, true), lane_auth(ni, 32)}));
+  tw::Header h;
+  Bytes p;
+  ASSERT_TRUE(read_lane(fd, &h, &p));
+  send_raw(fd, lane_auth(Bytes(64, 1).data(), 64));
   EXPECT_TRUE(closed_by_peer(fd));
   close(fd);
   EXPECT_TRUE(eventually([&] {
@@ -826,7 +939,7 @@ TEST(HostileDataLane, AdmittedLanesPerPeerAreCapped) {
     int fd = dial(rig.tcp_port);
     ASSERT_GE(fd, 0) << i;
     LaneLogin l;
-    ASSERT_TRUE(lane_login(fd, l)) << i;
+    ASSERT_TRUE(lane_login(fd, l, rig.tgt_secret, rig.good_secret)) << i;
     lanes.push_back(fd);
   }
   auto shut = [&] {
@@ -853,7 +966,7 @@ TEST(HostileDataLane, ReplayedHandshakeIsRefused) {
   Rig rig("tcp");
   LaneLogin l;
   int fd = dial(rig.tcp_port);
-  ASSERT_TRUE(lane_login(fd, l));
+  ASSERT_TRUE(lane_login(fd, l, rig.tgt_secret, rig.good_secret));
   close(fd);
   LogCapture log;
   fd = dial(rig.tcp_port);
@@ -863,10 +976,10 @@ TEST(HostileDataLane, ReplayedHandshakeIsRefused) {
   ASSERT_TRUE(read_lane(fd, &h, &p));
   ASSERT_EQ(h.type, tw::Type::kAuth);
   EXPECT_NE(std::memcmp(p.data(), l.nt, 32), 0) << "target nonces must not repeat";
-  EXPECT_NE(lane_refusal(fd).find("failed authentication"), std::string::npos);
+  EXPECT_NE(lane_refusal(fd).find("does not hold"), std::string::npos);
   EXPECT_TRUE(closed_by_peer(fd));
   close(fd);
-  EXPECT_TRUE(eventually([&] { return log.has("'good' failed authentication"); }));
+  EXPECT_TRUE(eventually([&] { return log.has("'good' does not hold"); }));
   log.restore();
   EXPECT_TRUE(rig.good_transfer(21));
 }
@@ -877,12 +990,14 @@ TEST(HostileDataLane, OutOfRangeAndForeignMemoryAreRefusedOnAnAuthenticatedLane)
   std::vector<uint8_t> gone(4096);
   MemoryDesc gone_desc = rig.tgt->register_memory(gone.data(), gone.size());
   ASSERT_TRUE(rig.tgt->deregister_memory(gone_desc));
-  const uint64_t id = rig.tdesc.id;
+  const uint64_t id = rig.tdesc.id, key = rig.tkey;
   std::fill(rig.tmem.begin(), rig.tmem.end(), 0);
+  uint64_t guess = 0;
+  auth::random_bytes(reinterpret_cast<uint8_t*>(&guess), sizeof guess);
 
   int fd = dial(rig.tcp_port);
   LaneLogin l;
-  ASSERT_TRUE(lane_login(fd, l));
+  ASSERT_TRUE(lane_login(fd, l, rig.tgt_secret, rig.good_secret));
   LogCapture log;
   struct Req {
     const char* name;
@@ -892,31 +1007,46 @@ TEST(HostileDataLane, OutOfRangeAndForeignMemoryAreRefusedOnAnAuthenticatedLane)
     const char* refused;  // nullptr: must succeed
   } reqs[] = {
       {"write past the end",
-       request(tw::Type::kWrite, 1, id, 16),
+       request(tw::Type::kWrite, 1, id, key, 16),
        {{kRegion - 8, 16}},
        Bytes(16, 0x11),
        "outside memory"},
       {"offset that wraps",
-       request(tw::Type::kRead, 2, id, 0),
+       request(tw::Type::kRead, 2, id, key, 0),
        {{~0ull - 7, 16}},
        {},
        "outside memory"},
       {"read of unregistered id",
-       request(tw::Type::kRead, 3, 9999, 0),
+       request(tw::Type::kRead, 3, 9999, key, 0),
        {{0, 16}},
        {},
        "is not registered"},
       {"write to deregistered id",
-       request(tw::Type::kWrite, 4, gone_desc.id, 8),
+       request(tw::Type::kWrite, 4, gone_desc.id, key, 8),
        {{0, 8}},
        Bytes(8, 0x22),
        "is not registered"},
       {"read of an id this target never exported",
-       request(tw::Type::kRead, 5, id + 100, 0),
+       request(tw::Type::kRead, 5, id + 100, key, 0),
        {{0, 8}},
        {},
        "is not registered"},
-      {"good write", request(tw::Type::kWrite, 6, id, 8), {{64, 8}}, Bytes(8, 0x5c), nullptr},
+      {"write with the region's id and a guessed key",
+       request(tw::Type::kWrite, 8, id, guess, 8),
+       {{0, 8}},
+       Bytes(8, 0x33),
+       "is not registered"},
+      {"read with the region's id and no key",
+       request(tw::Type::kRead, 9, id, 0, 0),
+       {{0, 8}},
+       {},
+       "is not registered"},
+      {"write with the key and a guessed id",
+       request(tw::Type::kWrite, 10, guess, key, 8),
+       {{0, 8}},
+       Bytes(8, 0x44),
+       "is not registered"},
+      {"good write", request(tw::Type::kWrite, 6, id, key, 8), {{64, 8}}, Bytes(8, 0x5c), nullptr},
   };
   for (auto& r : reqs) {
     SCOPED_TRACE(r.name);
@@ -939,12 +1069,50 @@ TEST(HostileDataLane, OutOfRangeAndForeignMemoryAreRefusedOnAnAuthenticatedLane)
   EXPECT_TRUE(std::all_of(gone.begin(), gone.end(), [](uint8_t b) { return b == 0; }));
 
   // Malformed after authentication: the lane is closed, the engine carries on.
-  send_raw(fd, lane_frame(request(tw::Type::kWrite, 7, id, 1ull << 60), {{0, 8}}, {}));
+  send_raw(fd, lane_frame(request(tw::Type::kWrite, 7, id, key, 1ull << 60), {{0, 8}}, {}));
   EXPECT_TRUE(closed_by_peer(fd));
   close(fd);
   EXPECT_TRUE(eventually([&] { return log.has("malformed frame"); }));
   log.restore();
   EXPECT_TRUE(rig.good_transfer(22));
+}
+
+TEST(HostileDataLane, UnregisteredInitiatorsAreServedUpToABound) {
+  // Whoever holds the target's descriptor may connect without being registered
+  // (one-way registration), each under a key of its own; the target keeps a
+  // fence record per such initiator, so at most
+  // TargetServer::kMaxUnregisteredPeers (1,024) are served, then refused.
+  Rig rig("tcp");
+  constexpr int kCap = 1024;
+  auto read_back = [&](int fd, uint64_t req) {
+    send_raw(fd,
+             lane_frame(request(tw::Type::kRead, req, rig.tdesc.id, rig.tkey, 0), {{0, 8}}, {}));
+    tw::Header h;
+    Bytes p;
+    if (!read_lane(fd, &h, &p)) return std::string("<closed>");
+    if (h.type == tw::Type::kError) return std::string(p.begin(), p.end());
+    return std::string(h.type == tw::Type::kReadData && p.size() == 8 ? "DATA" : "<bad answer>");
+  };
+  const size_t rss_before = test::rss_kib();
+  for (int i = 0; i < kCap; ++i) {
+    int fd = dial(rig.tcp_port);
+    ASSERT_GE(fd, 0) << i;
+    LaneLogin l;
+    ASSERT_TRUE(lane_login(fd, l, rig.tgt_secret, random_secret(), "stranger-" + std::to_string(i)))
+        << i;
+    ASSERT_EQ(read_back(fd, 1), "DATA") << "unregistered initiator " << i << " was not served";
+    close(fd);
+  }
+  const size_t rss_after = test::rss_kib();
+  int fd = dial(rig.tcp_port);
+  LaneLogin l;
+  ASSERT_TRUE(lane_login(fd, l, rig.tgt_secret, random_secret(), "one-too-many"));
+  EXPECT_NE(read_back(fd, 1).find("1024 unregistered initiators already are"), std::string::npos);
+  close(fd);
+  std::printf("RESULT unregistered_initiators served=%d then refused, rss_kib %zu -> %zu\n", kCap,
+              rss_before, rss_after);
+  // Registered peers are not affected by the bound.
+  EXPECT_TRUE(rig.good_transfer(40));
 }
 
 TEST(HostileDataLane, FloodOfLanesWhileAGoodPeerIsServed) {

@@ -6,6 +6,10 @@
 #include <openssl/rand.h>
 
 #include <climits>
+#include <cstring>
+#include <stdexcept>
+
+#include "ferry/ferry.hpp"
 
 namespace ferry::auth {
 
@@ -38,6 +42,43 @@ bool Secret::sign(const void* data, size_t len, uint8_t out[kMacSize]) const {
 bool Secret::verify(const void* data, size_t len, const uint8_t mac[kMacSize]) const {
   uint8_t want[kMacSize];
   bool ok = sign(data, len, want) && mac_equal(want, mac);
+  OPENSSL_cleanse(want, sizeof want);
+  return ok;
+}
+
+Credentials::Credentials(std::string token)
+    : own_(kInstanceSecretSize), token_(token), token_text_(std::move(token)) {
+  if (!random_bytes(own_.data(), own_.size()))
+    throw Error(StatusCode::ERR_BAD_STATE, "no random bytes for the engine's instance secret");
+}
+
+Credentials::~Credentials() {
+  OPENSSL_cleanse(own_.data(), own_.size());
+  if (!token_text_.empty()) OPENSSL_cleanse(token_text_.data(), token_text_.size());
+}
+
+bool link_mac(const InstanceSecret& secret, std::string_view token, char role, const void* data,
+              size_t len, uint8_t out[kMacSize]) {
+  if (secret.size() != kInstanceSecretSize || (!data && len)) return false;
+  std::string key(reinterpret_cast<const char*>(secret.data()), secret.size());
+  key += token;
+  std::vector<uint8_t> msg(1 + len);
+  msg[0] = static_cast<uint8_t>(role);
+  if (len) std::memcpy(msg.data() + 1, data, len);
+  bool ok = hmac_sha256(key, msg.data(), msg.size(), out);
+  OPENSSL_cleanse(key.data(), key.size());
+  return ok;
+}
+
+bool Credentials::prove(const InstanceSecret& secret, char role, const void* data, size_t len,
+                        uint8_t out[kMacSize]) const {
+  return link_mac(secret, token_text_, role, data, len, out);
+}
+
+bool Credentials::check(const InstanceSecret& secret, char role, const void* data, size_t len,
+                        const uint8_t mac[kMacSize]) const {
+  uint8_t want[kMacSize];
+  bool ok = prove(secret, role, data, len, want) && mac_equal(want, mac);
   OPENSSL_cleanse(want, sizeof want);
   return ok;
 }

@@ -1,8 +1,15 @@
-// The engine's shared secret and the HMAC-SHA256 primitives that prove it.
+// What an engine proves on its connections, and the HMAC-SHA256 primitives.
+//
+// Access is by descriptor (docs/security.md): every engine instance has a random
+// secret of kInstanceSecretSize bytes that travels only inside its EngineDesc.
+// A connection proves knowledge of the target's secret (so a peer that never
+// received the descriptor cannot reach the engine) and the initiator's own
+// (so nobody can claim the key of an engine the target registered). An optional
+// cluster-wide token (EngineConfig::auth_token) is mixed into every proof key.
 //
 // Everything cryptographic comes from OpenSSL's libcrypto (HMAC, RAND_bytes,
-// CRYPTO_memcmp); nothing here is hand-rolled. The secret never leaves this
-// process: peers exchange random challenges and MACs over them.
+// CRYPTO_memcmp); nothing here is hand-rolled. No secret leaves this process:
+// peers exchange random challenges and MACs over them.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -41,6 +48,46 @@ class Secret {
 
  private:
   std::string token_;
+};
+
+constexpr size_t kInstanceSecretSize = 32;  // 256 bits, from RAND_bytes
+using InstanceSecret = std::vector<uint8_t>;
+
+// HMAC-SHA256 keyed by an instance secret followed by the token, over the
+// prover's role (kTargetRole / kInitiatorRole) and the data: the MAC that proves
+// knowledge of the descriptor carrying `secret`, and cannot be reflected back
+// as the other role's. False for a secret of the wrong size.
+constexpr char kTargetRole = 'T';
+constexpr char kInitiatorRole = 'I';
+bool link_mac(const InstanceSecret& secret, std::string_view token, char role, const void* data,
+              size_t len, uint8_t out[kMacSize]);
+
+// This engine's credentials: its instance secret and the cluster token. A proof
+// "for" an engine is HMAC-SHA256 keyed by that engine's instance secret followed
+// by the token, over a transcript that binds it to one connection.
+class Credentials {
+ public:
+  // Draws a fresh instance secret; throws ferry::Error if RAND_bytes fails.
+  explicit Credentials(std::string token);
+  ~Credentials();
+  Credentials(const Credentials&) = delete;
+  Credentials& operator=(const Credentials&) = delete;
+
+  const InstanceSecret& own() const { return own_; }
+  bool has_token() const { return token_.enabled(); }
+  const Secret& token() const { return token_; }  // ABI 1.1 auth_sign / auth_verify
+
+  // The MAC for the engine whose descriptor carries `secret` (ours: own()).
+  bool prove(const InstanceSecret& secret, char role, const void* data, size_t len,
+             uint8_t out[kMacSize]) const;
+  // Constant-time; false for a secret of the wrong size.
+  bool check(const InstanceSecret& secret, char role, const void* data, size_t len,
+             const uint8_t mac[kMacSize]) const;
+
+ private:
+  InstanceSecret own_;
+  Secret token_;
+  std::string token_text_;
 };
 
 // What the control plane's HELLO handshake MACs: a direction label, both

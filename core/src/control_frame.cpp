@@ -31,11 +31,16 @@ bool CtrlFrameReader::feed(const uint8_t* data, size_t n, std::vector<CtrlFrame>
     r.u8(type);
     r.u16(reserved);
     r.u32(len);
-    if (magic != kCtrlMagic) error_ = "bad magic";
-    else if (version != kCtrlVersion) error_ = "unsupported version " + std::to_string(version);
-    else if (type < 1 || type > kMaxCtrlType) error_ = "unknown frame type " + std::to_string(type);
-    else if (reserved != 0) error_ = "reserved bits set";
-    else if (len > max_body_) error_ = "frame body of " + std::to_string(len) + " bytes exceeds limit";
+    if (magic != kCtrlMagic)
+      error_ = "bad magic";
+    else if (version != kCtrlVersion)
+      error_ = "unsupported version " + std::to_string(version);
+    else if (type < 1 || type > kMaxCtrlType)
+      error_ = "unknown frame type " + std::to_string(type);
+    else if (reserved != 0)
+      error_ = "reserved bits set";
+    else if (len > max_body_)
+      error_ = "frame body of " + std::to_string(len) + " bytes exceeds limit";
     if (!error_.empty()) {
       buf_.clear();
       return false;
@@ -49,36 +54,26 @@ bool CtrlFrameReader::feed(const uint8_t* data, size_t n, std::vector<CtrlFrame>
   return true;
 }
 
-bool decode_hello(const std::vector<uint8_t>& body, std::string& key) {
+bool decode_hello(const std::vector<uint8_t>& body, std::string& key, uint8_t nonce[kCtrlNonceSize],
+                  uint8_t* flags) {
   wire::Reader r(body.data(), body.size());
-  return r.str8(key) && !key.empty() && r.left() == 0;
-}
-
-bool decode_hello(const std::vector<uint8_t>& body, std::string& key,
-                  uint8_t nonce[kCtrlNonceSize], bool* has_nonce) {
-  wire::Reader r(body.data(), body.size());
-  if (!r.str8(key) || key.empty()) return false;
-  if (r.left() == 0) {
-    *has_nonce = false;
-    return true;
-  }
-  if (r.left() != kCtrlNonceSize) return false;
+  if (!r.str8(key) || key.empty() || r.left() != kCtrlNonceSize + 1) return false;
   std::memcpy(nonce, r.rest(), kCtrlNonceSize);
-  *has_nonce = true;
-  return true;
+  *flags = r.rest()[kCtrlNonceSize];
+  return (*flags & ~kHelloHasToken) == 0;
 }
 
 bool decode_challenge(const std::vector<uint8_t>& body, uint8_t nonce[kCtrlNonceSize],
-                      uint8_t mac[kCtrlMacSize]) {
-  if (body.size() != kCtrlNonceSize + kCtrlMacSize) return false;
+                      uint8_t proof[kCtrlProofSize]) {
+  if (body.size() != kCtrlNonceSize + kCtrlProofSize) return false;
   std::memcpy(nonce, body.data(), kCtrlNonceSize);
-  std::memcpy(mac, body.data() + kCtrlNonceSize, kCtrlMacSize);
+  std::memcpy(proof, body.data() + kCtrlNonceSize, kCtrlProofSize);
   return true;
 }
 
-bool decode_proof(const std::vector<uint8_t>& body, uint8_t mac[kCtrlMacSize]) {
-  if (body.size() != kCtrlMacSize) return false;
-  std::memcpy(mac, body.data(), kCtrlMacSize);
+bool decode_proof(const std::vector<uint8_t>& body, uint8_t proof[kCtrlProofSize]) {
+  if (body.size() != kCtrlProofSize) return false;
+  std::memcpy(proof, body.data(), kCtrlProofSize);
   return true;
 }
 
@@ -99,30 +94,26 @@ bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& sta
   return r.u64(uid) && r.i32(status) && r.left() == 0;
 }
 
-std::vector<uint8_t> hello_body(const std::string& key) {
-  wire::Writer w;
-  w.str8(key);
-  return std::move(w.buf());
-}
-
-std::vector<uint8_t> hello_body(const std::string& key, const uint8_t nonce[kCtrlNonceSize]) {
+std::vector<uint8_t> hello_body(const std::string& key, const uint8_t nonce[kCtrlNonceSize],
+                                uint8_t flags) {
   wire::Writer w;
   w.str8(key);
   w.bytes(nonce, kCtrlNonceSize);
+  w.u8(flags);
   return std::move(w.buf());
 }
 
 std::vector<uint8_t> challenge_body(const uint8_t nonce[kCtrlNonceSize],
-                                    const uint8_t mac[kCtrlMacSize]) {
+                                    const uint8_t proof[kCtrlProofSize]) {
   wire::Writer w;
   w.bytes(nonce, kCtrlNonceSize);
-  w.bytes(mac, kCtrlMacSize);
+  w.bytes(proof, kCtrlProofSize);
   return std::move(w.buf());
 }
 
-std::vector<uint8_t> proof_body(const uint8_t mac[kCtrlMacSize]) {
+std::vector<uint8_t> proof_body(const uint8_t proof[kCtrlProofSize]) {
   wire::Writer w;
-  w.bytes(mac, kCtrlMacSize);
+  w.bytes(proof, kCtrlProofSize);
   return std::move(w.buf());
 }
 

@@ -4,14 +4,18 @@
 // bytes of body (kMaxHandshakeBody before the peer has been admitted); anything
 // malformed closes the connection.
 //
-// Handshake. Without a token: HELLO(key) -> HELLO_OK | HELLO_REFUSED.
-// With a token (both sides must have one, the same):
-//   client: HELLO(key, Nc)              Nc: 32 random bytes
-//   server: AUTH_CHALLENGE(Ns, MACs)    MACs = HMAC(token, "ferry-ctrl-v1 server" Nc Ns keys)
-//   client: checks MACs (the server knows the token), then
-//           AUTH_PROOF(MACc)            MACc = HMAC(token, "ferry-ctrl-v1 client" Nc Ns keys)
-//   server: checks MACc -> HELLO_OK | HELLO_REFUSED
-// (auth::ctrl_transcript). The token itself never travels.
+// Handshake (version 2: access by descriptor, link_auth.h). Always:
+//   client: HELLO(key, Nc, flags)      Nc: 32 random bytes; flags bit 0: it has
+//                                      a cluster token
+//   server: AUTH_CHALLENGE(Ns, Ps)     Ps: the target's proof (64 bytes) over
+//                                      "ferry-ctrl-v2 server" Nc Ns keys
+//   client: checks Ps against the descriptor it registered for the server, then
+//           AUTH_PROOF(Pc)             Pc: the initiator's proof over
+//                                      "ferry-ctrl-v2 client" Nc Ns keys
+//   server: checks Pc (its own secret; the client's too when it registered
+//           that key) -> HELLO_OK | HELLO_REFUSED
+// (auth::ctrl_transcript). No secret travels. Version 1 peers are refused by
+// the frame header's version.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,26 +24,28 @@
 namespace ferry {
 
 constexpr uint32_t kCtrlMagic = 0x43595246;  // "FRYC" little-endian
-constexpr uint8_t kCtrlVersion = 1;
+constexpr uint8_t kCtrlVersion = 2;
 constexpr size_t kCtrlHeaderSize = 12;
 constexpr uint32_t kMaxCtrlBody = 1u << 20;
 constexpr uint32_t kMaxHandshakeBody = 512;
 constexpr size_t kCtrlNonceSize = 32;
-constexpr size_t kCtrlMacSize = 32;
+constexpr size_t kCtrlProofSize = 64;  // LinkAuth::kProofSize
+constexpr uint8_t kHelloHasToken = 1;
 
 enum class CtrlType : uint8_t {
-  HELLO = 1,          // body: str8 sender key [, 32-byte nonce when it has a token]
-  HELLO_OK = 2,       // body: empty
-  HELLO_REFUSED = 3,  // body: str8 reason
-  PLUGIN = 4,         // body: str8 plugin name, then the plugin's opaque payload
-  NOTIFY = 5,         // body: u64 uid, i32 status      (a transfer to the receiver landed)
-  AUTH_CHALLENGE = 6, // body: 32-byte server nonce, 32-byte server MAC
-  AUTH_PROOF = 7,     // body: 32-byte client MAC
+  HELLO = 1,           // body: str8 sender key, 32-byte nonce, u8 flags
+  HELLO_OK = 2,        // body: empty
+  HELLO_REFUSED = 3,   // body: str8 reason
+  PLUGIN = 4,          // body: str8 plugin name, then the plugin's opaque payload
+  NOTIFY = 5,          // body: u64 uid, i32 status      (a transfer to the receiver landed)
+  AUTH_CHALLENGE = 6,  // body: 32-byte server nonce, 64-byte server proof
+  AUTH_PROOF = 7,      // body: 64-byte client proof
   // The initiator gave up on WRITE attempts whose outcome it does not know; the
   // receiver (their target) must make sure none of their bytes lands from now
   // on and say what had landed. Sent on a connection of its own, answered on it.
-  FENCE = 8,          // body: u64 request id, u64 target instance, u32 n, n x (str8 backend, u64 attempt)
-  FENCE_REPLY = 9,    // body: u64 request id, u64 instance, u32 n, n x (u64 attempt, u8 state, u64 landed)
+  FENCE = 8,  // body: u64 request id, u64 target instance, u32 n, n x (str8 backend, u64 attempt)
+  FENCE_REPLY =
+      9,  // body: u64 request id, u64 instance, u32 n, n x (u64 attempt, u8 state, u64 landed)
 };
 constexpr uint8_t kMaxCtrlType = 9;
 constexpr uint32_t kMaxFenceEntries = 4096;
@@ -86,13 +92,11 @@ class CtrlFrameReader {
 };
 
 // Body decoders: false when the body does not have exactly the expected shape.
-bool decode_hello(const std::vector<uint8_t>& body, std::string& key);
-// As above; *has_nonce says whether the sender has a token and sent its nonce.
-bool decode_hello(const std::vector<uint8_t>& body, std::string& key,
-                  uint8_t nonce[kCtrlNonceSize], bool* has_nonce);
+bool decode_hello(const std::vector<uint8_t>& body, std::string& key, uint8_t nonce[kCtrlNonceSize],
+                  uint8_t* flags);
 bool decode_challenge(const std::vector<uint8_t>& body, uint8_t nonce[kCtrlNonceSize],
-                      uint8_t mac[kCtrlMacSize]);
-bool decode_proof(const std::vector<uint8_t>& body, uint8_t mac[kCtrlMacSize]);
+                      uint8_t proof[kCtrlProofSize]);
+bool decode_proof(const std::vector<uint8_t>& body, uint8_t proof[kCtrlProofSize]);
 bool decode_refused(const std::vector<uint8_t>& body, std::string& reason);
 bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t& payload_off);
 bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status);
@@ -101,11 +105,11 @@ bool decode_fence(const std::vector<uint8_t>& body, uint64_t& req, uint64_t& ins
 bool decode_fence_reply(const std::vector<uint8_t>& body, uint64_t& req, uint64_t& instance,
                         std::vector<FenceResult>& results);
 
-std::vector<uint8_t> hello_body(const std::string& key);
-std::vector<uint8_t> hello_body(const std::string& key, const uint8_t nonce[kCtrlNonceSize]);
+std::vector<uint8_t> hello_body(const std::string& key, const uint8_t nonce[kCtrlNonceSize],
+                                uint8_t flags);
 std::vector<uint8_t> challenge_body(const uint8_t nonce[kCtrlNonceSize],
-                                    const uint8_t mac[kCtrlMacSize]);
-std::vector<uint8_t> proof_body(const uint8_t mac[kCtrlMacSize]);
+                                    const uint8_t proof[kCtrlProofSize]);
+std::vector<uint8_t> proof_body(const uint8_t proof[kCtrlProofSize]);
 std::vector<uint8_t> refused_body(const std::string& reason);
 std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload, size_t n);
 std::vector<uint8_t> notify_body(uint64_t uid, int32_t status);

@@ -38,8 +38,8 @@ namespace {
 
 constexpr int kConnectTimeoutMs = 3000;
 constexpr int kHelloTimeoutMs = 3000;
-constexpr const char* kServerLabel = "ferry-ctrl-v1 server";
-constexpr const char* kClientLabel = "ferry-ctrl-v1 client";
+constexpr const char* kServerLabel = "ferry-ctrl-v2 server";
+constexpr const char* kClientLabel = "ferry-ctrl-v2 client";
 constexpr const char* kTokenHint =
     "set the same EngineConfig::auth_token or FERRY_AUTH_TOKEN on both engines";
 
@@ -146,8 +146,8 @@ bool looks_dead(int fd) {
 }  // namespace
 
 ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16_t port,
-                           Handlers handlers, const auth::Secret* secret)
-    : self_key_(std::move(self_key)), handlers_(std::move(handlers)), secret_(secret) {
+                           Handlers handlers, const LinkAuth* auth)
+    : self_key_(std::move(self_key)), handlers_(std::move(handlers)), auth_(auth) {
   sockaddr_storage ss{};
   socklen_t len = 0;
   if (!resolve(host, port, ss, len))
@@ -409,19 +409,18 @@ bool ControlPlane::reject(Inbound& c, const std::string& why, bool answer) {
 
 bool ControlPlane::handle_hello(Inbound& c, CtrlFrame& f) {
   std::string key;
-  bool has_nonce = false;
-  if (f.type != CtrlType::HELLO || !decode_hello(f.body, key, c.client_nonce.data(), &has_nonce))
-    return reject(c, "first frame is not a valid HELLO", false);
-  if (!handlers_.is_known_peer(key))
-    return reject(c, "engine '" + key + "' is not registered with engine '" + self_key_ + "'",
-                  true);
-  const bool ours = secret_ && secret_->enabled();
-  if (ours && !has_nonce)
+  uint8_t flags = 0;
+  if (f.type != CtrlType::HELLO || !decode_hello(f.body, key, c.client_nonce.data(), &flags))
+    return reject(c, "first frame is not a valid HELLO (a ferry of another protocol version?)",
+                  false);
+  const bool ours = auth_->has_token();
+  const bool theirs = (flags & kHelloHasToken) != 0;
+  if (ours && !theirs)
     return reject(c,
-                  "engine '" + self_key_ + "' requires authentication but engine '" + key +
-                      "' has no auth token (" + kTokenHint + ")",
+                  "engine '" + self_key_ + "' requires an auth token but engine '" + key +
+                      "' has none (" + kTokenHint + ")",
                   true);
-  if (!ours && has_nonce)
+  if (!ours && theirs)
     return reject(c,
                   "engine '" + key + "' uses an auth token but engine '" + self_key_ +
                       "' has none (" + kTokenHint + ")",
@@ -430,26 +429,26 @@ bool ControlPlane::handle_hello(Inbound& c, CtrlFrame& f) {
     std::lock_guard<std::mutex> lk(in_mu_);  // forget_peer() reads it from other threads
     c.peer = key;
   }
-  if (!ours) return admit(c);
-  auth::Mac mac;
+  uint8_t proof[kCtrlProofSize];
   if (!auth::random_bytes(c.server_nonce.data(), c.server_nonce.size()))
     return reject(c, "no random bytes for a challenge", true);
   auto t = auth::ctrl_transcript(kServerLabel, c.client_nonce, c.server_nonce, key, self_key_);
-  if (!secret_->sign(t.data(), t.size(), mac.data()))
+  if (auth_->prove(key, FERRY_LINK_TARGET, t.data(), t.size(), proof) != FERRY_OK)
     return reject(c, "cannot compute a MAC", true);
   c.state = Inbound::State::PROOF;
-  auto frame = encode_ctrl_frame(CtrlType::AUTH_CHALLENGE,
-                                 challenge_body(c.server_nonce.data(), mac.data()));
+  auto frame =
+      encode_ctrl_frame(CtrlType::AUTH_CHALLENGE, challenge_body(c.server_nonce.data(), proof));
   return write_all(c.fd, frame.data(), frame.size());
 }
 
 bool ControlPlane::handle_proof(Inbound& c, CtrlFrame& f) {
-  auth::Mac mac;
-  if (f.type != CtrlType::AUTH_PROOF || !decode_proof(f.body, mac.data()))
+  uint8_t proof[kCtrlProofSize];
+  if (f.type != CtrlType::AUTH_PROOF || !decode_proof(f.body, proof))
     return reject(c, "engine '" + c.peer + "' did not answer the auth challenge", true);
   auto t = auth::ctrl_transcript(kClientLabel, c.client_nonce, c.server_nonce, c.peer, self_key_);
-  if (!secret_->verify(t.data(), t.size(), mac.data()))
-    return reject(c, "engine '" + c.peer + "' failed authentication (wrong auth token?)", true);
+  std::string why;
+  if (auth_->check(c.peer, FERRY_LINK_TARGET, t.data(), t.size(), proof, &why) != FERRY_OK)
+    return reject(c, why, true);
   FERRY_LOG(DEBUG, "control", "engine '" + c.peer + "' (" + c.from + ") authenticated");
   return admit(c);
 }
@@ -592,9 +591,8 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  const bool ours = secret_ && secret_->enabled();
   auth::Nonce nc{};
-  if (ours && !auth::random_bytes(nc.data(), nc.size())) {
+  if (!auth::random_bytes(nc.data(), nc.size())) {
     *err = "no random bytes for an auth challenge";
     ::close(fd);
     return -1;
@@ -612,8 +610,8 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   // Until HELLO_OK the peer reads no frame but the handshake: whatever fails
   // here, nothing of ours was acted on (NOT_SENT), but a deadline is a deadline.
   auto answer_wait = [&] { return ms_until(deadline, kHelloTimeoutMs); };
-  auto hello = encode_ctrl_frame(CtrlType::HELLO,
-                                 ours ? hello_body(self_key_, nc.data()) : hello_body(self_key_));
+  auto hello = encode_ctrl_frame(
+      CtrlType::HELLO, hello_body(self_key_, nc.data(), auth_->has_token() ? kHelloHasToken : 0));
   CtrlFrame f;
   std::string why;
   if (!write_all(fd, hello.data(), hello.size()) || !read_frame(fd, f, answer_wait(), &why)) {
@@ -621,32 +619,23 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
     return fail("HELLO to " + where + ": " + why, false);
   }
   if (f.type == CtrlType::AUTH_CHALLENGE) {
-    if (!ours)
-      return fail("peer " + where + " requires an auth token and engine '" + self_key_ +
-                      "' has none (" + kTokenHint + ")",
-                  false);
     auth::Nonce ns{};
-    auth::Mac mac{};
-    if (!decode_challenge(f.body, ns.data(), mac.data()))
+    uint8_t proof[kCtrlProofSize];
+    if (!decode_challenge(f.body, ns.data(), proof))
       return fail("malformed auth challenge from " + where, true);
     auto ts = auth::ctrl_transcript(kServerLabel, nc, ns, self_key_, peer_key);
-    if (!secret_->verify(ts.data(), ts.size(), mac.data()))
-      return fail("peer " + where +
-                      " failed to prove the auth token (a different token, "
-                      "or not the engine it claims to be)",
-                  true);
+    if (auth_->check(peer_key, FERRY_LINK_INITIATOR, ts.data(), ts.size(), proof, &why) != FERRY_OK)
+      return fail(why, true);
     auto tc = auth::ctrl_transcript(kClientLabel, nc, ns, self_key_, peer_key);
-    if (!secret_->sign(tc.data(), tc.size(), mac.data()))
-      return fail("cannot compute a MAC", false);
-    auto proof = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(mac.data()));
-    if (!write_all(fd, proof.data(), proof.size()) || !read_frame(fd, f, answer_wait(), &why)) {
+    if (auth_->prove(peer_key, FERRY_LINK_INITIATOR, tc.data(), tc.size(), proof) != FERRY_OK)
+      return fail("engine '" + peer_key + "' is not registered here", false);
+    auto pf = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(proof));
+    if (!write_all(fd, pf.data(), pf.size()) || !read_frame(fd, f, answer_wait(), &why)) {
       if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
       return fail("auth with " + where + ": " + why, false);
     }
-  } else if (ours && f.type == CtrlType::HELLO_OK) {
-    return fail("peer " + where + " did not authenticate: it has no auth token and engine '" +
-                    self_key_ + "' requires one (" + kTokenHint + ")",
-                true);
+  } else if (f.type == CtrlType::HELLO_OK) {
+    return fail("peer " + where + " admitted us without proving its identity", true);
   }
   if (f.type != CtrlType::HELLO_OK) {
     std::string reason = "unexpected answer";

@@ -1,10 +1,12 @@
 // One TCP listener per engine: plugin handshakes, notifications a backend cannot
-// send itself. Inbound connections must open with HELLO naming a registered
-// remote engine and, when the engine has an auth token, complete the HMAC
-// challenge/response of control_frame.h within kHandshakeTimeout; otherwise they
-// are refused, logged with the reason and counted. At most kMaxPendingInbound
-// connections may be in the handshake at once (the oldest is dropped), so a
-// flood of idle sockets cannot pin memory or lock out a good peer. Outbound
+// send itself. Every connection is authenticated (access by descriptor,
+// link_auth.h and control_frame.h): the client proves this engine's instance
+// secret (it holds our descriptor) and, when we registered its key, its own;
+// we prove ours back. An initiator we never registered is admitted when it
+// proves our secret. It must finish within kHandshakeTimeout; otherwise it is
+// refused, logged with the reason and counted. At most kMaxPendingInbound
+// connections may be in the handshake at once (a flood evicts its own source's
+// first), so idle sockets cannot pin memory or lock out a good peer. Outbound
 // connections are made lazily, one per peer, re-made when the peer went away,
 // and check the server's proof before sending anything.
 #pragma once
@@ -23,6 +25,7 @@
 
 #include "auth.h"
 #include "control_frame.h"
+#include "link_auth.h"
 #include "log.h"
 
 namespace ferry {
@@ -30,7 +33,6 @@ namespace ferry {
 class ControlPlane {
  public:
   struct Handlers {
-    std::function<bool(const std::string& key)> is_known_peer;
     std::function<void(const std::string& peer, const std::string& plugin, const uint8_t* msg,
                        size_t len)>
         on_plugin;
@@ -49,10 +51,9 @@ class ControlPlane {
   static constexpr size_t kMaxConnsPerPeer = 16;  // admitted at once; the oldest goes
 
   // Binds host:port (0 = any free port) and starts the I/O thread. Throws
-  // ferry::Error. `secret` (borrowed, outlives this) decides whether peers must
-  // authenticate.
+  // ferry::Error. `auth` (borrowed, outlives this) proves and checks connections.
   ControlPlane(std::string self_key, const std::string& host, uint16_t port, Handlers handlers,
-               const auth::Secret* secret);
+               const LinkAuth* auth);
   ~ControlPlane();
 
   uint16_t port() const { return port_; }
@@ -134,7 +135,7 @@ class ControlPlane {
 
   std::string self_key_;
   Handlers handlers_;
-  const auth::Secret* secret_;
+  const LinkAuth* auth_;
   uint64_t accept_seq_ = 0;  // I/O thread only
   int listen_fd_ = -1;
   int epoll_fd_ = -1;

@@ -11,7 +11,10 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr int kDescVersion = 1;
+// Version 2 added the engine's access secret ("s") and random region ids;
+// descriptors of version 1 carry no secret and are refused with a message.
+constexpr int kDescVersion = 2;
+constexpr size_t kSecretBytes = 32;
 constexpr size_t kMaxDescBytes = 256 * 1024;
 constexpr size_t kMaxString = 255;
 constexpr size_t kMaxBackends = 32;
@@ -155,11 +158,29 @@ json parse(const std::vector<uint8_t>& bytes, const char* kind) {
   if (!ok) bad(std::string(kind) + ": not valid msgpack (truncated or too deep?)");
   if (!o.is_object()) bad(std::string(kind) + ": not a map");
   if (get_string(o, "t") != kind) bad(std::string("not a ") + kind);
-  if (get_uint(o, "v", 255) != kDescVersion) bad(std::string(kind) + ": unsupported version");
+  const uint64_t v = get_uint(o, "v", 255);
+  if (v < kDescVersion)
+    bad(std::string(kind) + " descriptor of format version " + std::to_string(v) +
+        " (an older ferry): it carries no access secret; export it again from an engine of "
+        "this ferry (format " +
+        std::to_string(kDescVersion) + ")");
+  if (v > kDescVersion)
+    bad(std::string(kind) + " descriptor of format version " + std::to_string(v) +
+        " is newer than this ferry understands (" + std::to_string(kDescVersion) + ")");
   return o;
 }
 
+std::vector<uint8_t> get_secret(const json& o) {
+  const json& v = field(o, "s");
+  if (!v.is_binary() || v.get_binary().size() != kSecretBytes)
+    bad("engine: the access secret is not " + std::to_string(kSecretBytes) + " bytes");
+  const auto& bin = v.get_binary();
+  return std::vector<uint8_t>(bin.begin(), bin.end());
+}
+
 std::string readable(json o) {
+  // The access secret is a credential: printed descriptors end up in logs.
+  if (o.contains("s")) o["s"] = "(secret, " + std::to_string(kSecretBytes) + " bytes)";
   // Binary blobs as hex so the JSON form stays plain text.
   static const char* hex = "0123456789abcdef";
   for (auto& [name, blob] : o["b"].items()) {
@@ -178,8 +199,15 @@ std::string readable(json o) {
 }  // namespace
 
 std::vector<uint8_t> EngineDesc::pack() const {
-  json o = {{"t", "engine"}, {"v", kDescVersion}, {"k", key},   {"h", host},
-            {"p", port},     {"n", node_id},      {"pid", pid}, {"b", backends_to_json(backends)}};
+  json o = {{"t", "engine"},
+            {"v", kDescVersion},
+            {"k", key},
+            {"h", host},
+            {"p", port},
+            {"n", node_id},
+            {"pid", pid},
+            {"b", backends_to_json(backends)},
+            {"s", json::binary(secret)}};
   if (instance != 0) o["inst"] = instance;
   return json::to_msgpack(o);
 }
@@ -194,6 +222,7 @@ EngineDesc EngineDesc::unpack(const std::vector<uint8_t>& bytes) {
   d.node_id = get_string(o, "n");
   d.pid = static_cast<uint32_t>(get_uint(o, "pid", UINT32_MAX));
   if (o.contains("inst")) d.instance = get_uint(o, "inst", UINT64_MAX);
+  d.secret = get_secret(o);
   d.backends = get_backends(o);
   return d;
 }
@@ -221,6 +250,7 @@ MemoryDesc MemoryDesc::unpack(const std::vector<uint8_t>& bytes) {
   d.engine_key = get_string(o, "k");
   if (o.contains("inst")) d.engine_instance = get_uint(o, "inst", UINT64_MAX);
   d.id = get_uint(o, "id", UINT64_MAX);
+  if (d.id == 0) bad("memory: id 0");
   auto loc = get_uint(o, "loc", 2);
   if (loc == 0) bad("memory: unknown location");
   d.location = static_cast<MemoryLocation>(loc);

@@ -47,7 +47,7 @@ Policy policy_for(const EngineConfig& c) {
 EngineImpl::EngineImpl(std::string key, EngineConfig config)
     : key_(checked_key(key)),
       config_(std::move(config)),
-      secret_(token_from(config_)),
+      creds_(token_from(config_)),
       node_id_(config_.node_id.empty() ? default_node_id() : config_.node_id),
       instance_(random_instance()),
       policy_(policy_for(config_)),
@@ -55,7 +55,6 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
       inbound_(InboundTable::Limits{config_.inbound_max_per_peer, config_.inbound_max_age}),
       registry_(key_, instance_, node_id_, backends_) {
   ControlPlane::Handlers h;
-  h.is_known_peer = [this](const std::string& k) { return registry_.has_peer(k); };
   h.on_plugin = [this](const std::string& peer, const std::string& plugin, const uint8_t* msg,
                        size_t len) {
     BackendPtr b = backends_.find(plugin);
@@ -80,12 +79,13 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
     return serve_fence(backends_, peer, entries);
   };
   control_ =
-      std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &secret_);
+      std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &link_auth_);
   transfers_ = std::make_unique<Transfers>(
       Transfers::Parts{key_, policy_, *health_, backends_, registry_, *control_});
-  if (secret_.enabled())
+  if (creds_.has_token())
     FERRY_LOG(INFO, key_,
-              "auth token set: peers must prove it on every control and data connection");
+              "auth token set: peers must prove it, with this engine's descriptor, on every "
+              "control and data connection");
   std::string stats_path = config_.stats_socket;
   if (stats_path.empty())
     if (const char* env = std::getenv("FERRY_STATS_SOCKET"); env && *env) stats_path = env;
@@ -176,6 +176,7 @@ EngineDesc EngineImpl::desc() const {
   d.node_id = node_id_;
   d.pid = static_cast<uint32_t>(::getpid());
   d.instance = instance_;
+  d.secret = creds_.own();
   for (const auto& b : backends_.snapshot()) d.backends[b->name] = b->conn_blob;
   return d;
 }

@@ -17,6 +17,7 @@
 #include "ferry/plugin.h"
 #include "health.h"
 #include "inbound_table.h"
+#include "link_auth.h"
 #include "log.h"
 #include "policy.h"
 #include "registry.h"
@@ -49,6 +50,7 @@ class EngineImpl {
   void inbound(const char* peer_key, uint64_t uid, int status);
   int auth_sign(const void* challenge, size_t len, uint8_t mac[32]) const;
   int auth_verify(const void* challenge, size_t len, const uint8_t mac[32]) const;
+  const LinkAuth& link_auth() const { return link_auth_; }
 
   const std::string key_;
 
@@ -57,7 +59,8 @@ class EngineImpl {
   Result deregister_peer(const std::string& key, bool keep_fence);
 
   const EngineConfig config_;
-  const auth::Secret secret_;  // EngineConfig::auth_token, else FERRY_AUTH_TOKEN, else none
+  // The instance secret, and EngineConfig::auth_token, else FERRY_AUTH_TOKEN, else none.
+  const auth::Credentials creds_;
   std::string node_id_;
   uint64_t instance_ = 0;  // EngineDesc::instance: random, never 0
   Policy policy_;
@@ -70,6 +73,10 @@ class EngineImpl {
 
   BackendSet backends_;
   Registry registry_;
+  // What connections prove (ABI 1.4), with the secrets of registered peers.
+  const LinkAuth link_auth_{creds_, [this](const std::string& k, auth::InstanceSecret* s) {
+                              return registry_.peer_secret(k, s);
+                            }};
   std::unique_ptr<ControlPlane> control_;      // its thread calls into the parts above
   std::unique_ptr<Transfers> transfers_;       // uses control_; ended before it
   std::unique_ptr<StatsServer> stats_server_;  // its thread reads stats()

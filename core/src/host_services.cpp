@@ -1,7 +1,9 @@
 // The services the core offers plugins (ferry_host_v1) and the plugin error
 // codes' names. Every callback is noexcept with a catch-all: nothing unwinds
 // into a plugin's C frames.
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "engine_impl.h"
 #include "gpu_runtime.h"
@@ -94,6 +96,37 @@ int host_auth_verify(void* hctx, const void* challenge, size_t len,
   }
 }
 
+int host_link_prove(void* hctx, const char* peer, uint32_t role, const void* transcript, size_t len,
+                    uint8_t* proof) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (!b || !peer || !proof || (!transcript && len)) return FERRY_ERR_INVALID_ARGS;
+    return b->engine->link_auth().prove(peer, role, transcript, len, proof);
+  } catch (...) {
+    host_failed("link_prove");
+    return FERRY_ERR_INTERNAL;
+  }
+}
+
+int host_link_check(void* hctx, const char* peer, uint32_t role, const void* transcript, size_t len,
+                    const uint8_t* proof, char* why, size_t why_len) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (!b || !peer || !proof || (!transcript && len)) return FERRY_ERR_INVALID_ARGS;
+    std::string reason;
+    int rc = b->engine->link_auth().check(peer, role, transcript, len, proof, &reason);
+    if (rc != FERRY_OK && why && why_len > 0) {
+      size_t n = std::min(reason.size(), why_len - 1);
+      std::memcpy(why, reason.data(), n);
+      why[n] = '\0';
+    }
+    return rc;
+  } catch (...) {
+    host_failed("link_check");
+    return FERRY_ERR_INTERNAL;
+  }
+}
+
 }  // namespace
 
 void init_host_services(Backend& b) {
@@ -106,6 +139,8 @@ void init_host_services(Backend& b) {
   b.host.inbound = host_inbound;
   b.host.auth_sign = host_auth_sign;
   b.host.auth_verify = host_auth_verify;
+  b.host.link_prove = host_link_prove;
+  b.host.link_check = host_link_check;
   b.host.gpu = gpu_runtime();
 }
 
@@ -195,13 +230,13 @@ void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status) {
 }
 
 int EngineImpl::auth_sign(const void* challenge, size_t len, uint8_t mac[32]) const {
-  if (!secret_.enabled()) return FERRY_ERR_UNSUPPORTED;
-  return secret_.sign(challenge, len, mac) ? FERRY_OK : FERRY_ERR_INTERNAL;
+  if (!creds_.token().enabled()) return FERRY_ERR_UNSUPPORTED;
+  return creds_.token().sign(challenge, len, mac) ? FERRY_OK : FERRY_ERR_INTERNAL;
 }
 
 int EngineImpl::auth_verify(const void* challenge, size_t len, const uint8_t mac[32]) const {
-  if (!secret_.enabled()) return FERRY_ERR_UNSUPPORTED;
-  return secret_.verify(challenge, len, mac) ? FERRY_OK : FERRY_ERR_REMOTE;
+  if (!creds_.token().enabled()) return FERRY_ERR_UNSUPPORTED;
+  return creds_.token().verify(challenge, len, mac) ? FERRY_OK : FERRY_ERR_REMOTE;
 }
 
 }  // namespace ferry

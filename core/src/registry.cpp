@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "auth.h"
 #include "gpu_runtime.h"
 #include "log.h"
 
@@ -135,6 +136,14 @@ bool Registry::has_peer(const std::string& key) const {
   return peers_.count(key) > 0;
 }
 
+bool Registry::peer_secret(const std::string& key, std::vector<uint8_t>* secret) const {
+  std::shared_lock lk(mu_);
+  auto it = peers_.find(key);
+  if (it == peers_.end()) return false;
+  *secret = it->second->desc.secret;
+  return true;
+}
+
 bool Registry::peer_address(const std::string& key, std::string& host, uint16_t& port) const {
   std::shared_lock lk(mu_);
   auto it = peers_.find(key);
@@ -218,8 +227,13 @@ MemoryDesc Registry::register_memory(void* addr, size_t size, int device, Memory
   m->desc.addr = reinterpret_cast<uint64_t>(addr);
   m->desc.size = size;
   {
+    // Random ids: a region is reachable only through its descriptor, never by
+    // counting from another one's id (docs/security.md).
     std::unique_lock lk(mu_);
-    m->desc.id = next_mem_id_++;
+    do {
+      if (!auth::random_bytes(reinterpret_cast<uint8_t*>(&m->desc.id), sizeof m->desc.id))
+        throw Error(StatusCode::ERR_BAD_STATE, "no random bytes for a memory id");
+    } while (m->desc.id == 0 || local_mems_.count(m->desc.id));
   }
   // Nobody else sees `m` before it is published below: no lock for its maps.
   for (const auto& b : backends_.snapshot()) {

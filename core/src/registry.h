@@ -98,6 +98,8 @@ class Registry {
   // The instance registered under `key`, or none.
   std::optional<uint64_t> peer_instance(const std::string& key) const;
   bool has_peer(const std::string& key) const;
+  // The access secret of the descriptor registered under `key` (false: none).
+  bool peer_secret(const std::string& key, std::vector<uint8_t>* secret) const;
   // Host and port of a registered peer's control plane.
   bool peer_address(const std::string& key, std::string& host, uint16_t& port) const;
   // Takes the peer, its imports and their plugin handles away; false when unknown.
@@ -151,7 +153,6 @@ class Registry {
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<RemoteMem>> remote_mems_;
   // Imports replaced by a newer descriptor, kept until their peer goes away.
   std::multimap<std::string, std::shared_ptr<RemoteMem>> retired_remote_mems_;
-  uint64_t next_mem_id_ = 1;
 };
 
 // What a plugin is told about a peer and about a local region (pointers borrowed

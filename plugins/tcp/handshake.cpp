@@ -4,6 +4,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -54,20 +55,16 @@ std::vector<uint8_t> Frame(wire::Type type, uint16_t flags, const void* payload,
 
 }  // namespace
 
-bool AuthEnabled(const ferry_host_v1* host) {
-  if (!FERRY_HAS_FIELD(ferry_host_v1, host, auth_sign) || host->auth_sign == nullptr ||
-      !FERRY_HAS_FIELD(ferry_host_v1, host, auth_verify) || host->auth_verify == nullptr) {
-    return false;
-  }
-  static const char kProbe[] = "ferry-tcp-v1 probe";
-  uint8_t mac[wire::kAuthMacSize];
-  return host->auth_sign(host->host_ctx, kProbe, sizeof(kProbe) - 1, mac) == FERRY_OK;
+bool LinkAuthAvailable(const ferry_host_v1* host) {
+  return FERRY_HAS_FIELD(ferry_host_v1, host, link_prove) && host->link_prove != nullptr &&
+         FERRY_HAS_FIELD(ferry_host_v1, host, link_check) && host->link_check != nullptr;
 }
 
-bool RandomNonce(uint8_t* out) {
+bool RandomBytes(void* out, size_t n) {
+  auto* p = static_cast<uint8_t*>(out);
   size_t got = 0;
-  while (got < wire::kAuthNonceSize) {
-    const ssize_t r = getrandom(out + got, wire::kAuthNonceSize - got, 0);
+  while (got < n) {
+    const ssize_t r = getrandom(p + got, n - got, 0);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     got += static_cast<size_t>(r);
@@ -76,13 +73,13 @@ bool RandomNonce(uint8_t* out) {
 }
 
 int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
-  const bool auth = AuthEnabled(h.host);
+  const bool auth = LinkAuthAvailable(h.host);
   // The HELLO carries our clock: the target maps request expiries onto its own.
-  std::vector<uint8_t> out = Frame(wire::Type::kHello, auth ? wire::kFlagAuth : 0,
-                                   h.my_key.data(), h.my_key.size(), h.host->now_ns(h.host->host_ctx));
+  std::vector<uint8_t> out = Frame(wire::Type::kHello, auth ? wire::kFlagAuth : 0, h.my_key.data(),
+                                   h.my_key.size(), h.host->now_ns(h.host->host_ctx));
   uint8_t ni[wire::kAuthNonceSize];
   if (auth) {
-    if (!RandomNonce(ni)) {
+    if (!RandomBytes(ni, sizeof ni)) {
       *err = "no random bytes for an auth challenge";
       return FERRY_ERR_INTERNAL;
     }
@@ -94,7 +91,7 @@ int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
     *err = "connection to " + h.label + " lost: " + IoErrorString(rc);
     return FERRY_ERR_TRANSPORT;
   }
-  if (!auth) return FERRY_OK;  // without a token, requests follow HELLO at once
+  if (!auth) return FERRY_OK;  // a host without link auth (tests): requests follow at once
 
   const auto deadline = Clock::now() + std::chrono::milliseconds(h.timeout_ms);
   auto lost = [&](int e) {
@@ -112,36 +109,37 @@ int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
     return FERRY_ERR_PROTOCOL;
   }
   if (resp.type == wire::Type::kError) {
-    std::string text(resp.payload_len, '\0');
+    std::string text(std::min<uint64_t>(resp.payload_len, wire::kMaxErrorLen), '\0');
     if ((rc = RecvBy(fd, h.abort_fd, text.data(), text.size(), deadline)) != 0) return lost(rc);
     *err = h.label + " refused the connection: " + text;
     return FERRY_ERR_REMOTE;
   }
   if (resp.type != wire::Type::kAuth ||
-      resp.payload_len != wire::kAuthNonceSize + wire::kAuthMacSize) {
+      resp.payload_len != wire::kAuthNonceSize + wire::kAuthProofSize) {
     *err =
         std::string("unexpected ") + wire::TypeName(resp.type) + " answer to HELLO from " + h.label;
     return FERRY_ERR_PROTOCOL;
   }
-  uint8_t nt_mac[wire::kAuthNonceSize + wire::kAuthMacSize];
-  if ((rc = RecvBy(fd, h.abort_fd, nt_mac, sizeof(nt_mac), deadline)) != 0) return lost(rc);
-  const uint8_t* nt = nt_mac;
+  uint8_t nt_proof[wire::kAuthNonceSize + wire::kAuthProofSize];
+  if ((rc = RecvBy(fd, h.abort_fd, nt_proof, sizeof(nt_proof), deadline)) != 0) return lost(rc);
+  const uint8_t* nt = nt_proof;
   std::vector<uint8_t> t =
       wire::AuthTranscript(wire::kAuthTargetLabel, ni, nt, h.my_key, h.peer_key);
-  if (h.host->auth_verify(h.host->host_ctx, t.data(), t.size(), nt_mac + wire::kAuthNonceSize) !=
-      FERRY_OK) {
-    *err = h.label +
-           " failed to prove the auth token (a different token, or not the engine it "
-           "claims to be)";
+  char reason[512] = "";
+  if (h.host->link_check(h.host->host_ctx, h.peer_key.c_str(), FERRY_LINK_INITIATOR, t.data(),
+                         t.size(), nt_proof + wire::kAuthNonceSize, reason,
+                         sizeof reason) != FERRY_OK) {
+    *err = "lane to " + h.label + ": " + reason;
     return FERRY_ERR_REMOTE;
   }
   t = wire::AuthTranscript(wire::kAuthInitiatorLabel, ni, nt, h.my_key, h.peer_key);
-  uint8_t mac[wire::kAuthMacSize];
-  if (h.host->auth_sign(h.host->host_ctx, t.data(), t.size(), mac) != FERRY_OK) {
-    *err = "cannot sign the auth challenge of " + h.label;
+  uint8_t proof[wire::kAuthProofSize];
+  if (h.host->link_prove(h.host->host_ctx, h.peer_key.c_str(), FERRY_LINK_INITIATOR, t.data(),
+                         t.size(), proof) != FERRY_OK) {
+    *err = "cannot prove access to " + h.label + " (is it still registered?)";
     return FERRY_ERR_INTERNAL;
   }
-  out = Frame(wire::Type::kAuth, 0, mac, sizeof(mac));
+  out = Frame(wire::Type::kAuth, 0, proof, sizeof(proof));
   rc = SendAll(fd, out.data(), out.size());
   if (rc != 0) return lost(rc);
   return FERRY_OK;

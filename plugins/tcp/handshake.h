@@ -1,6 +1,6 @@
-// The data-lane handshake: HELLO, and with an auth token a mutual HMAC
-// challenge/response (wire.h, kFlagAuth) computed by the host's auth_sign /
-// auth_verify (ABI 1.1), so the secret stays in the core.
+// The data-lane handshake: HELLO and the mutual proof of access by descriptor
+// (wire.h, kFlagAuth) computed by the host's link_prove / link_check (ABI 1.4),
+// so the secrets stay in the core.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +11,10 @@
 
 namespace ferry_tcp {
 
-// True when the host offers auth_sign (ABI >= 1.1, non-NULL) and has a secret.
-bool AuthEnabled(const ferry_host_v1* host);
-// 32 random bytes (getrandom). False if the kernel gives none.
-bool RandomNonce(uint8_t* out);
+// True when the host offers link_prove and link_check (ABI >= 1.4, non-NULL).
+bool LinkAuthAvailable(const ferry_host_v1* host);
+// n random bytes (getrandom). False if the kernel gives none.
+bool RandomBytes(void* out, size_t n);
 
 struct InitiatorHello {
   const ferry_host_v1* host = nullptr;
@@ -26,9 +26,9 @@ struct InitiatorHello {
 };
 
 // Initiator side, on a freshly connected socket: says HELLO and, when the host
-// has a secret, authenticates both ways before returning. Returns FERRY_OK, or a
+// offers link auth, authenticates both ways before returning. Returns FERRY_OK, or a
 // FERRY_ERR_* code with *err in words (FERRY_ERR_REMOTE: the target refused or
-// could not prove the token; FERRY_ERR_TRANSPORT: the connection failed).
+// could not prove its descriptor's secret; FERRY_ERR_TRANSPORT: the connection failed).
 int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err);
 
 }  // namespace ferry_tcp

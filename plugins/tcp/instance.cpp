@@ -155,8 +155,10 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** handle, void* blob, size
   if (blob == nullptr || blob_len == nullptr || *blob_len < wire::kMemBlobSize) {
     return FERRY_ERR_INVALID_ARGS;
   }
-  const std::vector<uint8_t> b = wire::EncodeMemBlob({m->id, m->size});
-  auto r = std::make_shared<Region>(m->id, static_cast<uint8_t*>(m->addr), m->size, device);
+  uint64_t key = 0;
+  if (!RandomBytes(&key, sizeof key)) return FERRY_ERR_INTERNAL;
+  const std::vector<uint8_t> b = wire::EncodeMemBlob({m->id, m->size, key});
+  auto r = std::make_shared<Region>(m->id, static_cast<uint8_t*>(m->addr), m->size, device, key);
   auto h = std::make_unique<LocalMem>();
   h->region = r;
   {
@@ -206,7 +208,8 @@ int Instance::MemImport(void* peer, uint64_t remote_id, uint64_t remote_size, co
         static_cast<unsigned long long>(mi.size), static_cast<unsigned long long>(remote_size));
     return FERRY_ERR_INVALID_ARGS;
   }
-  auto h = std::make_unique<RemoteMem>(RemoteMem{static_cast<PeerHandle*>(peer), mi.id, mi.size});
+  auto h = std::make_unique<RemoteMem>(
+      RemoteMem{static_cast<PeerHandle*>(peer), mi.id, mi.size, mi.key});
   std::lock_guard lk(handles_mu_);
   remotes_.insert(h.get());
   *handle = h.release();
@@ -232,7 +235,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   } else if (remote->peer != peer) {
     why = "remote memory was imported for another peer";
   } else {
-    rc = peer->peer->Post(*x, local->region, remote->id, &why);
+    rc = peer->peer->Post(*x, local->region, remote->id, remote->key, &why);
     if (rc == FERRY_OK) return rc;
   }
   Log(host_, FERRY_LOG_WARN, "post refused: %s", why.c_str());
@@ -254,7 +257,7 @@ int Instance::Describe(char* buf, size_t len) {
          " gpu_pinned=" + FormatBytes(stages_.pinned_bytes()) + "/" +
          FormatBytes(settings_.gpu_pinned_bytes);
   }
-  s += std::string(" auth=") + (AuthEnabled(host_) ? "on" : "off") +
+  s += std::string(" auth=") + (LinkAuthAvailable(host_) ? "descriptor" : "off") +
        " rejected_lanes=" + std::to_string(target_.rejected());
   std::snprintf(buf, len, "%s", s.c_str());
   return FERRY_OK;

@@ -30,6 +30,7 @@ struct RemoteMem {
   PeerHandle* peer;
   uint64_t id;
   uint64_t size;
+  uint64_t key;  // presented with every request (wire::Header::region_key)
 };
 
 class Instance {

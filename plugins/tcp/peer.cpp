@@ -58,7 +58,7 @@ void Peer::Finished(const Xfer& x) {
 }
 
 int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uint64_t remote_id,
-               std::string* why) {
+               uint64_t remote_key, std::string* why) {
   if (stopped_) {
     *why = "peer " + info_.key + " was removed";
     return FERRY_ERR_BAD_STATE;
@@ -139,6 +139,7 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
       h.frame_count = n_frames;
       h.req_id = f->req_id;
       h.region_id = remote_id;
+      h.region_key = remote_key;
       h.payload_len = f->is_write ? p.bytes : 0;
       h.xfer_seq = xfer->seq;
       h.uid = x.uid;

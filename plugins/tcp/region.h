@@ -20,13 +20,23 @@ namespace ferry_tcp {
 class Region {
  public:
   // device: the GPU that owns the memory, -1 for host memory (gpu_stage.h).
-  Region(uint64_t id, uint8_t* addr, uint64_t size, int device = -1)
-      : id_(id), addr_(addr), size_(size), device_(device) {}
+  // key: random, from the region's memory blob; every request presents it.
+  Region(uint64_t id, uint8_t* addr, uint64_t size, int device = -1, uint64_t key = 0)
+      : id_(id), addr_(addr), size_(size), device_(device), key_(key) {}
 
   uint64_t id() const { return id_; }
   uint8_t* addr() const { return addr_; }
   uint64_t size() const { return size_; }
   int device() const { return device_; }
+  uint64_t key() const { return key_; }
+  // Constant-time, so response timing does not reveal how much of a guess was right.
+  bool KeyIs(uint64_t k) const {
+    uint64_t d = k ^ key_;
+    d |= d >> 32;
+    d |= d >> 16;
+    d |= d >> 8;
+    return (d & 0xff) == 0;
+  }
   bool on_gpu() const { return device_ >= 0; }
   // offset+len inside the region, without wrapping.
   bool Contains(uint64_t offset, uint64_t len) const {
@@ -47,6 +57,7 @@ class Region {
   uint8_t* const addr_;
   const uint64_t size_;
   const int device_;
+  const uint64_t key_;
   mutable std::mutex mu_;
   std::condition_variable idle_;
   bool revoked_ = false;

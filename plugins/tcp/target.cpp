@@ -47,7 +47,10 @@ bool TargetServer::Start(std::string* err) {
 
 bool TargetServer::AddPeer(const std::string& key, bool same_host) {
   std::lock_guard lk(mu_);
-  return peers_.emplace(key, std::make_shared<TargetPeer>(key, same_host)).second;
+  auto [it, added] = peers_.emplace(key, std::make_shared<TargetPeer>(key, same_host));
+  // Served before it was registered: keep what it applied (a fence may ask),
+  // but its lanes were admitted without the registered descriptor's proof.
+  return added || it->second->Adopt(same_host);
 }
 
 void TargetServer::RemovePeer(const std::string& key) {
@@ -237,17 +240,14 @@ void TargetServer::Refuse(int fd, const std::string& from, const std::string& wh
 
 bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs,
                                 std::chrono::steady_clock::time_point deadline, std::string* why) {
-  const bool ours = AuthEnabled(host_);
-  const std::string hint =
-      " (set the same EngineConfig::auth_token or FERRY_AUTH_TOKEN on both engines)";
+  const bool ours = LinkAuthAvailable(host_);
   if (ours && !theirs) {
-    *why = "engine '" + engine_key_ + "' requires authentication but engine '" + key +
-           "' has no auth token" + hint;
+    *why = "engine '" + key +
+           "' did not prove access by descriptor (a ferry older than plugin ABI 1.4?)";
     return false;
   }
   if (!ours && theirs) {
-    *why =
-        "engine '" + key + "' uses an auth token but engine '" + engine_key_ + "' has none" + hint;
+    *why = "engine '" + engine_key_ + "' cannot check link proofs (its core predates ABI 1.4)";
     return false;
   }
   if (!ours) return true;
@@ -267,16 +267,16 @@ bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs,
     *why = "auth handshake: " + IoErrorString(err);
     return false;
   }
-  uint8_t out[wire::kAuthNonceSize + wire::kAuthMacSize];
+  uint8_t out[wire::kAuthNonceSize + wire::kAuthProofSize];
   uint8_t* nt = out;
-  if (!RandomNonce(nt)) {
+  if (!RandomBytes(nt, wire::kAuthNonceSize)) {
     *why = "no random bytes for an auth challenge";
     return false;
   }
   std::vector<uint8_t> t = wire::AuthTranscript(wire::kAuthTargetLabel, ni, nt, key, engine_key_);
-  if (host_->auth_sign(host_->host_ctx, t.data(), t.size(), out + wire::kAuthNonceSize) !=
-      FERRY_OK) {
-    *why = "cannot sign the auth challenge";
+  if (host_->link_prove(host_->host_ctx, key.c_str(), FERRY_LINK_TARGET, t.data(), t.size(),
+                        out + wire::kAuthNonceSize) != FERRY_OK) {
+    *why = "cannot compute this engine's proof";
     return false;
   }
   wire::Header ah;
@@ -285,24 +285,49 @@ bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs,
   std::vector<uint8_t> frame = wire::EncodeFrameHead(ah, {});
   frame.insert(frame.end(), out, out + sizeof(out));
   err = SendAll(fd, frame.data(), frame.size());
-  uint8_t mac[wire::kAuthMacSize];
+  uint8_t proof[wire::kAuthProofSize];
   if (err == 0) err = RecvAllBy(fd, hb, sizeof(hb), deadline);
   if (err == 0 && (!wire::DecodeHeader(hb, &h, &bad) || h.type != wire::Type::kAuth ||
-                   h.payload_len != wire::kAuthMacSize)) {
+                   h.payload_len != wire::kAuthProofSize)) {
     *why = "expected an AUTH answer" + (bad.empty() ? "" : ": " + bad);
     return false;
   }
-  if (err == 0) err = RecvAllBy(fd, mac, sizeof(mac), deadline);
+  if (err == 0) err = RecvAllBy(fd, proof, sizeof(proof), deadline);
   if (err != 0) {
     *why = "auth handshake: " + IoErrorString(err);
     return false;
   }
   t = wire::AuthTranscript(wire::kAuthInitiatorLabel, ni, nt, key, engine_key_);
-  if (host_->auth_verify(host_->host_ctx, t.data(), t.size(), mac) != FERRY_OK) {
-    *why = "engine '" + key + "' failed authentication (wrong auth token?)";
+  char reason[512] = "";
+  if (host_->link_check(host_->host_ctx, key.c_str(), FERRY_LINK_TARGET, t.data(), t.size(), proof,
+                        reason, sizeof reason) != FERRY_OK) {
+    *why = reason[0] ? reason : "engine '" + key + "' failed authentication";
     return false;
   }
   return true;
+}
+
+std::shared_ptr<TargetPeer> TargetServer::PeerForLane(const std::string& key, bool authenticated,
+                                                      std::string* why) {
+  std::lock_guard lk(mu_);
+  auto it = peers_.find(key);
+  if (it != peers_.end()) return it->second;
+  // An initiator the core never registered (real connectors register one way)
+  // is served once it proved this engine's descriptor, up to a bound.
+  if (!authenticated) {
+    *why = "engine '" + key + "' is not a registered peer here";
+    return nullptr;
+  }
+  size_t unregistered = 0;
+  for (const auto& [k, tp] : peers_) unregistered += tp->registered() ? 0 : 1;
+  if (unregistered >= kMaxUnregisteredPeers) {
+    *why = "engine '" + key + "' is not registered here and " +
+           std::to_string(kMaxUnregisteredPeers) + " unregistered initiators already are";
+    return nullptr;
+  }
+  auto tp = std::make_shared<TargetPeer>(key, /*same_host=*/false, /*registered=*/false);
+  peers_.emplace(key, tp);
+  return tp;
 }
 
 void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
@@ -339,18 +364,13 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     WarnFrom("handshake", from, "closing lane from " + from + ": " + IoErrorString(err));
     return;
   }
-  std::shared_ptr<TargetPeer> tp;
-  {
-    std::lock_guard lk(mu_);
-    auto it = peers_.find(key);
-    if (it != peers_.end()) tp = it->second;
-  }
-  const std::string not_peer = "engine '" + key + "' is not a registered peer here";
-  if (!tp) {
-    Refuse(fd, from, not_peer);
+  if (!Authenticate(fd, key, wants_auth, deadline, &why)) {
+    Refuse(fd, from, why);
     return;
   }
-  if (!Authenticate(fd, key, wants_auth, deadline, &why)) {
+  const std::string not_peer = "engine '" + key + "' is not a registered peer here";
+  std::shared_ptr<TargetPeer> tp = PeerForLane(key, LinkAuthAvailable(host_), &why);
+  if (!tp) {
     Refuse(fd, from, why);
     return;
   }
@@ -470,9 +490,12 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
   if (tp.removed()) {
     *status = FERRY_ERR_NOT_FOUND;
     *reason = "peer '" + tp.key() + "' is not registered here";
-  } else if (!(r = regions_->Find(h.region_id))) {
+  } else if (!(r = regions_->Find(h.region_id)) || !r->KeyIs(h.region_key)) {
+    // One answer for both: a wrong key must not tell a prober the id exists.
+    r.reset();
     *status = FERRY_ERR_NOT_FOUND;
-    *reason = "memory " + std::to_string(h.region_id) + " is not registered (or was deregistered)";
+    *reason = "memory " + std::to_string(h.region_id) +
+              " is not registered (or was deregistered, or the request's key is not its key)";
   } else {
     for (size_t i = 0; i < items.size(); ++i) {
       if (!r->Contains(items[i].offset, items[i].len)) {

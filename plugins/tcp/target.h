@@ -37,6 +37,9 @@ namespace ferry_tcp {
 class TargetServer {
  public:
   static constexpr size_t kMaxPendingLanes = 64;
+  // Initiators served without being registered (they proved our descriptor);
+  // each keeps its fence record while the engine lives, so they are bounded.
+  static constexpr size_t kMaxUnregisteredPeers = 1024;
 
   TargetServer(const ferry_host_v1* host, std::string engine_key, const Settings& settings,
                RegionTable* regions, StagePool* stages);
@@ -78,6 +81,11 @@ class TargetServer {
   void Refuse(int fd, const std::string& from, const std::string& why);
   // A WARN about a connection from `from` (address:port), through refusal_log_:
   // 20 per 10 s per (kind `what`, address).
+  // The peer state a lane that passed Authenticate() serves: the registered
+  // peer, else (when it proved this engine's descriptor) one made for the
+  // unregistered initiator; nullptr with *why when neither.
+  std::shared_ptr<TargetPeer> PeerForLane(const std::string& key, bool authenticated,
+                                          std::string* why);
   void WarnFrom(const char* what, const std::string& from, const std::string& msg);
   Outcome ServeRequest(int fd, SocketReader& in, TargetPeer& tp, const wire::Header& h,
                        const std::vector<wire::Item>& items, const std::function<bool(int)>& count,

@@ -35,6 +35,15 @@ void TargetPeer::Detach(int fd) {
   }
 }
 
+bool TargetPeer::Adopt(bool same_host) {
+  std::lock_guard lk(mu_);
+  if (registered_ || removed_) return false;
+  registered_ = true;
+  same_host_ = same_host;
+  for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+  return true;
+}
+
 void TargetPeer::Remove() {
   std::lock_guard lk(mu_);
   removed_ = true;

@@ -18,10 +18,24 @@ namespace ferry_tcp {
 
 class TargetPeer {
  public:
-  explicit TargetPeer(std::string key, bool same_host = false)
-      : key_(std::move(key)), same_host_(same_host) {}
+  // registered: the core added this peer; false for an initiator served because
+  // it proved this engine's descriptor (plugin.h, link_check).
+  explicit TargetPeer(std::string key, bool same_host = false, bool registered = true)
+      : key_(std::move(key)), same_host_(same_host), registered_(registered) {}
   const std::string& key() const { return key_; }
-  bool same_host() const { return same_host_; }
+  bool same_host() const {
+    std::lock_guard lk(mu_);
+    return same_host_;
+  }
+  bool registered() const {
+    std::lock_guard lk(mu_);
+    return registered_;
+  }
+  // The core registered a peer served so far unregistered: it is registered
+  // from now on, and its lanes are shut down (they were admitted without the
+  // proof of the registered descriptor's secret, so they reconnect with it).
+  // What they applied stays for fences. False when it was registered already.
+  bool Adopt(bool same_host);
 
   bool removed() const;
   // An initiator uses at most 16 lanes (the `lanes` setting); more admitted at
@@ -88,8 +102,9 @@ class TargetPeer {
   Attempt& AttemptLocked(uint64_t id);
 
   const std::string key_;
-  const bool same_host_;
   mutable std::mutex mu_;
+  bool same_host_;
+  bool registered_;
   bool removed_ = false;
   std::vector<int> fds_;
   std::map<uint64_t, Pending> pending_;  // by transfer sequence

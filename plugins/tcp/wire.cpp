@@ -71,6 +71,7 @@ void EncodeHeader(const Header& h, uint8_t out[kHeaderSize]) {
   Put32(out + 68, 0);
   Put64(out + 72, h.attempt_id);
   Put64(out + 80, h.expires_ns);
+  Put64(out + 88, h.region_key);
 }
 
 bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
@@ -97,6 +98,7 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
   if (Get32(in + 68) != 0) return Fail(why, "reserved header field is not zero");
   h->attempt_id = Get64(in + 72);
   h->expires_ns = Get64(in + 80);
+  h->region_key = Get64(in + 88);
 
   const std::string name = TypeName(h->type);
   const bool request = h->type == Type::kWrite || h->type == Type::kRead;
@@ -115,7 +117,8 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
     if (h->frame_count == 0) return Fail(why, name + ": frame count 0");
     if (h->low_seq > h->xfer_seq) return Fail(why, name + ": low sequence above sequence");
     if (h->status != 0) return Fail(why, name + ": status set on a request");
-  } else if (h->attempt_id != 0 || (h->expires_ns != 0 && h->type != Type::kHello)) {
+  } else if (h->attempt_id != 0 || h->region_key != 0 ||
+             (h->expires_ns != 0 && h->type != Type::kHello)) {
     return Fail(why, name + ": attempt id or expiry on a non-request frame");
   }
   switch (h->type) {
@@ -141,9 +144,10 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
       if (h->status >= 0) return Fail(why, "ERROR: status is not an error");
       break;
     case Type::kAuth:
-      if (h->payload_len != kAuthNonceSize && h->payload_len != kAuthNonceSize + kAuthMacSize) {
-        return Fail(why, "AUTH: payload length " + std::to_string(h->payload_len) +
-                             " is neither 32 nor 64");
+      if (h->payload_len != kAuthNonceSize && h->payload_len != kAuthProofSize &&
+          h->payload_len != kAuthNonceSize + kAuthProofSize) {
+        return Fail(
+            why, "AUTH: payload length " + std::to_string(h->payload_len) + " is not 32, 64 or 96");
       }
       break;
   }
@@ -234,6 +238,7 @@ std::vector<uint8_t> EncodeMemBlob(const MemInfo& info) {
   out[0] = kMemBlobVersion;
   Put64(out.data() + 1, info.id);
   Put64(out.data() + 9, info.size);
+  Put64(out.data() + 17, info.key);
   return out;
 }
 
@@ -245,6 +250,7 @@ bool DecodeMemBlob(const void* blob, size_t len, MemInfo* info, std::string* why
   }
   info->id = Get64(p + 1);
   info->size = Get64(p + 9);
+  info->key = Get64(p + 17);
   return true;
 }
 

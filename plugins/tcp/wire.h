@@ -16,10 +16,11 @@ namespace ferry_tcp::wire {
 
 // "FRRY" as bytes on the wire; all integers are little-endian.
 inline constexpr uint8_t kMagic[4] = {'F', 'R', 'R', 'Y'};
-// Version 2 added attempt_id and expires_ns (88-byte header); lanes of version 1
-// are refused with "unsupported frame version".
-inline constexpr uint8_t kVersion = 2;
-inline constexpr size_t kHeaderSize = 88;
+// Version 2 added attempt_id and expires_ns; version 3 the region key and the
+// link proofs of access by descriptor (96-byte header). Lanes of an older
+// version are refused with "unsupported frame version".
+inline constexpr uint8_t kVersion = 3;
+inline constexpr size_t kHeaderSize = 96;
 inline constexpr size_t kItemSize = 16;
 inline constexpr uint32_t kMaxItems = 8192;
 // Also the upper bound of the chunk_bytes setting: one frame's payload.
@@ -34,23 +35,26 @@ enum class Type : uint8_t {
   kWriteAck = 4,  // the payload is in the target's memory
   kReadData = 5,  // payload = the requested bytes, items in request order
   kError = 6,     // status < 0, payload = reason text; req_id 0 = whole lane refused
-  kAuth = 7,      // lane handshake with an auth token (see below); payload 32 or 64 bytes
+  kAuth = 7,      // lane handshake (see below); payload 32, 96 or 64 bytes
 };
 
 inline constexpr uint16_t kFlagNotify = 1;  // requests: the target must learn of the transfer
-// HELLO: the initiator has an auth token. Then, before any request:
+// HELLO: the initiator proves access by descriptor (host link_prove, ABI 1.4).
+// Then, before any request:
 //   initiator -> target  AUTH  Ni (32 random bytes)
-//   target -> initiator  AUTH  Nt (32 random bytes) | MACt
-//   initiator -> target  AUTH  MACi
-// MACt = host->auth_sign(AuthTranscript(kAuthTargetLabel, ...)), MACi likewise with
-// kAuthInitiatorLabel; each side checks the other's with host->auth_verify. A
-// target with a token refuses a HELLO without this flag, and one without a token
-// refuses a HELLO with it, each with an ERROR (req_id 0) that says so.
+//   target -> initiator  AUTH  Nt (32 random bytes) | Pt (64)
+//   initiator -> target  AUTH  Pi (64)
+// Pt = link_prove(initiator, TARGET, AuthTranscript(kAuthTargetLabel, ...)) and
+// Pi = link_prove(target, INITIATOR, AuthTranscript(kAuthInitiatorLabel, ...));
+// each side checks the other's with link_check. A target whose host offers
+// link_check refuses a HELLO without this flag; one whose host does not (a
+// core before ABI 1.4, a test host) refuses a HELLO with it. Each refusal is an
+// ERROR (req_id 0) that says why.
 inline constexpr uint16_t kFlagAuth = 2;
 inline constexpr size_t kAuthNonceSize = 32;
-inline constexpr size_t kAuthMacSize = 32;
-inline constexpr const char* kAuthTargetLabel = "ferry-tcp-v1 target";
-inline constexpr const char* kAuthInitiatorLabel = "ferry-tcp-v1 initiator";
+inline constexpr size_t kAuthProofSize = 64;  // FERRY_LINK_PROOF_SIZE
+inline constexpr const char* kAuthTargetLabel = "ferry-tcp-v3 target";
+inline constexpr const char* kAuthInitiatorLabel = "ferry-tcp-v3 initiator";
 
 struct Header {
   Type type = Type::kHello;
@@ -59,6 +63,7 @@ struct Header {
   uint32_t frame_count = 0;  // frames in the whole transfer (requests)
   uint64_t req_id = 0;       // matches a response to its request on one lane
   uint64_t region_id = 0;    // the target's region (requests)
+  uint64_t region_key = 0;   // requests: the region's random key from its memory blob
   uint64_t payload_len = 0;  // bytes after the item array
   uint64_t xfer_seq = 0;     // per (initiator, target) transfer sequence
   uint64_t uid = 0;          // the application's uid (notification key)
@@ -98,13 +103,16 @@ inline constexpr uint8_t kConnBlobVersion = 1;
 std::vector<uint8_t> EncodeConnBlob(const ConnInfo& info);
 bool DecodeConnBlob(const void* blob, size_t len, ConnInfo* info, std::string* why);
 
-// Memory info: the region id and size, so an import can be cross-checked.
+// Memory info: the region id and size, so an import can be cross-checked, and
+// the region's random key, which every request for it presents (like an rkey):
+// an engine's descriptor alone does not grant every region.
 struct MemInfo {
   uint64_t id = 0;
   uint64_t size = 0;
+  uint64_t key = 0;
 };
-inline constexpr uint8_t kMemBlobVersion = 1;
-inline constexpr size_t kMemBlobSize = 17;
+inline constexpr uint8_t kMemBlobVersion = 2;
+inline constexpr size_t kMemBlobSize = 25;
 std::vector<uint8_t> EncodeMemBlob(const MemInfo& info);
 bool DecodeMemBlob(const void* blob, size_t len, MemInfo* info, std::string* why);
 

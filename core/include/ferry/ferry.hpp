@@ -73,6 +73,11 @@ struct EngineDesc {
   // Random per engine object: a restarted engine with the same key has another,
   // so descriptors of its previous life are told apart. 0 = unknown (older peer).
   uint64_t instance = 0;
+  // The instance's access secret (32 random bytes): whoever holds this
+  // descriptor may connect to the engine, nobody else (docs/security.md). Hand
+  // descriptors only to the engines that should reach this one; to_json() does
+  // not print it.
+  std::vector<uint8_t> secret;
   std::map<std::string, std::vector<uint8_t>> backends;  // plugin name -> conn blob
 
   std::vector<uint8_t> pack() const;
@@ -86,7 +91,7 @@ struct EngineDesc {
 struct MemoryDesc {
   std::string engine_key;
   uint64_t engine_instance = 0;  // EngineDesc::instance of the engine that registered it
-  uint64_t id = 0;
+  uint64_t id = 0;               // random, never 0: ids cannot be guessed from others
   MemoryLocation location = MemoryLocation::UNKNOWN;
   int32_t device = -1;
   std::string bus_id;
@@ -171,10 +176,10 @@ struct EngineStats {
   std::map<std::string, BackendStats> backends;
   uint64_t inbound_notifications = 0;
   uint64_t inbound_dropped = 0;  // inbound statuses dropped unpopped (cap or age)
-  uint64_t ctrl_rejected = 0;  // control connections refused
-  uint64_t fences = 0;         // FENCE requests sent after attempts with unknown outcome
-  uint64_t fence_unknown = 0;  // attempts whose fence got no answer by their deadline
-  uint64_t fenced_peers = 0;   // peers no transfer may start to now (a fence pending or unanswered)
+  uint64_t ctrl_rejected = 0;    // control connections refused
+  uint64_t fences = 0;           // FENCE requests sent after attempts with unknown outcome
+  uint64_t fence_unknown = 0;    // attempts whose fence got no answer by their deadline
+  uint64_t fenced_peers = 0;  // peers no transfer may start to now (a fence pending or unanswered)
 };
 
 class Session;

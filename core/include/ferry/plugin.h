@@ -19,7 +19,8 @@
  * History: 1.0 the ops table and host services; 1.1 auth_sign / auth_verify and
  * the GPU runtime shim; 1.2 fencing (fence(), attempt_id, FERRY_ERR_NOT_SENT,
  * the FENCE / INITIATOR_COPY / NO_TARGET_CHECK capabilities); 1.3 a refusal
- * reason from post() (ferry_xfer_v1.reason).
+ * reason from post() (ferry_xfer_v1.reason); 1.4 access by descriptor
+ * (link_prove / link_check: per-instance secrets on a plugin's own connections).
  *
  * Ownership is written next to every pointer: "borrowed" means valid only for the
  * duration of the call; "core-owned" / "plugin-owned" says who frees.
@@ -43,15 +44,14 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 3
+#define FERRY_PLUGIN_ABI_MINOR 4
 
 /* Name of the entry symbol for ABI major 1 (for dlsym). */
 #define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
 
 /* True when a struct of the given struct_size contains `field` entirely. */
-#define FERRY_HAS_FIELD(type, ptr, field)                                   \
-  ((ptr) != NULL && (size_t)(ptr)->struct_size >= offsetof(type, field) + \
-                                                       sizeof(((type *)0)->field))
+#define FERRY_HAS_FIELD(type, ptr, field) \
+  ((ptr) != NULL && (size_t)(ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
 
 /* ---- result codes: fixed meanings, never renumbered ---------------------- */
 #define FERRY_OK 0
@@ -132,90 +132,119 @@ extern "C" {
 typedef struct ferry_gpu_v1 {
   uint32_t struct_size;
   uint32_t vendor; /* FERRY_GPU_CUDA or FERRY_GPU_HIP */
-  void *gpu_ctx;   /* core-owned; first argument of every call below */
+  void* gpu_ctx;   /* core-owned; first argument of every call below */
   int device_count;
   int reserved;
 
   /* *device = the device that owns ptr, or -1 for host memory. */
-  int (*pointer_device)(void *gpu_ctx, const void *ptr, int32_t *device);
+  int (*pointer_device)(void* gpu_ctx, const void* ptr, int32_t* device);
   /* The allocation that contains ptr: its base and size (for IPC export). */
-  int (*mem_range)(void *gpu_ctx, const void *ptr, void **base, size_t *size);
-  int (*set_device)(void *gpu_ctx, int32_t device);
-  int (*stream_create)(void *gpu_ctx, void **stream);
-  int (*stream_destroy)(void *gpu_ctx, void *stream);
-  int (*stream_sync)(void *gpu_ctx, void *stream);
-  int (*memcpy_async)(void *gpu_ctx, void *dst, const void *src, size_t n, void *stream);
-  int (*event_create)(void *gpu_ctx, void **event);
-  int (*event_destroy)(void *gpu_ctx, void *event);
-  int (*event_record)(void *gpu_ctx, void *event, void *stream);
+  int (*mem_range)(void* gpu_ctx, const void* ptr, void** base, size_t* size);
+  int (*set_device)(void* gpu_ctx, int32_t device);
+  int (*stream_create)(void* gpu_ctx, void** stream);
+  int (*stream_destroy)(void* gpu_ctx, void* stream);
+  int (*stream_sync)(void* gpu_ctx, void* stream);
+  int (*memcpy_async)(void* gpu_ctx, void* dst, const void* src, size_t n, void* stream);
+  int (*event_create)(void* gpu_ctx, void** event);
+  int (*event_destroy)(void* gpu_ctx, void* event);
+  int (*event_record)(void* gpu_ctx, void* event, void* stream);
   /* FERRY_OK when the work before the event is done, 1 when not yet. */
-  int (*event_query)(void *gpu_ctx, void *event);
-  int (*event_sync)(void *gpu_ctx, void *event);
+  int (*event_query)(void* gpu_ctx, void* event);
+  int (*event_sync)(void* gpu_ctx, void* event);
   /* IPC: export the allocation at base_ptr (64-byte handle), open it in another
    * process on `device`, close what was opened. */
-  int (*ipc_get_handle)(void *gpu_ctx, const void *base_ptr, uint8_t handle[64]);
-  int (*ipc_open)(void *gpu_ctx, const uint8_t handle[64], int32_t device, void **ptr);
-  int (*ipc_close)(void *gpu_ctx, void *ptr);
-  int (*enable_peer_access)(void *gpu_ctx, int32_t device, int32_t peer_device);
+  int (*ipc_get_handle)(void* gpu_ctx, const void* base_ptr, uint8_t handle[64]);
+  int (*ipc_open)(void* gpu_ctx, const uint8_t handle[64], int32_t device, void** ptr);
+  int (*ipc_close)(void* gpu_ctx, void* ptr);
+  int (*enable_peer_access)(void* gpu_ctx, int32_t device, int32_t peer_device);
   /* Pinned host memory for staging. */
-  int (*host_alloc)(void *gpu_ctx, void **ptr, size_t n);
-  int (*host_free)(void *gpu_ctx, void *ptr);
+  int (*host_alloc)(void* gpu_ctx, void** ptr, size_t n);
+  int (*host_free)(void* gpu_ctx, void* ptr);
   /* Why the last call on this thread failed; static string. */
-  const char *(*last_error)(void *gpu_ctx);
+  const char* (*last_error)(void* gpu_ctx);
   /* Many copies in one call (one launch where the runtime can: CUDA >= 12.8);
    * FERRY_ERR_UNSUPPORTED when the runtime has no batched copy. */
-  int (*memcpy_batch_async)(void *gpu_ctx, void *const *dsts, const void *const *srcs,
-                            const size_t *sizes, size_t count, void *stream);
+  int (*memcpy_batch_async)(void* gpu_ctx, void* const* dsts, const void* const* srcs,
+                            const size_t* sizes, size_t count, void* stream);
   /* "0000:1b:00.0" style PCI bus id of a device. */
-  int (*device_bus_id)(void *gpu_ctx, int32_t device, char *buf, size_t len);
+  int (*device_bus_id)(void* gpu_ctx, int32_t device, char* buf, size_t len);
 } ferry_gpu_v1;
 
 /* ---- services the core offers to a plugin --------------------------------- */
 typedef struct ferry_host_v1 {
   uint32_t struct_size;
   uint32_t reserved;
-  void *host_ctx; /* core-owned; pass back as the first argument below */
+  void* host_ctx; /* core-owned; pass back as the first argument below */
 
   /* Log a line; msg borrowed. */
-  void (*log)(void *host_ctx, int level, const char *msg);
+  void (*log)(void* host_ctx, int level, const char* msg);
 
   /* Monotonic clock in nanoseconds; the same clock as ferry_xfer_v1.deadline_ns. */
-  uint64_t (*now_ns)(void *host_ctx);
+  uint64_t (*now_ns)(void* host_ctx);
 
   /* Send an opaque message to the plugin of the same name in the peer engine's
    * process, over the core's control connection. msg borrowed. Delivered in order
    * per (peer, plugin), at most once; the peer receives it in on_ctrl. Returns
    * FERRY_OK when queued, FERRY_ERR_NOT_FOUND for an unknown peer,
    * FERRY_ERR_TRANSPORT when the peer cannot be reached. */
-  int (*ctrl_send)(void *host_ctx, const char *peer_key, const void *msg, size_t len);
+  int (*ctrl_send)(void* host_ctx, const char* peer_key, const void* msg, size_t len);
 
   /* Report the end of a transfer accepted by post(): exactly once per accepted
    * transfer, from any thread. status is FERRY_OK or a FERRY_ERR_* code; message
    * borrowed, may be NULL, says what went wrong in words a user can act on. */
-  void (*complete)(void *host_ctx, void *xfer_ctx, int status, const char *message);
+  void (*complete)(void* host_ctx, void* xfer_ctx, int status, const char* message);
 
   /* Target side, plugins with FERRY_CAP_NATIVE_NOTIFY: a transfer flagged
    * FERRY_XFER_NOTIFY from `peer_key` (borrowed) with `uid` has landed (or failed,
    * status < 0). The core records only landings (a failed attempt may be retried
    * on another backend, whose landing still counts) and de-duplicates them, so a
    * repeat is harmless. */
-  void (*inbound)(void *host_ctx, const char *peer_key, uint64_t uid, int status);
+  void (*inbound)(void* host_ctx, const char* peer_key, uint64_t uid, int status);
 
   /* ---- ABI 1.1 ---- */
 
   /* The GPU runtime shim; NULL when no GPU runtime could be loaded. */
-  const ferry_gpu_v1 *gpu;
+  const ferry_gpu_v1* gpu;
 
   /* Prove knowledge of the engine's shared secret without seeing it: writes
    * HMAC-SHA256(secret, challenge) into mac. FERRY_ERR_UNSUPPORTED when no
    * secret is configured (then connections are not authenticated). A plugin
    * that opens its own connections uses it for a challenge/response handshake
    * and compares with auth_verify. */
-  int (*auth_sign)(void *host_ctx, const void *challenge, size_t len, uint8_t mac[32]);
+  int (*auth_sign)(void* host_ctx, const void* challenge, size_t len, uint8_t mac[32]);
   /* FERRY_OK when mac is HMAC-SHA256(secret, challenge) (constant-time compare),
    * FERRY_ERR_REMOTE when it is not, FERRY_ERR_UNSUPPORTED without a secret. */
-  int (*auth_verify)(void *host_ctx, const void *challenge, size_t len, const uint8_t mac[32]);
+  int (*auth_verify)(void* host_ctx, const void* challenge, size_t len, const uint8_t mac[32]);
+
+  /* ---- ABI 1.4: access by descriptor ---- */
+  /* Every engine instance has a random secret that travels only inside its
+   * EngineDesc. A connection between two engines must prove knowledge of the
+   * target's secret, and of the initiator's own when the target registered the
+   * initiator's descriptor (nobody may claim the key of a known peer). A plugin
+   * that opens its own connections has each side prove itself over a transcript
+   * that binds the proof to that connection (both sides' fresh random nonces,
+   * both engine keys, a direction label); the secrets stay in the core. The
+   * cluster token (auth_sign) is mixed in by the core: a plugin using these
+   * needs no auth_sign.
+   *
+   * link_prove: writes this engine's proof, in `role` (FERRY_LINK_*) on a link
+   * with the engine `peer_key` (borrowed), into proof (FERRY_LINK_PROOF_SIZE
+   * bytes). FERRY_ERR_NOT_FOUND when this engine is the initiator and peer_key
+   * is not registered here (its secret is unknown).
+   * link_check: FERRY_OK when `proof` is what the peer must send to this engine
+   * in `role` (our role; the peer has the other). FERRY_ERR_REMOTE when it is
+   * not; then why (core-owned, why_len bytes, may be NULL/0) says in words
+   * (a stale descriptor, a claimed key, a different token). */
+  int (*link_prove)(void* host_ctx, const char* peer_key, uint32_t role, const void* transcript,
+                    size_t len, uint8_t* proof);
+  int (*link_check)(void* host_ctx, const char* peer_key, uint32_t role, const void* transcript,
+                    size_t len, const uint8_t* proof, char* why, size_t why_len);
 } ferry_host_v1;
+
+/* Roles and size for link_prove / link_check (ABI 1.4). */
+#define FERRY_LINK_INITIATOR 1u /* this engine opened the connection  */
+#define FERRY_LINK_TARGET 2u    /* this engine accepted it            */
+#define FERRY_LINK_PROOF_SIZE 64u
 
 /* ---- what the core tells a plugin ---------------------------------------- */
 
@@ -223,14 +252,14 @@ typedef struct ferry_host_v1 {
 typedef struct ferry_peer_v1 {
   uint32_t struct_size;
   uint32_t reserved;
-  const char *key;     /* engine key, unique among the application's engines */
-  const char *host;    /* host the peer's engine listens on                  */
-  const char *node_id; /* same string = same host                            */
+  const char* key;     /* engine key, unique among the application's engines */
+  const char* host;    /* host the peer's engine listens on                  */
+  const char* node_id; /* same string = same host                            */
   uint16_t ctrl_port;  /* the peer engine's control port                     */
   uint16_t reserved2;
-  uint32_t same_host;     /* 1 when node_id equals ours                        */
-  const void *conn_blob;  /* what the peer's plugin returned from conn_info()  */
-  size_t conn_blob_len;   /* 0 when the peer did not load this plugin          */
+  uint32_t same_host;    /* 1 when node_id equals ours                        */
+  const void* conn_blob; /* what the peer's plugin returned from conn_info()  */
+  size_t conn_blob_len;  /* 0 when the peer did not load this plugin          */
 } ferry_peer_v1;
 
 /* A local memory region being registered. Pointers borrowed. */
@@ -238,7 +267,7 @@ typedef struct ferry_mem_v1 {
   uint32_t struct_size;
   uint32_t location; /* FERRY_MEM_CPU or FERRY_MEM_GPU */
   uint64_t id;       /* the core's id for this region; unique in this engine */
-  void *addr;
+  void* addr;
   uint64_t size;
   int32_t device; /* GPU ordinal, -1 for CPU */
   uint32_t reserved;
@@ -260,15 +289,15 @@ typedef struct ferry_xfer_v1 {
   uint32_t op;    /* FERRY_OP_READ or FERRY_OP_WRITE */
   uint32_t flags; /* FERRY_XFER_* */
   uint32_t n_iov;
-  void *peer;             /* plugin-owned handle from peer_add()      */
-  void *local_mem;        /* plugin-owned handle from mem_register()  */
-  void *remote_mem;       /* plugin-owned handle from mem_import()    */
-  const ferry_iov_v1 *iov; /* n_iov entries, n_iov >= 1                */
-  uint64_t uid;           /* the application's transfer uid (notification key) */
-  uint64_t deadline_ns;   /* now_ns() value by which the transfer must end; the core
-                           * always sets one (0 would mean "none") */
-  void *xfer_ctx;         /* core-owned; hand back to host->complete()  */
-  uint64_t total_bytes;   /* sum of iov[i].len                          */
+  void* peer;              /* plugin-owned handle from peer_add()      */
+  void* local_mem;         /* plugin-owned handle from mem_register()  */
+  void* remote_mem;        /* plugin-owned handle from mem_import()    */
+  const ferry_iov_v1* iov; /* n_iov entries, n_iov >= 1                */
+  uint64_t uid;            /* the application's transfer uid (notification key) */
+  uint64_t deadline_ns;    /* now_ns() value by which the transfer must end; the core
+                            * always sets one (0 would mean "none") */
+  void* xfer_ctx;          /* core-owned; hand back to host->complete()  */
+  uint64_t total_bytes;    /* sum of iov[i].len                          */
   /* ---- ABI 1.2 ---- */
   /* Unique per attempt in the initiating engine, never 0. A FENCE plugin carries
    * it to the target, where fence() names attempts by it. */
@@ -277,7 +306,7 @@ typedef struct ferry_xfer_v1 {
   /* Core-owned buffer of reason_len bytes (NUL-terminated, empty on entry).
    * When post() refuses (returns non-OK) it may write why there, truncated;
    * the core puts it in the transfer's message. Unused on FERRY_OK. */
-  char *reason;
+  char* reason;
   size_t reason_len;
 } ferry_xfer_v1;
 
@@ -285,8 +314,9 @@ typedef struct ferry_xfer_v1 {
  * Per fenced attempt, what the target's plugin found. */
 #define FERRY_FENCE_NONE 0u    /* no byte of it landed, and none will          */
 #define FERRY_FENCE_PARTIAL 1u /* some bytes landed; no more will              */
-#define FERRY_FENCE_WHOLE 2u   /* every byte landed (and the target was told, when
-                                * it was a notify transfer)                    */
+#define FERRY_FENCE_WHOLE                                \
+  2u /* every byte landed (and the target was told, when \
+      * it was a notify transfer)                    */
 typedef struct ferry_fence_result_v1 {
   uint64_t landed_bytes;
   uint32_t state; /* FERRY_FENCE_* */
@@ -297,8 +327,8 @@ typedef struct ferry_fence_result_v1 {
 typedef struct ferry_plugin_ops_v1 {
   uint32_t struct_size; /* sizeof(ferry_plugin_ops_v1) as the plugin was built */
   uint32_t abi_minor;   /* FERRY_PLUGIN_ABI_MINOR the plugin was built against */
-  const char *name;     /* "tcp": must match libferry-<name>.so; static string */
-  const char *version;  /* plugin's own version; static string                 */
+  const char* name;     /* "tcp": must match libferry-<name>.so; static string */
+  const char* version;  /* plugin's own version; static string                 */
   uint64_t caps;        /* FERRY_CAP_* this plugin can ever offer              */
 
   /* Create a plugin instance for one engine. `host` stays valid until fini().
@@ -306,56 +336,56 @@ typedef struct ferry_plugin_ops_v1 {
    * settings for this backend. `engine_key`/`node_id` borrowed. On success *ctx
    * is plugin-owned until fini(). On failure write a reason into err (errlen
    * bytes, NUL-terminated) and return < 0. */
-  int (*init)(const ferry_host_v1 *host, const char *engine_key, const char *node_id,
-              const char *settings_json, void **ctx, char *err, size_t errlen);
+  int (*init)(const ferry_host_v1* host, const char* engine_key, const char* node_id,
+              const char* settings_json, void** ctx, char* err, size_t errlen);
 
   /* Destroy the instance: every accepted transfer has been completed (the
    * plugin fails what is still pending with FERRY_ERR_BAD_STATE first). */
-  void (*fini)(void *ctx);
+  void (*fini)(void* ctx);
 
   /* Connection info that travels in the engine descriptor to peers. The core
    * provides buf with *len bytes of room (FERRY_MAX_BLOB); set *len. */
-  int (*conn_info)(void *ctx, void *buf, size_t *len);
+  int (*conn_info)(void* ctx, void* buf, size_t* len);
 
   /* A remote engine was registered. *peer_handle is plugin-owned until
    * peer_remove(). Returning < 0 means this backend cannot reach the peer. */
-  int (*peer_add)(void *ctx, const ferry_peer_v1 *peer, void **peer_handle);
+  int (*peer_add)(void* ctx, const ferry_peer_v1* peer, void** peer_handle);
 
   /* The peer was deregistered. Transfers to it are failed and completed before
    * this returns. The core releases the peer's imported memory (mem_release)
    * after this call. */
-  void (*peer_remove)(void *ctx, void *peer_handle);
+  void (*peer_remove)(void* ctx, void* peer_handle);
 
   /* Register local memory. *mem_handle plugin-owned until mem_deregister().
    * blob/len as in conn_info: per-memory info for the memory descriptor.
    * FERRY_ERR_UNSUPPORTED when this plugin cannot move that kind of memory. */
-  int (*mem_register)(void *ctx, const ferry_mem_v1 *mem, void **mem_handle, void *blob,
-                      size_t *blob_len);
+  int (*mem_register)(void* ctx, const ferry_mem_v1* mem, void** mem_handle, void* blob,
+                      size_t* blob_len);
 
   /* Revoke access to local memory at once: after this returns, no peer request
    * reads or writes it, also requests that were already queued. The core calls
    * this only when no transfer it posted with this region as local memory is
    * still in flight. */
-  void (*mem_deregister)(void *ctx, void *mem_handle);
+  void (*mem_deregister)(void* ctx, void* mem_handle);
 
   /* Import a remote memory descriptor's blob (borrowed) for use in transfers to
    * `peer_handle`. remote_id/size are the core's view of that region.
    * *remote_handle is plugin-owned until mem_release(). */
-  int (*mem_import)(void *ctx, void *peer_handle, uint64_t remote_id, uint64_t remote_size,
-                    const void *blob, size_t blob_len, void **remote_handle);
-  void (*mem_release)(void *ctx, void *remote_handle);
+  int (*mem_import)(void* ctx, void* peer_handle, uint64_t remote_id, uint64_t remote_size,
+                    const void* blob, size_t blob_len, void** remote_handle);
+  void (*mem_release)(void* ctx, void* remote_handle);
 
   /* Start a transfer. All or nothing: FERRY_OK means accepted, and
    * host->complete() will be called exactly once for it (possibly before post
    * returns); < 0 means nothing was started and complete() is never called. */
-  int (*post)(void *ctx, const ferry_xfer_v1 *xfer);
+  int (*post)(void* ctx, const ferry_xfer_v1* xfer);
 
   /* A message a peer's instance of this plugin sent with ctrl_send. msg borrowed. */
-  void (*on_ctrl)(void *ctx, const char *peer_key, const void *msg, size_t len);
+  void (*on_ctrl)(void* ctx, const char* peer_key, const void* msg, size_t len);
 
   /* Optional (may be NULL): a human-readable line for `ferry info` (devices,
    * providers, settings in force). Write into buf (len bytes, NUL-terminated). */
-  int (*describe)(void *ctx, char *buf, size_t len);
+  int (*describe)(void* ctx, char* buf, size_t len);
 
   /* ---- ABI 1.2 ---- */
 
@@ -368,8 +398,8 @@ typedef struct ferry_plugin_ops_v1 {
    * never saw is FERRY_FENCE_NONE (and stays fenced if its bytes come later).
    * FERRY_OK, or FERRY_ERR_TIMEOUT when that could not be established by
    * deadline_ns (the core answers "unknown"). Never called from a host callback. */
-  int (*fence)(void *ctx, const char *peer_key, const uint64_t *attempt_ids, size_t n,
-               uint64_t deadline_ns, ferry_fence_result_v1 *results);
+  int (*fence)(void* ctx, const char* peer_key, const uint64_t* attempt_ids, size_t n,
+               uint64_t deadline_ns, ferry_fence_result_v1* results);
 } ferry_plugin_ops_v1;
 
 /* A plugin defines this (with visibility default) in exactly one file:

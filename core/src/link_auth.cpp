@@ -1,0 +1,64 @@
+#include "link_auth.h"
+
+#include <cstring>
+
+namespace ferry {
+
+namespace {
+constexpr size_t kHalf = auth::kMacSize;
+static_assert(LinkAuth::kProofSize == 2 * kHalf, "a proof is two MACs");
+}  // namespace
+
+int LinkAuth::prove(const std::string& peer, uint32_t role, const void* transcript, size_t len,
+                    uint8_t proof[kProofSize]) const {
+  std::memset(proof, 0, kProofSize);
+  if (role == FERRY_LINK_TARGET)
+    return creds_.prove(creds_.own(), auth::kTargetRole, transcript, len, proof)
+               ? FERRY_OK
+               : FERRY_ERR_INTERNAL;
+  if (role != FERRY_LINK_INITIATOR) return FERRY_ERR_INVALID_ARGS;
+  auth::InstanceSecret theirs;
+  if (!peers_(peer, &theirs)) return FERRY_ERR_NOT_FOUND;
+  bool ok = creds_.prove(theirs, auth::kInitiatorRole, transcript, len, proof) &&
+            creds_.prove(creds_.own(), auth::kInitiatorRole, transcript, len, proof + kHalf);
+  return ok ? FERRY_OK : FERRY_ERR_INTERNAL;
+}
+
+int LinkAuth::check(const std::string& peer, uint32_t role, const void* transcript, size_t len,
+                    const uint8_t proof[kProofSize], std::string* why) const {
+  const std::string token_hint =
+      creds_.has_token() ? ", or a different auth token" : ", or an auth token set there only";
+  auth::InstanceSecret theirs;
+  const bool registered = peers_(peer, &theirs);
+  if (role == FERRY_LINK_INITIATOR) {
+    if (!registered) {
+      *why = "engine '" + peer + "' is not registered here";
+      return FERRY_ERR_NOT_FOUND;
+    }
+    if (creds_.check(theirs, auth::kTargetRole, transcript, len, proof)) return FERRY_OK;
+    *why = "engine '" + peer +
+           "' did not prove the secret of the descriptor registered for it (it restarted and "
+           "its new descriptor is not registered here, it is not the engine it claims to be" +
+           token_hint + ")";
+    return FERRY_ERR_REMOTE;
+  }
+  if (role != FERRY_LINK_TARGET) {
+    *why = "unknown link role";
+    return FERRY_ERR_REMOTE;
+  }
+  if (!creds_.check(creds_.own(), auth::kInitiatorRole, transcript, len, proof)) {
+    *why = "engine '" + peer +
+           "' does not hold this engine's current descriptor (none, one of an earlier instance" +
+           token_hint + ")";
+    return FERRY_ERR_REMOTE;
+  }
+  if (registered && !creds_.check(theirs, auth::kInitiatorRole, transcript, len, proof + kHalf)) {
+    *why = "a peer claims the key of registered engine '" + peer +
+           "' but cannot prove that engine's secret (an impostor, or the engine restarted: "
+           "register its new descriptor)";
+    return FERRY_ERR_REMOTE;
+  }
+  return FERRY_OK;
+}
+
+}  // namespace ferry

@@ -1,0 +1,46 @@
+// Access by descriptor: what each side of a connection between two engines
+// proves, for the control plane and for plugins (host link_prove / link_check,
+// ABI 1.4). A proof is two HMACs over one connection's transcript:
+//   initiator: MAC for the target's secret | MAC for its own secret
+//   target:    MAC for its own secret      | zeros
+// (auth::link_mac: the cluster token is mixed into each key, the prover's role
+// into each message, so a proof cannot be reflected as the other side's). The
+// target checks the first half always, the second when it registered the
+// initiator's key; the initiator checks the target's first half against the
+// descriptor registered for it.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "auth.h"
+#include "ferry/plugin.h"
+
+namespace ferry {
+
+class LinkAuth {
+ public:
+  static constexpr size_t kProofSize = FERRY_LINK_PROOF_SIZE;
+  // The secret of the descriptor registered under a key; false when none is.
+  using PeerSecrets = std::function<bool(const std::string& key, auth::InstanceSecret* secret)>;
+
+  LinkAuth(const auth::Credentials& creds, PeerSecrets peers)
+      : creds_(creds), peers_(std::move(peers)) {}
+
+  const auth::Credentials& credentials() const { return creds_; }
+  bool has_token() const { return creds_.has_token(); }
+
+  // FERRY_OK, FERRY_ERR_NOT_FOUND (initiator: the target is not registered),
+  // FERRY_ERR_INVALID_ARGS (unknown role) or FERRY_ERR_INTERNAL (libcrypto).
+  int prove(const std::string& peer, uint32_t role, const void* transcript, size_t len,
+            uint8_t proof[kProofSize]) const;
+  // FERRY_OK, or FERRY_ERR_REMOTE / FERRY_ERR_NOT_FOUND with *why in words.
+  int check(const std::string& peer, uint32_t role, const void* transcript, size_t len,
+            const uint8_t proof[kProofSize], std::string* why) const;
+
+ private:
+  const auth::Credentials& creds_;
+  const PeerSecrets peers_;
+};
+
+}  // namespace ferry
