@@ -24,6 +24,7 @@ void decode_all(const std::vector<uint8_t>& body) {
     if (hello_body(s, nonce, flags) != body) __builtin_trap();
   }
   decode_refused(body, s);
+  if (decode_hello_ok(body, &flags) && hello_ok_body(flags) != body) __builtin_trap();
   if (decode_plugin(body, s, off) && (off > body.size() || s.empty())) __builtin_trap();
   if (decode_notify(body, uid, status) && notify_body(uid, status) != body) __builtin_trap();
   if (decode_challenge(body, nonce, mac) && challenge_body(nonce, mac) != body) __builtin_trap();

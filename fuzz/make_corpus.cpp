@@ -48,6 +48,7 @@ void ctrl() {
       {"challenge", encode_ctrl_frame(CtrlType::AUTH_CHALLENGE, challenge_body(nonce, mac))},
       {"proof", encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(mac))},
       {"ok", encode_ctrl_frame(CtrlType::HELLO_OK, {})},
+      {"ok_send_desc", encode_ctrl_frame(CtrlType::HELLO_OK, hello_ok_body(kHelloOkSendDesc))},
       {"refused", encode_ctrl_frame(CtrlType::HELLO_REFUSED, refused_body("not registered"))},
       {"session",
        cat({encode_ctrl_frame(CtrlType::HELLO, hello_body("a", nonce, 0)),

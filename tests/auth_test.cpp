@@ -7,11 +7,14 @@
 #include "auth.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -257,6 +260,86 @@ TEST(AccessByDescriptor, AnInitiatorTheTargetNeverRegisteredIsServed) {
   EXPECT_EQ(test::find_mismatch(i.mem.data(), 0, kBytes, 21, 0), -1);
 }
 
+TEST(AccessByDescriptor, TheTargetLearnsAnInitiatorFromItsHelloAndCanReachItBack) {
+  // cma notifies over the control plane: the initiator's first control
+  // connection presents its descriptor, so the target - which never registered
+  // it - learns it, records the notification under its key, and can itself
+  // write into the initiator's memory (given a MemoryDesc out of band).
+  const auto policy = std::filesystem::temp_directory_path() /
+                      ("ferry-auth-cma-" + std::to_string(getpid()) + ".yaml");
+  std::ofstream(policy) << "backends:\n  cma: {}\nrules:\n  - prefer: [cma]\n"
+                           "    trust_descriptors: true\n";
+  const char* prev = std::getenv("FERRY_POLICY");  // ctest sets one for the whole binary
+  const std::string saved = prev ? prev : "";
+  setenv("FERRY_POLICY", policy.c_str(), 1);
+  {
+    Target t("cma");
+    Initiator i("desc-learned", "cma");
+    ASSERT_TRUE(i.eng->register_remote_engine(t.eng->desc()));
+    TransferStatus st = i.write(t.desc, 31, /*notify=*/true);
+    ASSERT_TRUE(st.Succeeded()) << st.Message();
+    EXPECT_TRUE(t.eng->wait_inbound_transfer_status("desc-learned", i.uid, 5s).has_value());
+    // Back the other way, without any registration at the target.
+    test::fill_pattern(t.mem.data(), 0, kBytes, 32);
+    TransferStatus back =
+        t.eng->write(t.desc, 0, i.desc, 0, kBytes, t.eng->allocate_transfer_uid(), /*notify=*/true);
+    ASSERT_TRUE(back.WaitFor(30s));
+    ASSERT_TRUE(back.Succeeded()) << back.Message();
+    EXPECT_EQ(test::find_mismatch(i.mem.data(), 0, kBytes, 32, 0), -1);
+  }
+  if (prev)
+    setenv("FERRY_POLICY", saved.c_str(), 1);
+  else
+    unsetenv("FERRY_POLICY");
+  std::filesystem::remove(policy);
+}
+
+TEST(AccessByDescriptor, RegisteringTheSameDescriptorAgainKeepsSessions) {
+  // Connectors repeat their handshakes; a repeated registration of the same
+  // descriptor must not tear the peer's sessions down.
+  Target t;
+  Initiator i("desc-again");
+  ASSERT_TRUE(i.eng->register_remote_engine(t.eng->desc()));
+  ASSERT_TRUE(t.eng->register_remote_engine(i.eng->desc()));
+  auto session = i.eng->create_session(i.desc, t.desc);
+  ASSERT_TRUE(session);
+  test::fill_pattern(i.mem.data(), 0, kBytes, 33);
+  TransferStatus a = session->write(0, 0, kBytes, i.eng->allocate_transfer_uid());
+  ASSERT_EQ(a.Wait(), StatusCode::SUCCESS) << a.Message();
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_TRUE(i.eng->register_remote_engine(t.eng->desc()));
+    ASSERT_TRUE(t.eng->register_remote_engine(i.eng->desc()));
+  }
+  test::fill_pattern(i.mem.data(), 0, kBytes, 34);
+  TransferStatus b = session->write(0, 0, kBytes, i.eng->allocate_transfer_uid());
+  ASSERT_EQ(b.Wait(), StatusCode::SUCCESS)
+      << "a re-registration killed the session: " << b.Message();
+  EXPECT_EQ(test::find_mismatch(t.mem.data(), 0, kBytes, 34, 0), -1);
+}
+
+TEST(ConnectorHabits, NotifyDefaultIsAnEngineSetting) {
+  // MoRIIOConnector never pops inbound statuses: it turns notification off
+  // once for the engine instead of on every call.
+  Target t;
+  EngineConfig c;
+  c.timeout = 5s;
+  c.notify = false;
+  Engine quiet("desc-quiet", c);
+  ASSERT_TRUE(quiet.add_backend("tcp"));
+  std::vector<uint8_t> src(kBytes, 0x42);
+  MemoryDesc local = quiet.register_memory(src.data(), src.size());
+  ASSERT_TRUE(quiet.register_remote_engine(t.eng->desc()));
+  TransferUid silent = quiet.allocate_transfer_uid();
+  ASSERT_EQ(quiet.write(local, 0, t.desc, 0, kBytes, silent).Wait(), StatusCode::SUCCESS);
+  TransferUid asked = quiet.allocate_transfer_uid();
+  ASSERT_EQ(quiet.write(local, 0, t.desc, 0, 4096, asked, /*notify=*/true).Wait(),
+            StatusCode::SUCCESS);
+  EXPECT_TRUE(t.eng->wait_inbound_transfer_status("desc-quiet", asked, 5s).has_value());
+  EXPECT_FALSE(t.eng->pop_inbound_transfer_status("desc-quiet", silent).has_value())
+      << "a transfer of an engine with notify off notified its target";
+  EXPECT_EQ(t.mem[kBytes - 1], 0x42);
+}
+
 TEST(AccessByDescriptor, KnowingTheNameAndAddressIsNotEnough) {
   // Everything of the target's descriptor but its secret: what anyone who can
   // read the open source and scan the network learns.
@@ -352,11 +435,13 @@ TEST(AccessByDescriptor, HostLinkProofsAreBoundToTheirRoleAndPeer) {
 // One control plane with its own credentials; `trust` registers another's secret.
 struct Plane {
   Plane(const std::string& key, const std::string& token)
-      : creds(token), link(creds, [this](const std::string& k, auth::InstanceSecret* s) {
+      : creds(token),
+        link(creds, [this](const std::string& k, auth::InstanceSecret* s, bool* learned) {
           std::lock_guard lk(mu);
           auto it = known.find(k);
           if (it == known.end()) return false;
           *s = it->second;
+          if (learned) *learned = false;
           return true;
         }) {
     ControlPlane::Handlers h;

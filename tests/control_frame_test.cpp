@@ -78,6 +78,13 @@ TEST(ControlFrame, BodyDecodersRejectWrongShapes) {
   b = good;
   b.back() = 0x80;
   EXPECT_FALSE(hello(b));  // unknown flag
+  uint8_t ok_flags = 7;
+  EXPECT_TRUE(decode_hello_ok({}, &ok_flags));
+  EXPECT_EQ(ok_flags, 0);
+  EXPECT_TRUE(decode_hello_ok({kHelloOkSendDesc}, &ok_flags));
+  EXPECT_EQ(ok_flags, kHelloOkSendDesc);
+  EXPECT_FALSE(decode_hello_ok({2}, &ok_flags));     // unknown flag
+  EXPECT_FALSE(decode_hello_ok({1, 0}, &ok_flags));  // trailing bytes
   uint64_t uid;
   int32_t st;
   EXPECT_FALSE(decode_notify({1, 2, 3}, uid, st));

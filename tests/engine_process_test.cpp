@@ -51,8 +51,9 @@ struct Item {
 class Pair {
  public:
   explicit Pair(int timeout_ms = 10000, size_t region = kRegion)
-      : local_(region), child_(peer_argv({FERRY_TEST_PEER, "target", backend_under_test(),
-                                          std::to_string(region), std::to_string(timeout_ms)})) {
+      : local_(region),
+        child_(peer_argv({FERRY_TEST_PEER, "target", backend_under_test(), std::to_string(region),
+                          std::to_string(timeout_ms)})) {
     std::string ready = child_.read_line(60000);
     std::istringstream in(ready);
     std::string word, ehex, mhex;
@@ -66,8 +67,7 @@ class Pair {
     if (!r) throw std::runtime_error(r.message);
     target_desc_ = EngineDesc::unpack(test::from_hex(ehex));
     remote_ = MemoryDesc::unpack(test::from_hex(mhex));
-    if (!engine_->register_remote_engine(target_desc_))
-      throw std::runtime_error("register target");
+    if (!engine_->register_remote_engine(target_desc_)) throw std::runtime_error("register target");
     std::string ok = child_.ask("register " + test::to_hex(engine_->desc().pack()));
     if (ok != "OK") throw std::runtime_error("target register: " + ok);
     mem_ = engine_->register_memory(local_.data(), local_.size());
@@ -87,7 +87,8 @@ class Pair {
     return h;
   }
   std::string pop(TransferUid uid, int ms = 5000) {
-    return child_.ask("pop initiator " + std::to_string(uid) + " " + std::to_string(ms), ms + 30000);
+    return child_.ask("pop initiator " + std::to_string(uid) + " " + std::to_string(ms),
+                      ms + 30000);
   }
 
   std::vector<uint8_t> local_;
@@ -165,11 +166,19 @@ TEST_P(TransferMatrix, MovesVerifiedDataAndNotifiesTarget) {
   TransferUid uid = sess ? sess->allocate_transfer_uid() : p.engine_->allocate_transfer_uid();
   TransferStatus st;
   if (c.op == Op::WRITE) {
-    if (c.batch) st = sess ? sess->batch_write(lo, ro, sz, uid) : p.engine_->batch_write(p.mem_, lo, p.remote_, ro, sz, uid);
-    else st = sess ? sess->write(lo[0], ro[0], sz[0], uid) : p.engine_->write(p.mem_, lo[0], p.remote_, ro[0], sz[0], uid);
+    if (c.batch)
+      st = sess ? sess->batch_write(lo, ro, sz, uid)
+                : p.engine_->batch_write(p.mem_, lo, p.remote_, ro, sz, uid);
+    else
+      st = sess ? sess->write(lo[0], ro[0], sz[0], uid)
+                : p.engine_->write(p.mem_, lo[0], p.remote_, ro[0], sz[0], uid);
   } else {
-    if (c.batch) st = sess ? sess->batch_read(lo, ro, sz, uid) : p.engine_->batch_read(p.mem_, lo, p.remote_, ro, sz, uid);
-    else st = sess ? sess->read(lo[0], ro[0], sz[0], uid) : p.engine_->read(p.mem_, lo[0], p.remote_, ro[0], sz[0], uid);
+    if (c.batch)
+      st = sess ? sess->batch_read(lo, ro, sz, uid)
+                : p.engine_->batch_read(p.mem_, lo, p.remote_, ro, sz, uid);
+    else
+      st = sess ? sess->read(lo[0], ro[0], sz[0], uid)
+                : p.engine_->read(p.mem_, lo[0], p.remote_, ro[0], sz[0], uid);
   }
   ASSERT_TRUE(st.WaitFor(60s)) << "transfer did not end";
   ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
@@ -203,7 +212,8 @@ std::vector<Case> all_cases() {
   return cs;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllCombinations, TransferMatrix, testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(AllCombinations, TransferMatrix, testing::ValuesIn(all_cases()),
+                         case_name);
 
 TEST(EngineProcess, NotifyOffMeansNoInboundStatus) {
   Pair p;
@@ -274,10 +284,12 @@ TEST(EngineProcess, TargetKilledMidTransferFailsWithinDeadline) {
   Pair p(timeout_ms);
   std::vector<TransferStatus> statuses;
   for (int i = 0; i < 16; ++i)
-    statuses.push_back(p.engine_->write(p.mem_, 0, p.remote_, 0, 64u << 20, p.engine_->allocate_transfer_uid()));
+    statuses.push_back(
+        p.engine_->write(p.mem_, 0, p.remote_, 0, 64u << 20, p.engine_->allocate_transfer_uid()));
   p.child_.kill_now();
   for (int i = 0; i < 4; ++i)
-    statuses.push_back(p.engine_->write(p.mem_, 0, p.remote_, 0, 1u << 20, p.engine_->allocate_transfer_uid()));
+    statuses.push_back(
+        p.engine_->write(p.mem_, 0, p.remote_, 0, 1u << 20, p.engine_->allocate_transfer_uid()));
   auto start = std::chrono::steady_clock::now();
   // Every status ends: the plugin's deadline, or the core's watchdog just after it.
   ASSERT_TRUE(wait_all(statuses, std::chrono::milliseconds(timeout_ms * 3 + 2000)))

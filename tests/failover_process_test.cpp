@@ -20,9 +20,10 @@ TEST(FailoverProcess, TcpCutMidStreamCompletesOnCma) {
   const size_t region = 64u << 20;
   std::string plugin_path = std::string(FERRY_PLUGIN_BUILD_DIR);
   setenv("FERRY_PLUGIN_PATH", plugin_path.c_str(), 1);
-  auto policy = std::filesystem::temp_directory_path() / ("ferry-cut-" + std::to_string(getpid()) + ".yaml");
+  auto policy =
+      std::filesystem::temp_directory_path() / ("ferry-cut-" + std::to_string(getpid()) + ".yaml");
   std::ofstream(policy) << "backends:\n  cma: {}\nrules:\n  - prefer: [tcp, cma]\n"
-                            "    trust_descriptors: true\n"
+                           "    trust_descriptors: true\n"
                            "failover:\n  max_attempts: 2\ntimeout: 10s\n";
   test::ChildProcess child({FERRY_TEST_PEER, "target", "tcp,cma", std::to_string(region), "10000"});
   std::string ready = child.read_line(60000);
@@ -53,7 +54,7 @@ TEST(FailoverProcess, TcpCutMidStreamCompletesOnCma) {
     st.push_back(ini.write(local, 0, remote, 0, region, uids.back()));
   }
   ASSERT_EQ(child.ask("remove_backend tcp"), "OK");  // cuts every tcp connection
-  for (int i = 0; i < 2; ++i) {  // after the cut: tcp refuses, cma carries them
+  for (int i = 0; i < 2; ++i) {                      // after the cut: tcp refuses, cma carries them
     uids.push_back(ini.allocate_transfer_uid());
     st.push_back(ini.write(local, 0, remote, 0, region, uids.back()));
   }

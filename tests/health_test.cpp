@@ -1,7 +1,7 @@
 // Quarantine, back-off and recovery follow the configured timings (fake clock).
-#include <gtest/gtest.h>
-
 #include "health.h"
+
+#include <gtest/gtest.h>
 
 using namespace ferry;
 using namespace std::chrono_literals;

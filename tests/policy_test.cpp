@@ -2,8 +2,6 @@
 // matching, and the shipped config/*.yaml examples. Needs only policy.cpp and
 // policy_yaml.cpp.
 #include "policy.h"
-#include "ferry/plugin.h"
-#include "router.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include "ferry/plugin.h"
+#include "router.h"
 
 namespace ferry {
 namespace {
@@ -167,6 +168,13 @@ rules:
   EXPECT_EQ(p.backend_settings.at("my-nic_2"), "{}");
   EXPECT_EQ(p.backend_settings.at("tcp"), "{}");
   EXPECT_EQ(p.rules.at(0).prefer, (Names{"my-nic_2", "tcp", "*"}));
+}
+
+TEST(PolicyParse, NotifyDefault) {
+  EXPECT_TRUE(parse_policy("timeout: 1s\n", "f.yaml").notify);
+  EXPECT_FALSE(parse_policy("notify: false\n", "f.yaml").notify);
+  EXPECT_TRUE(parse_policy("notify: true\n", "f.yaml").notify);
+  EXPECT_TRUE(Rejects("notify: maybe\n", "1:", "notify"));
 }
 
 TEST(PolicyParse, EmptyFileIsTheBuiltinPolicy) {
@@ -718,8 +726,8 @@ TEST(PolicyRoute, NoTargetCheckBackendsNeedAnOptIn) {
   EXPECT_TRUE(d.kept().empty()) << "named without the opt-in";
   d = decide(parse_policy(head + "  - prefer: [cma]\n    trust_descriptors: true\n", "t.yaml"));
   EXPECT_EQ(d.kept(), (Names{"cma"}));
-  d = decide(parse_policy(head + "  - prefer: [tcp, \"*\"]\n    trust_descriptors: true\n",
-                          "t.yaml"));
+  d = decide(
+      parse_policy(head + "  - prefer: [tcp, \"*\"]\n    trust_descriptors: true\n", "t.yaml"));
   EXPECT_TRUE(d.kept().empty()) << "the opt-in covers only the backends a rule names";
   // Without the flag the same plugin is used as before.
   in.loaded = {{"cma", cma_caps & ~FERRY_CAP_NO_TARGET_CHECK}};

@@ -20,9 +20,10 @@ int main(int argc, char** argv) {
     if (!r) {
       const bool no_device = r.message.find("no RDMA device") != std::string::npos ||
                              r.message.find("no active RDMA port") != std::string::npos;
-      std::printf("%s: %s\n", no_device ? "SKIPPED (no RDMA device here; the rdma tests run inside "
-                                          "the Soft-RoCE VM, see docs/backends/rdma.md)"
-                                        : "rdma backend cannot start",
+      std::printf("%s: %s\n",
+                  no_device ? "SKIPPED (no RDMA device here; the rdma tests run inside "
+                              "the Soft-RoCE VM, see docs/backends/rdma.md)"
+                            : "rdma backend cannot start",
                   r.message.c_str());
       std::fflush(stdout);
       return no_device ? 77 : 1;

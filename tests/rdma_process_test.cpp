@@ -37,9 +37,9 @@ std::string rdma_unavailable() {
   return why;
 }
 
-#define NEED_RDMA()                                                                       \
-  if (!rdma_unavailable().empty())                                                        \
-  GTEST_SKIP() << "rdma backend unavailable here (" << rdma_unavailable()                 \
+#define NEED_RDMA()                                                       \
+  if (!rdma_unavailable().empty())                                        \
+  GTEST_SKIP() << "rdma backend unavailable here (" << rdma_unavailable() \
                << "); these tests run inside the Soft-RoCE VM (docs/backends/rdma.md)"
 
 std::filesystem::path write_policy(const std::string& name, const std::string& text) {
@@ -49,9 +49,10 @@ std::filesystem::path write_policy(const std::string& name, const std::string& t
   return p;
 }
 
-// A ferry-test-peer target registered both ways with `ini`.
+// A ferry-test-peer target registered both ways with `ini` (one way only,
+// the target at the initiator, as vLLM's connectors do, when `both` is false).
 struct Target {
-  Target(Engine& ini, const std::string& backends, size_t region)
+  Target(Engine& ini, const std::string& backends, size_t region, bool both = true)
       : child({FERRY_TEST_PEER, "target", backends, std::to_string(region), "10000"}) {
     std::string ready = child.read_line(120000);
     std::istringstream in(ready);
@@ -62,6 +63,7 @@ struct Target {
     mem = MemoryDesc::unpack(test::from_hex(mhex));
     Result r = ini.register_remote_engine(desc);
     if (!r) throw std::runtime_error("register target: " + r.message);
+    if (!both) return;
     std::string ok = child.ask("register " + test::to_hex(ini.desc().pack()));
     if (ok != "OK") throw std::runtime_error("target register: " + ok);
   }
@@ -87,7 +89,8 @@ TEST(RdmaInfo, NoDeviceIsReportedClearly) {
   EXPECT_EQ(r.code, StatusCode::ERR_BAD_STATE);
   EXPECT_NE(r.message.find("no RDMA device"), std::string::npos) << r.message;
   // `ferry info` lists the plugin as FAILED with the same reason, and the process lives on.
-  std::string cmd = std::string(FERRY_CLI) + " info --plugin-dir " + FERRY_PLUGIN_BUILD_DIR + " 2>&1";
+  std::string cmd =
+      std::string(FERRY_CLI) + " info --plugin-dir " + FERRY_PLUGIN_BUILD_DIR + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
   std::string out;
@@ -126,7 +129,8 @@ TEST(RdmaProcess, TargetKilledFailsThenRestartedTargetWorks) {
   EXPECT_NE(lost.Message().find("rdma"), std::string::npos) << lost.Message();
   std::printf("transfer to the dead target: %s after %lld ms\n", lost.Message().c_str(),
               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                         std::chrono::steady_clock::now() - t0).count()));
+                                         std::chrono::steady_clock::now() - t0)
+                                         .count()));
   t1.reset();
 
   // A new process under the same key: registered again, new QPs, data moves.
@@ -139,6 +143,33 @@ TEST(RdmaProcess, TargetKilledFailsThenRestartedTargetWorks) {
   EXPECT_EQ(t2.pop(uid, 5000), "INBOUND SUCCESS");
   auto rd = ini.read(local, 0, t2.mem, 0, region, ini.allocate_transfer_uid());
   ASSERT_EQ(rd.Wait(), StatusCode::SUCCESS) << rd.Message();
+}
+
+TEST(RdmaProcess, OneWayRegistrationConnectsQueuePairs) {
+  // The target never registers the initiator. Its QP answer goes back over
+  // the control plane, to an engine it learned from the initiator's
+  // authenticated hello (it presented its descriptor there).
+  NEED_RDMA();
+  const size_t region = 1u << 20;
+  EngineConfig cfg;
+  cfg.timeout = 8000ms;
+  Engine ini("initiator", cfg);
+  ASSERT_TRUE(ini.add_backend("rdma"));
+  std::vector<uint8_t> src(region);
+  test::fill_pattern(src.data(), 0, region, 21);
+  MemoryDesc local = ini.register_memory(src.data(), src.size());
+  Target t(ini, "rdma", region, /*both=*/false);
+  TransferUid uid = ini.allocate_transfer_uid();
+  auto st = ini.write(local, 0, t.mem, 0, region, uid);
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  EXPECT_EQ(t.hash(0, region), hash_of(src, 0, region));
+  EXPECT_EQ(t.pop(uid, 5000), "INBOUND SUCCESS");
+  std::fill(src.begin(), src.end(), 0);
+  auto rd = ini.read(local, 0, t.mem, 0, region, ini.allocate_transfer_uid());
+  ASSERT_EQ(rd.Wait(), StatusCode::SUCCESS) << rd.Message();
+  std::vector<uint8_t> want(region);
+  test::fill_pattern(want.data(), 0, region, 21);
+  EXPECT_EQ(src, want);
 }
 
 TEST(RdmaProcess, QpErrorWithLivePeerIsRebuiltByTheNextTransfer) {

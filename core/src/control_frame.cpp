@@ -77,6 +77,20 @@ bool decode_proof(const std::vector<uint8_t>& body, uint8_t proof[kCtrlProofSize
   return true;
 }
 
+bool decode_hello_ok(const std::vector<uint8_t>& body, uint8_t* flags) {
+  if (body.empty()) {
+    *flags = 0;
+    return true;
+  }
+  if (body.size() != 1 || (body[0] & ~kHelloOkSendDesc) != 0) return false;
+  *flags = body[0];
+  return true;
+}
+
+std::vector<uint8_t> hello_ok_body(uint8_t flags) {
+  return flags ? std::vector<uint8_t>{flags} : std::vector<uint8_t>{};
+}
+
 bool decode_refused(const std::vector<uint8_t>& body, std::string& reason) {
   wire::Reader r(body.data(), body.size());
   return r.str8(reason) && r.left() == 0;

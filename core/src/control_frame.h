@@ -13,7 +13,10 @@
 //           AUTH_PROOF(Pc)             Pc: the initiator's proof over
 //                                      "ferry-ctrl-v2 client" Nc Ns keys
 //   server: checks Pc (its own secret; the client's too when it registered
-//           that key) -> HELLO_OK | HELLO_REFUSED
+//           that key) -> HELLO_OK(flags) | HELLO_REFUSED
+//   client, when HELLO_OK asks for it (the server does not know its secret):
+//           PEER_DESC(its EngineDesc), whose secret must match the second half
+//           of Pc: the server learns the client (one-way registration).
 // (auth::ctrl_transcript). No secret travels. Version 1 peers are refused by
 // the frame header's version.
 #pragma once
@@ -34,7 +37,7 @@ constexpr uint8_t kHelloHasToken = 1;
 
 enum class CtrlType : uint8_t {
   HELLO = 1,           // body: str8 sender key, 32-byte nonce, u8 flags
-  HELLO_OK = 2,        // body: empty
+  HELLO_OK = 2,        // body: empty, or u8 flags (kHelloOkSendDesc)
   HELLO_REFUSED = 3,   // body: str8 reason
   PLUGIN = 4,          // body: str8 plugin name, then the plugin's opaque payload
   NOTIFY = 5,          // body: u64 uid, i32 status      (a transfer to the receiver landed)
@@ -43,11 +46,14 @@ enum class CtrlType : uint8_t {
   // The initiator gave up on WRITE attempts whose outcome it does not know; the
   // receiver (their target) must make sure none of their bytes lands from now
   // on and say what had landed. Sent on a connection of its own, answered on it.
-  FENCE = 8,  // body: u64 request id, u64 target instance, u32 n, n x (str8 backend, u64 attempt)
-  FENCE_REPLY =
-      9,  // body: u64 request id, u64 instance, u32 n, n x (u64 attempt, u8 state, u64 landed)
+  // body: u64 request id, u64 target instance, u32 n, n x (str8 backend, u64 attempt)
+  FENCE = 8,
+  // body: u64 request id, u64 instance, u32 n, n x (u64 attempt, u8 state, u64 landed)
+  FENCE_REPLY = 9,
+  PEER_DESC = 10,  // body: the sender's packed EngineDesc (only when HELLO_OK asked for it)
 };
-constexpr uint8_t kMaxCtrlType = 9;
+constexpr uint8_t kMaxCtrlType = 10;
+constexpr uint8_t kHelloOkSendDesc = 1;
 constexpr uint32_t kMaxFenceEntries = 4096;
 
 // A FENCE entry, and what the target found for it (FenceState).
@@ -98,6 +104,7 @@ bool decode_challenge(const std::vector<uint8_t>& body, uint8_t nonce[kCtrlNonce
                       uint8_t proof[kCtrlProofSize]);
 bool decode_proof(const std::vector<uint8_t>& body, uint8_t proof[kCtrlProofSize]);
 bool decode_refused(const std::vector<uint8_t>& body, std::string& reason);
+bool decode_hello_ok(const std::vector<uint8_t>& body, uint8_t* flags);
 bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t& payload_off);
 bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status);
 bool decode_fence(const std::vector<uint8_t>& body, uint64_t& req, uint64_t& instance,
@@ -111,6 +118,7 @@ std::vector<uint8_t> challenge_body(const uint8_t nonce[kCtrlNonceSize],
                                     const uint8_t proof[kCtrlProofSize]);
 std::vector<uint8_t> proof_body(const uint8_t proof[kCtrlProofSize]);
 std::vector<uint8_t> refused_body(const std::string& reason);
+std::vector<uint8_t> hello_ok_body(uint8_t flags);
 std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload, size_t n);
 std::vector<uint8_t> notify_body(uint64_t uid, int32_t status);
 std::vector<uint8_t> fence_body(uint64_t req, uint64_t instance,

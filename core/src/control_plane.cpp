@@ -31,6 +31,11 @@ struct ControlPlane::Inbound {
   uint64_t seq = 0;    // accept order (the oldest handshake is evicted first)
   std::chrono::steady_clock::time_point deadline;  // for the handshake
   auth::Nonce client_nonce{}, server_nonce{};
+  // The client passed with a secret of its own we do not know: its descriptor
+  // (PEER_DESC) must come next and match `self_mac` over `transcript`.
+  bool wants_desc = false;
+  std::vector<uint8_t> transcript;
+  auth::Mac self_mac{};
   CtrlFrameReader reader;
 };
 
@@ -191,8 +196,7 @@ ControlPlane::~ControlPlane() {
   fence_thread_.join();
   for (auto& j : fence_jobs_) ::close(j.fd);
   for (auto& [fd, c] : inbound_) ::close(fd);
-  for (auto& [key, o] : outbound_)
-    if (o->fd >= 0) ::close(o->fd);
+  outbound_.clear();  // each Outbound closes its connection
   ::close(listen_fd_);
   ::close(epoll_fd_);
   ::close(wake_fd_);
@@ -370,12 +374,15 @@ void ControlPlane::read_from(int fd) {
     }
     std::vector<CtrlFrame> frames;
     bool ok = c->reader.feed(buf, static_cast<size_t>(k), frames);
+    handling_fd_ = fd;
     for (auto& f : frames) {
       if (!handle_frame(*c, f)) {
+        handling_fd_ = -1;
         close_inbound(fd);
         return;
       }
     }
+    handling_fd_ = -1;
     if (!ok) {
       warn_from(
           "malformed", c->from,
@@ -447,10 +454,39 @@ bool ControlPlane::handle_proof(Inbound& c, CtrlFrame& f) {
     return reject(c, "engine '" + c.peer + "' did not answer the auth challenge", true);
   auto t = auth::ctrl_transcript(kClientLabel, c.client_nonce, c.server_nonce, c.peer, self_key_);
   std::string why;
-  if (auth_->check(c.peer, FERRY_LINK_TARGET, t.data(), t.size(), proof, &why) != FERRY_OK)
+  bool unknown = false;
+  if (auth_->check(c.peer, FERRY_LINK_TARGET, t.data(), t.size(), proof, &why, &unknown) !=
+      FERRY_OK)
     return reject(c, why, true);
+  if (unknown && handlers_.on_peer_desc) {
+    c.wants_desc = true;
+    c.transcript = std::move(t);
+    std::memcpy(c.self_mac.data(), proof + auth::kMacSize, auth::kMacSize);
+  }
   FERRY_LOG(DEBUG, "control", "engine '" + c.peer + "' (" + c.from + ") authenticated");
   return admit(c);
+}
+
+bool ControlPlane::handle_peer_desc(Inbound& c, const CtrlFrame& f) {
+  if (!c.wants_desc) return false;  // unasked: unexpected
+  c.wants_desc = false;
+  EngineDesc d;
+  try {
+    d = EngineDesc::unpack(f.body);
+  } catch (const Error& e) {
+    return reject(c, "engine '" + c.peer + "' sent a bad descriptor: " + e.what(), false);
+  }
+  // The descriptor must be the prover's: its key, and the secret it proved.
+  if (d.key != c.peer ||
+      !auth_->credentials().check(d.secret, auth::kInitiatorRole, c.transcript.data(),
+                                  c.transcript.size(), c.self_mac.data()))
+    return reject(c,
+                  "engine '" + c.peer +
+                      "' sent a descriptor that is not its own (its key or "
+                      "secret does not match its proof)",
+                  false);
+  handlers_.on_peer_desc(d);
+  return true;
 }
 
 bool ControlPlane::admit(Inbound& c) {
@@ -479,7 +515,8 @@ bool ControlPlane::admit(Inbound& c) {
   }
   c.state = Inbound::State::OPEN;
   c.reader.set_max_body(kMaxCtrlBody);
-  auto ok = encode_ctrl_frame(CtrlType::HELLO_OK, {});
+  auto ok =
+      encode_ctrl_frame(CtrlType::HELLO_OK, hello_ok_body(c.wants_desc ? kHelloOkSendDesc : 0));
   return write_all(c.fd, ok.data(), ok.size());
 }
 
@@ -516,6 +553,9 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
       fence_cv_.notify_one();
       return true;
     }
+    case CtrlType::PEER_DESC:
+      if (!c.wants_desc) break;
+      return handle_peer_desc(c, f);
     default:
       break;
   }
@@ -642,6 +682,17 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
     if (f.type == CtrlType::HELLO_REFUSED) decode_refused(f.body, reason);
     return fail("peer refused the control connection: " + reason, false);
   }
+  uint8_t ok_flags = 0;
+  if (!decode_hello_ok(f.body, &ok_flags)) return fail("malformed HELLO_OK from " + where, true);
+  if ((ok_flags & kHelloOkSendDesc) && handlers_.self_desc) {
+    // The server does not know us (it never registered us): our descriptor
+    // lets it answer and connect back (one-way registration).
+    auto desc = encode_ctrl_frame(CtrlType::PEER_DESC, handlers_.self_desc());
+    if (!write_all(fd, desc.data(), desc.size())) {
+      if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
+      return fail("sending our descriptor to " + where + ": " + std::strerror(errno), false);
+    }
+  }
   return fd;
 }
 
@@ -767,6 +818,10 @@ int ControlPlane::request(const std::string& peer_key, const std::string& host, 
   return rc;
 }
 
+ControlPlane::Outbound::~Outbound() {
+  if (fd >= 0) ::close(fd);
+}
+
 void ControlPlane::forget_peer(const std::string& key) {
   std::shared_ptr<Outbound> o;
   {
@@ -778,16 +833,20 @@ void ControlPlane::forget_peer(const std::string& key) {
     }
   }
   if (o) {
-    // After a sender in progress (bounded by its deadline), not under out_mu_:
-    // senders to other peers never wait behind this one.
+    // Closed now when idle; a sender in progress keeps it until its frame is
+    // out, and the last holder closes it (never a wait here: this may run on
+    // the I/O thread, learning a peer's new life).
     OutboundUse use(*o);
-    use.acquire_until(Clock::time_point::max());
-    if (o->fd >= 0) ::close(o->fd);
-    o->fd = -1;
+    if (use.try_acquire() && o->fd >= 0) {
+      ::close(o->fd);
+      o->fd = -1;
+    }
   }
+  const bool io_thread = std::this_thread::get_id() == thread_.get_id();
   std::lock_guard<std::mutex> lk(in_mu_);
   for (auto& [fd, c] : inbound_)
-    if (c->peer == key) ::shutdown(fd, SHUT_RDWR);  // the I/O thread sees EOF and cleans up
+    if (c->peer == key && !(io_thread && fd == handling_fd_))
+      ::shutdown(fd, SHUT_RDWR);  // the I/O thread sees EOF and cleans up
 }
 
 }  // namespace ferry

@@ -25,6 +25,7 @@
 
 #include "auth.h"
 #include "control_frame.h"
+#include "ferry/ferry.hpp"
 #include "link_auth.h"
 #include "log.h"
 
@@ -43,6 +44,12 @@ class ControlPlane {
     std::function<std::vector<FenceResult>(
         const std::string& peer, const std::vector<FenceEntry>& entries, uint64_t* instance)>
         on_fence;
+    // This engine's packed EngineDesc, sent when a server asks for it (one-way
+    // registration); unset: never sent.
+    std::function<std::vector<uint8_t>()> self_desc;
+    // A client we did not know presented its descriptor, checked against its
+    // proof (its key, its secret): learn it. Runs on the I/O thread.
+    std::function<void(const EngineDesc& desc)> on_peer_desc;
   };
   using Clock = std::chrono::steady_clock;
 
@@ -91,6 +98,11 @@ class ControlPlane {
   // own deadline. (A mutex + condition variable rather than std::timed_mutex,
   // whose try_lock_until ThreadSanitizer cannot follow: pthread_mutex_clocklock.)
   struct Outbound {
+    Outbound() = default;
+    Outbound(const Outbound&) = delete;
+    Outbound& operator=(const Outbound&) = delete;
+    // The last holder closes it: forget_peer() never waits for a sender.
+    ~Outbound();
     std::mutex mu;
     std::condition_variable free;
     bool busy = false;  // guarded by mu
@@ -121,6 +133,7 @@ class ControlPlane {
   bool handle_hello(Inbound& c, CtrlFrame& f);
   bool handle_proof(Inbound& c, CtrlFrame& f);
   bool admit(Inbound& c);  // the handshake is done: open it (kMaxConnsPerPeer)
+  bool handle_peer_desc(Inbound& c, const CtrlFrame& f);
   // Refusals are logged at most 20 per 10 s per (kind, source address): a flood
   // of bad connections must not become a flood of log lines. `from` is
   // address:port; `what` a fixed word for the kind of refusal.
@@ -157,6 +170,9 @@ class ControlPlane {
   std::mutex fence_mu_;
   std::condition_variable fence_cv_;
   std::deque<FenceJob> fence_jobs_;
+  // The inbound connection whose frame the I/O thread is handling: a handler
+  // that forgets its peer (a learned peer's new life) must not cut it.
+  int handling_fd_ = -1;  // I/O thread only
   std::thread thread_;
   std::thread fence_thread_;  // serves FENCE requests (they may wait for data lanes)
 };

@@ -53,7 +53,7 @@ TransferStatus failed_at_once(StatusCode code, std::string msg) {
 namespace {
 TransferStatus submit(EngineImpl& e, Op op, const MemoryDesc& local, const MemoryDesc& remote,
                       const size_t* loffs, const size_t* roffs, const size_t* sizes, size_t n,
-                      TransferUid uid, bool notify) {
+                      TransferUid uid, std::optional<bool> notify) {
   MemPair pair;
   std::string why;
   StatusCode c = e.registry().resolve(local, remote, pair, why);
@@ -63,12 +63,13 @@ TransferStatus submit(EngineImpl& e, Op op, const MemoryDesc& local, const Memor
 }  // namespace
 
 TransferStatus Engine::read(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
-                            size_t roff, size_t size, TransferUid uid, bool notify) {
+                            size_t roff, size_t size, TransferUid uid, std::optional<bool> notify) {
   return submit(*impl_, Op::READ, local, remote, &loff, &roff, &size, 1, uid, notify);
 }
 
 TransferStatus Engine::write(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
-                             size_t roff, size_t size, TransferUid uid, bool notify) {
+                             size_t roff, size_t size, TransferUid uid,
+                             std::optional<bool> notify) {
   return submit(*impl_, Op::WRITE, local, remote, &loff, &roff, &size, 1, uid, notify);
 }
 
@@ -81,7 +82,8 @@ bool same_lengths(const std::vector<size_t>& a, const std::vector<size_t>& b,
 
 TransferStatus Engine::batch_read(const MemoryDesc& local, const std::vector<size_t>& loffs,
                                   const MemoryDesc& remote, const std::vector<size_t>& roffs,
-                                  const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
+                                  const std::vector<size_t>& sizes, TransferUid uid,
+                                  std::optional<bool> notify) {
   if (!same_lengths(loffs, roffs, sizes))
     return failed_at_once(StatusCode::ERR_INVALID_ARGS,
                           "batch: offsets and sizes differ in length");
@@ -91,7 +93,8 @@ TransferStatus Engine::batch_read(const MemoryDesc& local, const std::vector<siz
 
 TransferStatus Engine::batch_write(const MemoryDesc& local, const std::vector<size_t>& loffs,
                                    const MemoryDesc& remote, const std::vector<size_t>& roffs,
-                                   const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
+                                   const std::vector<size_t>& sizes, TransferUid uid,
+                                   std::optional<bool> notify) {
   if (!same_lengths(loffs, roffs, sizes))
     return failed_at_once(StatusCode::ERR_INVALID_ARGS,
                           "batch: offsets and sizes differ in length");

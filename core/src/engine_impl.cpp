@@ -39,6 +39,7 @@ Policy policy_for(const EngineConfig& c) {
     if (const char* env = std::getenv("FERRY_POLICY"); env && *env) file = env;
   Policy p = file.empty() ? builtin_policy() : load_policy_file(file);
   if (c.timeout.count() > 0) p.timeout = c.timeout;
+  if (c.notify) p.notify = *c.notify;
   return p;
 }
 
@@ -78,6 +79,8 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
     *instance = instance_;
     return serve_fence(backends_, peer, entries);
   };
+  h.self_desc = [this] { return desc().pack(); };
+  h.on_peer_desc = [this](const EngineDesc& d) { learn_peer(d); };
   control_ =
       std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &link_auth_);
   transfers_ = std::make_unique<Transfers>(
@@ -185,10 +188,41 @@ EngineDesc EngineImpl::desc() const {
 
 Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   if (Result r = registry_.check_peer(d); !r.ok()) return r;
+  // The descriptor registered (or learned) already: connectors repeat their
+  // handshakes, and that must not tear down the peer's sessions.
+  if (registry_.confirm_peer(d)) return {};
   // A restarted peer: start afresh (its fence state too, when it is a new life).
   if (auto old = registry_.peer_instance(d.key))
     deregister_peer(d.key, /*keep_fence=*/*old == d.instance);
   return registry_.add_peer(d);
+}
+
+void EngineImpl::learn_peer(const EngineDesc& d) {
+  if (Result r = registry_.check_peer(d); !r.ok()) {
+    FERRY_LOG(WARN, key_, "not learning engine '" + d.key + "' from its hello: " + r.message);
+    return;
+  }
+  auto learned = registry_.peer_learned(d.key);
+  if (learned && !*learned) return;  // the application's registration stands
+  if (learned) {
+    // A new life of a peer we only learned (its secret changed): replace it.
+    auto old = registry_.peer_instance(d.key);
+    deregister_peer(d.key, /*keep_fence=*/old && *old == d.instance);
+  } else if (registry_.learned_peers() >= kMaxLearnedPeers) {
+    uint64_t held = 0;
+    if (log_limiter_.Allow("learn-full", &held))
+      log_line(LogLevel::WARN, key_,
+               "not learning engine '" + d.key +
+                   "' from its hello: " + std::to_string(kMaxLearnedPeers) +
+                   " learned engines already (register it to reach it)" +
+                   (held ? " (" + std::to_string(held) + " more since the last report)" : ""));
+    return;
+  }
+  if (registry_.add_peer(d, /*learned=*/true).ok())
+    FERRY_LOG(INFO, key_,
+              "learned engine '" + d.key +
+                  "' from its authenticated hello (it holds our "
+                  "descriptor; one-way registration)");
 }
 
 Result EngineImpl::deregister_remote_engine(const std::string& key) {

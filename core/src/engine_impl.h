@@ -57,6 +57,11 @@ class EngineImpl {
  private:
   // keep_fence: the same instance registered again keeps its fence state.
   Result deregister_peer(const std::string& key, bool keep_fence);
+  // A peer that proved our descriptor and presented its own (one-way
+  // registration): known from now on, so backends can answer it and connect
+  // back; at most kMaxLearnedPeers; never replaces one the application registered.
+  void learn_peer(const EngineDesc& d);
+  static constexpr size_t kMaxLearnedPeers = 1024;
 
   const EngineConfig config_;
   // The instance secret, and EngineConfig::auth_token, else FERRY_AUTH_TOKEN, else none.
@@ -74,8 +79,9 @@ class EngineImpl {
   BackendSet backends_;
   Registry registry_;
   // What connections prove (ABI 1.4), with the secrets of registered peers.
-  const LinkAuth link_auth_{creds_, [this](const std::string& k, auth::InstanceSecret* s) {
-                              return registry_.peer_secret(k, s);
+  const LinkAuth link_auth_{creds_,
+                            [this](const std::string& k, auth::InstanceSecret* s, bool* learned) {
+                              return registry_.peer_secret(k, s, learned);
                             }};
   std::unique_ptr<ControlPlane> control_;      // its thread calls into the parts above
   std::unique_ptr<Transfers> transfers_;       // uses control_; ended before it

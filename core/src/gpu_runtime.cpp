@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -24,8 +24,8 @@ namespace {
 using Err = int;
 constexpr Err kNotReady = 600;
 constexpr Err kPeerAccessAlreadyEnabled = 704;
-constexpr int kMemcpyDefault = 4;          // cudaMemcpyDefault / hipMemcpyDefault
-constexpr unsigned kStreamNonBlocking = 1;  // cuda/hipStreamNonBlocking
+constexpr int kMemcpyDefault = 4;                   // cudaMemcpyDefault / hipMemcpyDefault
+constexpr unsigned kStreamNonBlocking = 1;          // cuda/hipStreamNonBlocking
 constexpr unsigned kEventBlockingNoTiming = 1 | 2;  // BlockingSync | DisableTiming
 constexpr unsigned kIpcLazyPeerAccess = 1;
 
@@ -93,8 +93,8 @@ ferry_gpu_v1 g_table;
 thread_local std::string t_error;
 
 int fail(Err e, const char* what) {
-  t_error = std::string(what) + ": " + (g_rt.error_string ? g_rt.error_string(e) : "error") +
-            " (" + std::to_string(e) + ")";
+  t_error = std::string(what) + ": " + (g_rt.error_string ? g_rt.error_string(e) : "error") + " (" +
+            std::to_string(e) + ")";
   return FERRY_ERR_GPU;
 }
 #define GPU_CALL(expr, what)            \
@@ -207,8 +207,10 @@ int g_enable_peer(void*, int32_t device, int32_t peer) {
   return FERRY_OK;
 }
 int g_host_alloc(void*, void** p, size_t n) {
-  if (g_rt.vendor == FERRY_GPU_HIP) GPU_CALL(g_rt.host_alloc_hip(p, n, 0), "pinned host alloc");
-  else GPU_CALL(g_rt.host_alloc_cuda(p, n), "pinned host alloc");
+  if (g_rt.vendor == FERRY_GPU_HIP)
+    GPU_CALL(g_rt.host_alloc_hip(p, n, 0), "pinned host alloc");
+  else
+    GPU_CALL(g_rt.host_alloc_cuda(p, n), "pinned host alloc");
   return FERRY_OK;
 }
 int g_host_free(void*, void* p) {
@@ -304,7 +306,8 @@ bool gather_function(int device, void** fn) {
 int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
                 void* stream) {
   int device = 0;
-  if (g_rt.vendor != FERRY_GPU_CUDA || g_rt.get_device_id(&device) != 0) return FERRY_ERR_UNSUPPORTED;
+  if (g_rt.vendor != FERRY_GPU_CUDA || g_rt.get_device_id(&device) != 0)
+    return FERRY_ERR_UNSUPPORTED;
   std::lock_guard<std::mutex> lk(g_gather.mu);
   void* fn = nullptr;
   if (!gather_function(device, &fn)) return FERRY_ERR_UNSUPPORTED;
@@ -346,7 +349,8 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
   return FERRY_OK;
 }
 
-// cudaMemcpyAttributes: {int srcAccessOrder; {int type; int id} srcLocHint, dstLocHint; unsigned flags}
+// cudaMemcpyAttributes: {int srcAccessOrder; {int type; int id} srcLocHint, dstLocHint; unsigned
+// flags}
 struct MemcpyAttributes {
   int src_access_order;
   int src_loc[2];
@@ -444,26 +448,26 @@ bool load_cuda() {
   if (!h) return false;
   Runtime& r = g_rt;
   r.lib = h;
-  bool ok = sym(h, "cudaGetDeviceCount", r.get_device_count) &&
-            sym(h, "cudaPointerGetAttributes", r.pointer_attributes) &&
-            sym(h, "cudaGetErrorString", r.error_string) && sym(h, "cudaSetDevice", r.set_device) &&
-            sym(h, "cudaStreamCreateWithFlags", r.stream_create) &&
-            sym(h, "cudaStreamDestroy", r.stream_destroy) &&
-            sym(h, "cudaStreamSynchronize", r.stream_sync) &&
-            sym(h, "cudaMemcpyAsync", r.memcpy_async) &&
-            sym(h, "cudaEventCreateWithFlags", r.event_create) &&
-            sym(h, "cudaEventDestroy", r.event_destroy) && sym(h, "cudaEventRecord", r.event_record) &&
-            sym(h, "cudaEventQuery", r.event_query) && sym(h, "cudaEventSynchronize", r.event_sync) &&
-            sym(h, "cudaIpcGetMemHandle", r.ipc_get) && sym(h, "cudaIpcOpenMemHandle", r.ipc_open) &&
-            sym(h, "cudaIpcCloseMemHandle", r.ipc_close) &&
-            sym(h, "cudaDeviceEnablePeerAccess", r.enable_peer) &&
-            sym(h, "cudaMallocHost", r.host_alloc_cuda) && sym(h, "cudaFreeHost", r.host_free) &&
-            sym(h, "cudaDeviceGetPCIBusId", r.bus_id) &&
-            sym(h, "cudaRuntimeGetVersion", r.runtime_version) &&
-            sym(h, "cudaGetLastError", r.get_last_error) && sym(h, "cudaMalloc", r.dev_malloc) &&
-            sym(h, "cudaFree", r.dev_free) && sym(h, "cudaMemcpy", r.memcpy_sync) &&
-            sym(h, "cudaGetDevice", r.get_device_id) &&
-            sym(h, "cudaDeviceGetAttribute", r.device_attribute);
+  bool ok =
+      sym(h, "cudaGetDeviceCount", r.get_device_count) &&
+      sym(h, "cudaPointerGetAttributes", r.pointer_attributes) &&
+      sym(h, "cudaGetErrorString", r.error_string) && sym(h, "cudaSetDevice", r.set_device) &&
+      sym(h, "cudaStreamCreateWithFlags", r.stream_create) &&
+      sym(h, "cudaStreamDestroy", r.stream_destroy) &&
+      sym(h, "cudaStreamSynchronize", r.stream_sync) && sym(h, "cudaMemcpyAsync", r.memcpy_async) &&
+      sym(h, "cudaEventCreateWithFlags", r.event_create) &&
+      sym(h, "cudaEventDestroy", r.event_destroy) && sym(h, "cudaEventRecord", r.event_record) &&
+      sym(h, "cudaEventQuery", r.event_query) && sym(h, "cudaEventSynchronize", r.event_sync) &&
+      sym(h, "cudaIpcGetMemHandle", r.ipc_get) && sym(h, "cudaIpcOpenMemHandle", r.ipc_open) &&
+      sym(h, "cudaIpcCloseMemHandle", r.ipc_close) &&
+      sym(h, "cudaDeviceEnablePeerAccess", r.enable_peer) &&
+      sym(h, "cudaMallocHost", r.host_alloc_cuda) && sym(h, "cudaFreeHost", r.host_free) &&
+      sym(h, "cudaDeviceGetPCIBusId", r.bus_id) &&
+      sym(h, "cudaRuntimeGetVersion", r.runtime_version) &&
+      sym(h, "cudaGetLastError", r.get_last_error) && sym(h, "cudaMalloc", r.dev_malloc) &&
+      sym(h, "cudaFree", r.dev_free) && sym(h, "cudaMemcpy", r.memcpy_sync) &&
+      sym(h, "cudaGetDevice", r.get_device_id) &&
+      sym(h, "cudaDeviceGetAttribute", r.device_attribute);
   if (!ok) return false;
   r.vendor = FERRY_GPU_CUDA;
   r.runtime_version(&r.version);
@@ -489,36 +493,37 @@ bool load_cuda() {
 }
 
 bool load_hip() {
-  void* h = open_first({"libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5",
-                        "/opt/rocm/lib/libamdhip64.so"});
+  void* h = open_first(
+      {"libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5", "/opt/rocm/lib/libamdhip64.so"});
   if (!h) return false;
   Runtime& r = g_rt;
   r.lib = h;
-  bool ok = sym(h, "hipGetDeviceCount", r.get_device_count) &&
-            sym(h, "hipPointerGetAttributes", r.pointer_attributes) &&
-            sym(h, "hipGetErrorString", r.error_string) && sym(h, "hipSetDevice", r.set_device) &&
-            sym(h, "hipStreamCreateWithFlags", r.stream_create) &&
-            sym(h, "hipStreamDestroy", r.stream_destroy) &&
-            sym(h, "hipStreamSynchronize", r.stream_sync) &&
-            sym(h, "hipMemcpyAsync", r.memcpy_async) &&
-            sym(h, "hipEventCreateWithFlags", r.event_create) &&
-            sym(h, "hipEventDestroy", r.event_destroy) && sym(h, "hipEventRecord", r.event_record) &&
-            sym(h, "hipEventQuery", r.event_query) && sym(h, "hipEventSynchronize", r.event_sync) &&
-            sym(h, "hipIpcGetMemHandle", r.ipc_get) && sym(h, "hipIpcOpenMemHandle", r.ipc_open) &&
-            sym(h, "hipIpcCloseMemHandle", r.ipc_close) &&
-            sym(h, "hipDeviceEnablePeerAccess", r.enable_peer) &&
-            sym(h, "hipHostMalloc", r.host_alloc_hip) && sym(h, "hipHostFree", r.host_free) &&
-            sym(h, "hipDeviceGetPCIBusId", r.bus_id) &&
-            sym(h, "hipMemGetAddressRange", r.mem_range_hip) &&
-            sym(h, "hipGetLastError", r.get_last_error) && sym(h, "hipMalloc", r.dev_malloc) &&
-            sym(h, "hipFree", r.dev_free) && sym(h, "hipMemcpy", r.memcpy_sync);
+  bool ok =
+      sym(h, "hipGetDeviceCount", r.get_device_count) &&
+      sym(h, "hipPointerGetAttributes", r.pointer_attributes) &&
+      sym(h, "hipGetErrorString", r.error_string) && sym(h, "hipSetDevice", r.set_device) &&
+      sym(h, "hipStreamCreateWithFlags", r.stream_create) &&
+      sym(h, "hipStreamDestroy", r.stream_destroy) &&
+      sym(h, "hipStreamSynchronize", r.stream_sync) && sym(h, "hipMemcpyAsync", r.memcpy_async) &&
+      sym(h, "hipEventCreateWithFlags", r.event_create) &&
+      sym(h, "hipEventDestroy", r.event_destroy) && sym(h, "hipEventRecord", r.event_record) &&
+      sym(h, "hipEventQuery", r.event_query) && sym(h, "hipEventSynchronize", r.event_sync) &&
+      sym(h, "hipIpcGetMemHandle", r.ipc_get) && sym(h, "hipIpcOpenMemHandle", r.ipc_open) &&
+      sym(h, "hipIpcCloseMemHandle", r.ipc_close) &&
+      sym(h, "hipDeviceEnablePeerAccess", r.enable_peer) &&
+      sym(h, "hipHostMalloc", r.host_alloc_hip) && sym(h, "hipHostFree", r.host_free) &&
+      sym(h, "hipDeviceGetPCIBusId", r.bus_id) &&
+      sym(h, "hipMemGetAddressRange", r.mem_range_hip) &&
+      sym(h, "hipGetLastError", r.get_last_error) && sym(h, "hipMalloc", r.dev_malloc) &&
+      sym(h, "hipFree", r.dev_free) && sym(h, "hipMemcpy", r.memcpy_sync);
   if (!ok) return false;
   r.vendor = FERRY_GPU_HIP;
   return true;
 }
 
 const ferry_gpu_v1* load() {
-  if (const char* off = std::getenv("FERRY_DISABLE_GPU"); off && *off && *off != '0') return nullptr;
+  if (const char* off = std::getenv("FERRY_DISABLE_GPU"); off && *off && *off != '0')
+    return nullptr;
   if (!load_cuda() && !load_hip()) {
     g_rt = Runtime{};
     return nullptr;
@@ -553,10 +558,10 @@ const ferry_gpu_v1* load() {
   t.last_error = g_last_error;
   t.memcpy_batch_async = g_memcpy_batch;
   t.device_bus_id = g_bus_id;
-  FERRY_LOG(INFO, "gpu", std::string(g_rt.vendor == FERRY_GPU_CUDA ? "CUDA" : "HIP") +
-                             " runtime loaded, " + std::to_string(n) + " device(s), version " +
-                             std::to_string(g_rt.version) +
-                             (g_rt.batch ? ", batched copies" : ""));
+  FERRY_LOG(INFO, "gpu",
+            std::string(g_rt.vendor == FERRY_GPU_CUDA ? "CUDA" : "HIP") + " runtime loaded, " +
+                std::to_string(n) + " device(s), version " + std::to_string(g_rt.version) +
+                (g_rt.batch ? ", batched copies" : ""));
   return &t;
 }
 

@@ -6,9 +6,12 @@ namespace ferry {
 
 const char* to_string(Health::State s) {
   switch (s) {
-    case Health::State::HEALTHY: return "healthy";
-    case Health::State::QUARANTINED: return "quarantined";
-    case Health::State::PROBING: return "probing";
+    case Health::State::HEALTHY:
+      return "healthy";
+    case Health::State::QUARANTINED:
+      return "quarantined";
+    case Health::State::PROBING:
+      return "probing";
   }
   return "?";
 }
@@ -53,8 +56,8 @@ bool Health::fail(const std::string& peer, const std::string& backend) {
   e.failures.clear();
   generation_.fetch_add(1, std::memory_order_acq_rel);
   FERRY_LOG(WARN, "health",
-            backend + " quarantined for peer " + peer + " for " +
-                std::to_string(e.period.count()) + " ms" + (relapse ? " (probe failed)" : ""));
+            backend + " quarantined for peer " + peer + " for " + std::to_string(e.period.count()) +
+                " ms" + (relapse ? " (probe failed)" : ""));
   return true;
 }
 

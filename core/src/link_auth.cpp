@@ -18,18 +18,19 @@ int LinkAuth::prove(const std::string& peer, uint32_t role, const void* transcri
                : FERRY_ERR_INTERNAL;
   if (role != FERRY_LINK_INITIATOR) return FERRY_ERR_INVALID_ARGS;
   auth::InstanceSecret theirs;
-  if (!peers_(peer, &theirs)) return FERRY_ERR_NOT_FOUND;
+  if (!peers_(peer, &theirs, nullptr)) return FERRY_ERR_NOT_FOUND;
   bool ok = creds_.prove(theirs, auth::kInitiatorRole, transcript, len, proof) &&
             creds_.prove(creds_.own(), auth::kInitiatorRole, transcript, len, proof + kHalf);
   return ok ? FERRY_OK : FERRY_ERR_INTERNAL;
 }
 
 int LinkAuth::check(const std::string& peer, uint32_t role, const void* transcript, size_t len,
-                    const uint8_t proof[kProofSize], std::string* why) const {
+                    const uint8_t proof[kProofSize], std::string* why, bool* unknown) const {
   const std::string token_hint =
       creds_.has_token() ? ", or a different auth token" : ", or an auth token set there only";
   auth::InstanceSecret theirs;
-  const bool registered = peers_(peer, &theirs);
+  bool learned = false;
+  const bool registered = peers_(peer, &theirs, &learned);
   if (role == FERRY_LINK_INITIATOR) {
     if (!registered) {
       *why = "engine '" + peer + "' is not registered here";
@@ -52,13 +53,19 @@ int LinkAuth::check(const std::string& peer, uint32_t role, const void* transcri
            token_hint + ")";
     return FERRY_ERR_REMOTE;
   }
-  if (registered && !creds_.check(theirs, auth::kInitiatorRole, transcript, len, proof + kHalf)) {
-    *why = "a peer claims the key of registered engine '" + peer +
-           "' but cannot prove that engine's secret (an impostor, or the engine restarted: "
-           "register its new descriptor)";
-    return FERRY_ERR_REMOTE;
+  if (registered && creds_.check(theirs, auth::kInitiatorRole, transcript, len, proof + kHalf))
+    return FERRY_OK;
+  if (!registered || learned) {
+    // An initiator we never registered: it holds our descriptor, which is what
+    // grants access. One we only learned from an earlier hello may be a new
+    // life of it; either way it presents its descriptor next.
+    if (unknown) *unknown = true;
+    return FERRY_OK;
   }
-  return FERRY_OK;
+  *why = "a peer claims the key of registered engine '" + peer +
+         "' but cannot prove that engine's secret (an impostor, or the engine restarted: "
+         "register its new descriptor)";
+  return FERRY_ERR_REMOTE;
 }
 
 }  // namespace ferry

@@ -21,8 +21,10 @@ namespace ferry {
 class LinkAuth {
  public:
   static constexpr size_t kProofSize = FERRY_LINK_PROOF_SIZE;
-  // The secret of the descriptor registered under a key; false when none is.
-  using PeerSecrets = std::function<bool(const std::string& key, auth::InstanceSecret* secret)>;
+  // The secret of the descriptor known under a key, and whether it was learned
+  // from a hello (one-way registration) rather than registered; false: none.
+  using PeerSecrets =
+      std::function<bool(const std::string& key, auth::InstanceSecret* secret, bool* learned)>;
 
   LinkAuth(const auth::Credentials& creds, PeerSecrets peers)
       : creds_(creds), peers_(std::move(peers)) {}
@@ -35,8 +37,11 @@ class LinkAuth {
   int prove(const std::string& peer, uint32_t role, const void* transcript, size_t len,
             uint8_t proof[kProofSize]) const;
   // FERRY_OK, or FERRY_ERR_REMOTE / FERRY_ERR_NOT_FOUND with *why in words.
+  // As target, *unknown (may be null) is set when the initiator passed but its
+  // own secret is not one we know (not registered, or only learned and of
+  // another life): it should present its descriptor.
   int check(const std::string& peer, uint32_t role, const void* transcript, size_t len,
-            const uint8_t proof[kProofSize], std::string* why) const;
+            const uint8_t proof[kProofSize], std::string* why, bool* unknown = nullptr) const;
 
  private:
   const auth::Credentials& creds_;

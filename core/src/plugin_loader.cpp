@@ -5,9 +5,9 @@
 
 #include <climits>
 #include <cstddef>
-#include <set>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 namespace ferry {
@@ -26,7 +26,7 @@ std::string dir_of_this_library() {
 }
 
 bool file_exists(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
@@ -119,11 +119,10 @@ PluginLoad load_plugin_file(const std::string& path, const std::string& expected
       std::string sym = "ferry_plugin_v" + std::to_string(major);
       if (dlsym(h, sym.c_str())) newer = std::to_string(major);
     }
-    out.error = newer.empty()
-                    ? std::string("no entry symbol '") + FERRY_PLUGIN_SYMBOL_V1 +
-                          "': not a ferry plugin"
-                    : "built for plugin ABI " + newer + ", this core serves ABI " +
-                          std::to_string(FERRY_PLUGIN_ABI_MAJOR);
+    out.error = newer.empty() ? std::string("no entry symbol '") + FERRY_PLUGIN_SYMBOL_V1 +
+                                    "': not a ferry plugin"
+                              : "built for plugin ABI " + newer + ", this core serves ABI " +
+                                    std::to_string(FERRY_PLUGIN_ABI_MAJOR);
     dlclose(h);
     return out;
   }

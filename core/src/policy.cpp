@@ -71,14 +71,22 @@ std::optional<uint64_t> parse_size(const std::string& s) {
   if (i == 0) return std::nullopt;
   std::string unit = s.substr(i);
   uint64_t mult;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KiB" || unit == "K") mult = 1ull << 10;
-  else if (unit == "MiB" || unit == "M") mult = 1ull << 20;
-  else if (unit == "GiB" || unit == "G") mult = 1ull << 30;
-  else if (unit == "KB") mult = 1000;
-  else if (unit == "MB") mult = 1000 * 1000;
-  else if (unit == "GB") mult = 1000 * 1000 * 1000;
-  else return std::nullopt;
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "KiB" || unit == "K")
+    mult = 1ull << 10;
+  else if (unit == "MiB" || unit == "M")
+    mult = 1ull << 20;
+  else if (unit == "GiB" || unit == "G")
+    mult = 1ull << 30;
+  else if (unit == "KB")
+    mult = 1000;
+  else if (unit == "MB")
+    mult = 1000 * 1000;
+  else if (unit == "GB")
+    mult = 1000 * 1000 * 1000;
+  else
+    return std::nullopt;
   if (v > UINT64_MAX / mult) return std::nullopt;
   return v * mult;
 }
@@ -94,11 +102,16 @@ std::optional<std::chrono::milliseconds> parse_duration(const std::string& s) {
   if (i == 0) return std::nullopt;
   std::string unit = s.substr(i);
   uint64_t ms;
-  if (unit == "ms") ms = v;
-  else if (unit == "s") ms = v * 1000;
-  else if (unit == "m") ms = v * 60 * 1000;
-  else if (unit == "h") ms = v * 3600 * 1000;
-  else return std::nullopt;
+  if (unit == "ms")
+    ms = v;
+  else if (unit == "s")
+    ms = v * 1000;
+  else if (unit == "m")
+    ms = v * 60 * 1000;
+  else if (unit == "h")
+    ms = v * 3600 * 1000;
+  else
+    return std::nullopt;
   return std::chrono::milliseconds(ms);
 }
 

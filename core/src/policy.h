@@ -41,9 +41,9 @@ struct PolicyRule {
 };
 
 struct QuarantinePolicy {
-  uint32_t after_failures = 3;                 // this many failures ...
-  std::chrono::milliseconds within{10000};     // ... within this window ...
-  std::chrono::milliseconds period{30000};     // ... quarantine for this long,
+  uint32_t after_failures = 3;                   // this many failures ...
+  std::chrono::milliseconds within{10000};       // ... within this window ...
+  std::chrono::milliseconds period{30000};       // ... quarantine for this long,
   std::chrono::milliseconds max_period{300000};  // doubling per relapse up to this.
 };
 
@@ -55,6 +55,10 @@ struct Policy {
   uint32_t max_attempts = 3;
   QuarantinePolicy quarantine;
   std::chrono::milliseconds timeout{30000};
+  // Whether a transfer notifies its target when the call does not say
+  // (`notify:` in the file; EngineConfig::notify wins). A client that never pops
+  // inbound statuses turns it off once.
+  bool notify = true;
 
   // Index of the first rule that matches, or -1.
   int match(const RouteQuery& q) const;

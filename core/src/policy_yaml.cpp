@@ -70,8 +70,8 @@ class EventBudget : public YAML::EventHandler {
   YAML::Mark mark_ = YAML::Mark::null_mark();
 };
 
-const std::vector<std::string> kTopKeys = {"plugin_dirs", "backends", "rules", "failover",
-                                           "timeout"};
+const std::vector<std::string> kTopKeys = {"plugin_dirs", "backends", "rules",
+                                           "failover",    "timeout",  "notify"};
 const std::vector<std::string> kRuleKeys = {"match", "prefer", "trust_descriptors"};
 const std::vector<std::string> kMatchKeys = {"peer",   "host",      "same_host", "local",
                                              "remote", "min_bytes", "max_bytes", "op"};
@@ -652,6 +652,7 @@ Policy Parser::parse(const std::string& text) {
   }
   if (auto it = top.find("failover"); it != top.end()) parse_failover(it->second, p);
   if (auto it = top.find("timeout"); it != top.end()) p.timeout = duration_value("", it->second);
+  if (auto it = top.find("notify"); it != top.end()) p.notify = bool_value("", it->second);
   return p;
 }
 

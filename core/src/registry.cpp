@@ -71,10 +71,11 @@ Result Registry::check_peer(const EngineDesc& d) const {
   return {};
 }
 
-Result Registry::add_peer(const EngineDesc& d) {
+Result Registry::add_peer(const EngineDesc& d, bool learned) {
   if (Result r = check_peer(d); !r.ok()) return r;
   auto p = std::make_shared<PeerEntry>();
   p->desc = d;
+  p->learned = learned;
   p->same_host = d.node_id == node_id_;
   p->advertised = names_of(d.backends);
   std::map<std::string, void*> handles;
@@ -98,16 +99,43 @@ Result Registry::add_peer(const EngineDesc& d) {
     p->handles = std::move(handles);
     p->unreachable = std::move(unreachable);
     auto& slot = peers_[d.key];
-    raced = slot;
-    slot = p;
+    if (learned && slot) {
+      raced = p;  // registered (or learned) meanwhile: that one stays
+    } else {
+      raced = slot;
+      slot = p;
+    }
   }
   // Two registrations of one key at once: the later one stays. The one it
   // replaced is released like a deregistered peer (its imports stay with the key).
   if (raced) {
     raced->gone = true;
     release_handles(raced->handles, [](Backend& b, void* h) { b.ops->peer_remove(b.ctx, h); });
+    if (raced == p) return {StatusCode::ERR_BAD_STATE, "engine '" + d.key + "' is known already"};
   }
   return {};
+}
+
+bool Registry::confirm_peer(const EngineDesc& d) {
+  std::shared_lock lk(mu_);
+  auto it = peers_.find(d.key);
+  if (it == peers_.end() || !(it->second->desc == d)) return false;
+  it->second->learned = false;
+  return true;
+}
+
+std::optional<bool> Registry::peer_learned(const std::string& key) const {
+  std::shared_lock lk(mu_);
+  auto it = peers_.find(key);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second->learned.load();
+}
+
+size_t Registry::learned_peers() const {
+  std::shared_lock lk(mu_);
+  size_t n = 0;
+  for (const auto& [k, p] : peers_) n += p->learned ? 1 : 0;
+  return n;
 }
 
 template <class Release>
@@ -136,11 +164,13 @@ bool Registry::has_peer(const std::string& key) const {
   return peers_.count(key) > 0;
 }
 
-bool Registry::peer_secret(const std::string& key, std::vector<uint8_t>* secret) const {
+bool Registry::peer_secret(const std::string& key, std::vector<uint8_t>* secret,
+                           bool* learned) const {
   std::shared_lock lk(mu_);
   auto it = peers_.find(key);
   if (it == peers_.end()) return false;
   *secret = it->second->desc.secret;
+  if (learned) *learned = it->second->learned;
   return true;
 }
 

@@ -31,6 +31,9 @@ struct PeerEntry {
   // for it refuse new transfers, and its late failures do not count against the
   // health of the engine now registered under the key.
   std::atomic<bool> gone{false};
+  // Learned from the peer's authenticated hello (one-way registration), not
+  // registered by the application: a later hello of a new life may replace it.
+  std::atomic<bool> learned{false};
 
  private:
   friend class Registry;
@@ -94,12 +97,23 @@ class Registry {
   Result check_peer(const EngineDesc& d) const;
   // Checks the descriptor and tells every loaded backend it advertises. A peer
   // already known under the key should be removed first (remove_peer).
-  Result add_peer(const EngineDesc& d);
+  // `learned`: from the peer's hello; then a peer registered meanwhile wins
+  // (ERR_BAD_STATE, nothing changed).
+  Result add_peer(const EngineDesc& d, bool learned = false);
+  // The application registered a descriptor equal to the one known under its
+  // key: it is the application's from now on (no longer replaceable by a hello).
+  // False when the known descriptor differs or there is none.
+  bool confirm_peer(const EngineDesc& d);
+  // Whether the peer under `key` was learned, not registered; none: nullopt.
+  std::optional<bool> peer_learned(const std::string& key) const;
+  size_t learned_peers() const;
   // The instance registered under `key`, or none.
   std::optional<uint64_t> peer_instance(const std::string& key) const;
   bool has_peer(const std::string& key) const;
-  // The access secret of the descriptor registered under `key` (false: none).
-  bool peer_secret(const std::string& key, std::vector<uint8_t>* secret) const;
+  // The access secret of the descriptor registered under `key` (false: none);
+  // *learned says whether it was learned from a hello rather than registered.
+  bool peer_secret(const std::string& key, std::vector<uint8_t>* secret,
+                   bool* learned = nullptr) const;
   // Host and port of a registered peer's control plane.
   bool peer_address(const std::string& key, std::string& host, uint16_t& port) const;
   // Takes the peer, its imports and their plugin handles away; false when unknown.

@@ -20,8 +20,10 @@ std::string RouteDecision::dropped_summary() const {
     if (!s.empty()) s += "; ";
     s += c.backend + ": " + c.why;
   }
-  if (rule < 0) s = "no policy rule matches this transfer";
-  else if (candidates.empty()) s = "the matching rule lists no backend";
+  if (rule < 0)
+    s = "no policy rule matches this transfer";
+  else if (candidates.empty())
+    s = "the matching rule lists no backend";
   return s;
 }
 
@@ -77,11 +79,12 @@ RouteDecision route(const Policy& policy, const RouteInputs& in) {
     RouteCandidate c{name, false, {}};
     auto it = std::find_if(in.loaded.begin(), in.loaded.end(),
                            [&](const auto& l) { return l.first == name; });
-    if (it == in.loaded.end()) c.why = "not loaded here";
+    if (it == in.loaded.end())
+      c.why = "not loaded here";
     else
-      c.why = check(in, policy.rules[static_cast<size_t>(d.rule)],
-                    std::find(prefer.begin(), prefer.end(), name) != prefer.end(), name,
-                    it->second);
+      c.why =
+          check(in, policy.rules[static_cast<size_t>(d.rule)],
+                std::find(prefer.begin(), prefer.end(), name) != prefer.end(), name, it->second);
     c.kept = c.why.empty();
     if (c.kept) c.why = "ok";
     // A "*" expansion only lists what is loaded; do not pad errors with unloaded names.

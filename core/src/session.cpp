@@ -14,12 +14,14 @@ Session::~Session() = default;
 
 TransferUid Session::allocate_transfer_uid() { return impl_->engine->allocate_uid(); }
 
-TransferStatus Session::read(size_t loff, size_t roff, size_t size, TransferUid uid, bool notify) {
+TransferStatus Session::read(size_t loff, size_t roff, size_t size, TransferUid uid,
+                             std::optional<bool> notify) {
   return impl_->engine->transfers().submit(impl_->pair, Op::READ, &loff, &roff, &size, 1, uid,
                                            notify);
 }
 
-TransferStatus Session::write(size_t loff, size_t roff, size_t size, TransferUid uid, bool notify) {
+TransferStatus Session::write(size_t loff, size_t roff, size_t size, TransferUid uid,
+                              std::optional<bool> notify) {
   return impl_->engine->transfers().submit(impl_->pair, Op::WRITE, &loff, &roff, &size, 1, uid,
                                            notify);
 }
@@ -34,7 +36,8 @@ TransferStatus length_mismatch() {
 
 TransferStatus Session::batch_read(const std::vector<size_t>& loffs,
                                    const std::vector<size_t>& roffs,
-                                   const std::vector<size_t>& sizes, TransferUid uid, bool notify) {
+                                   const std::vector<size_t>& sizes, TransferUid uid,
+                                   std::optional<bool> notify) {
   if (loffs.size() != sizes.size() || roffs.size() != sizes.size()) return length_mismatch();
   return impl_->engine->transfers().submit(impl_->pair, Op::READ, loffs.data(), roffs.data(),
                                            sizes.data(), sizes.size(), uid, notify);
@@ -43,7 +46,7 @@ TransferStatus Session::batch_read(const std::vector<size_t>& loffs,
 TransferStatus Session::batch_write(const std::vector<size_t>& loffs,
                                     const std::vector<size_t>& roffs,
                                     const std::vector<size_t>& sizes, TransferUid uid,
-                                    bool notify) {
+                                    std::optional<bool> notify) {
   if (loffs.size() != sizes.size() || roffs.size() != sizes.size()) return length_mismatch();
   return impl_->engine->transfers().submit(impl_->pair, Op::WRITE, loffs.data(), roffs.data(),
                                            sizes.data(), sizes.size(), uid, notify);

@@ -22,26 +22,40 @@ bool is_final(int c) {
 
 const char* to_string(StatusCode c) {
   switch (c) {
-    case StatusCode::SUCCESS: return "SUCCESS";
-    case StatusCode::INIT: return "INIT";
-    case StatusCode::IN_PROGRESS: return "IN_PROGRESS";
-    case StatusCode::ERR_INVALID_ARGS: return "ERR_INVALID_ARGS";
-    case StatusCode::ERR_NOT_FOUND: return "ERR_NOT_FOUND";
-    case StatusCode::ERR_RDMA_OP: return "ERR_RDMA_OP";
-    case StatusCode::ERR_BAD_STATE: return "ERR_BAD_STATE";
-    case StatusCode::ERR_GPU_OP: return "ERR_GPU_OP";
-    case StatusCode::ERR_TIMEOUT: return "ERR_TIMEOUT";
-    case StatusCode::ERR_TRANSPORT: return "ERR_TRANSPORT";
-    case StatusCode::ERR_OUTCOME_UNKNOWN: return "ERR_OUTCOME_UNKNOWN";
+    case StatusCode::SUCCESS:
+      return "SUCCESS";
+    case StatusCode::INIT:
+      return "INIT";
+    case StatusCode::IN_PROGRESS:
+      return "IN_PROGRESS";
+    case StatusCode::ERR_INVALID_ARGS:
+      return "ERR_INVALID_ARGS";
+    case StatusCode::ERR_NOT_FOUND:
+      return "ERR_NOT_FOUND";
+    case StatusCode::ERR_RDMA_OP:
+      return "ERR_RDMA_OP";
+    case StatusCode::ERR_BAD_STATE:
+      return "ERR_BAD_STATE";
+    case StatusCode::ERR_GPU_OP:
+      return "ERR_GPU_OP";
+    case StatusCode::ERR_TIMEOUT:
+      return "ERR_TIMEOUT";
+    case StatusCode::ERR_TRANSPORT:
+      return "ERR_TRANSPORT";
+    case StatusCode::ERR_OUTCOME_UNKNOWN:
+      return "ERR_OUTCOME_UNKNOWN";
   }
   return "UNKNOWN";
 }
 
 const char* to_string(MemoryLocation l) {
   switch (l) {
-    case MemoryLocation::CPU: return "cpu";
-    case MemoryLocation::GPU: return "gpu";
-    case MemoryLocation::UNKNOWN: break;
+    case MemoryLocation::CPU:
+      return "cpu";
+    case MemoryLocation::GPU:
+      return "gpu";
+    case MemoryLocation::UNKNOWN:
+      break;
   }
   return "unknown";
 }

@@ -149,7 +149,7 @@ std::vector<BackendPtr> Transfers::route_for(const MemPair& pair, Op op, uint64_
 
 TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local_offs,
                                  const size_t* remote_offs, const size_t* sizes, size_t n,
-                                 TransferUid uid, bool notify) {
+                                 TransferUid uid, std::optional<bool> notify) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
   if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
   if (pair.peer->gone.load(std::memory_order_relaxed))
@@ -160,7 +160,8 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
   auto t = std::make_shared<Transfer>();
   t->owner = this;
   t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
-  t->flags = notify ? FERRY_XFER_NOTIFY : 0;
+  // Unset: the engine's default (EngineConfig::notify, else the policy's `notify`).
+  t->flags = notify.value_or(policy_.notify) ? FERRY_XFER_NOTIFY : 0;
   t->uid = uid;
   t->iov.reserve(n);
   const uint64_t lsize = pair.local->desc.size, rsize = pair.remote->desc.size;

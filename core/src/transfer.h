@@ -82,7 +82,7 @@ class Transfers {
   // Validates offsets and sizes against the pair, routes and starts the transfer.
   TransferStatus submit(const MemPair& pair, Op op, const size_t* local_offs,
                         const size_t* remote_offs, const size_t* sizes, size_t n, TransferUid uid,
-                        bool notify);
+                        std::optional<bool> notify);
   // The ranked backends for a transfer over `pair` now (cached per pair and rule).
   std::vector<BackendPtr> route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why);
   // host->complete: a plugin ended an attempt (it drops its reference after this).

@@ -27,8 +27,10 @@ void Watchdog::arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint 
     item->self_ = item;
     item->prev_ = tail_;
     item->next_ = nullptr;
-    if (tail_) tail_->next_ = item.get();
-    else head_ = item.get();
+    if (tail_)
+      tail_->next_ = item.get();
+    else
+      head_ = item.get();
     tail_ = item.get();
     item->linked_ = true;
     // Behind a head, the thread wakes for the (no later) head first; a new head
@@ -45,10 +47,14 @@ void Watchdog::disarm(WatchItem* item) {
 
 void Watchdog::unlink_locked(WatchItem* item) {
   if (!item->linked_) return;
-  if (item->prev_) item->prev_->next_ = item->next_;
-  else head_ = item->next_;
-  if (item->next_) item->next_->prev_ = item->prev_;
-  else tail_ = item->prev_;
+  if (item->prev_)
+    item->prev_->next_ = item->next_;
+  else
+    head_ = item->next_;
+  if (item->next_)
+    item->next_->prev_ = item->prev_;
+  else
+    tail_ = item->prev_;
   item->linked_ = false;
   item->prev_ = item->next_ = nullptr;
 }
@@ -77,7 +83,7 @@ void Watchdog::loop() {
     }
     WatchItem* it = head_;
     auto keep = it->self_.lock();  // fails while the item is being destroyed
-    unlink_locked(it);              // after this, `it` is not touched unless kept alive
+    unlink_locked(it);             // after this, `it` is not touched unless kept alive
     lk.unlock();
     if (keep) keep->on_deadline();
     keep.reset();

@@ -356,14 +356,16 @@ class PySession {
   TransferUid allocate_transfer_uid() {
     return run([&](Session& s) { return s.allocate_transfer_uid(); });
   }
-  TransferStatus read(py::handle lo, py::handle ro, py::handle size, py::handle uid, bool notify) {
+  TransferStatus read(py::handle lo, py::handle ro, py::handle size, py::handle uid,
+                      std::optional<bool> notify) {
     return single(Op::READ, lo, ro, size, uid, notify);
   }
-  TransferStatus write(py::handle lo, py::handle ro, py::handle size, py::handle uid, bool notify) {
+  TransferStatus write(py::handle lo, py::handle ro, py::handle size, py::handle uid,
+                       std::optional<bool> notify) {
     return single(Op::WRITE, lo, ro, size, uid, notify);
   }
   TransferStatus batch(Op op, py::handle los, py::handle ros, py::handle sizes, py::handle uid,
-                       bool notify) {
+                       std::optional<bool> notify) {
     auto l = to_sizes(los, "local_offsets"), r = to_sizes(ros, "remote_offsets"),
          n = to_sizes(sizes, "sizes");
     TransferUid u = to_u64(uid, "transfer_uid");
@@ -379,7 +381,7 @@ class PySession {
 
  private:
   TransferStatus single(Op op, py::handle lo, py::handle ro, py::handle size, py::handle uid,
-                        bool notify) {
+                        std::optional<bool> notify) {
     size_t l = to_size(lo, "local_offset"), r = to_size(ro, "remote_offset"),
            n = to_size(size, "size");
     TransferUid u = to_u64(uid, "transfer_uid");
@@ -560,7 +562,8 @@ class PyEngine {
   }
 
   TransferStatus single(Op op, const MemoryDesc& local, py::handle lo, const MemoryDesc& remote,
-                        py::handle ro, py::handle size, py::handle uid, bool notify) {
+                        py::handle ro, py::handle size, py::handle uid,
+                        std::optional<bool> notify) {
     size_t l = to_size(lo, "local_offset"), r = to_size(ro, "remote_offset"),
            n = to_size(size, "size");
     TransferUid u = to_u64(uid, "transfer_uid");
@@ -571,7 +574,8 @@ class PyEngine {
   }
 
   TransferStatus batch(Op op, const MemoryDesc& local, py::handle los, const MemoryDesc& remote,
-                       py::handle ros, py::handle sizes, py::handle uid, bool notify) {
+                       py::handle ros, py::handle sizes, py::handle uid,
+                       std::optional<bool> notify) {
     auto l = to_sizes(los, "local_offsets"), r = to_sizes(ros, "remote_offsets"),
          n = to_sizes(sizes, "sizes");
     TransferUid u = to_u64(uid, "transfer_uid");
@@ -834,11 +838,14 @@ PYBIND11_MODULE(_ferry, m) {
             c.inbound_max_age = milliseconds(static_cast<int64_t>(to_u64(v, "inbound_max_age_ms")));
           },
           "Un-popped inbound statuses older than this are dropped (0: no limit).")
+      .def_readwrite("notify", &EngineConfig::notify,
+                     "Whether transfers notify their target when a call leaves notify=None: "
+                     "True/False, or None for the policy file's `notify:` (else True).")
       .def_property(
           "auth_token", [](const EngineConfig& c) { return get_auth_token(c); },
           [](EngineConfig& c, const std::string& t) { set_auth_token(c, t); },
-          "Shared secret every peer must prove (HMAC challenge; never sent). Empty: "
-          "FERRY_AUTH_TOKEN, then none.")
+          "Optional cluster-wide secret every peer must prove on top of the engine's "
+          "descriptor (HMAC challenge; never sent). Empty: FERRY_AUTH_TOKEN, then none.")
       .def("__repr__", [](const EngineConfig& c) {
         return "IOEngineConfig(host='" + c.host + "', port=" + std::to_string(c.port) +
                (c.node_id.empty() ? "" : ", node_id='" + c.node_id + "'") +
@@ -942,26 +949,24 @@ PYBIND11_MODULE(_ferry, m) {
                         "(IOEngine.create_session). Offsets are bytes into the two regions.")
       .def("allocate_transfer_uid", &PySession::allocate_transfer_uid)
       .def("read", &PySession::read, py::arg("local_offset"), py::arg("remote_offset"),
-           py::arg("size"), py::arg("transfer_uid"), py::arg("notify") = true,
+           py::arg("size"), py::arg("transfer_uid"), py::arg("notify") = py::none(),
            "One-sided READ remote -> local; returns a TransferStatus.")
       .def("write", &PySession::write, py::arg("local_offset"), py::arg("remote_offset"),
-           py::arg("size"), py::arg("transfer_uid"), py::arg("notify") = true,
+           py::arg("size"), py::arg("transfer_uid"), py::arg("notify") = py::none(),
            "One-sided WRITE local -> remote; returns a TransferStatus.")
       .def(
           "batch_read",
-          [](PySession& s, py::handle lo, py::handle ro, py::handle sz, py::handle uid, bool n) {
-            return s.batch(Op::READ, lo, ro, sz, uid, n);
-          },
+          [](PySession& s, py::handle lo, py::handle ro, py::handle sz, py::handle uid,
+             std::optional<bool> n) { return s.batch(Op::READ, lo, ro, sz, uid, n); },
           py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
-          py::arg("transfer_uid"), py::arg("notify") = true,
+          py::arg("transfer_uid"), py::arg("notify") = py::none(),
           "READ many (local_offset, remote_offset, size) items as one transfer.")
       .def(
           "batch_write",
-          [](PySession& s, py::handle lo, py::handle ro, py::handle sz, py::handle uid, bool n) {
-            return s.batch(Op::WRITE, lo, ro, sz, uid, n);
-          },
+          [](PySession& s, py::handle lo, py::handle ro, py::handle sz, py::handle uid,
+             std::optional<bool> n) { return s.batch(Op::WRITE, lo, ro, sz, uid, n); },
           py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
-          py::arg("transfer_uid"), py::arg("notify") = true,
+          py::arg("transfer_uid"), py::arg("notify") = py::none(),
           "WRITE many (local_offset, remote_offset, size) items as one transfer.")
       .def("alive", &PySession::alive,
            "False once the engine is closed or the memory or peer is deregistered.");
@@ -1011,38 +1016,39 @@ PYBIND11_MODULE(_ferry, m) {
           "read",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
              py::handle sz, py::handle uid,
-             bool n) { return e.single(Op::READ, l, lo, r, ro, sz, uid, n); },
+             std::optional<bool> n) { return e.single(Op::READ, l, lo, r, ro, sz, uid, n); },
           py::arg("local_mem"), py::arg("local_offset"), py::arg("remote_mem"),
           py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"),
-          py::arg("notify") = true,
+          py::arg("notify") = py::none(),
           "One-sided READ remote -> local. Returns a TransferStatus; bad offsets or unknown "
           "memory end it at once (ERR_INVALID_ARGS / ERR_NOT_FOUND).")
       .def(
           "write",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
              py::handle sz, py::handle uid,
-             bool n) { return e.single(Op::WRITE, l, lo, r, ro, sz, uid, n); },
+             std::optional<bool> n) { return e.single(Op::WRITE, l, lo, r, ro, sz, uid, n); },
           py::arg("local_mem"), py::arg("local_offset"), py::arg("remote_mem"),
           py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"),
-          py::arg("notify") = true, "One-sided WRITE local -> remote. Returns a TransferStatus.")
+          py::arg("notify") = py::none(),
+          "One-sided WRITE local -> remote. Returns a TransferStatus.")
       .def(
           "batch_read",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
              py::handle sz, py::handle uid,
-             bool n) { return e.batch(Op::READ, l, lo, r, ro, sz, uid, n); },
+             std::optional<bool> n) { return e.batch(Op::READ, l, lo, r, ro, sz, uid, n); },
           py::arg("local_mem"), py::arg("local_offsets"), py::arg("remote_mem"),
           py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"),
-          py::arg("notify") = true,
+          py::arg("notify") = py::none(),
           "READ many items (sequences or int64 numpy arrays of offsets and sizes) as one "
           "transfer with one status.")
       .def(
           "batch_write",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
              py::handle sz, py::handle uid,
-             bool n) { return e.batch(Op::WRITE, l, lo, r, ro, sz, uid, n); },
+             std::optional<bool> n) { return e.batch(Op::WRITE, l, lo, r, ro, sz, uid, n); },
           py::arg("local_mem"), py::arg("local_offsets"), py::arg("remote_mem"),
           py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"),
-          py::arg("notify") = true, "WRITE many items as one transfer with one status.")
+          py::arg("notify") = py::none(), "WRITE many items as one transfer with one status.")
       .def("create_session", &PyEngine::create_session, py::arg("local_mem"), py::arg("remote_mem"),
            py::kw_only(), py::arg("raise_on_failure") = false,
            "A session for repeated transfers between the two regions, or None when no backend "

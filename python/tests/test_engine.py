@@ -515,3 +515,37 @@ def test_auth_token():
     finally:
         a.close()
         b.close()
+
+
+def test_connector_habits_one_way_registration_and_notify_off():
+    # What vLLM's MoRIIOConnector does: only the initiator registers (the
+    # target's descriptor), the target never pops, so notification is turned
+    # off once for the engine; a repeated registration keeps sessions alive.
+    cfg = ferry.IOEngineConfig(host="127.0.0.1", port=0)
+    cfg.timeout_ms = 10000
+    cfg.notify = False
+    assert cfg.notify is False
+    initiator = ferry.IOEngine("quiet-initiator", cfg)
+    target = make_engine("quiet-target")
+    try:
+        for e in (initiator, target):
+            e.create_backend("tcp")
+        local = pattern(1 << 16, 5)
+        remote = np.zeros(1 << 16, dtype=np.uint8)
+        lmem = initiator.register_buffer(local)
+        rmem = ferry.MemoryDesc.unpack(target.register_buffer(remote).pack())
+        initiator.register_remote_engine(target.get_engine_desc())
+        session = initiator.create_session(lmem, rmem)
+        uid = initiator.allocate_transfer_uid()
+        st = session.write(0, 0, local.nbytes, uid)
+        assert st.WaitFor(WAIT_MS) and st.Succeeded(), st.Message()
+        assert np.array_equal(remote, local)
+        assert target.pop_inbound_transfer_status("quiet-initiator", uid) is None
+        initiator.register_remote_engine(target.get_engine_desc())  # a repeated handshake
+        uid2 = initiator.allocate_transfer_uid()
+        st2 = session.write(0, 0, 4096, uid2, notify=True)
+        assert st2.WaitFor(WAIT_MS) and st2.Succeeded(), st2.Message()
+        assert target.wait_inbound("quiet-initiator", uid2, timeout_ms=WAIT_MS) is not None
+    finally:
+        initiator.close()
+        target.close()

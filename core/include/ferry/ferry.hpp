@@ -163,6 +163,9 @@ struct EngineConfig {
   // go first, counted in EngineStats::inbound_dropped). 0: no limit.
   size_t inbound_max_per_peer = 65536;
   std::chrono::milliseconds inbound_max_age{std::chrono::minutes(10)};
+  // Whether a transfer tells its target (for pop_inbound_transfer_status) when
+  // its call leaves `notify` unset. Unset: the policy file's `notify:`, else true.
+  std::optional<bool> notify;
 };
 
 struct BackendStats {
@@ -201,7 +204,13 @@ class Engine {
   Result remove_backend(const std::string& name);
   std::vector<std::string> backends() const;
 
+  // This engine's descriptor: hand it only to engines that should reach this
+  // one (its secret is what grants access, docs/security.md).
   EngineDesc desc() const;
+  // Registering the target at the initiator is enough (one-way registration):
+  // the target learns an initiator from its authenticated hello. Registering
+  // a descriptor equal to the one known is a no-op (sessions stay); a new
+  // instance of the same key replaces the old one.
   Result register_remote_engine(const EngineDesc& desc);
   Result deregister_remote_engine(const std::string& key);
 
@@ -215,17 +224,22 @@ class Engine {
 
   TransferUid allocate_transfer_uid();
 
-  // One-sided transfers. `notify`: the target can pop the inbound status.
+  // One-sided transfers. `notify`: the target can pop the inbound status;
+  // unset: the engine's default (EngineConfig::notify).
   TransferStatus read(const MemoryDesc& local, size_t local_off, const MemoryDesc& remote,
-                      size_t remote_off, size_t size, TransferUid uid, bool notify = true);
+                      size_t remote_off, size_t size, TransferUid uid,
+                      std::optional<bool> notify = std::nullopt);
   TransferStatus write(const MemoryDesc& local, size_t local_off, const MemoryDesc& remote,
-                       size_t remote_off, size_t size, TransferUid uid, bool notify = true);
+                       size_t remote_off, size_t size, TransferUid uid,
+                       std::optional<bool> notify = std::nullopt);
   TransferStatus batch_read(const MemoryDesc& local, const std::vector<size_t>& local_offs,
                             const MemoryDesc& remote, const std::vector<size_t>& remote_offs,
-                            const std::vector<size_t>& sizes, TransferUid uid, bool notify = true);
+                            const std::vector<size_t>& sizes, TransferUid uid,
+                            std::optional<bool> notify = std::nullopt);
   TransferStatus batch_write(const MemoryDesc& local, const std::vector<size_t>& local_offs,
                              const MemoryDesc& remote, const std::vector<size_t>& remote_offs,
-                             const std::vector<size_t>& sizes, TransferUid uid, bool notify = true);
+                             const std::vector<size_t>& sizes, TransferUid uid,
+                             std::optional<bool> notify = std::nullopt);
 
   // A pre-resolved (local, remote) pair; nullptr with the reason in *why when
   // no backend can serve it (e.g. none loaded: ERR_BAD_STATE).
@@ -257,15 +271,17 @@ class Session {
   ~Session();
   TransferUid allocate_transfer_uid();
   TransferStatus read(size_t local_off, size_t remote_off, size_t size, TransferUid uid,
-                      bool notify = true);
+                      std::optional<bool> notify = std::nullopt);
   TransferStatus write(size_t local_off, size_t remote_off, size_t size, TransferUid uid,
-                       bool notify = true);
+                       std::optional<bool> notify = std::nullopt);
   TransferStatus batch_read(const std::vector<size_t>& local_offs,
                             const std::vector<size_t>& remote_offs,
-                            const std::vector<size_t>& sizes, TransferUid uid, bool notify = true);
+                            const std::vector<size_t>& sizes, TransferUid uid,
+                            std::optional<bool> notify = std::nullopt);
   TransferStatus batch_write(const std::vector<size_t>& local_offs,
                              const std::vector<size_t>& remote_offs,
-                             const std::vector<size_t>& sizes, TransferUid uid, bool notify = true);
+                             const std::vector<size_t>& sizes, TransferUid uid,
+                             std::optional<bool> notify = std::nullopt);
   bool alive() const;
 
   struct Impl;
