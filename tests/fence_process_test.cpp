@@ -39,7 +39,9 @@ constexpr auto kDeadline = 1000ms;
 constexpr auto kSlack = 100ms;
 
 struct StoppableTarget {
-  explicit StoppableTarget(const std::string& backends, const std::string& policy_body) {
+  // one_way: the target never registers the initiator (as vLLM's connectors run).
+  StoppableTarget(const std::string& backends, const std::string& policy_body,
+                  bool one_way = false) {
     setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
     policy = std::filesystem::temp_directory_path() /
              ("ferry-fence-" + std::to_string(getpid()) + "-" + std::to_string(++serial) + ".yaml");
@@ -62,7 +64,7 @@ struct StoppableTarget {
     }
     if (!ini->register_remote_engine(EngineDesc::unpack(test::from_hex(ehex))))
       throw std::runtime_error("register target");
-    if (child->ask("register " + test::to_hex(ini->desc().pack())) != "OK")
+    if (!one_way && child->ask("register " + test::to_hex(ini->desc().pack())) != "OK")
       throw std::runtime_error("register initiator at the target");
     remote = MemoryDesc::unpack(test::from_hex(mhex));
     src.resize(kRegion);
@@ -204,6 +206,15 @@ void caught_write_never_lands(StoppableTarget& r, const char* other) {
 
 TEST(Fence, StoppedTargetTcpAlone) {
   StoppableTarget r("tcp", policy_tcp());
+  caught_write_never_lands(r, nullptr);
+}
+
+// The same with one-way registration: the target serves the lanes of an
+// initiator it never registered, learns it when the fence's control connection
+// presents its descriptor (cutting its lanes once, which the fence wants
+// anyway), and answers the fence exactly.
+TEST(Fence, StoppedTargetTcpAloneOneWayRegistration) {
+  StoppableTarget r("tcp", policy_tcp(), /*one_way=*/true);
   caught_write_never_lands(r, nullptr);
 }
 
