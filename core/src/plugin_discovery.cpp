@@ -18,6 +18,15 @@ uint64_t probe_now(void*) { return 0; }
 int probe_ctrl(void*, const char*, const void*, size_t) { return FERRY_ERR_BAD_STATE; }
 void probe_complete(void*, void*, int, const char*) {}
 void probe_inbound(void*, const char*, uint64_t, int) {}
+// A probe instance never connects; offering the link proofs (which refuse) makes
+// it describe itself as an engine's instance would (tcp: auth=descriptor).
+int probe_link_prove(void*, const char*, uint32_t, const void*, size_t, uint8_t*) {
+  return FERRY_ERR_UNSUPPORTED;
+}
+int probe_link_check(void*, const char*, uint32_t, const void*, size_t, const uint8_t*, char*,
+                     size_t) {
+  return FERRY_ERR_UNSUPPORTED;
+}
 }  // namespace
 
 std::string caps_to_string(uint64_t caps) {
@@ -80,6 +89,8 @@ std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_d
       host.ctrl_send = probe_ctrl;
       host.complete = probe_complete;
       host.inbound = probe_inbound;
+      host.link_prove = probe_link_prove;
+      host.link_check = probe_link_check;
       host.gpu = gpu_runtime();  // so a GPU plugin can tell whether it would work here
       void* ctx = nullptr;
       char err[512] = {};
