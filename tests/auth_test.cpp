@@ -286,6 +286,15 @@ TEST(AccessByDescriptor, TheTargetLearnsAnInitiatorFromItsHelloAndCanReachItBack
     ASSERT_TRUE(back.WaitFor(30s));
     ASSERT_TRUE(back.Succeeded()) << back.Message();
     EXPECT_EQ(test::find_mismatch(i.mem.data(), 0, kBytes, 32, 0), -1);
+    // The learned key is pinned to its secret: another holder of the target's
+    // descriptor cannot speak for it (it would receive what the target sends).
+    Initiator squatter("desc-learned", "cma");
+    ASSERT_TRUE(squatter.eng->register_remote_engine(t.eng->desc()));
+    TransferStatus sq = squatter.write(t.desc, 35, /*notify=*/true);
+    ASSERT_TRUE(sq.Failed()) << "a second engine spoke for a learned key";
+    EXPECT_NE(sq.Message().find("claims the key of learned engine 'desc-learned'"),
+              std::string::npos)
+        << sq.Message();
   }
   if (prev)
     setenv("FERRY_POLICY", saved.c_str(), 1);

@@ -429,6 +429,29 @@ TEST(HostileControlPlane, MalformedAndUnauthenticatedConnectionsAreRefused) {
                    std::string::npos);
        },
        "claims the key of registered engine 'good'"},
+      {"an unknown initiator that speaks before presenting its descriptor",
+       [&](int fd) {
+         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO,
+                                        hello_body("stranger", nonce.data(), kHelloHasToken)));
+         answer(fd, "stranger", rig.tgt_secret, random_secret());  // it holds the descriptor
+         CtrlFrame f;
+         ASSERT_TRUE(read_ctrl(fd, f));
+         ASSERT_EQ(f.type, CtrlType::HELLO_OK);
+         ASSERT_EQ(f.body, Bytes{kHelloOkSendDesc}) << "the target must ask for its descriptor";
+         send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(7, 0)));
+       },
+       "'stranger' sent a 5 frame before its descriptor"},
+      {"a descriptor sent in clear (not sealed for the target)",
+       [&](int fd) {
+         send_raw(fd, encode_ctrl_frame(CtrlType::HELLO,
+                                        hello_body("stranger", nonce.data(), kHelloHasToken)));
+         answer(fd, "stranger", rig.tgt_secret, random_secret());
+         CtrlFrame f;
+         ASSERT_TRUE(read_ctrl(fd, f));
+         ASSERT_EQ(f.type, CtrlType::HELLO_OK);
+         send_raw(fd, encode_ctrl_frame(CtrlType::PEER_DESC, rig.good->desc().pack()));
+       },
+       "'stranger' sent a descriptor not sealed for this engine"},
       {"proof under another token",
        [&](int fd) {
          send_raw(fd, hello_good);

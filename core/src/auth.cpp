@@ -83,6 +83,67 @@ bool Credentials::check(const InstanceSecret& secret, char role, const void* dat
   return ok;
 }
 
+namespace {
+constexpr size_t kSealNonce = 12, kSealTag = 16;
+
+// The sealing key: HMAC(secret | token, "ferry-seal-v1" | transcript).
+bool seal_key(const InstanceSecret& secret, std::string_view token,
+              const std::vector<uint8_t>& transcript, uint8_t key[kMacSize]) {
+  static const char kLabel[] = "ferry-seal-v1";
+  std::vector<uint8_t> msg(kLabel, kLabel + sizeof kLabel - 1);
+  msg.insert(msg.end(), transcript.begin(), transcript.end());
+  return link_mac(secret, token, kInitiatorRole, msg.data(), msg.size(), key);
+}
+
+// One ChaCha20-Poly1305 pass; `encrypt` picks the direction.
+bool aead(bool encrypt, const uint8_t key[kMacSize], const uint8_t nonce[kSealNonce],
+          const uint8_t* in, size_t n, uint8_t* out, uint8_t tag[kSealTag]) {
+  if (n > INT_MAX) return false;
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  if (!ctx) return false;
+  int len = 0;
+  bool ok = EVP_CipherInit_ex(ctx, EVP_chacha20_poly1305(), nullptr, nullptr, nullptr,
+                              encrypt ? 1 : 0) == 1 &&
+            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_IVLEN, kSealNonce, nullptr) == 1 &&
+            EVP_CipherInit_ex(ctx, nullptr, nullptr, key, nonce, encrypt ? 1 : 0) == 1;
+  if (ok && !encrypt) ok = EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, kSealTag, tag) == 1;
+  if (ok && n > 0) ok = EVP_CipherUpdate(ctx, out, &len, in, static_cast<int>(n)) == 1;
+  if (ok) ok = EVP_CipherFinal_ex(ctx, out + len, &len) == 1;
+  if (ok && encrypt) ok = EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, kSealTag, tag) == 1;
+  EVP_CIPHER_CTX_free(ctx);
+  return ok;
+}
+}  // namespace
+
+bool seal(const InstanceSecret& secret, std::string_view token,
+          const std::vector<uint8_t>& transcript, const std::vector<uint8_t>& plain,
+          std::vector<uint8_t>* out) {
+  uint8_t key[kMacSize];
+  if (!seal_key(secret, token, transcript, key)) return false;
+  out->assign(kSealNonce + plain.size() + kSealTag, 0);
+  bool ok = random_bytes(out->data(), kSealNonce) &&
+            aead(true, key, out->data(), plain.data(), plain.size(), out->data() + kSealNonce,
+                 out->data() + kSealNonce + plain.size());
+  OPENSSL_cleanse(key, sizeof key);
+  return ok;
+}
+
+bool unseal(const InstanceSecret& secret, std::string_view token,
+            const std::vector<uint8_t>& transcript, const std::vector<uint8_t>& sealed,
+            std::vector<uint8_t>* plain) {
+  if (sealed.size() < kSealNonce + kSealTag) return false;
+  uint8_t key[kMacSize];
+  if (!seal_key(secret, token, transcript, key)) return false;
+  const size_t n = sealed.size() - kSealNonce - kSealTag;
+  plain->assign(n, 0);
+  uint8_t tag[kSealTag];
+  std::memcpy(tag, sealed.data() + kSealNonce + n, kSealTag);
+  bool ok = aead(false, key, sealed.data(), sealed.data() + kSealNonce, n, plain->data(), tag);
+  OPENSSL_cleanse(key, sizeof key);
+  if (!ok) plain->clear();
+  return ok;
+}
+
 std::vector<uint8_t> ctrl_transcript(std::string_view label, const Nonce& client_nonce,
                                      const Nonce& server_nonce, std::string_view client_key,
                                      std::string_view server_key) {

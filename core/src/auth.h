@@ -62,6 +62,17 @@ constexpr char kInitiatorRole = 'I';
 bool link_mac(const InstanceSecret& secret, std::string_view token, char role, const void* data,
               size_t len, uint8_t out[kMacSize]);
 
+// Authenticated encryption (ChaCha20-Poly1305) of `plain` under a key derived
+// from `secret` (+ token) and a connection's transcript, so only the engine
+// holding that secret reads it: out = 12-byte nonce | ciphertext | 16-byte tag.
+bool seal(const InstanceSecret& secret, std::string_view token,
+          const std::vector<uint8_t>& transcript, const std::vector<uint8_t>& plain,
+          std::vector<uint8_t>* out);
+// The reverse; false when the tag does not verify (wrong key, tampered bytes).
+bool unseal(const InstanceSecret& secret, std::string_view token,
+            const std::vector<uint8_t>& transcript, const std::vector<uint8_t>& sealed,
+            std::vector<uint8_t>* plain);
+
 // This engine's credentials: its instance secret and the cluster token. A proof
 // "for" an engine is HMAC-SHA256 keyed by that engine's instance secret followed
 // by the token, over a transcript that binds it to one connection.
@@ -83,6 +94,7 @@ class Credentials {
   // Constant-time; false for a secret of the wrong size.
   bool check(const InstanceSecret& secret, char role, const void* data, size_t len,
              const uint8_t mac[kMacSize]) const;
+  const std::string& token_text() const { return token_text_; }
 
  private:
   InstanceSecret own_;

@@ -471,8 +471,11 @@ bool ControlPlane::handle_peer_desc(Inbound& c, const CtrlFrame& f) {
   if (!c.wants_desc) return false;  // unasked: unexpected
   c.wants_desc = false;
   EngineDesc d;
+  std::vector<uint8_t> plain;
+  if (!auth_->unseal_own(c.transcript, f.body, &plain))
+    return reject(c, "engine '" + c.peer + "' sent a descriptor not sealed for this engine", false);
   try {
-    d = EngineDesc::unpack(f.body);
+    d = EngineDesc::unpack(plain);
   } catch (const Error& e) {
     return reject(c, "engine '" + c.peer + "' sent a bad descriptor: " + e.what(), false);
   }
@@ -523,6 +526,13 @@ bool ControlPlane::admit(Inbound& c) {
 bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
   if (c.state == Inbound::State::HELLO) return handle_hello(c, f);
   if (c.state == Inbound::State::PROOF) return handle_proof(c, f);
+  // An initiator we did not know speaks only after it presented its
+  // descriptor: until then nothing it sends is acted on under its key.
+  if (c.wants_desc && f.type != CtrlType::PEER_DESC)
+    return reject(c,
+                  "engine '" + c.peer + "' sent a " + std::to_string(static_cast<int>(f.type)) +
+                      " frame before its descriptor",
+                  false);
   switch (f.type) {
     case CtrlType::PLUGIN: {
       std::string plugin;
@@ -658,6 +668,7 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
     if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
     return fail("HELLO to " + where + ": " + why, false);
   }
+  std::vector<uint8_t> tc;  // what our proof covered: also seals our descriptor
   if (f.type == CtrlType::AUTH_CHALLENGE) {
     auth::Nonce ns{};
     uint8_t proof[kCtrlProofSize];
@@ -666,7 +677,7 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
     auto ts = auth::ctrl_transcript(kServerLabel, nc, ns, self_key_, peer_key);
     if (auth_->check(peer_key, FERRY_LINK_INITIATOR, ts.data(), ts.size(), proof, &why) != FERRY_OK)
       return fail(why, true);
-    auto tc = auth::ctrl_transcript(kClientLabel, nc, ns, self_key_, peer_key);
+    tc = auth::ctrl_transcript(kClientLabel, nc, ns, self_key_, peer_key);
     if (auth_->prove(peer_key, FERRY_LINK_INITIATOR, tc.data(), tc.size(), proof) != FERRY_OK)
       return fail("engine '" + peer_key + "' is not registered here", false);
     auto pf = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(proof));
@@ -686,8 +697,13 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   if (!decode_hello_ok(f.body, &ok_flags)) return fail("malformed HELLO_OK from " + where, true);
   if ((ok_flags & kHelloOkSendDesc) && handlers_.self_desc) {
     // The server does not know us (it never registered us): our descriptor
-    // lets it answer and connect back (one-way registration).
-    auto desc = encode_ctrl_frame(CtrlType::PEER_DESC, handlers_.self_desc());
+    // lets it answer and connect back (one-way registration). It carries our
+    // secret, so it is sealed for the server: only the holder of its secret,
+    // which just proved itself, can read it.
+    std::vector<uint8_t> sealed;
+    if (!auth_->seal_for(peer_key, tc, handlers_.self_desc(), &sealed))
+      return fail("cannot seal our descriptor for " + where, false);
+    auto desc = encode_ctrl_frame(CtrlType::PEER_DESC, sealed);
     if (!write_all(fd, desc.data(), desc.size())) {
       if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
       return fail("sending our descriptor to " + where + ": " + std::strerror(errno), false);

@@ -188,6 +188,7 @@ EngineDesc EngineImpl::desc() const {
 
 Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   if (Result r = registry_.check_peer(d); !r.ok()) return r;
+  std::lock_guard lk(peers_mu_);
   // The descriptor registered (or learned) already: connectors repeat their
   // handshakes, and that must not tear down the peer's sessions.
   if (registry_.confirm_peer(d)) return {};
@@ -202,13 +203,13 @@ void EngineImpl::learn_peer(const EngineDesc& d) {
     FERRY_LOG(WARN, key_, "not learning engine '" + d.key + "' from its hello: " + r.message);
     return;
   }
-  auto learned = registry_.peer_learned(d.key);
-  if (learned && !*learned) return;  // the application's registration stands
-  if (learned) {
-    // A new life of a peer we only learned (its secret changed): replace it.
-    auto old = registry_.peer_instance(d.key);
-    deregister_peer(d.key, /*keep_fence=*/old && *old == d.instance);
-  } else if (registry_.learned_peers() >= kMaxLearnedPeers) {
+  // Serialised with the application's (de)registrations: one key, one entry in
+  // every backend at a time.
+  std::lock_guard lk(peers_mu_);
+  // Known already (registered, or learned by another connection of the same
+  // life): nothing to learn. A known key is pinned to its secret (LinkAuth).
+  if (registry_.peer_learned(d.key)) return;
+  if (registry_.learned_peers() >= kMaxLearnedPeers) {
     uint64_t held = 0;
     if (log_limiter_.Allow("learn-full", &held))
       log_line(LogLevel::WARN, key_,
@@ -226,6 +227,7 @@ void EngineImpl::learn_peer(const EngineDesc& d) {
 }
 
 Result EngineImpl::deregister_remote_engine(const std::string& key) {
+  std::lock_guard lk(peers_mu_);
   return deregister_peer(key, /*keep_fence=*/false);
 }
 

@@ -59,8 +59,10 @@ class EngineImpl {
   Result deregister_peer(const std::string& key, bool keep_fence);
   // A peer that proved our descriptor and presented its own (one-way
   // registration): known from now on, so backends can answer it and connect
-  // back; at most kMaxLearnedPeers; never replaces one the application registered.
+  // back; at most kMaxLearnedPeers; never replaces a known one (registered or
+  // learned: a key is pinned to its secret until the application deregisters it).
   void learn_peer(const EngineDesc& d);
+  std::mutex peers_mu_;  // register / deregister / learn, one at a time
   static constexpr size_t kMaxLearnedPeers = 1024;
 
   const EngineConfig config_;

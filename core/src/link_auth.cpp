@@ -55,17 +55,34 @@ int LinkAuth::check(const std::string& peer, uint32_t role, const void* transcri
   }
   if (registered && creds_.check(theirs, auth::kInitiatorRole, transcript, len, proof + kHalf))
     return FERRY_OK;
-  if (!registered || learned) {
+  if (!registered) {
     // An initiator we never registered: it holds our descriptor, which is what
-    // grants access. One we only learned from an earlier hello may be a new
-    // life of it; either way it presents its descriptor next.
+    // grants access; it presents its own descriptor next (one-way registration).
     if (unknown) *unknown = true;
     return FERRY_OK;
   }
-  *why = "a peer claims the key of registered engine '" + peer +
-         "' but cannot prove that engine's secret (an impostor, or the engine restarted: "
-         "register its new descriptor)";
+  // A key we know - registered, or learned from an earlier hello - is pinned to
+  // its secret: nobody else may speak for it, not even another holder of our
+  // descriptor (it could receive what we send to that engine).
+  *why = "a peer claims the key of " + std::string(learned ? "learned" : "registered") +
+         " engine '" + peer +
+         "' but cannot prove that engine's secret (an impostor, or the engine restarted: " +
+         (learned ? "deregister the old life here, or register its new descriptor"
+                  : "register its new descriptor") +
+         ")";
   return FERRY_ERR_REMOTE;
+}
+
+bool LinkAuth::seal_for(const std::string& peer, const std::vector<uint8_t>& transcript,
+                        const std::vector<uint8_t>& plain, std::vector<uint8_t>* out) const {
+  auth::InstanceSecret theirs;
+  return peers_(peer, &theirs, nullptr) &&
+         auth::seal(theirs, creds_.token_text(), transcript, plain, out);
+}
+
+bool LinkAuth::unseal_own(const std::vector<uint8_t>& transcript,
+                          const std::vector<uint8_t>& sealed, std::vector<uint8_t>* plain) const {
+  return auth::unseal(creds_.own(), creds_.token_text(), transcript, sealed, plain);
 }
 
 }  // namespace ferry

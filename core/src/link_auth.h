@@ -37,11 +37,18 @@ class LinkAuth {
   int prove(const std::string& peer, uint32_t role, const void* transcript, size_t len,
             uint8_t proof[kProofSize]) const;
   // FERRY_OK, or FERRY_ERR_REMOTE / FERRY_ERR_NOT_FOUND with *why in words.
-  // As target, *unknown (may be null) is set when the initiator passed but its
-  // own secret is not one we know (not registered, or only learned and of
-  // another life): it should present its descriptor.
+  // As target, *unknown (may be null) is set when the initiator passed without
+  // being known here (neither registered nor learned): it presents its
+  // descriptor next. A known key must prove its own secret.
   int check(const std::string& peer, uint32_t role, const void* transcript, size_t len,
             const uint8_t proof[kProofSize], std::string* why, bool* unknown = nullptr) const;
+  // A message only the registered peer `peer` can read (auth::seal under its
+  // secret and this connection's transcript); false when it is not known.
+  bool seal_for(const std::string& peer, const std::vector<uint8_t>& transcript,
+                const std::vector<uint8_t>& plain, std::vector<uint8_t>* out) const;
+  // Opens a message sealed for this engine; false when it does not verify.
+  bool unseal_own(const std::vector<uint8_t>& transcript, const std::vector<uint8_t>& sealed,
+                  std::vector<uint8_t>* plain) const;
 
  private:
   const auth::Credentials& creds_;
