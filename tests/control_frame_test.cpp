@@ -84,6 +84,7 @@ TEST(ControlFrame, BodyDecodersRejectWrongShapes) {
   EXPECT_TRUE(decode_hello_ok({kHelloOkSendDesc}, &ok_flags));
   EXPECT_EQ(ok_flags, kHelloOkSendDesc);
   EXPECT_FALSE(decode_hello_ok({2}, &ok_flags));     // unknown flag
+  EXPECT_FALSE(decode_hello_ok({0}, &ok_flags));     // no flags is the empty body (fuzz_ctrl_frame)
   EXPECT_FALSE(decode_hello_ok({1, 0}, &ok_flags));  // trailing bytes
   uint64_t uid;
   int32_t st;

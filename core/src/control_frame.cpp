@@ -82,7 +82,8 @@ bool decode_hello_ok(const std::vector<uint8_t>& body, uint8_t* flags) {
     *flags = 0;
     return true;
   }
-  if (body.size() != 1 || (body[0] & ~kHelloOkSendDesc) != 0) return false;
+  // One encoding per meaning: no flags is the empty body, never {0}.
+  if (body.size() != 1 || body[0] != kHelloOkSendDesc) return false;
   *flags = body[0];
   return true;
 }

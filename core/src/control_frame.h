@@ -15,8 +15,9 @@
 //   server: checks Pc (its own secret; the client's too when it registered
 //           that key) -> HELLO_OK(flags) | HELLO_REFUSED
 //   client, when HELLO_OK asks for it (the server does not know its secret):
-//           PEER_DESC(its EngineDesc), whose secret must match the second half
-//           of Pc: the server learns the client (one-way registration).
+//           PEER_DESC(its EngineDesc sealed for the server, auth::seal), whose
+//           secret must match the second half of Pc: the server learns the
+//           client (one-way registration).
 // (auth::ctrl_transcript). No secret travels. Version 1 peers are refused by
 // the frame header's version.
 #pragma once
