@@ -159,11 +159,6 @@ std::optional<uint64_t> Registry::peer_instance(const std::string& key) const {
   return it->second->desc.instance;
 }
 
-bool Registry::has_peer(const std::string& key) const {
-  std::shared_lock lk(mu_);
-  return peers_.count(key) > 0;
-}
-
 bool Registry::peer_secret(const std::string& key, std::vector<uint8_t>* secret,
                            bool* learned) const {
   std::shared_lock lk(mu_);

@@ -109,7 +109,6 @@ class Registry {
   size_t learned_peers() const;
   // The instance registered under `key`, or none.
   std::optional<uint64_t> peer_instance(const std::string& key) const;
-  bool has_peer(const std::string& key) const;
   // The access secret of the descriptor registered under `key` (false: none);
   // *learned says whether it was learned from a hello rather than registered.
   bool peer_secret(const std::string& key, std::vector<uint8_t>* secret,
