@@ -27,6 +27,13 @@ void decode_all(const std::vector<uint8_t>& body) {
   if (decode_hello_ok(body, &flags) && hello_ok_body(flags) != body) __builtin_trap();
   if (decode_plugin(body, s, off) && (off > body.size() || s.empty())) __builtin_trap();
   if (decode_notify(body, uid, status) && notify_body(uid, status) != body) __builtin_trap();
+  uint64_t inst0 = 0, id = 0;
+  if (decode_msg(body, inst0, id, off) &&
+      (off != 16 || body.size() - off > kMaxNotifPayload || id == 0 ||
+       msg_body(inst0, id, body.data() + off, body.size() - off) != body))
+    __builtin_trap();
+  MsgAck ack;
+  if (decode_msg_ack(body, id, ack) && msg_ack_body(id, ack) != body) __builtin_trap();
   if (decode_challenge(body, nonce, mac) && challenge_body(nonce, mac) != body) __builtin_trap();
   if (decode_proof(body, mac) && proof_body(mac) != body) __builtin_trap();
   uint64_t req = 0, inst = 0;

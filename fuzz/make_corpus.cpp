@@ -55,12 +55,14 @@ void ctrl() {
             encode_ctrl_frame(CtrlType::PLUGIN, plugin_body("tcp", payload.data(), payload.size())),
             encode_ctrl_frame(CtrlType::NOTIFY, notify_body(42, 0))})},
       {"notify_fail", encode_ctrl_frame(CtrlType::NOTIFY, notify_body(~0ull, -6))},
-      {"fence", encode_ctrl_frame(CtrlType::FENCE,
-                                  fence_body(7, 0x1234, {{"tcp", 41}, {"rdma", 42}}))},
+      {"msg", encode_ctrl_frame(CtrlType::MSG, msg_body(0x1234, 1, "req-7:8", 7))},
+      {"msg_ack", encode_ctrl_frame(CtrlType::MSG_ACK, msg_ack_body(1, MsgAck::TAKEN))},
+      {"fence",
+       encode_ctrl_frame(CtrlType::FENCE, fence_body(7, 0x1234, {{"tcp", 41}, {"rdma", 42}}))},
       {"fence_reply",
-       encode_ctrl_frame(CtrlType::FENCE_REPLY,
-                         fence_reply_body(7, 0x1234, {{41, FenceState::WHOLE, 1 << 20},
-                                                      {42, FenceState::NONE, 0}}))},
+       encode_ctrl_frame(CtrlType::FENCE_REPLY, fence_reply_body(7, 0x1234,
+                                                                 {{41, FenceState::WHOLE, 1 << 20},
+                                                                  {42, FenceState::NONE, 0}}))},
   };
   for (const auto& s : seeds) {
     put("ctrl_frame", std::string(s.name) + "_whole", cat({{0x3f}, s.stream}));  // one chunk
@@ -116,7 +118,8 @@ void tcp() {
   e.type = wire::Type::kError;
   e.status = -2;
   e.payload_len = 13;
-  put("tcp_wire", "error", frame(e, {}, Bytes{'n', 'o', 't', ' ', 'r', 'e', 'g', 'i', 's', 't', 'e', 'r', 'd'}));
+  put("tcp_wire", "error",
+      frame(e, {}, Bytes{'n', 'o', 't', ' ', 'r', 'e', 'g', 'i', 's', 't', 'e', 'r', 'd'}));
   put("tcp_wire", "conn_blob", wire::EncodeConnBlob({"10.0.0.7", 40000}));
   put("tcp_wire", "conn_blob_empty_host", wire::EncodeConnBlob({"", 1}));
   put("tcp_wire", "mem_blob", wire::EncodeMemBlob({3, 1 << 30, 0x1122334455667788ull}));
@@ -164,11 +167,13 @@ void policy() {
       "rules:\n  - prefer: [tcp]\n",
       "timeout: 250ms\nfailover: { max_attempts: 2, quarantine: { after_failures: 1, within: 1s, "
       "for: 2s, max: 4s } }\n",
-      "backends:\n  tcp: { lanes: 8, chunk_bytes: 64KiB }\nrules:\n  - match: { peer: \"decode-*\", "
+      "backends:\n  tcp: { lanes: 8, chunk_bytes: 64KiB }\nrules:\n  - match: { peer: "
+      "\"decode-*\", "
       "min_bytes: 1MiB, op: read }\n    prefer: [tcp, \"*\"]\n",
   };
   int i = 0;
-  for (const char* s : small) put("policy", "small_" + std::to_string(i++), Bytes(s, s + strlen(s)));
+  for (const char* s : small)
+    put("policy", "small_" + std::to_string(i++), Bytes(s, s + strlen(s)));
 }
 
 }  // namespace

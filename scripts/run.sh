@@ -10,7 +10,8 @@
 #
 # A backend that is not built, or whose tests did not run, fails `test` unless
 # FERRY_ALLOW_SKIP names it (a comma list of backends: tcp, ofi, rdma, xgmi,
-# cma; rdma-vm for the Soft-RoCE VM stage). Outside CI (CI unset), xgmi is
+# cma; rdma-vm for the Soft-RoCE VM stage; torch for the Python tests that
+# register torch tensors). Outside CI (CI unset), xgmi is
 # allowed to skip on a machine without a GPU; under CI=true only the list counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,8 @@ pkgs=(build-essential cmake ninja-build pkg-config dpkg-dev iproute2
       libgtest-dev libgmock-dev libbenchmark-dev
       python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest
       clang libclang-rt-14-dev)
+# The Python tests register torch CPU tensors (the connectors' memory): test only.
+[[ "$mode" == test ]] && pkgs+=(python3-torch)
 installed() {  # installed PKG: dpkg knows PKG as installed
   local s
   s=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) || return 1
@@ -49,6 +52,8 @@ if [ "${CI:-}" != true ] && ! have_gpu && [[ "$allow_list" != *",xgmi,"* ]]; the
   echo "== xgmi: allowed to skip (no GPU on this machine, not CI); its tests run on a GPU host"
 fi
 allowed() { [[ "$allow_list" == *",$1,"* ]]; }
+# The torch tests skip only when the list says so (FERRY_ALLOW_SKIP=torch).
+allowed torch || export FERRY_REQUIRE_TORCH=1
 
 build() {  # build DIR [cmake args...]
   local dir=$1; shift
@@ -151,8 +156,8 @@ tsan_tests() {
   # moved a moment before: with those accesses checked, every byte takes TSan's
   # suppression slow path and the test runs past its timeout (seen in CI once
   # the suppressions matched GCC's interceptor names). They run with the heavy ones.
-  local strict='inbound_table_test|auth_test'
-  local heavy='failover_test|engine_process_test|tcp_plugin_test|hostile_peer_test'
+  local strict='inbound_table_test|notif_inbox_test|auth_test'
+  local heavy='failover_test|engine_process_test|notification_process_test|tcp_plugin_test|hostile_peer_test'
   cmake --build build-tsan -j "$jobs" --target ${strict//|/ } ${heavy//|/ } \
     ferry-test-peer ferry-tcp ferry-cma ferry-fault
   local reports=$PWD/build-tsan/tsan-reports

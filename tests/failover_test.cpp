@@ -117,6 +117,28 @@ TEST_P(FailoverByMode, WriteAndReadCompleteOnTheNextBackend) {
   EXPECT_EQ(rig.stats("tcp").bytes, 2u * kBytes);
 }
 
+// A message attached to a transfer goes once its data has landed, whatever
+// attempts the data took: the target gets it exactly once, after the data.
+TEST_P(FailoverByMode, AttachedMessageIsDeliveredOnceAfterFailover) {
+  Rig rig(GetParam());
+  for (Op op : {Op::WRITE, Op::READ}) {
+    std::vector<uint8_t>& from = op == Op::WRITE ? rig.src : rig.dst;
+    std::vector<uint8_t>& to = op == Op::WRITE ? rig.dst : rig.src;
+    test::fill_pattern(from.data(), 0, kBytes, 90 + static_cast<int>(op));
+    std::fill(to.begin(), to.end(), 0);
+    const std::string msg = op == Op::WRITE ? "write done" : "read done";
+    TransferStatus st = op == Op::WRITE
+                            ? rig.ini->write(rig.lmem, 0, rig.rmem, 0, kBytes, 1, false, msg)
+                            : rig.ini->read(rig.lmem, 0, rig.rmem, 0, kBytes, 2, false, msg);
+    ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+    EXPECT_EQ(test::find_mismatch(to.data(), 0, kBytes, 90 + static_cast<int>(op), 0), -1);
+    auto got = rig.tgt->wait_notifications(5s);
+    EXPECT_EQ(got["ini"], std::vector<std::string>{msg});
+    EXPECT_TRUE(rig.tgt->wait_notifications(200ms).empty()) << "delivered twice";
+  }
+  EXPECT_EQ(rig.tgt->stats().notifications_received, 2u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Faults, FailoverByMode,
                          testing::Values("fail_submit", "fail_complete", "drop",
                                          "notify_then_fail"));
@@ -262,7 +284,7 @@ TEST(StatsEndpoint, FerryStatsShowsTheFailoversOfARunningEngine) {
   EXPECT_EQ(trc, 0) << table;
   EXPECT_NE(table.find("engine ini"), std::string::npos) << table;
   EXPECT_NE(table.find("failovers"), std::string::npos) << table;
-  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 2 * (2 + 2)) << table;  // 2 samples
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 2 * (3 + 2)) << table;  // 2 samples
 
   // The target engine serves its own (the inbound notifications it recorded).
   auto [brc, tj] =

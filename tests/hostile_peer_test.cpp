@@ -592,6 +592,83 @@ TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
   EXPECT_TRUE(rig.good_transfer(7));
 }
 
+TEST(HostileControlPlane, MessageFloodThatNeverReadsItsAnswersStaysBounded) {
+  // An authenticated peer sends 64 KiB notification messages with fresh ids as
+  // fast as the target reads them and never reads a MSG_ACK: the inbox refuses
+  // past its bound (16 MiB unread per sender), the target's I/O thread never
+  // blocks on the answers (written only when they fit at once; a peer whose
+  // answers do not fit is cut), and the good peer is served meanwhile.
+  Rig rig("tcp");
+  const long rss_before = test::rss_kib();
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  CtrlHandshake hs;
+  ASSERT_TRUE(rig.ctrl_login(fd, hs));
+  const std::string payload(kMaxNotificationBytes, 'f');
+  const uint64_t kFrames = 2000;  // 128 MiB offered
+  uint64_t sent = 0;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  for (uint64_t id = 1; id <= kFrames && std::chrono::steady_clock::now() < until; ++id) {
+    Bytes f = encode_ctrl_frame(CtrlType::MSG, msg_body(1, id, payload.data(), payload.size()));
+    size_t off = 0;
+    while (off < f.size() && std::chrono::steady_clock::now() < until) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, 100) != 1) continue;
+      ssize_t k = ::send(fd, f.data() + off, f.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k <= 0) break;
+      off += static_cast<size_t>(k);
+    }
+    if (off < f.size()) break;
+    ++sent;
+  }
+  ASSERT_TRUE(eventually([&] {
+    auto st = rig.tgt->stats();
+    return st.notifications_received + st.notifications_refused >= sent || closed_by_peer(fd);
+  })) << "sent "
+      << sent;
+  const EngineStats st = rig.tgt->stats();
+  std::printf("RESULT msg_flood offered=%llu taken=%llu refused=%llu rss_kib %ld -> %ld\n",
+              static_cast<unsigned long long>(sent),
+              static_cast<unsigned long long>(st.notifications_received),
+              static_cast<unsigned long long>(st.notifications_refused), rss_before,
+              test::rss_kib());
+  EXPECT_GE(sent, 300u) << "the target stopped reading";
+  EXPECT_EQ(st.notifications_received, 256u) << "16 MiB of 64 KiB messages";
+  EXPECT_LE(st.notifications_unread * kMaxNotificationBytes, 16u << 20);
+  EXPECT_TRUE(rig.good_transfer(8)) << "the I/O thread is not stuck";
+  close(fd);
+  auto m = rig.good->send_notification("hostile-tgt", "still heard");
+  EXPECT_EQ(m.Wait(), StatusCode::ERR_BAD_STATE) << "good's inbox share is full: " << m.Message();
+  rig.tgt->get_new_notifications();
+  m = rig.good->send_notification("hostile-tgt", "still heard");
+  EXPECT_EQ(m.Wait(), StatusCode::SUCCESS) << m.Message();
+  EXPECT_EQ(rig.tgt->wait_notifications(5s)["good"], std::vector<std::string>{"still heard"});
+}
+
+TEST(HostileControlPlane, MalformedMessagesCloseTheConnection) {
+  Rig rig("tcp");
+  const std::string too_big(kMaxNotificationBytes + 1, 'x');
+  const Bytes cases[] = {
+      encode_ctrl_frame(CtrlType::MSG, {1, 2, 3}),               // short
+      encode_ctrl_frame(CtrlType::MSG, msg_body(1, 0, "x", 1)),  // id 0
+      encode_ctrl_frame(CtrlType::MSG, msg_body(1, 5, too_big.data(), too_big.size())),
+      encode_ctrl_frame(CtrlType::MSG_ACK, msg_ack_body(1, MsgAck::TAKEN)),  // not ours to send
+  };
+  for (const Bytes& c : cases) {
+    int fd = dial(rig.ctrl_port);
+    ASSERT_GE(fd, 0);
+    CtrlHandshake hs;
+    ASSERT_TRUE(rig.ctrl_login(fd, hs));
+    const uint64_t before = rig.rejected();
+    send_raw(fd, c);
+    EXPECT_TRUE(eventually([&] { return closed_by_peer(fd); })) << c.size();
+    EXPECT_GT(rig.rejected(), before);
+    close(fd);
+  }
+  EXPECT_EQ(rig.tgt->stats().notifications_received, 0u);
+  EXPECT_TRUE(rig.good_transfer(9));
+}
+
 TEST(HostileControlPlane, OutOfDescriptorsTheEngineIdlesAndRecovers) {
   // Connections waiting in the backlogs of the control plane and of a tcp
   // listener while this process has no descriptor left: accept() fails with

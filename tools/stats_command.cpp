@@ -70,10 +70,13 @@ bool print_table(const std::string& doc) {
   if (j.is_discarded() || !j.is_object()) return false;
   std::printf(
       "engine %s (pid %lld): inbound notifications %llu (dropped unpopped %llu), control "
-      "connections refused %llu, fences %llu (unanswered %llu), fenced peers %llu\n",
+      "connections refused %llu, fences %llu (unanswered %llu), fenced peers %llu\n"
+      "  notification messages received %llu (refused %llu, unread %llu)\n",
       j.value("engine", std::string("?")).c_str(), static_cast<long long>(j.value("pid", 0L)),
       num(j, "inbound_notifications"), num(j, "inbound_dropped"), num(j, "ctrl_rejected"),
-      num(j, "fences"), num(j, "fence_unknown"), num(j, "fenced_peers"));
+      num(j, "fences"), num(j, "fence_unknown"), num(j, "fenced_peers"),
+      num(j, "notifications_received"), num(j, "notifications_refused"),
+      num(j, "notifications_unread"));
   std::printf("  %-10s %12s %16s %10s %10s %12s\n", "backend", "transfers", "bytes", "failures",
               "failovers", "quarantines");
   if (auto b = j.find("backends"); b != j.end() && b->is_object()) {

@@ -85,8 +85,10 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
             if (ok) seg->fill_pattern(off, len, seed);
           }
         }
-        if (ok) out << "OK";
-        else out << "ERR range outside the region";
+        if (ok)
+          out << "OK";
+        else
+          out << "ERR range outside the region";
       } catch (const Error& e) {
         out << "ERR " << e.what();
       }
@@ -102,8 +104,10 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
           ok = in_region(off, len);
           if (ok) h = seg->fnv1a(off, len, h);
         }
-        if (ok) out << "HASH " << h;
-        else out << "ERR range outside the region";
+        if (ok)
+          out << "HASH " << h;
+        else
+          out << "ERR range outside the region";
       } catch (const Error& e) {
         out << "ERR " << e.what();
       }
@@ -113,8 +117,51 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
       long ms = 0;
       in >> key >> uid >> ms;
       auto s = engine->wait_inbound_transfer_status(key, uid, std::chrono::milliseconds(ms));
-      if (s) out << "INBOUND " << to_string(s->Code());
-      else out << "NONE";
+      if (s)
+        out << "INBOUND " << to_string(s->Code());
+      else
+        out << "NONE";
+    } else if (cmd == "notifs") {  // what arrived, waiting up to ms for the first
+      long ms = 0;
+      in >> ms;
+      auto got = engine->wait_notifications(std::chrono::milliseconds(ms));
+      size_t n = 0;
+      for (auto& [k, v] : got) n += v.size();
+      out << "NOTIFS " << n;
+      for (auto& [k, v] : got)
+        for (auto& m : v)
+          out << " " << k << ":" << test::to_hex(std::vector<uint8_t>(m.begin(), m.end()));
+    } else if (cmd == "msghash") {  // the first message, and the ranges' hash as it arrived
+      long ms = 0;
+      size_t n = 0;
+      in >> ms >> n;
+      std::vector<std::pair<uint64_t, uint64_t>> ranges(n);
+      bool ok = true;
+      for (auto& [off, len] : ranges) {
+        in >> off >> len;
+        ok = ok && in_region(off, len);
+      }
+      if (!ok) {
+        out << "ERR range outside the region";
+      } else {
+        auto got = engine->wait_notifications(std::chrono::milliseconds(ms));
+        uint64_t h = test::kFnvBasis;
+        for (auto& [off, len] : ranges) h = seg->fnv1a(off, len, h);
+        if (got.empty()) {
+          out << "NONE";
+        } else {
+          const auto& [k, v] = *got.begin();
+          out << "MSG " << v.size() << " " << k << ":"
+              << test::to_hex(std::vector<uint8_t>(v[0].begin(), v[0].end())) << " HASH " << h;
+        }
+      }
+    } else if (cmd == "send") {  // a notification message to a peer: SENT <code>
+      std::string key, hex;
+      in >> key >> hex;
+      auto bytes = test::from_hex(hex);
+      auto s = engine->send_notification(key, std::string(bytes.begin(), bytes.end()));
+      s.Wait();
+      out << "SENT " << to_string(s.Code());
     } else if (cmd == "stats") {
       auto st = engine->stats();
       out << "STATS " << st.inbound_notifications << " " << st.ctrl_rejected;

@@ -31,6 +31,10 @@ struct TargetOptions {
 //   fill <seed> <n> <off> <len> ... -> OK          (only those n ranges)
 //   hash <n> <off> <len> ...        -> HASH <fnv1a of the n ranges in order>
 //   pop <key> <uid> <timeout_ms>    -> INBOUND <code> | NONE
+//   notifs <timeout_ms>             -> NOTIFS <n> <key>:<hex> ...  (drains the inbox)
+//   msghash <ms> <n> <off> <len>... -> MSG <count> <key>:<hex> HASH <h> | NONE: the first
+//                                      messages to arrive, and the ranges' hash when they did
+//   send <key> <hex>                -> SENT <code> (a notification message to that engine)
 //   stats                           -> STATS <inbound notifications> <ctrl rejected>
 //   remove_backend <name>           -> OK | ERR <why>  (cuts that backend's connections)
 //   quit                            -> BYE, and returns

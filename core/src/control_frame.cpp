@@ -109,6 +109,22 @@ bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& sta
   return r.u64(uid) && r.i32(status) && r.left() == 0;
 }
 
+bool decode_msg(const std::vector<uint8_t>& body, uint64_t& instance, uint64_t& id,
+                size_t& payload_off) {
+  wire::Reader r(body.data(), body.size());
+  if (!r.u64(instance) || !r.u64(id) || id == 0 || r.left() > kMaxNotifPayload) return false;
+  payload_off = body.size() - r.left();
+  return true;
+}
+
+bool decode_msg_ack(const std::vector<uint8_t>& body, uint64_t& id, MsgAck& ack) {
+  wire::Reader r(body.data(), body.size());
+  uint8_t a;
+  if (!r.u64(id) || !r.u8(a) || r.left() != 0 || a > kMaxMsgAck) return false;
+  ack = static_cast<MsgAck>(a);
+  return true;
+}
+
 std::vector<uint8_t> hello_body(const std::string& key, const uint8_t nonce[kCtrlNonceSize],
                                 uint8_t flags) {
   wire::Writer w;
@@ -149,6 +165,21 @@ std::vector<uint8_t> notify_body(uint64_t uid, int32_t status) {
   wire::Writer w;
   w.u64(uid);
   w.i32(status);
+  return std::move(w.buf());
+}
+
+std::vector<uint8_t> msg_body(uint64_t instance, uint64_t id, const void* payload, size_t n) {
+  wire::Writer w;
+  w.u64(instance);
+  w.u64(id);
+  w.bytes(payload, n);
+  return std::move(w.buf());
+}
+
+std::vector<uint8_t> msg_ack_body(uint64_t id, MsgAck ack) {
+  wire::Writer w;
+  w.u64(id);
+  w.u8(static_cast<uint8_t>(ack));
   return std::move(w.buf());
 }
 

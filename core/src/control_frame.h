@@ -52,8 +52,29 @@ enum class CtrlType : uint8_t {
   // body: u64 request id, u64 instance, u32 n, n x (u64 attempt, u8 state, u64 landed)
   FENCE_REPLY = 9,
   PEER_DESC = 10,  // body: the sender's packed EngineDesc (only when HELLO_OK asked for it)
+  // A notification message (Engine::send_notification, or one attached to a
+  // transfer). body: u64 sender instance, u64 message id, then the payload (at
+  // most kMaxNotifPayload bytes). Ids grow per (sender instance, receiver): the
+  // sender has one message in flight per receiver, so the receiver keeps only
+  // the highest id it has decided on (notif_inbox.h). Answered on the same
+  // connection by MSG_ACK before the sender sends its next message.
+  MSG = 11,
+  MSG_ACK = 12,  // body: u64 message id, u8 MsgAck
 };
-constexpr uint8_t kMaxCtrlType = 10;
+constexpr uint8_t kMaxCtrlType = 12;
+constexpr size_t kMaxNotifPayload = 64 * 1024;
+// In a FENCE, the entry that asks about a notification message: its attempt is
+// the message id (the receiver refuses that id from now on if it has not taken it).
+constexpr const char* kMsgFenceBackend = "@msg";
+
+// The receiver's answer to a MSG.
+enum class MsgAck : uint8_t {
+  TAKEN = 0,   // in the inbox (now, or already: a resend of the last message)
+  FULL = 1,    // refused: the inbox holds too much unread from this sender
+  FENCED = 2,  // refused: a fence for this id came first (it will never be taken)
+  STALE = 3,   // an id below one already decided: a resend from long ago, ignored
+};
+constexpr uint8_t kMaxMsgAck = 3;
 constexpr uint8_t kHelloOkSendDesc = 1;
 constexpr uint32_t kMaxFenceEntries = 4096;
 
@@ -108,6 +129,10 @@ bool decode_refused(const std::vector<uint8_t>& body, std::string& reason);
 bool decode_hello_ok(const std::vector<uint8_t>& body, uint8_t* flags);
 bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t& payload_off);
 bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status);
+// payload_off: where the payload starts in body.
+bool decode_msg(const std::vector<uint8_t>& body, uint64_t& instance, uint64_t& id,
+                size_t& payload_off);
+bool decode_msg_ack(const std::vector<uint8_t>& body, uint64_t& id, MsgAck& ack);
 bool decode_fence(const std::vector<uint8_t>& body, uint64_t& req, uint64_t& instance,
                   std::vector<FenceEntry>& entries);
 bool decode_fence_reply(const std::vector<uint8_t>& body, uint64_t& req, uint64_t& instance,
@@ -122,6 +147,8 @@ std::vector<uint8_t> refused_body(const std::string& reason);
 std::vector<uint8_t> hello_ok_body(uint8_t flags);
 std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload, size_t n);
 std::vector<uint8_t> notify_body(uint64_t uid, int32_t status);
+std::vector<uint8_t> msg_body(uint64_t instance, uint64_t id, const void* payload, size_t n);
+std::vector<uint8_t> msg_ack_body(uint64_t id, MsgAck ack);
 std::vector<uint8_t> fence_body(uint64_t req, uint64_t instance,
                                 const std::vector<FenceEntry>& entries);
 std::vector<uint8_t> fence_reply_body(uint64_t req, uint64_t instance,

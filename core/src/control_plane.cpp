@@ -548,6 +548,24 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
       handlers_.on_notify(c.peer, uid, status);
       return true;
     }
+    case CtrlType::MSG: {
+      uint64_t instance, id;
+      size_t off = 0;
+      if (!handlers_.on_message || !decode_msg(f.body, instance, id, off)) break;
+      MsgAck ack =
+          handlers_.on_message(c.peer, instance, id, f.body.data() + off, f.body.size() - off);
+      // The sender reads this answer before it sends its next message, so the
+      // socket has room for it; one that does not read its answers is cut
+      // rather than let block this thread.
+      auto frame = encode_ctrl_frame(CtrlType::MSG_ACK, msg_ack_body(id, ack));
+      ssize_t k = ::send(c.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k == static_cast<ssize_t>(frame.size())) return true;
+      warn_from("unread-acks", c.from,
+                "closing connection from '" + c.peer + "' (" + c.from +
+                    "): it does not read the answers to its messages");
+      ++rejected_;
+      return false;
+    }
     case CtrlType::FENCE: {
       // Fencing may wait for data lanes to pass their fence check: not on this
       // thread. The job answers on its own dup of the connection.
@@ -804,6 +822,50 @@ bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
   *err = "control connection to " + peer_key + " failed while sending";
   *rc = FERRY_ERR_TRANSPORT;
   return true;
+}
+
+int ControlPlane::exchange(const std::string& peer_key, const std::string& host, uint16_t port,
+                           CtrlType type, const std::vector<uint8_t>& body, CtrlType reply_type,
+                           Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
+  std::shared_ptr<Outbound> o;
+  {
+    std::lock_guard<std::mutex> lk(out_mu_);
+    auto& slot = outbound_[peer_key];
+    if (!slot) slot = std::make_shared<Outbound>();
+    o = slot;
+  }
+  OutboundUse use(*o);
+  if (!use.acquire_until(deadline)) {
+    *err = "control connection to '" + peer_key + "' is busy past the deadline";
+    return FERRY_ERR_NOT_SENT;
+  }
+  if (o->fd >= 0 && looks_dead(o->fd)) {
+    ::close(o->fd);
+    o->fd = -1;
+  }
+  if (o->fd < 0) {
+    int status;
+    o->fd = connect_and_hello(peer_key, host, port, deadline, err, &status);
+    if (o->fd < 0) return FERRY_ERR_NOT_SENT;
+  }
+  auto frame = encode_ctrl_frame(type, body);
+  std::string why;
+  int rc = FERRY_OK;
+  if (!write_all(o->fd, frame.data(), frame.size())) {
+    *err = "sending to '" + peer_key + "' failed: " + std::strerror(errno);
+    rc = FERRY_ERR_TRANSPORT;
+  } else if (!read_frame(o->fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxHandshakeBody)) {
+    *err = "no answer from '" + peer_key + "': " + why;
+    rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
+  } else if (reply->type != reply_type) {
+    *err = "unexpected answer from '" + peer_key + "'";
+    rc = FERRY_ERR_TRANSPORT;
+  }
+  if (rc != FERRY_OK) {  // the stream is out of step now: start the next on a new one
+    ::close(o->fd);
+    o->fd = -1;
+  }
+  return rc;
 }
 
 int ControlPlane::request(const std::string& peer_key, const std::string& host, uint16_t port,

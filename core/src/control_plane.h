@@ -38,6 +38,11 @@ class ControlPlane {
                        size_t len)>
         on_plugin;
     std::function<void(const std::string& peer, uint64_t uid, int32_t status)> on_notify;
+    // A notification message from `peer` (MSG): what to answer. Runs on the I/O
+    // thread (it only queues the payload).
+    std::function<MsgAck(const std::string& peer, uint64_t instance, uint64_t id,
+                         const uint8_t* payload, size_t len)>
+        on_message;
     // FENCE from `peer`: fence the listed attempts here; *instance = this engine's
     // instance (the initiator checks it is the life it fenced). Runs on the
     // control plane's fence thread, never on its I/O thread.
@@ -80,6 +85,14 @@ class ControlPlane {
   // nothing was sent); true with *rc set otherwise.
   bool try_send(const std::string& peer_key, CtrlType type, const std::vector<uint8_t>& body,
                 int* rc, std::string* err);
+
+  // One frame and its answer on the peer's connection (the one send() uses;
+  // MSG -> MSG_ACK), all by `deadline`. 0 with *reply set, or a FERRY_ERR_*
+  // code with *err: NOT_SENT when nothing left this engine, TIMEOUT or TRANSPORT
+  // when the frame went out but no answer came (the connection is closed then).
+  int exchange(const std::string& peer_key, const std::string& host, uint16_t port, CtrlType type,
+               const std::vector<uint8_t>& body, CtrlType reply_type, Clock::time_point deadline,
+               CtrlFrame* reply, std::string* err);
 
   // One request and its answer on a connection of its own (FENCE -> FENCE_REPLY),
   // all by `deadline`. 0 with *reply set, or a FERRY_ERR_* code with *err:

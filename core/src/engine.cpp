@@ -38,6 +38,19 @@ std::optional<TransferStatus> Engine::wait_inbound_transfer_status(
   return impl_->inbound_table().wait_pop(remote_key, uid, timeout);
 }
 EngineStats Engine::stats() const { return impl_->stats(); }
+
+TransferStatus Engine::send_notification(const std::string& remote_key,
+                                         const std::string& message) {
+  return impl_->send_notification(remote_key, message);
+}
+std::map<std::string, std::vector<std::string>> Engine::get_new_notifications() {
+  return impl_->notif_inbox().drain();
+}
+std::map<std::string, std::vector<std::string>> Engine::wait_notifications(
+    std::chrono::milliseconds timeout) {
+  return impl_->notif_inbox().wait_drain(timeout);
+}
+int Engine::notification_fd() const { return impl_->notif_inbox().fd(); }
 std::string Engine::policy_source() const { return impl_->policy().source; }
 
 namespace {
@@ -53,24 +66,28 @@ TransferStatus failed_at_once(StatusCode code, std::string msg) {
 namespace {
 TransferStatus submit(EngineImpl& e, Op op, const MemoryDesc& local, const MemoryDesc& remote,
                       const size_t* loffs, const size_t* roffs, const size_t* sizes, size_t n,
-                      TransferUid uid, std::optional<bool> notify) {
+                      TransferUid uid, std::optional<bool> notify,
+                      std::optional<std::string> message) {
   MemPair pair;
   std::string why;
   StatusCode c = e.registry().resolve(local, remote, pair, why);
   if (c != StatusCode::SUCCESS) return failed_at_once(c, why);
-  return e.transfers().submit(pair, op, loffs, roffs, sizes, n, uid, notify);
+  return e.transfers().submit(pair, op, loffs, roffs, sizes, n, uid, notify, std::move(message));
 }
 }  // namespace
 
 TransferStatus Engine::read(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
-                            size_t roff, size_t size, TransferUid uid, std::optional<bool> notify) {
-  return submit(*impl_, Op::READ, local, remote, &loff, &roff, &size, 1, uid, notify);
+                            size_t roff, size_t size, TransferUid uid, std::optional<bool> notify,
+                            std::optional<std::string> message) {
+  return submit(*impl_, Op::READ, local, remote, &loff, &roff, &size, 1, uid, notify,
+                std::move(message));
 }
 
 TransferStatus Engine::write(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
-                             size_t roff, size_t size, TransferUid uid,
-                             std::optional<bool> notify) {
-  return submit(*impl_, Op::WRITE, local, remote, &loff, &roff, &size, 1, uid, notify);
+                             size_t roff, size_t size, TransferUid uid, std::optional<bool> notify,
+                             std::optional<std::string> message) {
+  return submit(*impl_, Op::WRITE, local, remote, &loff, &roff, &size, 1, uid, notify,
+                std::move(message));
 }
 
 namespace {
@@ -83,23 +100,23 @@ bool same_lengths(const std::vector<size_t>& a, const std::vector<size_t>& b,
 TransferStatus Engine::batch_read(const MemoryDesc& local, const std::vector<size_t>& loffs,
                                   const MemoryDesc& remote, const std::vector<size_t>& roffs,
                                   const std::vector<size_t>& sizes, TransferUid uid,
-                                  std::optional<bool> notify) {
+                                  std::optional<bool> notify, std::optional<std::string> message) {
   if (!same_lengths(loffs, roffs, sizes))
     return failed_at_once(StatusCode::ERR_INVALID_ARGS,
                           "batch: offsets and sizes differ in length");
   return submit(*impl_, Op::READ, local, remote, loffs.data(), roffs.data(), sizes.data(),
-                sizes.size(), uid, notify);
+                sizes.size(), uid, notify, std::move(message));
 }
 
 TransferStatus Engine::batch_write(const MemoryDesc& local, const std::vector<size_t>& loffs,
                                    const MemoryDesc& remote, const std::vector<size_t>& roffs,
                                    const std::vector<size_t>& sizes, TransferUid uid,
-                                   std::optional<bool> notify) {
+                                   std::optional<bool> notify, std::optional<std::string> message) {
   if (!same_lengths(loffs, roffs, sizes))
     return failed_at_once(StatusCode::ERR_INVALID_ARGS,
                           "batch: offsets and sizes differ in length");
   return submit(*impl_, Op::WRITE, local, remote, loffs.data(), roffs.data(), sizes.data(),
-                sizes.size(), uid, notify);
+                sizes.size(), uid, notify, std::move(message));
 }
 
 }  // namespace ferry

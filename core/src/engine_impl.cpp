@@ -74,17 +74,44 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   h.on_notify = [this](const std::string& peer, uint64_t uid, int32_t status) {
     inbound(peer.c_str(), uid, status);
   };
+  h.on_message = [this](const std::string& peer, uint64_t instance, uint64_t id,
+                        const uint8_t* payload, size_t len) {
+    MsgAck a = notif_inbox_.deliver(peer, instance, id, payload, len);
+    uint64_t held = 0;
+    if (a == MsgAck::FULL && log_enabled(LogLevel::WARN) &&
+        log_limiter_.Allow("notif-full " + peer, &held))
+      log_line(LogLevel::WARN, key_,
+               "notification messages from '" + peer +
+                   "' are refused: too many unread (get_new_notifications drains them)" +
+                   (held ? " (" + std::to_string(held) + " more since the last report)" : ""));
+    return a;
+  };
   h.on_fence = [this](const std::string& peer, const std::vector<FenceEntry>& entries,
                       uint64_t* instance) {
     *instance = instance_;
-    return serve_fence(backends_, peer, entries);
+    // Messages are the inbox's; the rest each backend's.
+    std::vector<FenceEntry> data;
+    for (const auto& e : entries)
+      if (e.backend != kMsgFenceBackend) data.push_back(e);
+    std::vector<FenceResult> served = serve_fence(backends_, peer, data);
+    std::vector<FenceResult> out;
+    size_t next = 0;
+    // The fence's connection proved the peer's key: its life is the one known here.
+    const uint64_t life = registry_.peer_instance(peer).value_or(0);
+    for (const auto& e : entries)
+      if (e.backend == kMsgFenceBackend)
+        out.push_back({e.attempt, notif_inbox_.fence(peer, life, e.attempt), 0});
+      else
+        out.push_back(next < served.size() ? served[next++]
+                                           : FenceResult{e.attempt, FenceState::UNKNOWN, 0});
+    return out;
   };
   h.self_desc = [this] { return desc().pack(); };
   h.on_peer_desc = [this](const EngineDesc& d) { learn_peer(d); };
   control_ =
       std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &link_auth_);
   transfers_ = std::make_unique<Transfers>(
-      Transfers::Parts{key_, policy_, *health_, backends_, registry_, *control_});
+      Transfers::Parts{key_, policy_, *health_, backends_, registry_, *control_}, instance_);
   if (creds_.has_token())
     FERRY_LOG(INFO, key_,
               "auth token set: peers must prove it, with this engine's descriptor, on every "
@@ -241,6 +268,19 @@ Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence) {
   return {};
 }
 
+TransferStatus EngineImpl::send_notification(const std::string& remote_key, std::string payload) {
+  Messenger::Target t;
+  t.key = remote_key;
+  auto inst = registry_.peer_instance(remote_key);
+  if (!inst || !registry_.peer_address(remote_key, t.host, t.port)) {
+    TransferStatus s;
+    s.Finish(StatusCode::ERR_NOT_FOUND, "engine '" + remote_key + "' is not registered");
+    return s;
+  }
+  t.instance = *inst;
+  return transfers_->send_message(t, std::move(payload));
+}
+
 // ---- stats ------------------------------------------------------------------------
 
 EngineStats EngineImpl::stats() const {
@@ -248,6 +288,10 @@ EngineStats EngineImpl::stats() const {
   s.backends = backends_.counter_values();
   s.inbound_notifications = inbound_count_;
   s.inbound_dropped = inbound_.dropped();
+  auto n = notif_inbox_.counts();
+  s.notifications_received = n.received;
+  s.notifications_refused = n.refused;
+  s.notifications_unread = n.unread;
   s.ctrl_rejected = control_->rejected();
   auto f = transfers_->fence_counts();
   s.fences = f.fences;

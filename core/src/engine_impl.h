@@ -19,6 +19,7 @@
 #include "inbound_table.h"
 #include "link_auth.h"
 #include "log.h"
+#include "notif_inbox.h"
 #include "policy.h"
 #include "registry.h"
 #include "stats_server.h"
@@ -38,6 +39,9 @@ class EngineImpl {
   Result register_remote_engine(const EngineDesc& d);
   Result deregister_remote_engine(const std::string& key);
   EngineStats stats() const;
+  TransferStatus send_notification(const std::string& remote_key, std::string payload);
+  NotifInbox& notif_inbox() { return notif_inbox_; }
+  const NotifInbox& notif_inbox() const { return notif_inbox_; }
   TransferUid allocate_uid() { return next_uid_.fetch_add(1); }
 
   Registry& registry() { return registry_; }
@@ -73,6 +77,7 @@ class EngineImpl {
   Policy policy_;
   std::unique_ptr<Health> health_;
   InboundTable inbound_;
+  NotifInbox notif_inbox_;
   LogLimiter log_limiter_{std::chrono::seconds(10),
                           /*burst=*/1};  // warnings a peer can cause by the thousand
   std::atomic<uint64_t> next_uid_{1};

@@ -15,15 +15,15 @@ Session::~Session() = default;
 TransferUid Session::allocate_transfer_uid() { return impl_->engine->allocate_uid(); }
 
 TransferStatus Session::read(size_t loff, size_t roff, size_t size, TransferUid uid,
-                             std::optional<bool> notify) {
+                             std::optional<bool> notify, std::optional<std::string> message) {
   return impl_->engine->transfers().submit(impl_->pair, Op::READ, &loff, &roff, &size, 1, uid,
-                                           notify);
+                                           notify, std::move(message));
 }
 
 TransferStatus Session::write(size_t loff, size_t roff, size_t size, TransferUid uid,
-                              std::optional<bool> notify) {
+                              std::optional<bool> notify, std::optional<std::string> message) {
   return impl_->engine->transfers().submit(impl_->pair, Op::WRITE, &loff, &roff, &size, 1, uid,
-                                           notify);
+                                           notify, std::move(message));
 }
 
 namespace {
@@ -37,19 +37,22 @@ TransferStatus length_mismatch() {
 TransferStatus Session::batch_read(const std::vector<size_t>& loffs,
                                    const std::vector<size_t>& roffs,
                                    const std::vector<size_t>& sizes, TransferUid uid,
-                                   std::optional<bool> notify) {
+                                   std::optional<bool> notify, std::optional<std::string> message) {
   if (loffs.size() != sizes.size() || roffs.size() != sizes.size()) return length_mismatch();
   return impl_->engine->transfers().submit(impl_->pair, Op::READ, loffs.data(), roffs.data(),
-                                           sizes.data(), sizes.size(), uid, notify);
+                                           sizes.data(), sizes.size(), uid, notify,
+                                           std::move(message));
 }
 
 TransferStatus Session::batch_write(const std::vector<size_t>& loffs,
                                     const std::vector<size_t>& roffs,
                                     const std::vector<size_t>& sizes, TransferUid uid,
-                                    std::optional<bool> notify) {
+                                    std::optional<bool> notify,
+                                    std::optional<std::string> message) {
   if (loffs.size() != sizes.size() || roffs.size() != sizes.size()) return length_mismatch();
   return impl_->engine->transfers().submit(impl_->pair, Op::WRITE, loffs.data(), roffs.data(),
-                                           sizes.data(), sizes.size(), uid, notify);
+                                           sizes.data(), sizes.size(), uid, notify,
+                                           std::move(message));
 }
 
 bool Session::alive() const { return impl_->engine->registry().alive(impl_->pair); }

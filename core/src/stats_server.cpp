@@ -49,6 +49,9 @@ std::string stats_to_json(const std::string& engine_key, const EngineStats& s) {
   j["pid"] = static_cast<long>(::getpid());
   j["inbound_notifications"] = s.inbound_notifications;
   j["inbound_dropped"] = s.inbound_dropped;
+  j["notifications_received"] = s.notifications_received;
+  j["notifications_refused"] = s.notifications_refused;
+  j["notifications_unread"] = s.notifications_unread;
   j["ctrl_rejected"] = s.ctrl_rejected;
   j["fences"] = s.fences;
   j["fence_unknown"] = s.fence_unknown;

@@ -72,14 +72,15 @@ void Attempt::on_deadline() {
                                 "no completion from the backend within the deadline");
 }
 
-Transfers::Transfers(Parts parts)
+Transfers::Transfers(Parts parts, uint64_t self_instance)
     : self_key_(parts.self_key),
       policy_(parts.policy),
       health_(parts.health),
       backends_(parts.backends),
       registry_(parts.registry),
       control_(parts.control),
-      fencer_(&parts.control) {}
+      fencer_(&parts.control),
+      messenger_(parts.control, self_instance) {}
 
 void Transfers::complete(std::shared_ptr<Attempt> a, int status, const char* message) {
   if (a->settled.exchange(true)) {  // the watchdog already ended this attempt
@@ -149,9 +150,14 @@ std::vector<BackendPtr> Transfers::route_for(const MemPair& pair, Op op, uint64_
 
 TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local_offs,
                                  const size_t* remote_offs, const size_t* sizes, size_t n,
-                                 TransferUid uid, std::optional<bool> notify) {
+                                 TransferUid uid, std::optional<bool> notify,
+                                 std::optional<std::string> message) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
   if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
+  if (message && message->size() > kMaxNotifPayload)
+    return failed(StatusCode::ERR_INVALID_ARGS,
+                  "notification message of " + std::to_string(message->size()) +
+                      " bytes exceeds the limit of " + std::to_string(kMaxNotifPayload));
   if (pair.peer->gone.load(std::memory_order_relaxed))
     return failed(StatusCode::ERR_NOT_FOUND,
                   "remote engine '" + pair.peer->desc.key +
@@ -163,6 +169,7 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
   // Unset: the engine's default (EngineConfig::notify, else the policy's `notify`).
   t->flags = notify.value_or(policy_.notify) ? FERRY_XFER_NOTIFY : 0;
   t->uid = uid;
+  t->message = std::move(message);
   t->iov.reserve(n);
   const uint64_t lsize = pair.local->desc.size, rsize = pair.remote->desc.size;
   for (size_t i = 0; i < n; ++i) {
@@ -441,7 +448,38 @@ void Transfers::landed(const std::shared_ptr<Attempt>& a, const std::string& not
   b.counters->bytes += t->total;
   ++b.counters->transfers;
   health_.succeed(t->pair.peer->desc.key, b.name);
-  finish(t, StatusCode::SUCCESS, t->history.empty() ? std::string() : "after: " + t->history);
+  std::string after = t->history.empty() ? std::string() : "after: " + t->history;
+  if (!t->message) {
+    finish(t, StatusCode::SUCCESS, std::move(after));
+    return;
+  }
+  // The data is in place: now its message, once (however many attempts the
+  // data took). Its failure is the transfer's, though the data stays landed.
+  const EngineDesc& d = t->pair.peer->desc;
+  auto self = t;
+  messenger_.send({d.key, d.host, d.port, d.instance}, std::move(*t->message), t->deadline,
+                  [this, self, after](StatusCode code, const std::string& why) {
+                    if (code == StatusCode::SUCCESS)
+                      finish(self, code, after);
+                    else
+                      finish(self, code,
+                             "the data landed but its notification message did not: " + why +
+                                 (after.empty() ? "" : " (" + after + ")"));
+                  });
+}
+
+TransferStatus Transfers::send_message(const Messenger::Target& to, std::string payload) {
+  if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
+  if (payload.size() > kMaxNotifPayload)
+    return failed(StatusCode::ERR_INVALID_ARGS,
+                  "notification message of " + std::to_string(payload.size()) +
+                      " bytes exceeds the limit of " + std::to_string(kMaxNotifPayload));
+  TransferStatus status;
+  status.SetInProgress();
+  messenger_.send(
+      to, std::move(payload), std::chrono::steady_clock::now() + policy_.timeout,
+      [status](StatusCode code, const std::string& why) mutable { status.Finish(code, why); });
+  return status;
 }
 
 void Transfers::attempt_failed(const std::shared_ptr<Attempt>& a, int status,

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "fence.h"
 #include "ferry/ferry.hpp"
 #include "health.h"
+#include "messenger.h"
 #include "policy.h"
 #include "registry.h"
 #include "watchdog.h"
@@ -33,6 +35,8 @@ struct Transfer {
   uint32_t op = FERRY_OP_WRITE;
   uint32_t flags = 0;
   uint64_t uid = 0;
+  // Sent to the target once the data has landed, before the status ends.
+  std::optional<std::string> message;
   std::vector<ferry_iov_v1> iov;
   uint64_t total = 0;
   std::vector<BackendPtr> route;
@@ -72,7 +76,7 @@ class Transfers {
     Registry& registry;
     ControlPlane& control;
   };
-  explicit Transfers(Parts parts);
+  Transfers(Parts parts, uint64_t self_instance);
   // Waits for notifications on their way and ends pending fences (both end
   // their transfers). Backends must have been removed first.
   ~Transfers() { shutting_down_ = true; }
@@ -82,7 +86,10 @@ class Transfers {
   // Validates offsets and sizes against the pair, routes and starts the transfer.
   TransferStatus submit(const MemPair& pair, Op op, const size_t* local_offs,
                         const size_t* remote_offs, const size_t* sizes, size_t n, TransferUid uid,
-                        std::optional<bool> notify);
+                        std::optional<bool> notify, std::optional<std::string> message = {});
+  // A notification message on its own (Engine::send_notification), by the
+  // policy's deadline.
+  TransferStatus send_message(const Messenger::Target& to, std::string payload);
   // The ranked backends for a transfer over `pair` now (cached per pair and rule).
   std::vector<BackendPtr> route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why);
   // host->complete: a plugin ended an attempt (it drops its reference after this).
@@ -127,13 +134,14 @@ class Transfers {
   ControlPlane& control_;
   std::atomic<uint64_t> next_attempt_{1};
   std::atomic<bool> shutting_down_{false};
-  // Destroyed in reverse: the fencer first (its pending attempts end UNKNOWN;
-  // an answer may still hand a landing to async_), then the notifications on
-  // their way, then the watchdog that every ended attempt disarms. Once
-  // shutting_down_ is set start_next() ends a transfer without the fencer.
+  // Destroyed in reverse: the messages on their way first, the fencer next (its pending attempts
+  // end UNKNOWN; an answer may still hand a landing to async_), then the notifications on their
+  // way, then the watchdog that every ended attempt disarms. Once shutting_down_ is set
+  // start_next() ends a transfer without the fencer.
   Watchdog watchdog_;
-  AsyncRunner async_;  // notifications that must connect first
-  Fencer fencer_;      // uses control_
+  AsyncRunner async_;    // notifications that must connect first
+  Fencer fencer_;        // uses control_
+  Messenger messenger_;  // first to go: its jobs end transfers
 };
 
 }  // namespace ferry

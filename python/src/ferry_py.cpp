@@ -300,6 +300,31 @@ bool wait_status(const TransferStatus& st, std::optional<milliseconds> timeout) 
   }
 }
 
+// A notification message from Python: bytes-like (bytes, bytearray, memoryview,
+// numpy) or str (UTF-8); None: no message.
+std::optional<std::string> to_message(py::handle h) {
+  if (h.is_none()) return std::nullopt;
+  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  Py_buffer view;
+  if (PyObject_GetBuffer(h.ptr(), &view, PyBUF_C_CONTIGUOUS) == 0) {
+    std::string out(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+    PyBuffer_Release(&view);
+    return out;
+  }
+  PyErr_Clear();
+  raise(StatusCode::ERR_INVALID_ARGS, "message must be bytes-like or str");
+}
+
+py::dict notifications_dict(const std::map<std::string, std::vector<std::string>>& got) {
+  py::dict out;
+  for (const auto& [key, msgs] : got) {
+    py::list l;
+    for (const auto& m : msgs) l.append(py::bytes(m));
+    out[py::str(key)] = l;
+  }
+  return out;
+}
+
 // ---- engine -------------------------------------------------------------------------
 
 // Shared by an IOEngine and the sessions made from it: a session keeps the engine
@@ -357,20 +382,22 @@ class PySession {
     return run([&](Session& s) { return s.allocate_transfer_uid(); });
   }
   TransferStatus read(py::handle lo, py::handle ro, py::handle size, py::handle uid,
-                      std::optional<bool> notify) {
-    return single(Op::READ, lo, ro, size, uid, notify);
+                      std::optional<bool> notify, py::handle message) {
+    return single(Op::READ, lo, ro, size, uid, notify, message);
   }
   TransferStatus write(py::handle lo, py::handle ro, py::handle size, py::handle uid,
-                       std::optional<bool> notify) {
-    return single(Op::WRITE, lo, ro, size, uid, notify);
+                       std::optional<bool> notify, py::handle message) {
+    return single(Op::WRITE, lo, ro, size, uid, notify, message);
   }
   TransferStatus batch(Op op, py::handle los, py::handle ros, py::handle sizes, py::handle uid,
-                       std::optional<bool> notify) {
+                       std::optional<bool> notify, py::handle message) {
     auto l = to_sizes(los, "local_offsets"), r = to_sizes(ros, "remote_offsets"),
          n = to_sizes(sizes, "sizes");
     TransferUid u = to_u64(uid, "transfer_uid");
+    auto m = to_message(message);
     return run([&](Session& s) {
-      return op == Op::READ ? s.batch_read(l, r, n, u, notify) : s.batch_write(l, r, n, u, notify);
+      return op == Op::READ ? s.batch_read(l, r, n, u, notify, std::move(m))
+                            : s.batch_write(l, r, n, u, notify, std::move(m));
     });
   }
   bool alive() {
@@ -381,12 +408,14 @@ class PySession {
 
  private:
   TransferStatus single(Op op, py::handle lo, py::handle ro, py::handle size, py::handle uid,
-                        std::optional<bool> notify) {
+                        std::optional<bool> notify, py::handle message) {
     size_t l = to_size(lo, "local_offset"), r = to_size(ro, "remote_offset"),
            n = to_size(size, "size");
     TransferUid u = to_u64(uid, "transfer_uid");
+    auto m = to_message(message);
     return run([&](Session& s) {
-      return op == Op::READ ? s.read(l, r, n, u, notify) : s.write(l, r, n, u, notify);
+      return op == Op::READ ? s.read(l, r, n, u, notify, std::move(m))
+                            : s.write(l, r, n, u, notify, std::move(m));
     });
   }
   template <class F>
@@ -562,27 +591,61 @@ class PyEngine {
   }
 
   TransferStatus single(Op op, const MemoryDesc& local, py::handle lo, const MemoryDesc& remote,
-                        py::handle ro, py::handle size, py::handle uid,
-                        std::optional<bool> notify) {
+                        py::handle ro, py::handle size, py::handle uid, std::optional<bool> notify,
+                        py::handle message) {
     size_t l = to_size(lo, "local_offset"), r = to_size(ro, "remote_offset"),
            n = to_size(size, "size");
     TransferUid u = to_u64(uid, "transfer_uid");
+    auto m = to_message(message);
     return h_->with_engine([&](Engine& e) {
-      return op == Op::READ ? e.read(local, l, remote, r, n, u, notify)
-                            : e.write(local, l, remote, r, n, u, notify);
+      return op == Op::READ ? e.read(local, l, remote, r, n, u, notify, std::move(m))
+                            : e.write(local, l, remote, r, n, u, notify, std::move(m));
     });
   }
 
   TransferStatus batch(Op op, const MemoryDesc& local, py::handle los, const MemoryDesc& remote,
-                       py::handle ros, py::handle sizes, py::handle uid,
-                       std::optional<bool> notify) {
+                       py::handle ros, py::handle sizes, py::handle uid, std::optional<bool> notify,
+                       py::handle message) {
     auto l = to_sizes(los, "local_offsets"), r = to_sizes(ros, "remote_offsets"),
          n = to_sizes(sizes, "sizes");
     TransferUid u = to_u64(uid, "transfer_uid");
+    auto m = to_message(message);
     return h_->with_engine([&](Engine& e) {
-      return op == Op::READ ? e.batch_read(local, l, remote, r, n, u, notify)
-                            : e.batch_write(local, l, remote, r, n, u, notify);
+      return op == Op::READ ? e.batch_read(local, l, remote, r, n, u, notify, std::move(m))
+                            : e.batch_write(local, l, remote, r, n, u, notify, std::move(m));
     });
+  }
+
+  TransferStatus send_notification(const std::string& remote_key, py::handle message) {
+    auto m = to_message(message);
+    if (!m) raise(StatusCode::ERR_INVALID_ARGS, "message must be bytes-like or str, not None");
+    return h_->with_engine([&](Engine& e) { return e.send_notification(remote_key, *m); });
+  }
+
+  py::dict get_new_notifications() {
+    auto got = h_->with_engine([](Engine& e) { return e.get_new_notifications(); });
+    return notifications_dict(got);
+  }
+
+  // Waits in slices with the GIL released, so Ctrl-C and other threads go on.
+  py::dict wait_notifications(py::handle timeout_ms) {
+    auto timeout = to_timeout(timeout_ms);
+    const auto start = Clock::now();
+    while (true) {
+      milliseconds slice = kSlice;
+      if (timeout) {
+        auto left = *timeout - std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+        slice = std::max(milliseconds(0), std::min(slice, left));
+      }
+      auto got = h_->with_engine([&](Engine& e) { return e.wait_notifications(slice); });
+      if (!got.empty() || (timeout && Clock::now() - start >= *timeout))
+        return notifications_dict(got);
+      check_signals();
+    }
+  }
+
+  int notification_fd() {
+    return h_->with_engine([](Engine& e) { return e.notification_fd(); });
   }
 
   std::optional<PySession> create_session(const MemoryDesc& local, const MemoryDesc& remote,
@@ -636,6 +699,9 @@ class PyEngine {
     out["backends"] = backends;
     out["inbound_notifications"] = s.inbound_notifications;
     out["inbound_dropped"] = s.inbound_dropped;
+    out["notifications_received"] = s.notifications_received;
+    out["notifications_refused"] = s.notifications_refused;
+    out["notifications_unread"] = s.notifications_unread;
     out["ctrl_rejected"] = s.ctrl_rejected;
     out["fences"] = s.fences;
     out["fence_unknown"] = s.fence_unknown;
@@ -950,23 +1016,29 @@ PYBIND11_MODULE(_ferry, m) {
       .def("allocate_transfer_uid", &PySession::allocate_transfer_uid)
       .def("read", &PySession::read, py::arg("local_offset"), py::arg("remote_offset"),
            py::arg("size"), py::arg("transfer_uid"), py::arg("notify") = py::none(),
-           "One-sided READ remote -> local; returns a TransferStatus.")
+           py::arg("message") = py::none(),
+           "One-sided READ remote -> local; returns a TransferStatus. message: bytes for the "
+           "target's get_new_notifications(), delivered once the data is here.")
       .def("write", &PySession::write, py::arg("local_offset"), py::arg("remote_offset"),
            py::arg("size"), py::arg("transfer_uid"), py::arg("notify") = py::none(),
-           "One-sided WRITE local -> remote; returns a TransferStatus.")
+           py::arg("message") = py::none(),
+           "One-sided WRITE local -> remote; returns a TransferStatus. message: bytes for the "
+           "target's get_new_notifications(), delivered once the data landed.")
       .def(
           "batch_read",
           [](PySession& s, py::handle lo, py::handle ro, py::handle sz, py::handle uid,
-             std::optional<bool> n) { return s.batch(Op::READ, lo, ro, sz, uid, n); },
+             std::optional<bool> n,
+             py::handle msg) { return s.batch(Op::READ, lo, ro, sz, uid, n, msg); },
           py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
-          py::arg("transfer_uid"), py::arg("notify") = py::none(),
+          py::arg("transfer_uid"), py::arg("notify") = py::none(), py::arg("message") = py::none(),
           "READ many (local_offset, remote_offset, size) items as one transfer.")
       .def(
           "batch_write",
           [](PySession& s, py::handle lo, py::handle ro, py::handle sz, py::handle uid,
-             std::optional<bool> n) { return s.batch(Op::WRITE, lo, ro, sz, uid, n); },
+             std::optional<bool> n,
+             py::handle msg) { return s.batch(Op::WRITE, lo, ro, sz, uid, n, msg); },
           py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
-          py::arg("transfer_uid"), py::arg("notify") = py::none(),
+          py::arg("transfer_uid"), py::arg("notify") = py::none(), py::arg("message") = py::none(),
           "WRITE many (local_offset, remote_offset, size) items as one transfer.")
       .def("alive", &PySession::alive,
            "False once the engine is closed or the memory or peer is deregistered.");
@@ -1015,40 +1087,57 @@ PYBIND11_MODULE(_ferry, m) {
       .def(
           "read",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
-             py::handle sz, py::handle uid,
-             std::optional<bool> n) { return e.single(Op::READ, l, lo, r, ro, sz, uid, n); },
+             py::handle sz, py::handle uid, std::optional<bool> n,
+             py::handle msg) { return e.single(Op::READ, l, lo, r, ro, sz, uid, n, msg); },
           py::arg("local_mem"), py::arg("local_offset"), py::arg("remote_mem"),
           py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"),
-          py::arg("notify") = py::none(),
+          py::arg("notify") = py::none(), py::arg("message") = py::none(),
           "One-sided READ remote -> local. Returns a TransferStatus; bad offsets or unknown "
           "memory end it at once (ERR_INVALID_ARGS / ERR_NOT_FOUND).")
       .def(
           "write",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
-             py::handle sz, py::handle uid,
-             std::optional<bool> n) { return e.single(Op::WRITE, l, lo, r, ro, sz, uid, n); },
+             py::handle sz, py::handle uid, std::optional<bool> n,
+             py::handle msg) { return e.single(Op::WRITE, l, lo, r, ro, sz, uid, n, msg); },
           py::arg("local_mem"), py::arg("local_offset"), py::arg("remote_mem"),
           py::arg("remote_offset"), py::arg("size"), py::arg("transfer_uid"),
-          py::arg("notify") = py::none(),
-          "One-sided WRITE local -> remote. Returns a TransferStatus.")
+          py::arg("notify") = py::none(), py::arg("message") = py::none(),
+          "One-sided WRITE local -> remote. Returns a TransferStatus. message: bytes delivered "
+          "to the target's get_new_notifications() once the data landed (exactly once); the "
+          "status succeeds only after that.")
       .def(
           "batch_read",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
-             py::handle sz, py::handle uid,
-             std::optional<bool> n) { return e.batch(Op::READ, l, lo, r, ro, sz, uid, n); },
+             py::handle sz, py::handle uid, std::optional<bool> n,
+             py::handle msg) { return e.batch(Op::READ, l, lo, r, ro, sz, uid, n, msg); },
           py::arg("local_mem"), py::arg("local_offsets"), py::arg("remote_mem"),
           py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"),
-          py::arg("notify") = py::none(),
+          py::arg("notify") = py::none(), py::arg("message") = py::none(),
           "READ many items (sequences or int64 numpy arrays of offsets and sizes) as one "
           "transfer with one status.")
       .def(
           "batch_write",
           [](PyEngine& e, const MemoryDesc& l, py::handle lo, const MemoryDesc& r, py::handle ro,
-             py::handle sz, py::handle uid,
-             std::optional<bool> n) { return e.batch(Op::WRITE, l, lo, r, ro, sz, uid, n); },
+             py::handle sz, py::handle uid, std::optional<bool> n,
+             py::handle msg) { return e.batch(Op::WRITE, l, lo, r, ro, sz, uid, n, msg); },
           py::arg("local_mem"), py::arg("local_offsets"), py::arg("remote_mem"),
           py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"),
-          py::arg("notify") = py::none(), "WRITE many items as one transfer with one status.")
+          py::arg("notify") = py::none(), py::arg("message") = py::none(),
+          "WRITE many items as one transfer with one status.")
+      .def("send_notification", &PyEngine::send_notification, py::arg("remote_key"),
+           py::arg("message"),
+           "Send a notification message (bytes or str, at most 64 KiB) to engine remote_key; "
+           "returns a TransferStatus: SUCCESS once the target took it (exactly once, in order "
+           "per target).")
+      .def("get_new_notifications", &PyEngine::get_new_notifications,
+           "Target side: {remote_key: [bytes, ...]} of every message that arrived since the "
+           "last call, in arrival order (the inbox is emptied).")
+      .def("wait_notifications", &PyEngine::wait_notifications, py::arg("timeout_ms") = py::none(),
+           "As get_new_notifications, waiting up to timeout_ms (None: no limit) for one to "
+           "arrive; {} when none did. Releases the GIL.")
+      .def("notification_fd", &PyEngine::notification_fd,
+           "A file descriptor readable while messages are unread (asyncio: "
+           "loop.add_reader(fd, ...), then get_new_notifications()). Never read it.")
       .def("create_session", &PyEngine::create_session, py::arg("local_mem"), py::arg("remote_mem"),
            py::kw_only(), py::arg("raise_on_failure") = false,
            "A session for repeated transfers between the two regions, or None when no backend "
@@ -1065,7 +1154,8 @@ PYBIND11_MODULE(_ferry, m) {
           "stats", &PyEngine::stats,
           "Counters: {'backends': {name: {bytes, transfers, failures, failovers, quarantines}}, "
           "'inbound_notifications', 'inbound_dropped', 'ctrl_rejected', 'fences', 'fence_unknown', "
-          "'fenced_peers'}.")
+          "'fenced_peers', 'notifications_received', 'notifications_refused', "
+          "'notifications_unread'}.")
       .def("policy_source", &PyEngine::policy_source,
            "Where the routing policy came from ('built-in' or a file name).")
       .def_static("wait_all", &wait_all_py, py::arg("statuses"), py::arg("timeout_ms") = py::none(),

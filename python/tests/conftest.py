@@ -29,6 +29,14 @@ def pattern(n, seed):
     return (x >> np.uint64(56)).astype(np.uint8)
 
 
+def torch_or_skip():
+    """torch, or a skip - unless FERRY_REQUIRE_TORCH=1 (scripts/run.sh test): then a failure."""
+    if os.environ.get("FERRY_REQUIRE_TORCH") == "1":
+        import torch
+        return torch
+    return pytest.importorskip("torch")
+
+
 def make_engine(key, **cfg):
     cfg.setdefault("timeout_ms", TRANSFER_TIMEOUT_MS)
     return ferry.IOEngine(key, ferry.IOEngineConfig(host="127.0.0.1", port=0, **cfg))

@@ -5,6 +5,8 @@ Prints "READY <engine desc hex> <memory desc hex>", then answers:
   fill <seed> / zero      fill the region                          -> OK
   sha <off> <len>         sha256 of a range of the region          -> SHA <hex>
   pop <key> <uid> <ms>    wait for an inbound status               -> LANDED <code> | NONE
+  notifs <ms>             drain the inbox, waiting for the first   -> NOTIFS <key>:<hex> ...
+  send <key> <hex>        a notification message to that engine    -> SENT <code>
   quit                                                             -> exits 0
 Usage: peer.py <key> <backend> <region bytes> <timeout ms>
 """
@@ -43,6 +45,13 @@ def main():
         elif cmd[0] == "pop":
             st = eng.wait_inbound(cmd[1], int(cmd[2]), timeout_ms=int(cmd[3]))
             out = "NONE" if st is None else f"LANDED {st.Code().name}"
+        elif cmd[0] == "notifs":
+            got = eng.wait_notifications(timeout_ms=int(cmd[1]))
+            out = " ".join(["NOTIFS"] + [f"{k}:{m.hex()}" for k, ms in got.items() for m in ms])
+        elif cmd[0] == "send":
+            st = eng.send_notification(cmd[1], bytes.fromhex(cmd[2]) if len(cmd) > 2 else b"")
+            st.Wait()
+            out = f"SENT {st.Code().name}"
         elif cmd[0] == "quit":
             break
         else:

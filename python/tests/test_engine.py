@@ -434,7 +434,8 @@ def test_session_keeps_engine_alive():
 def test_stats_and_policy(pair):
     s = pair.initiator.stats()
     assert set(s) == {"backends", "inbound_notifications", "inbound_dropped", "ctrl_rejected",
-                      "fences", "fence_unknown", "fenced_peers"}
+                      "fences", "fence_unknown", "fenced_peers", "notifications_received",
+                      "notifications_refused", "notifications_unread"}
     tcp = s["backends"]["tcp"]
     assert tcp["transfers"] >= 1 and tcp["bytes"] >= 1
     assert pair.target.stats()["inbound_notifications"] >= 1

@@ -142,6 +142,9 @@ bool wait_all(const std::vector<TransferStatus>& statuses,
 
 using TransferUid = uint64_t;
 
+// The largest notification message (send_notification, or attached to a transfer).
+constexpr size_t kMaxNotificationBytes = 64 * 1024;
+
 // ---- engine --------------------------------------------------------------------
 
 struct EngineConfig {
@@ -178,10 +181,13 @@ struct BackendStats {
 struct EngineStats {
   std::map<std::string, BackendStats> backends;
   uint64_t inbound_notifications = 0;
-  uint64_t inbound_dropped = 0;  // inbound statuses dropped unpopped (cap or age)
-  uint64_t ctrl_rejected = 0;    // control connections refused
-  uint64_t fences = 0;           // FENCE requests sent after attempts with unknown outcome
-  uint64_t fence_unknown = 0;    // attempts whose fence got no answer by their deadline
+  uint64_t inbound_dropped = 0;         // inbound statuses dropped unpopped (cap or age)
+  uint64_t notifications_received = 0;  // notification messages taken into the inbox
+  uint64_t notifications_refused = 0;   // refused: too much unread from their sender
+  uint64_t notifications_unread = 0;    // in the inbox now
+  uint64_t ctrl_rejected = 0;           // control connections refused
+  uint64_t fences = 0;                  // FENCE requests sent after attempts with unknown outcome
+  uint64_t fence_unknown = 0;           // attempts whose fence got no answer by their deadline
   uint64_t fenced_peers = 0;  // peers no transfer may start to now (a fence pending or unanswered)
 };
 
@@ -225,21 +231,29 @@ class Engine {
   TransferUid allocate_transfer_uid();
 
   // One-sided transfers. `notify`: the target can pop the inbound status;
-  // unset: the engine's default (EngineConfig::notify).
+  // unset: the engine's default (EngineConfig::notify). `message`: a
+  // notification message (at most kMaxNotificationBytes) delivered to the
+  // target's get_new_notifications() once the data has landed, exactly once
+  // whatever failover the data took; the status ends SUCCESS only after it was
+  // delivered (a message that fails fails the transfer, though its data landed).
   TransferStatus read(const MemoryDesc& local, size_t local_off, const MemoryDesc& remote,
                       size_t remote_off, size_t size, TransferUid uid,
-                      std::optional<bool> notify = std::nullopt);
+                      std::optional<bool> notify = std::nullopt,
+                      std::optional<std::string> message = std::nullopt);
   TransferStatus write(const MemoryDesc& local, size_t local_off, const MemoryDesc& remote,
                        size_t remote_off, size_t size, TransferUid uid,
-                       std::optional<bool> notify = std::nullopt);
+                       std::optional<bool> notify = std::nullopt,
+                       std::optional<std::string> message = std::nullopt);
   TransferStatus batch_read(const MemoryDesc& local, const std::vector<size_t>& local_offs,
                             const MemoryDesc& remote, const std::vector<size_t>& remote_offs,
                             const std::vector<size_t>& sizes, TransferUid uid,
-                            std::optional<bool> notify = std::nullopt);
+                            std::optional<bool> notify = std::nullopt,
+                            std::optional<std::string> message = std::nullopt);
   TransferStatus batch_write(const MemoryDesc& local, const std::vector<size_t>& local_offs,
                              const MemoryDesc& remote, const std::vector<size_t>& remote_offs,
                              const std::vector<size_t>& sizes, TransferUid uid,
-                             std::optional<bool> notify = std::nullopt);
+                             std::optional<bool> notify = std::nullopt,
+                             std::optional<std::string> message = std::nullopt);
 
   // A pre-resolved (local, remote) pair; nullptr with the reason in *why when
   // no backend can serve it (e.g. none loaded: ERR_BAD_STATE).
@@ -256,6 +270,25 @@ class Engine {
                                                              TransferUid uid,
                                                              std::chrono::milliseconds timeout);
 
+  // ---- notification messages (docs/api.md) ----
+  // Send `message` (bytes, at most kMaxNotificationBytes) to engine
+  // `remote_key` (registered, or learned from its hello). Messages to one
+  // engine arrive in the order they were sent (attached ones when their data
+  // has landed). The status ends SUCCESS once the target took it (exactly
+  // once), fails when it did not and never will (ERR_BAD_STATE: its inbox is
+  // full), or ERR_OUTCOME_UNKNOWN when the target could not be asked by the
+  // deadline (the policy's timeout).
+  TransferStatus send_notification(const std::string& remote_key, const std::string& message);
+  // Target side: every message that arrived since the last call, by sender key,
+  // in arrival order; the inbox is empty afterwards.
+  std::map<std::string, std::vector<std::string>> get_new_notifications();
+  // As get_new_notifications(), waiting up to `timeout` for one to arrive.
+  std::map<std::string, std::vector<std::string>> wait_notifications(
+      std::chrono::milliseconds timeout);
+  // A file descriptor that polls readable (POLLIN) while messages are unread,
+  // for event loops (asyncio's add_reader); owned by the engine, never read it.
+  int notification_fd() const;
+
   EngineStats stats() const;
   // The policy in force, and where it came from ("built-in" or a file name).
   std::string policy_source() const;
@@ -271,17 +304,21 @@ class Session {
   ~Session();
   TransferUid allocate_transfer_uid();
   TransferStatus read(size_t local_off, size_t remote_off, size_t size, TransferUid uid,
-                      std::optional<bool> notify = std::nullopt);
+                      std::optional<bool> notify = std::nullopt,
+                      std::optional<std::string> message = std::nullopt);
   TransferStatus write(size_t local_off, size_t remote_off, size_t size, TransferUid uid,
-                       std::optional<bool> notify = std::nullopt);
+                       std::optional<bool> notify = std::nullopt,
+                       std::optional<std::string> message = std::nullopt);
   TransferStatus batch_read(const std::vector<size_t>& local_offs,
                             const std::vector<size_t>& remote_offs,
                             const std::vector<size_t>& sizes, TransferUid uid,
-                            std::optional<bool> notify = std::nullopt);
+                            std::optional<bool> notify = std::nullopt,
+                            std::optional<std::string> message = std::nullopt);
   TransferStatus batch_write(const std::vector<size_t>& local_offs,
                              const std::vector<size_t>& remote_offs,
                              const std::vector<size_t>& sizes, TransferUid uid,
-                             std::optional<bool> notify = std::nullopt);
+                             std::optional<bool> notify = std::nullopt,
+                             std::optional<std::string> message = std::nullopt);
   bool alive() const;
 
   struct Impl;
