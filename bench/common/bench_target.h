@@ -18,8 +18,8 @@ struct TargetOptions {
   size_t region_bytes = 0;
   std::string policy_file;
   std::chrono::milliseconds timeout{0};
-  SegType seg_type = SegType::DRAM;  // where the region lives
-  int device = -1;                   // GPU ordinal for VRAM
+  SegType seg_type = SegType::DRAM;                     // where the region lives
+  int device = -1;                                      // GPU ordinal for VRAM
   std::map<std::string, std::string> backend_settings;  // plugin name -> JSON
 };
 

@@ -148,6 +148,23 @@ std::vector<BackendPtr> Transfers::route_for(const MemPair& pair, Op op, uint64_
   return out;
 }
 
+std::string Transfers::check_items(const MemPair& pair, const std::vector<ferry_iov_v1>& iov,
+                                   const size_t* item_numbers) {
+  const uint64_t lsize = pair.local->desc.size, rsize = pair.remote->desc.size;
+  for (size_t i = 0; i < iov.size(); ++i) {
+    const uint64_t lo = iov[i].local_off, ro = iov[i].remote_off, len = iov[i].len;
+    if (len != 0 && lo <= lsize && len <= lsize - lo && ro <= rsize && len <= rsize - ro) continue;
+    const std::string item = "item " + std::to_string(item_numbers ? item_numbers[i] : i);
+    if (len == 0) return item + " has size 0";
+    if (lo > lsize || len > lsize - lo)
+      return item + ": local range [" + std::to_string(lo) + ", +" + std::to_string(len) +
+             ") exceeds the local region of " + std::to_string(lsize) + " bytes";
+    return item + ": remote range [" + std::to_string(ro) + ", +" + std::to_string(len) +
+           ") exceeds the remote region of " + std::to_string(rsize) + " bytes";
+  }
+  return {};
+}
+
 TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local_offs,
                                  const size_t* remote_offs, const size_t* sizes, size_t n,
                                  TransferUid uid, std::optional<bool> notify,
@@ -158,11 +175,6 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
     return failed(StatusCode::ERR_INVALID_ARGS,
                   "notification message of " + std::to_string(message->size()) +
                       " bytes exceeds the limit of " + std::to_string(kMaxNotifPayload));
-  if (pair.peer->gone.load(std::memory_order_relaxed))
-    return failed(StatusCode::ERR_NOT_FOUND,
-                  "remote engine '" + pair.peer->desc.key +
-                      "' was deregistered or registered again since this session was created; "
-                      "create a new session");
   auto t = std::make_shared<Transfer>();
   t->owner = this;
   t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
@@ -171,26 +183,21 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
   t->uid = uid;
   t->message = std::move(message);
   t->iov.reserve(n);
-  const uint64_t lsize = pair.local->desc.size, rsize = pair.remote->desc.size;
-  for (size_t i = 0; i < n; ++i) {
-    uint64_t lo = local_offs[i], ro = remote_offs[i], len = sizes[i];
-    if (len == 0)
-      return failed(StatusCode::ERR_INVALID_ARGS, "item " + std::to_string(i) + " has size 0");
-    if (lo > lsize || len > lsize - lo)
-      return failed(StatusCode::ERR_INVALID_ARGS,
-                    "item " + std::to_string(i) + ": local range [" + std::to_string(lo) + ", +" +
-                        std::to_string(len) + ") exceeds the local region of " +
-                        std::to_string(lsize) + " bytes");
-    if (ro > rsize || len > rsize - ro)
-      return failed(StatusCode::ERR_INVALID_ARGS,
-                    "item " + std::to_string(i) + ": remote range [" + std::to_string(ro) + ", +" +
-                        std::to_string(len) + ") exceeds the remote region of " +
-                        std::to_string(rsize) + " bytes");
-    t->iov.push_back({lo, ro, len});
-    t->total += len;
-  }
+  for (size_t i = 0; i < n; ++i) t->iov.push_back({local_offs[i], remote_offs[i], sizes[i]});
+  if (std::string bad = check_items(pair, t->iov); !bad.empty())
+    return failed(StatusCode::ERR_INVALID_ARGS, bad);
+  return start(pair, t);
+}
+
+TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t) {
+  if (pair.peer->gone.load(std::memory_order_relaxed))
+    return failed(StatusCode::ERR_NOT_FOUND,
+                  "remote engine '" + pair.peer->desc.key +
+                      "' was deregistered or registered again since this session was created; "
+                      "create a new session");
+  for (const auto& v : t->iov) t->total += v.len;
   std::string why;
-  t->route = route_for(pair, op, t->total, why);
+  t->route = route_for(pair, t->op == FERRY_OP_READ ? Op::READ : Op::WRITE, t->total, why);
   if (t->route.empty()) return failed(StatusCode::ERR_BAD_STATE, why);
   t->deadline = std::chrono::steady_clock::now() + policy_.timeout;
   {
@@ -205,7 +212,12 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
 }
 
 void Transfers::finish(const TransferPtr& t, StatusCode code, std::string msg) {
-  t->status.Finish(code, std::move(msg));
+  if (!t->on_end) {
+    t->status.Finish(code, std::move(msg));
+    return;
+  }
+  const std::string copy = msg;
+  if (t->status.Finish(code, std::move(msg))) t->on_end(code, copy);
 }
 
 Fencer::Target Transfers::fence_target(const TransferPtr& t) const {

@@ -7,6 +7,7 @@
 #pragma once
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,8 @@ struct Transfer {
   uint64_t uid = 0;
   // Sent to the target once the data has landed, before the status ends.
   std::optional<std::string> message;
+  // A part of a multi-region transfer: told once when this part ends.
+  std::function<void(StatusCode code, const std::string& why)> on_end;
   std::vector<ferry_iov_v1> iov;
   uint64_t total = 0;
   std::vector<BackendPtr> route;
@@ -87,6 +90,22 @@ class Transfers {
   TransferStatus submit(const MemPair& pair, Op op, const size_t* local_offs,
                         const size_t* remote_offs, const size_t* sizes, size_t n, TransferUid uid,
                         std::optional<bool> notify, std::optional<std::string> message = {});
+  // One transfer over many region pairs of one remote engine (Engine::transfer,
+  // prepared lists): per pair one part, routed, fenced and failed over on its
+  // own; one status, which ends when every part has, SUCCESS when all landed -
+  // then, once, the target's notification and the message.
+  struct Group {
+    MemPair pair;
+    std::vector<ferry_iov_v1> iov;
+    std::vector<size_t> items;  // each iov's item number in the call (for errors)
+    bool checked = false;       // ranges known to fit (a prepared list's entries)
+  };
+  TransferStatus submit_groups(std::vector<Group> groups, Op op, TransferUid uid,
+                               std::optional<bool> notify, std::optional<std::string> message);
+  // "" when every range fits its pair's regions, else why not (item numbers
+  // from item_numbers, else 0..n-1).
+  static std::string check_items(const MemPair& pair, const std::vector<ferry_iov_v1>& iov,
+                                 const size_t* item_numbers = nullptr);
   // A notification message on its own (Engine::send_notification), by the
   // policy's deadline.
   TransferStatus send_message(const Messenger::Target& to, std::string payload);
@@ -102,6 +121,8 @@ class Transfers {
 
  private:
   friend struct Attempt;
+  // Routes a built, checked transfer and posts its first attempt.
+  TransferStatus start(const MemPair& pair, const TransferPtr& t);
   void start_next(const TransferPtr& t);
   int post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why);
   void attempt_done(const std::shared_ptr<Attempt>& a, int status, const std::string& msg);

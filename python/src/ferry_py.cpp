@@ -114,7 +114,7 @@ size_t to_size(py::handle v, const char* what) {
 }
 
 // A 1-D sequence of non-negative integers; numpy int64/uint64 arrays are read directly.
-std::vector<size_t> to_sizes(py::handle obj, const char* what) {
+std::vector<size_t> to_sizes(py::handle obj, const char* what, bool allow_2d = false) {
   std::vector<size_t> out;
   if (PyObject_CheckBuffer(obj.ptr())) {
     Py_buffer v;
@@ -123,7 +123,8 @@ std::vector<size_t> to_sizes(py::handle obj, const char* what) {
       if (!fmt.empty() && (fmt[0] == '@' || fmt[0] == '=' || fmt[0] == '<')) fmt.erase(0, 1);
       bool is_signed = fmt == "q" || fmt == "l" || fmt == "n";
       bool is_unsigned = fmt == "Q" || fmt == "L" || fmt == "N";
-      if (v.ndim <= 1 && v.itemsize == 8 && (is_signed || is_unsigned)) {
+      if ((v.ndim <= 1 || (allow_2d && v.ndim == 2)) && v.itemsize == 8 &&
+          (is_signed || is_unsigned)) {
         size_t n = static_cast<size_t>(v.len / 8);
         out.resize(n);
         const auto* p = static_cast<const uint8_t*>(v.buf);
@@ -298,6 +299,14 @@ bool wait_status(const TransferStatus& st, std::optional<milliseconds> timeout) 
     if (done) return true;
     check_signals();
   }
+}
+
+Op to_op(const std::string& op) {
+  std::string o;
+  for (char c : op) o += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (o == "read") return Op::READ;
+  if (o == "write") return Op::WRITE;
+  raise_value("op must be 'read' or 'write', not '" + op + "'");
 }
 
 // A notification message from Python: bytes-like (bytes, bytearray, memoryview,
@@ -620,6 +629,66 @@ class PyEngine {
     auto m = to_message(message);
     if (!m) raise(StatusCode::ERR_INVALID_ARGS, "message must be bytes-like or str, not None");
     return h_->with_engine([&](Engine& e) { return e.send_notification(remote_key, *m); });
+  }
+
+  TransferStatus transfer(const std::string& op, const std::vector<MemoryDesc>& locals,
+                          const std::vector<MemoryDesc>& remotes, py::handle items, py::handle uid,
+                          std::optional<bool> notify, py::handle message) {
+    Op o = to_op(op);
+    std::vector<TransferItem> v;
+    if (PyObject_CheckBuffer(items.ptr())) {  // an int64 array of 5 columns (or flat)
+      auto flat = to_sizes(items, "items", /*allow_2d=*/true);
+      if (flat.size() % 5 != 0) raise_value("items: an array of 5 columns");
+      for (size_t i = 0; i < flat.size(); i += 5)
+        v.push_back({flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4]});
+    } else {
+      size_t i = 0;
+      for (py::handle it : items) {
+        auto f = to_sizes(it, ("items[" + std::to_string(i++) + "]").c_str());
+        if (f.size() != 5)
+          raise_value("items: each is (local, local_offset, remote, remote_offset, size)");
+        v.push_back({f[0], f[1], f[2], f[3], f[4]});
+      }
+    }
+    TransferUid u = to_u64(uid, "transfer_uid");
+    auto m = to_message(message);
+    return h_->with_engine(
+        [&](Engine& e) { return e.transfer(o, locals, remotes, v, u, notify, std::move(m)); });
+  }
+
+  PreparedList prepare_list(const std::vector<MemoryDesc>& regions, py::handle entries) {
+    std::vector<ListEntry> v;
+    if (PyObject_CheckBuffer(entries.ptr())) {
+      auto flat = to_sizes(entries, "entries", /*allow_2d=*/true);
+      if (flat.size() % 3 != 0) raise_value("entries: an array of 3 columns");
+      for (size_t i = 0; i < flat.size(); i += 3) v.push_back({flat[i], flat[i + 1], flat[i + 2]});
+    } else {
+      size_t i = 0;
+      for (py::handle it : entries) {
+        auto f = to_sizes(it, ("entries[" + std::to_string(i++) + "]").c_str());
+        if (f.size() != 3) raise_value("entries: each is (region, offset, size)");
+        v.push_back({f[0], f[1], f[2]});
+      }
+    }
+    return h_->with_engine([&](Engine& e) { return e.prepare_list(regions, v); });
+  }
+
+  TransferStatus transfer_prepared(const std::string& op, const PreparedList& local,
+                                   py::handle local_indices, const PreparedList& remote,
+                                   py::handle remote_indices, py::handle uid,
+                                   std::optional<bool> notify, py::handle message) {
+    Op o = to_op(op);
+    auto l = to_sizes(local_indices, "local_indices"),
+         r = to_sizes(remote_indices, "remote_indices");
+    if (l.size() != r.size()) raise_value("local_indices and remote_indices differ in length");
+    TransferUid u = to_u64(uid, "transfer_uid");
+    auto m = to_message(message);
+    return h_->with_engine([&](Engine& e) {
+      // size_t and int64_t share their layout; indices above INT64_MAX are refused there.
+      return e.transfer(o, local, reinterpret_cast<const int64_t*>(l.data()), remote,
+                        reinterpret_cast<const int64_t*>(r.data()), l.size(), u, notify,
+                        std::move(m));
+    });
   }
 
   py::dict get_new_notifications() {
@@ -1043,6 +1112,17 @@ PYBIND11_MODULE(_ferry, m) {
       .def("alive", &PySession::alive,
            "False once the engine is closed or the memory or peer is deregistered.");
 
+  py::class_<PreparedList>(m, "PreparedList",
+                           "Region slices checked once (IOEngine.prepare_list), posted by index "
+                           "arrays (IOEngine.transfer_prepared).")
+      .def("__len__", &PreparedList::size)
+      .def_property_readonly("local", &PreparedList::local)
+      .def_property_readonly("engine_key", &PreparedList::engine_key)
+      .def("__repr__", [](const PreparedList& l) {
+        return "<PreparedList " + std::string(l.local() ? "local" : "remote") + " '" +
+               l.engine_key() + "' " + std::to_string(l.size()) + " entries>";
+      });
+
   py::class_<PyEngine>(m, "IOEngine",
                        "One engine per process: backends, registered memory, remote engines "
                        "and transfers. Usable as a context manager (close() on exit).")
@@ -1124,6 +1204,22 @@ PYBIND11_MODULE(_ferry, m) {
           py::arg("remote_offsets"), py::arg("sizes"), py::arg("transfer_uid"),
           py::arg("notify") = py::none(), py::arg("message") = py::none(),
           "WRITE many items as one transfer with one status.")
+      .def("transfer", &PyEngine::transfer, py::arg("op"), py::arg("local_mems"),
+           py::arg("remote_mems"), py::arg("items"), py::arg("transfer_uid"),
+           py::arg("notify") = py::none(), py::arg("message") = py::none(),
+           "One transfer over many regions of one remote engine: op 'read'/'write'; items "
+           "(local, local_offset, remote, remote_offset, size) index local_mems / remote_mems "
+           "(a sequence of 5-tuples or an int64 array of 5 columns). One status; the target "
+           "hears of it (notify, message) once, after all the data.")
+      .def("prepare_list", &PyEngine::prepare_list, py::arg("mems"), py::arg("entries"),
+           "A PreparedList of (region, offset, size) slices of mems (all this engine's, or "
+           "all one registered peer's), checked once; entries: 3-tuples or an int64 array of 3 "
+           "columns.")
+      .def("transfer_prepared", &PyEngine::transfer_prepared, py::arg("op"), py::arg("local_list"),
+           py::arg("local_indices"), py::arg("remote_list"), py::arg("remote_indices"),
+           py::arg("transfer_uid"), py::arg("notify") = py::none(), py::arg("message") = py::none(),
+           "Item i: local_list[local_indices[i]] <-> remote_list[remote_indices[i]] (equal "
+           "sizes), as one transfer (int64 numpy arrays are read in place).")
       .def("send_notification", &PyEngine::send_notification, py::arg("remote_key"),
            py::arg("message"),
            "Send a notification message (bytes or str, at most 64 KiB) to engine remote_key; "

@@ -191,6 +191,41 @@ struct EngineStats {
   uint64_t fenced_peers = 0;  // peers no transfer may start to now (a fence pending or unanswered)
 };
 
+// One item of a transfer over many regions (Engine::transfer): `local` and
+// `remote` index the call's region lists.
+struct TransferItem {
+  size_t local = 0;
+  uint64_t local_offset = 0;
+  size_t remote = 0;
+  uint64_t remote_offset = 0;
+  uint64_t size = 0;
+};
+
+// A slice of a region in a prepared list (Engine::prepare_list): `region`
+// indexes the list's regions.
+struct ListEntry {
+  size_t region = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// Region slices resolved and checked once (Engine::prepare_list): a local list
+// (this engine's memory) or a remote one (one peer's MemoryDescs), posted by
+// index (Engine::transfer). Immutable; shareable between threads; must not
+// outlive the Engine that made it.
+class PreparedList {
+ public:
+  size_t size() const;
+  bool local() const;
+  const std::string& engine_key() const;
+  struct Impl;
+  explicit PreparedList(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  const std::shared_ptr<Impl>& impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
 class Session;
 class EngineImpl;
 
@@ -254,6 +289,38 @@ class Engine {
                              const std::vector<size_t>& sizes, TransferUid uid,
                              std::optional<bool> notify = std::nullopt,
                              std::optional<std::string> message = std::nullopt);
+
+  // ---- one transfer over many regions (docs/api.md) ----
+  // Items over any (local region, remote region) pairs of one remote engine,
+  // as one transfer with one status: per region pair one part, each routed and
+  // failed over on its own; the status ends when every part has (SUCCESS only
+  // when all landed; else the first failure's code, naming each failed part).
+  // `notify` and `message` reach the target once, after all the data.
+  TransferStatus transfer(Op op, const std::vector<MemoryDesc>& local_regions,
+                          const std::vector<MemoryDesc>& remote_regions,
+                          const std::vector<TransferItem>& items, TransferUid uid,
+                          std::optional<bool> notify = std::nullopt,
+                          std::optional<std::string> message = std::nullopt);
+
+  // ---- prepared descriptor lists (docs/api.md) ----
+  // Slices of `regions`, checked once: all regions this engine's (a local list)
+  // or all one registered peer's (a remote list). Throws ferry::Error
+  // (ERR_INVALID_ARGS: a slice out of its region, mixed engines, no entries;
+  // ERR_NOT_FOUND: memory or peer not registered).
+  PreparedList prepare_list(const std::vector<MemoryDesc>& regions,
+                            const std::vector<ListEntry>& entries);
+  // Item i moves local entry local_indices[i] to/from remote entry
+  // remote_indices[i] (equal sizes); as transfer() above. The work per call is
+  // proportional to the number of indices, not to the lists' sizes.
+  TransferStatus transfer(Op op, const PreparedList& local, const int64_t* local_indices,
+                          const PreparedList& remote, const int64_t* remote_indices, size_t n,
+                          TransferUid uid, std::optional<bool> notify = std::nullopt,
+                          std::optional<std::string> message = std::nullopt);
+  TransferStatus transfer(Op op, const PreparedList& local,
+                          const std::vector<int64_t>& local_indices, const PreparedList& remote,
+                          const std::vector<int64_t>& remote_indices, TransferUid uid,
+                          std::optional<bool> notify = std::nullopt,
+                          std::optional<std::string> message = std::nullopt);
 
   // A pre-resolved (local, remote) pair; nullptr with the reason in *why when
   // no backend can serve it (e.g. none loaded: ERR_BAD_STATE).

@@ -1,0 +1,214 @@
+// Engine::transfer over many regions, and prepared lists (ferry.hpp): both end
+// in Transfers::submit_groups with one part per (local region, remote region).
+// A prepared list checks its slices once and keeps, per region pair it has
+// been posted with, the resolved pair, so a post costs per index, not per
+// list entry or region descriptor.
+#include <unordered_map>
+
+#include "engine_impl.h"
+
+namespace ferry {
+
+struct PreparedList::Impl {
+  EngineImpl* engine = nullptr;
+  bool local = true;
+  std::string engine_key;
+  std::vector<MemoryDesc> regions;
+  std::vector<ListEntry> entries;
+  // Remote lists: resolved pairs by (local region id, remote region index).
+  std::mutex mu;
+  std::map<std::pair<uint64_t, size_t>, MemPair> pairs;
+};
+
+size_t PreparedList::size() const { return impl_->entries.size(); }
+bool PreparedList::local() const { return impl_->local; }
+const std::string& PreparedList::engine_key() const { return impl_->engine_key; }
+
+namespace {
+
+TransferStatus failed(StatusCode code, std::string msg) {
+  TransferStatus s;
+  s.Finish(code, std::move(msg));
+  return s;
+}
+
+// Groups items by region pair: a flat table when the two region lists are
+// small (the common case: a few dozen layers), a hash map otherwise.
+class Grouper {
+ public:
+  Grouper(size_t n_local, size_t n_remote) : n_remote_(n_remote) {
+    if (n_local * n_remote <= kFlatMax) flat_.assign(n_local * n_remote, -1);
+  }
+  Transfers::Group* find(size_t l, size_t r) {
+    if (l == last_l_ && r == last_r_) return &groups[last_];
+    int64_t at = -1;
+    if (!flat_.empty()) {
+      at = flat_[l * n_remote_ + r];
+    } else if (auto it = index_.find(uint64_t{l} << 32 | r); it != index_.end()) {
+      at = static_cast<int64_t>(it->second);
+    }
+    if (at < 0) return nullptr;
+    remember(l, r, static_cast<size_t>(at));
+    return &groups[last_];
+  }
+  Transfers::Group& add(size_t l, size_t r, MemPair pair) {
+    const size_t at = groups.size();
+    if (!flat_.empty())
+      flat_[l * n_remote_ + r] = static_cast<int64_t>(at);
+    else
+      index_.emplace(uint64_t{l} << 32 | r, at);
+    groups.push_back({std::move(pair), {}, {}, false});
+    remember(l, r, at);
+    return groups.back();
+  }
+  std::vector<Transfers::Group> groups;
+
+ private:
+  static constexpr size_t kFlatMax = 1 << 16;
+  void remember(size_t l, size_t r, size_t at) {
+    last_l_ = l;
+    last_r_ = r;
+    last_ = at;
+  }
+  const size_t n_remote_;
+  std::vector<int64_t> flat_;
+  std::unordered_map<uint64_t, size_t> index_;
+  size_t last_l_ = SIZE_MAX, last_r_ = SIZE_MAX, last_ = 0;
+};
+
+}  // namespace
+
+TransferStatus Engine::transfer(Op op, const std::vector<MemoryDesc>& local_regions,
+                                const std::vector<MemoryDesc>& remote_regions,
+                                const std::vector<TransferItem>& items, TransferUid uid,
+                                std::optional<bool> notify, std::optional<std::string> message) {
+  if (items.empty()) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
+  if (local_regions.size() > UINT32_MAX || remote_regions.size() > UINT32_MAX)
+    return failed(StatusCode::ERR_INVALID_ARGS, "too many regions");
+  Grouper g(local_regions.size(), remote_regions.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const TransferItem& it = items[i];
+    if (it.local >= local_regions.size() || it.remote >= remote_regions.size())
+      return failed(StatusCode::ERR_INVALID_ARGS,
+                    "item " + std::to_string(i) + " names region " +
+                        std::to_string(it.local >= local_regions.size() ? it.local : it.remote) +
+                        " of " +
+                        std::to_string(it.local >= local_regions.size() ? local_regions.size()
+                                                                        : remote_regions.size()) +
+                        (it.local >= local_regions.size() ? " local" : " remote") + " regions");
+    Transfers::Group* grp = g.find(it.local, it.remote);
+    if (!grp) {
+      MemPair pair;
+      std::string why;
+      StatusCode c =
+          impl_->registry().resolve(local_regions[it.local], remote_regions[it.remote], pair, why);
+      if (c != StatusCode::SUCCESS) return failed(c, "item " + std::to_string(i) + ": " + why);
+      grp = &g.add(it.local, it.remote, std::move(pair));
+    }
+    grp->iov.push_back({it.local_offset, it.remote_offset, it.size});
+    grp->items.push_back(i);
+  }
+  return impl_->transfers().submit_groups(std::move(g.groups), op, uid, notify, std::move(message));
+}
+
+PreparedList Engine::prepare_list(const std::vector<MemoryDesc>& regions,
+                                  const std::vector<ListEntry>& entries) {
+  if (regions.empty() || entries.empty())
+    throw Error(StatusCode::ERR_INVALID_ARGS, "a prepared list needs regions and entries");
+  auto impl = std::make_shared<PreparedList::Impl>();
+  impl->engine = impl_.get();
+  impl->engine_key = regions.front().engine_key;
+  impl->local = impl->engine_key == impl_->key_;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const MemoryDesc& m = regions[i];
+    if (m.engine_key != impl->engine_key)
+      throw Error(StatusCode::ERR_INVALID_ARGS,
+                  "a prepared list's regions are of one engine: region " + std::to_string(i) +
+                      " is of '" + m.engine_key + "', region 0 of '" + impl->engine_key + "'");
+  }
+  if (!impl->local && !impl_->registry().peer_instance(impl->engine_key))
+    throw Error(StatusCode::ERR_NOT_FOUND,
+                "remote engine '" + impl->engine_key + "' is not registered");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ListEntry& e = entries[i];
+    if (e.region >= regions.size())
+      throw Error(StatusCode::ERR_INVALID_ARGS, "entry " + std::to_string(i) + " names region " +
+                                                    std::to_string(e.region) + " of " +
+                                                    std::to_string(regions.size()));
+    const uint64_t size = regions[e.region].size;
+    if (e.size == 0 || e.offset > size || e.size > size - e.offset)
+      throw Error(StatusCode::ERR_INVALID_ARGS,
+                  "entry " + std::to_string(i) + ": [" + std::to_string(e.offset) + ", +" +
+                      std::to_string(e.size) + ") is not inside region " +
+                      std::to_string(e.region) + " of " + std::to_string(size) + " bytes");
+  }
+  impl->regions = regions;
+  impl->entries = entries;
+  return PreparedList(std::move(impl));
+}
+
+TransferStatus Engine::transfer(Op op, const PreparedList& local, const int64_t* li,
+                                const PreparedList& remote, const int64_t* ri, size_t n,
+                                TransferUid uid, std::optional<bool> notify,
+                                std::optional<std::string> message) {
+  PreparedList::Impl& L = *local.impl();
+  PreparedList::Impl& R = *remote.impl();
+  if (L.engine != impl_.get() || R.engine != impl_.get())
+    return failed(StatusCode::ERR_INVALID_ARGS, "a prepared list of another engine");
+  if (!L.local || R.local)
+    return failed(StatusCode::ERR_INVALID_ARGS,
+                  "prepared lists: the first must be local, the second remote");
+  if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
+  Grouper g(L.regions.size(), R.regions.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (li[i] < 0 || static_cast<uint64_t>(li[i]) >= L.entries.size() || ri[i] < 0 ||
+        static_cast<uint64_t>(ri[i]) >= R.entries.size())
+      return failed(StatusCode::ERR_INVALID_ARGS,
+                    "item " + std::to_string(i) + ": index " + std::to_string(li[i]) + " / " +
+                        std::to_string(ri[i]) + " outside the lists (" +
+                        std::to_string(L.entries.size()) + " local, " +
+                        std::to_string(R.entries.size()) + " remote entries)");
+    const ListEntry& le = L.entries[static_cast<size_t>(li[i])];
+    const ListEntry& re = R.entries[static_cast<size_t>(ri[i])];
+    if (le.size != re.size)
+      return failed(StatusCode::ERR_INVALID_ARGS,
+                    "item " + std::to_string(i) + ": local entry " + std::to_string(li[i]) +
+                        " is " + std::to_string(le.size) + " bytes, remote entry " +
+                        std::to_string(ri[i]) + " " + std::to_string(re.size));
+    Transfers::Group* grp = g.find(le.region, re.region);
+    if (!grp) {
+      MemPair pair;
+      const auto key = std::make_pair(L.regions[le.region].id, re.region);
+      {
+        std::lock_guard<std::mutex> lk(R.mu);
+        if (auto it = R.pairs.find(key); it != R.pairs.end()) pair = it->second;
+      }
+      // A cached pair stays good while its peer and local region are the ones registered.
+      if (!pair.peer || pair.peer->gone || !impl_->registry().alive(pair)) {
+        std::string why;
+        StatusCode c =
+            impl_->registry().resolve(L.regions[le.region], R.regions[re.region], pair, why);
+        if (c != StatusCode::SUCCESS) return failed(c, "item " + std::to_string(i) + ": " + why);
+        std::lock_guard<std::mutex> lk(R.mu);
+        R.pairs[key] = pair;
+      }
+      grp = &g.add(le.region, re.region, std::move(pair));
+      grp->checked = true;  // every entry was checked against its region when prepared
+    }
+    grp->iov.push_back({le.offset, re.offset, le.size});
+  }
+  return impl_->transfers().submit_groups(std::move(g.groups), op, uid, notify, std::move(message));
+}
+
+TransferStatus Engine::transfer(Op op, const PreparedList& local,
+                                const std::vector<int64_t>& local_indices,
+                                const PreparedList& remote,
+                                const std::vector<int64_t>& remote_indices, TransferUid uid,
+                                std::optional<bool> notify, std::optional<std::string> message) {
+  if (local_indices.size() != remote_indices.size())
+    return failed(StatusCode::ERR_INVALID_ARGS, "index arrays differ in length");
+  return transfer(op, local, local_indices.data(), remote, remote_indices.data(),
+                  local_indices.size(), uid, notify, std::move(message));
+}
+
+}  // namespace ferry

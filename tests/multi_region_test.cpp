@@ -1,0 +1,232 @@
+// One transfer over many regions (Engine::transfer) and prepared lists, two
+// engines in this process over tcp (and the scripted 'fault' backend for
+// failover): data checked byte for byte, the target told once after all the
+// data, per-part failover, a failed part failing the call with its name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <cstring>
+#include <random>
+
+#include "ferry/ferry.hpp"
+#include "pattern.h"
+
+using namespace ferry;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr size_t kRegions = 3, kRegionBytes = 1 << 20, kBlock = 16 << 10;
+
+struct Rig {
+  explicit Rig(const std::string& fault_mode = "") {
+    setenv("FERRY_PLUGIN_PATH",
+           (std::string(FERRY_TEST_PLUGIN_DIR) + ":" + FERRY_PLUGIN_BUILD_DIR).c_str(), 1);
+    EngineConfig cfg;
+    cfg.timeout = 10s;
+    if (!fault_mode.empty()) {
+      policy = std::filesystem::temp_directory_path() /
+               ("ferry-multi-" + std::to_string(getpid()) + ".yaml");
+      std::ofstream(policy) << "backends:\n  fault: {}\nrules:\n  - prefer: [fault, tcp]\n"
+                               "failover:\n  max_attempts: 3\n"
+                               "  quarantine: { after_failures: 100, within: 60s, for: 60s }\n"
+                               "timeout: 10s\n";
+      cfg.policy_file = policy.string();
+    }
+    ini = std::make_unique<Engine>("ini", cfg);
+    tgt = std::make_unique<Engine>("tgt", cfg);
+    for (Engine* e : {ini.get(), tgt.get()}) {
+      if (!fault_mode.empty()) {
+        Result r = e->add_backend("fault", "{\"mode\":\"" + fault_mode + "\",\"n\":2}");
+        if (!r) throw std::runtime_error(r.message);
+      }
+      if (Result r = e->add_backend("tcp"); !r) throw std::runtime_error(r.message);
+    }
+    ini->register_remote_engine(tgt->desc());
+    for (size_t i = 0; i < kRegions; ++i) {
+      src[i].resize(kRegionBytes);
+      dst[i].resize(kRegionBytes);
+      local.push_back(ini->register_memory(src[i].data(), kRegionBytes));
+      remote.push_back(tgt->register_memory(dst[i].data(), kRegionBytes));
+    }
+  }
+  ~Rig() {
+    ini.reset();
+    tgt.reset();
+    if (!policy.empty()) std::filesystem::remove(policy);
+  }
+
+  // Random blocks across every (local, remote) pair: no two items write the same bytes.
+  std::vector<TransferItem> items(size_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<TransferItem> out;
+    std::vector<size_t> blocks(kRegions * (kRegionBytes / kBlock));
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = i;
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t rb = blocks[i], lb = blocks[(i * 7 + 3) % blocks.size()];
+      out.push_back({lb / (kRegionBytes / kBlock), (lb % (kRegionBytes / kBlock)) * kBlock,
+                     rb / (kRegionBytes / kBlock), (rb % (kRegionBytes / kBlock)) * kBlock,
+                     kBlock});
+    }
+    return out;
+  }
+  void fill(uint64_t seed) {
+    for (size_t i = 0; i < kRegions; ++i) {
+      test::fill_pattern(src[i].data(), 0, kRegionBytes, seed + i);
+      std::fill(dst[i].begin(), dst[i].end(), 0);
+    }
+  }
+  // Every item's bytes are where it said (WRITE: src -> dst; READ: dst -> src).
+  ::testing::AssertionResult landed(const std::vector<TransferItem>& items, Op op) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      const auto& it = items[i];
+      const uint8_t* from = op == Op::WRITE ? src[it.local].data() + it.local_offset
+                                            : dst[it.remote].data() + it.remote_offset;
+      const uint8_t* to = op == Op::WRITE ? dst[it.remote].data() + it.remote_offset
+                                          : src[it.local].data() + it.local_offset;
+      if (std::memcmp(from, to, it.size) != 0)
+        return ::testing::AssertionFailure() << "item " << i << " did not land";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  std::filesystem::path policy;
+  std::vector<uint8_t> src[kRegions], dst[kRegions];
+  std::unique_ptr<Engine> ini, tgt;
+  std::vector<MemoryDesc> local, remote;
+};
+
+}  // namespace
+
+TEST(MultiRegion, WriteAndReadManyRegionPairsAsOneTransfer) {
+  Rig rig;
+  for (Op op : {Op::WRITE, Op::READ}) {
+    rig.fill(op == Op::WRITE ? 10 : 20);
+    if (op == Op::READ)  // what a READ brings back: the target's own bytes
+      for (size_t i = 0; i < kRegions; ++i)
+        test::fill_pattern(rig.dst[i].data(), 0, kRegionBytes, 30 + i);
+    auto items = rig.items(64, op == Op::WRITE ? 1 : 2);
+    const TransferUid uid = rig.ini->allocate_transfer_uid();
+    auto st = rig.ini->transfer(op, rig.local, rig.remote, items, uid, true, "all layers");
+    ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+    EXPECT_TRUE(rig.landed(items, op));
+    EXPECT_TRUE(rig.tgt->wait_inbound_transfer_status("ini", uid, 5s)) << "told once";
+    EXPECT_FALSE(rig.tgt->wait_inbound_transfer_status("ini", uid, 100ms)) << "told twice";
+    EXPECT_EQ(rig.tgt->wait_notifications(5s)["ini"], std::vector<std::string>{"all layers"});
+    EXPECT_TRUE(rig.tgt->wait_notifications(100ms).empty());
+  }
+  EXPECT_EQ(rig.ini->stats().backends["tcp"].transfers, 2u * kRegions * kRegions)
+      << "one part per region pair";
+}
+
+TEST(MultiRegion, BadItemsAreRefusedBeforeAnythingMoves) {
+  Rig rig;
+  auto st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, {}, 1);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS);
+  st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, {{0, 0, 7, 0, 8}}, 1);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS);
+  EXPECT_NE(st.Message().find("item 0 names region 7 of 3 remote regions"), std::string::npos)
+      << st.Message();
+  st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote,
+                         {{0, 0, 0, 0, 8}, {1, 0, 2, kRegionBytes - 4, 8}}, 1);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS);
+  EXPECT_NE(st.Message().find("item 1: remote range"), std::string::npos) << st.Message();
+  std::vector<MemoryDesc> foreign = rig.remote;
+  foreign[1].engine_key = "nobody";
+  st = rig.ini->transfer(Op::WRITE, rig.local, foreign, {{0, 0, 0, 0, 8}, {0, 8, 1, 8, 8}}, 1);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_NOT_FOUND) << st.Message();
+  EXPECT_NE(st.Message().find("item 1"), std::string::npos) << st.Message();
+  EXPECT_EQ(rig.dst[0], std::vector<uint8_t>(kRegionBytes, 0)) << "nothing moved";
+}
+
+TEST(MultiRegion, APartThatFailsFailsTheCallByNameAndTheTargetHearsNothing) {
+  Rig rig;
+  rig.fill(40);
+  ASSERT_TRUE(rig.tgt->deregister_memory(rig.remote[2]));  // its part is refused there
+  auto items = rig.items(64, 3);
+  const TransferUid uid = rig.ini->allocate_transfer_uid();
+  auto st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, items, uid, true, "never");
+  ASSERT_TRUE(st.WaitFor(20s));
+  EXPECT_TRUE(st.Failed()) << st.Message();
+  EXPECT_NE(st.Message().find("-> " + std::to_string(rig.remote[2].id)), std::string::npos)
+      << st.Message();
+  EXPECT_FALSE(rig.tgt->wait_inbound_transfer_status("ini", uid, 300ms));
+  EXPECT_TRUE(rig.tgt->wait_notifications(100ms).empty());
+}
+
+TEST(MultiRegion, PartsFailOverOnTheirOwnAndTheTargetIsToldOnce) {
+  Rig rig("fail_first_n");  // the first two parts fail on 'fault', the rest go
+  rig.fill(50);
+  auto items = rig.items(48, 4);
+  const TransferUid uid = rig.ini->allocate_transfer_uid();
+  auto st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, items, uid, true, "once");
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  EXPECT_TRUE(rig.landed(items, Op::WRITE));
+  EXPECT_EQ(rig.ini->stats().backends["fault"].failovers, 2u);
+  EXPECT_EQ(rig.ini->stats().backends["tcp"].transfers, 2u);
+  EXPECT_NE(st.Message().find("fault"), std::string::npos) << "says what failed over";
+  EXPECT_TRUE(rig.tgt->wait_inbound_transfer_status("ini", uid, 5s));
+  EXPECT_EQ(rig.tgt->wait_notifications(5s)["ini"], std::vector<std::string>{"once"});
+  EXPECT_TRUE(rig.tgt->wait_notifications(100ms).empty());
+}
+
+TEST(PreparedLists, PostByIndexArrays) {
+  Rig rig;
+  std::vector<ListEntry> entries;
+  const size_t per = kRegionBytes / kBlock;
+  for (size_t r = 0; r < kRegions; ++r)
+    for (size_t b = 0; b < per; ++b) entries.push_back({r, b * kBlock, kBlock});
+  PreparedList lp = rig.ini->prepare_list(rig.local, entries);
+  PreparedList rp = rig.ini->prepare_list(rig.remote, entries);
+  EXPECT_TRUE(lp.local());
+  EXPECT_FALSE(rp.local());
+  EXPECT_EQ(rp.size(), kRegions * per);
+  EXPECT_EQ(rp.engine_key(), "tgt");
+  for (int round = 0; round < 3; ++round) {  // the second and third reuse the resolved pairs
+    rig.fill(60 + round);
+    std::mt19937_64 rng(round);
+    std::vector<int64_t> li, ri;
+    std::vector<int64_t> all(entries.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+    std::shuffle(all.begin(), all.end(), rng);
+    for (size_t i = 0; i < 100; ++i) {
+      ri.push_back(all[i]);
+      li.push_back(all[(i + 50) % all.size()]);
+    }
+    auto st = rig.ini->transfer(Op::WRITE, lp, li, rp, ri, rig.ini->allocate_transfer_uid(), false,
+                                "round " + std::to_string(round));
+    ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+    for (size_t i = 0; i < li.size(); ++i) {
+      const ListEntry &l = entries[li[i]], &r = entries[ri[i]];
+      ASSERT_EQ(std::memcmp(rig.src[l.region].data() + l.offset,
+                            rig.dst[r.region].data() + r.offset, kBlock),
+                0)
+          << "item " << i;
+    }
+    EXPECT_EQ(rig.tgt->wait_notifications(5s)["ini"],
+              std::vector<std::string>{"round " + std::to_string(round)});
+  }
+  // Refusals: indices out of the lists, unequal sizes, lists swapped, bad slices.
+  auto st = rig.ini->transfer(Op::WRITE, lp, std::vector<int64_t>{0, 99999}, rp,
+                              std::vector<int64_t>{0, 1}, 1);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS);
+  EXPECT_NE(st.Message().find("item 1"), std::string::npos) << st.Message();
+  st = rig.ini->transfer(Op::WRITE, lp, std::vector<int64_t>{-1}, rp, std::vector<int64_t>{0}, 1);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS);
+  st = rig.ini->transfer(Op::WRITE, rp, std::vector<int64_t>{0}, lp, std::vector<int64_t>{0}, 1);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS);
+  PreparedList half = rig.ini->prepare_list(rig.remote, {{0, 0, kBlock / 2}});
+  st = rig.ini->transfer(Op::WRITE, lp, std::vector<int64_t>{0}, half, std::vector<int64_t>{0}, 1);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS);
+  EXPECT_NE(st.Message().find("bytes"), std::string::npos) << st.Message();
+  EXPECT_THROW(rig.ini->prepare_list(rig.remote, {{0, kRegionBytes - 1, 2}}), Error);
+  EXPECT_THROW(rig.ini->prepare_list(rig.remote, {{5, 0, 1}}), Error);
+  EXPECT_THROW(rig.ini->prepare_list({rig.local[0], rig.remote[0]}, {{0, 0, 1}}), Error);
+  EXPECT_THROW(rig.ini->prepare_list(rig.remote, {}), Error);
+  // A peer gone: the cached pairs are not used; the post fails, saying why.
+  ASSERT_TRUE(rig.ini->deregister_remote_engine("tgt"));
+  st = rig.ini->transfer(Op::WRITE, lp, std::vector<int64_t>{0}, rp, std::vector<int64_t>{0}, 1);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_NOT_FOUND) << st.Message();
+}
