@@ -11,7 +11,9 @@ struct TransferStatus::State {
   std::atomic<int> code{static_cast<int>(StatusCode::INIT)};
   mutable std::mutex mu;
   mutable std::condition_variable cv;
-  std::string message;  // guarded by mu; written once, with the final code
+  std::string message;              // guarded by mu; written once, with the final code
+  std::function<void()> canceller;  // guarded by mu; taken by the first Cancel()
+  bool cancel_asked = false;        // guarded by mu
 };
 
 namespace {
@@ -44,6 +46,8 @@ const char* to_string(StatusCode c) {
       return "ERR_TRANSPORT";
     case StatusCode::ERR_OUTCOME_UNKNOWN:
       return "ERR_OUTCOME_UNKNOWN";
+    case StatusCode::ERR_CANCELLED:
+      return "ERR_CANCELLED";
   }
   return "UNKNOWN";
 }
@@ -94,6 +98,37 @@ bool TransferStatus::Finish(StatusCode code, std::string message) {
     state_->code.store(static_cast<int>(code), std::memory_order_release);
   }
   state_->cv.notify_all();
+  return true;
+}
+
+void TransferStatus::SetCanceller(std::function<void()> cancel) {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  state_->canceller = std::move(cancel);
+}
+
+bool TransferStatus::Cancel(std::string* why) const {
+  std::function<void()> fn;
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    const int c = state_->code.load(std::memory_order_acquire);
+    if (is_final(c)) {
+      if (why)
+        *why = std::string("the transfer had already ended (") +
+               to_string(static_cast<StatusCode>(c)) + "): nothing to cancel";
+      return false;
+    }
+    if (state_->cancel_asked) {
+      if (why) *why = "cancel was already asked; the transfer ends once nothing more can land";
+      return true;
+    }
+    if (!state_->canceller) {
+      if (why) *why = "this status cannot be cancelled (it is not an engine's transfer)";
+      return false;
+    }
+    state_->cancel_asked = true;
+    fn = std::move(state_->canceller);
+  }
+  fn();
   return true;
 }
 

@@ -206,9 +206,61 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t) {
   }
   t->pair = pair;  // from here on ~Transfer releases the local region
   t->status.SetInProgress();
+  // Weak: the status may outlive the transfer (Cancel() of an ended one returns first).
+  std::weak_ptr<Transfer> weak = t;
+  t->status.SetCanceller([this, weak] {
+    if (auto live = weak.lock()) cancel(live);
+  });
   TransferStatus status = t->status;
   start_next(t);
   return status;
+}
+
+void Transfers::cancel(const TransferPtr& t) {
+  t->cancelled = true;
+  std::shared_ptr<Attempt> a;
+  {
+    std::lock_guard<std::mutex> lk(t->current_mu);
+    a = t->current.lock();
+  }
+  // No attempt in flight: the next step (start_next, a fence's answer) ends it.
+  if (!a || a->settled) return;
+  Backend& b = *a->backend;
+  // A READ, or a copy made by this process, ends when the plugin reports it:
+  // until then bytes may still arrive here. attempt_done ends it cancelled.
+  if (t->op != FERRY_OP_WRITE || (b.caps & FERRY_CAP_INITIATOR_COPY) || !(b.caps & FERRY_CAP_FENCE))
+    return;
+  // A WRITE in flight: the target fences it now - from its answer nothing more
+  // lands. The plugin's own completion comes later and changes nothing.
+  if (a->settled.exchange(true)) return;  // it completed meanwhile: attempt_done has it
+  watchdog_.disarm(a.get());
+  auto self = a;
+  fencer_.fence(
+      fence_target(t), b.name, a->id, t->deadline,
+      [this, self](const FenceResult& r, const std::string& why) { cancel_fenced(self, r, why); });
+}
+
+void Transfers::cancel_fenced(const std::shared_ptr<Attempt>& a, const FenceResult& r,
+                              const std::string& why) {
+  const TransferPtr& t = a->transfer;
+  Backend& b = *a->backend;
+  switch (r.state) {
+    case FenceState::WHOLE:  // it had all landed: the cancel came too late
+      land(a, (t->flags & FERRY_XFER_NOTIFY) && !(b.caps & FERRY_CAP_NATIVE_NOTIFY));
+      return;
+    case FenceState::NONE:
+    case FenceState::PARTIAL:
+      add_history(t->history, b.name + ": cancelled in flight; " + std::to_string(r.landed) +
+                                  " of " + std::to_string(t->total) +
+                                  " bytes had landed, none lands now (" + why + ")");
+      finish(t, StatusCode::ERR_CANCELLED, "cancelled: " + t->history);
+      return;
+    case FenceState::UNSUPPORTED:
+    case FenceState::UNKNOWN:
+      break;
+  }
+  add_history(t->history, b.name + ": cancelled in flight, but " + why);
+  finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
 }
 
 void Transfers::finish(const TransferPtr& t, StatusCode code, std::string msg) {
@@ -226,6 +278,11 @@ Fencer::Target Transfers::fence_target(const TransferPtr& t) const {
 }
 
 void Transfers::start_next(const TransferPtr& t) {
+  if (t->cancelled) {  // whatever came before, nothing of it can land any more
+    finish(t, StatusCode::ERR_CANCELLED,
+           "cancelled" + (t->history.empty() ? std::string() : " (after: " + t->history + ")"));
+    return;
+  }
   if (shutting_down_) {
     add_history(t->history, "engine shutting down");
     finish(t, t->last_code, t->history);
@@ -301,6 +358,10 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   a->transfer = t;
   a->backend = b;
   a->id = next_attempt_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lk(t->current_mu);
+    t->current = a;
+  }
   // The first attempt ends a fence reserve before the transfer, so a fence of it
   // (and perhaps a failover) still fits; a failover attempt gets half of what is
   // left, keeping the other half for its own fence. The watchdog fires halfway
@@ -361,6 +422,13 @@ void Transfers::attempt_done(const std::shared_ptr<Attempt>& a, int status,
     return;
   }
   const std::string message = msg.empty() ? plugin_error_name(status) : msg;
+  const bool nothing_can_land =
+      status == FERRY_ERR_NOT_SENT || t->op == FERRY_OP_READ || (b.caps & FERRY_CAP_INITIATOR_COPY);
+  if (t->cancelled && !a->by_watchdog && (nothing_can_land || is_refusal(status))) {
+    add_history(t->history, b.name + ": " + message);
+    finish(t, StatusCode::ERR_CANCELLED, "cancelled: " + t->history);
+    return;
+  }
   if (is_refusal(status)) {
     add_history(t->history, b.name + ": " + message);
     finish(t, status_from_plugin(status), t->history);
@@ -378,8 +446,6 @@ void Transfers::attempt_done(const std::shared_ptr<Attempt>& a, int status,
     finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
     return;
   }
-  const bool nothing_can_land =
-      status == FERRY_ERR_NOT_SENT || t->op == FERRY_OP_READ || (b.caps & FERRY_CAP_INITIATOR_COPY);
   if (nothing_can_land) {
     attempt_failed(a, status, message);
     return;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ class ControlPlane;
 class Transfers;
 
 // One logical transfer, across however many backends it takes.
+struct Attempt;
 struct Transfer {
   Transfers* owner = nullptr;
   TransferStatus status;
@@ -38,6 +40,11 @@ struct Transfer {
   uint64_t uid = 0;
   // Sent to the target once the data has landed, before the status ends.
   std::optional<std::string> message;
+  // TransferStatus::Cancel() was called: no new attempt starts, and the one in
+  // flight is fenced or waited for; then it ends ERR_CANCELLED.
+  std::atomic<bool> cancelled{false};
+  std::mutex current_mu;
+  std::weak_ptr<Attempt> current;  // the attempt in flight (guarded by current_mu)
   // A part of a multi-region transfer: told once when this part ends.
   std::function<void(StatusCode code, const std::string& why)> on_end;
   std::vector<ferry_iov_v1> iov;
@@ -113,6 +120,8 @@ class Transfers {
   std::vector<BackendPtr> route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why);
   // host->complete: a plugin ended an attempt (it drops its reference after this).
   void complete(std::shared_ptr<Attempt> a, int status, const char* message);
+  // TransferStatus::Cancel() of `t` (through its canceller).
+  void cancel(const TransferPtr& t);
   // New transfers fail at once from now on.
   void shut_down() { shutting_down_ = true; }
   // A peer was deregistered or replaced by a new instance: forget its fence state.
@@ -134,6 +143,9 @@ class Transfers {
   // The target's answer to the fence of an attempt whose outcome was unknown.
   void attempt_fenced(const std::shared_ptr<Attempt>& a, int status, const std::string& msg,
                       const FenceResult& r, const std::string& why);
+  // The target's answer to the fence a cancel sent for the attempt in flight.
+  void cancel_fenced(const std::shared_ptr<Attempt>& a, const FenceResult& r,
+                     const std::string& why);
   // Tell the target a transfer landed when the backend cannot (or, for a READ,
   // must not: its target cannot know the data arrived). "" or why it failed.
   std::string notify_by_core(const TransferPtr& t);

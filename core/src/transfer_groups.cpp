@@ -119,6 +119,11 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
     async_.run(std::move(tell));
   };
   auto shared_end = std::make_shared<decltype(part_ended)>(std::move(part_ended));
+  // Cancelling the call cancels every part (each ends once nothing of it can land).
+  auto parts = std::make_shared<std::vector<TransferStatus>>();
+  call->status.SetCanceller([parts] {
+    for (const auto& p : *parts) p.Cancel();
+  });
   for (auto& g : groups) {
     auto t = std::make_shared<Transfer>();
     t->owner = this;
@@ -131,6 +136,7 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
       (*shared_end)(name, code, why);
     };
     TransferStatus s = start(g.pair, t);
+    parts->push_back(s);
     // Refused before it started (no route, peer gone): finish() never ran for it.
     if (!s.InProgress() && !t->pair.local) (*shared_end)(name, s.Code(), s.Message());
   }

@@ -45,6 +45,7 @@ class StatusCode(enum.IntEnum):
     ERR_TIMEOUT = 16
     ERR_TRANSPORT = 17
     ERR_OUTCOME_UNKNOWN = 18
+    ERR_CANCELLED = 19
     @property
     def name(self) -> str: ...
     @property
@@ -165,6 +166,8 @@ class TransferStatus:
         """Block (GIL released) until the transfer ends; returns its code."""
     def WaitFor(self, timeout_ms: _Timeout) -> bool:
         """Block (GIL released) at most timeout_ms; True when the transfer has ended."""
+    def Cancel(self) -> bool:
+        """End it ERR_CANCELLED once nothing more can land; False if it had already ended."""
 
 class IOEngineSession:
     """Transfers between one local and one remote region, resolved once."""

@@ -898,7 +898,8 @@ PYBIND11_MODULE(_ferry, m) {
       .value("ERR_GPU_OP", StatusCode::ERR_GPU_OP)
       .value("ERR_TIMEOUT", StatusCode::ERR_TIMEOUT)
       .value("ERR_TRANSPORT", StatusCode::ERR_TRANSPORT)
-      .value("ERR_OUTCOME_UNKNOWN", StatusCode::ERR_OUTCOME_UNKNOWN);
+      .value("ERR_OUTCOME_UNKNOWN", StatusCode::ERR_OUTCOME_UNKNOWN)
+      .value("ERR_CANCELLED", StatusCode::ERR_CANCELLED);
   int_comparable(status_code);
 
   py::enum_<MemoryLocation>(m, "MemoryLocationType", "Where registered memory lives.")
@@ -1077,6 +1078,16 @@ PYBIND11_MODULE(_ferry, m) {
           [](const TransferStatus& s, py::handle ms) { return wait_status(s, to_timeout(ms)); },
           py::arg("timeout_ms"),
           "Block at most timeout_ms milliseconds; True when the transfer has ended.")
+      .def(
+          "Cancel",
+          [](const TransferStatus& s) {
+            py::gil_scoped_release nogil;
+            return s.Cancel();
+          },
+          "Ask the transfer to end ERR_CANCELLED once nothing more of it can land (an "
+          "attempt in flight is fenced at its target or waited for); it may still end "
+          "SUCCESS if everything had landed. False when it had already ended (a no-op). "
+          "Does not wait: Wait() for the outcome.")
       .def("__repr__", &status_repr);
 
   py::class_<PySession>(m, "IOEngineSession",

@@ -69,3 +69,12 @@ def test_prepared_lists_by_numpy_index_arrays(peer, regions):  # noqa: F811
         peer.eng.transfer_prepared("write", lp, [0, 1], rp, [0], 9)
     with pytest.raises(ferry.InvalidArgumentError):
         peer.eng.prepare_list(mems, [(0, (1 << 20) - 1, 2)])
+
+
+def test_cancel_of_an_ended_transfer_is_a_no_op(peer, regions):  # noqa: F811
+    arrs, mems = regions
+    st = peer.eng.write(mems[0], 0, peer.mem, 0, 4096, 11, notify=False)
+    assert st.Wait() == ferry.StatusCode.SUCCESS, st.Message()
+    assert st.Cancel() is False
+    assert st.Code() == ferry.StatusCode.SUCCESS
+    assert int(ferry.StatusCode.ERR_CANCELLED) == 19

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,6 +36,9 @@ enum class StatusCode : int {
   // bytes may still land later; the peer is fenced until it answers (see
   // docs/policy.md, "Fencing").
   ERR_OUTCOME_UNKNOWN = 18,
+  // Ended by TransferStatus::Cancel(): nothing more of it can land; what had
+  // landed before stays (the message says how much, when the target told).
+  ERR_CANCELLED = 19,
 };
 const char* to_string(StatusCode c);
 
@@ -123,11 +127,21 @@ class TransferStatus {
   StatusCode Wait() const;
   // Block at most `timeout`; returns true when the transfer has ended.
   bool WaitFor(std::chrono::milliseconds timeout) const;
+  // Ask the transfer to end as ERR_CANCELLED. It ends only once nothing more
+  // of it can land: an attempt in flight is fenced at its target (a WRITE on a
+  // backend that can fence) or waited for (a READ, or a backend that cannot).
+  // It may still end SUCCESS (all had landed by then) or with the error that
+  // ended it first. False, with the reason in *why, when the transfer had
+  // already ended (a no-op) or this status cannot be cancelled (it is not a
+  // transfer's). Never blocks.
+  bool Cancel(std::string* why = nullptr) const;
 
   // Set by the engine; public for backends written in C++ and for tests.
   void SetInProgress();
   // Returns false when the status had already ended (first code sticks).
   bool Finish(StatusCode code, std::string message = {});
+  // What Cancel() calls, once (the transfer lifecycle sets it).
+  void SetCanceller(std::function<void()> cancel);
 
   struct State;
   const std::shared_ptr<State>& state() const { return state_; }
