@@ -41,6 +41,7 @@
 
 #include "bench_target.h"
 #include "ferry/ferry.hpp"
+#include "kv_bench.h"
 #include "line_channel.h"
 #include "pattern.h"
 #include "segment.h"
@@ -73,6 +74,9 @@ struct Options {
   std::string json_file, csv_file;
   int rank = -1;  // -1: both ranks locally
   std::string peer, listen, host = "127.0.0.1";
+  bool kv = false;  // --kv: a KV-cache shipment per request (kv_bench.h)
+  bench::KvOptions kv_opts;
+  bool num_iter_given = false, warmup_given = false;
 };
 
 bool parse_size_arg(const std::string& s, size_t& out) {
@@ -84,7 +88,7 @@ bool parse_size_arg(const std::string& s, size_t& out) {
   }
   if (i == 0) return false;
   std::string u = s.substr(i);
-  unsigned long long m = u.empty() || u == "B" ? 1
+  unsigned long long m = u.empty() || u == "B"      ? 1
                          : (u == "K" || u == "KiB") ? 1ull << 10
                          : (u == "M" || u == "MiB") ? 1ull << 20
                          : (u == "G" || u == "GiB") ? 1ull << 30
@@ -96,11 +100,13 @@ bool parse_size_arg(const std::string& s, size_t& out) {
 
 [[noreturn]] void usage(const char* why = nullptr) {
   if (why) std::fprintf(stderr, "ferry-bench: %s\n", why);
-  std::fprintf(stderr,
+  std::fprintf(
+      stderr,
       "usage: ferry-bench [options]   (nixlbench spellings with '_' work too: --num_iter)\n"
       "  --backend tcp|NAME[,NAME...]|policy   backends to load (policy: all known ones)\n"
       "  --policy FILE                          policy YAML (ranking, timeout, settings)\n"
-      "  --stats-socket PATH                    serve the initiator's stats for `ferry stats PATH`\n"
+      "  --stats-socket PATH                    serve the initiator's stats for `ferry stats "
+      "PATH`\n"
       "  --backend-settings NAME=JSON           plugin settings, both ranks (repeatable)\n"
       "  --op WRITE|READ  (--op-type)\n"
       "  --initiator-seg-type DRAM|VRAM  --initiator-device N\n"
@@ -116,6 +122,11 @@ bool parse_size_arg(const std::string& s, size_t& out) {
       "  --no-notify            no target notification\n"
       "  --json FILE --csv FILE --progress|--no-progress\n"
       "  --rank 0 --peer HOST:PORT | --rank 1 --listen ADDR:PORT (port 0: any)  [--host ADDR]\n"
+      "  --kv                   a KV-cache shipment per request instead of the sweep:\n"
+      "    --kv-layers N (32) x {K,V} regions of --kv-blocks N (1024) blocks of\n"
+      "    --kv-block-size N (16KiB); --kv-request-blocks N (128) random blocks per request,\n"
+      "    --num-iter requests (16), --warmup-iter (2); prepared lists, multi-region items\n"
+      "    and per-region batches compared in one run\n"
       "  sizes take K/KiB, M/MiB, G/GiB; block and batch sizes grow by their multiplier.\n");
   std::exit(2);
 }
@@ -149,9 +160,12 @@ Options parse_args(int argc, char** argv) {
       std::string v = val();
       if (!bench::parse_seg_type(v, &out)) usage((a + " must be DRAM or VRAM").c_str());
     };
-    if (a == "--backend") o.backend = val();
-    else if (a == "--policy") o.policy_file = val();
-    else if (a == "--stats-socket") o.stats_socket = val();
+    if (a == "--backend")
+      o.backend = val();
+    else if (a == "--policy")
+      o.policy_file = val();
+    else if (a == "--stats-socket")
+      o.stats_socket = val();
     else if (a == "--backend-settings") {
       std::string v = val();
       auto eq = v.find('=');
@@ -162,40 +176,97 @@ Options parse_args(int argc, char** argv) {
       for (auto& c : v) c = static_cast<char>(toupper(c));
       if (v != "READ" && v != "WRITE") usage("--op must be READ or WRITE");
       o.op = v == "READ" ? Op::READ : Op::WRITE;
-    } else if (a == "--initiator-seg-type") seg_val(o.init_seg);
-    else if (a == "--target-seg-type") seg_val(o.target_seg);
-    else if (a == "--initiator-device") int_val(o.init_dev, 0);
-    else if (a == "--target-device") int_val(o.target_dev, 0);
-    else if (a == "--start-block-size") size_val(o.start_block);
-    else if (a == "--max-block-size") size_val(o.max_block);
-    else if (a == "--block-multiplier") size_val(o.block_mult);
-    else if (a == "--start-batch-size") size_val(o.start_batch);
-    else if (a == "--max-batch-size") size_val(o.max_batch);
-    else if (a == "--batch-multiplier") size_val(o.batch_mult);
-    else if (a == "--num-iter") int_val(o.num_iter, 1);
-    else if (a == "--warmup-iter") int_val(o.warmup_iter, 0);
+    } else if (a == "--initiator-seg-type")
+      seg_val(o.init_seg);
+    else if (a == "--target-seg-type")
+      seg_val(o.target_seg);
+    else if (a == "--initiator-device")
+      int_val(o.init_dev, 0);
+    else if (a == "--target-device")
+      int_val(o.target_dev, 0);
+    else if (a == "--start-block-size")
+      size_val(o.start_block);
+    else if (a == "--max-block-size")
+      size_val(o.max_block);
+    else if (a == "--block-multiplier")
+      size_val(o.block_mult);
+    else if (a == "--start-batch-size")
+      size_val(o.start_batch);
+    else if (a == "--max-batch-size")
+      size_val(o.max_batch);
+    else if (a == "--batch-multiplier")
+      size_val(o.batch_mult);
+    else if (a == "--num-iter") {
+      int_val(o.num_iter, 1);
+      o.num_iter_given = true;
+    } else if (a == "--warmup-iter") {
+      int_val(o.warmup_iter, 0);
+      o.warmup_given = true;
+    } else if (a == "--kv")
+      o.kv = true;
+    else if (a == "--kv-layers")
+      int_val(o.kv_opts.layers, 1);
+    else if (a == "--kv-blocks")
+      size_val(o.kv_opts.blocks);
+    else if (a == "--kv-block-size")
+      size_val(o.kv_opts.block_bytes);
+    else if (a == "--kv-request-blocks")
+      size_val(o.kv_opts.request_blocks);
     else if (a == "--large-block-iter-factor" || a == "--large-blk-iter-ftr")
       int_val(o.large_block_iter_factor, 1);
-    else if (a == "--num-threads") int_val(o.num_threads, 1);
-    else if (a == "--queue-depth") int_val(o.queue_depth, 1);
-    else if (a == "--check-consistency") o.check = true;
-    else if (a == "--session") o.session = true;
-    else if (a == "--strided") o.strided = true;
-    else if (a == "--no-notify") o.notify = false;
-    else if (a == "--progress") o.progress = 1;
-    else if (a == "--no-progress") o.progress = 0;
-    else if (a == "--json") o.json_file = val();
-    else if (a == "--csv") o.csv_file = val();
+    else if (a == "--num-threads")
+      int_val(o.num_threads, 1);
+    else if (a == "--queue-depth")
+      int_val(o.queue_depth, 1);
+    else if (a == "--check-consistency")
+      o.check = true;
+    else if (a == "--session")
+      o.session = true;
+    else if (a == "--strided")
+      o.strided = true;
+    else if (a == "--no-notify")
+      o.notify = false;
+    else if (a == "--progress")
+      o.progress = 1;
+    else if (a == "--no-progress")
+      o.progress = 0;
+    else if (a == "--json")
+      o.json_file = val();
+    else if (a == "--csv")
+      o.csv_file = val();
     else if (a == "--rank") {
       int r;
       int_val(r, 0);
       if (r > 1) usage("--rank is 0 (initiator) or 1 (target)");
       o.rank = r;
-    } else if (a == "--peer") o.peer = val();
-    else if (a == "--listen") o.listen = val();
-    else if (a == "--host") o.host = val();
-    else if (a == "--help" || a == "-h") usage();
-    else usage(("unknown option " + a).c_str());
+    } else if (a == "--peer")
+      o.peer = val();
+    else if (a == "--listen")
+      o.listen = val();
+    else if (a == "--host")
+      o.host = val();
+    else if (a == "--help" || a == "-h")
+      usage();
+    else
+      usage(("unknown option " + a).c_str());
+  }
+  if (o.kv) {
+    // The sweep's region is not used: keep it small on both ranks.
+    o.start_block = o.max_block = 4096;
+    o.start_batch = o.max_batch = 1;
+    bench::KvOptions& k = o.kv_opts;
+    if (k.blocks == 0 || k.block_bytes == 0 || k.request_blocks == 0)
+      usage("--kv sizes must be above 0");
+    if (k.request_blocks > k.blocks) usage("--kv-request-blocks is above --kv-blocks");
+    if (k.layers > 4096) usage("--kv-layers is at most 4096");
+    k.requests = o.num_iter_given ? o.num_iter : 16;
+    k.warmup = o.warmup_given ? o.warmup_iter : 2;
+    k.op = o.op;
+    k.init_seg = o.init_seg;
+    k.init_dev = o.init_dev < 0 && o.init_seg == SegType::VRAM ? 0 : o.init_dev;
+    k.target_seg = o.target_seg;
+    k.check = o.check;
+    k.label = o.backend;
   }
   if (o.start_block > o.max_block) usage("--start-block-size is above --max-block-size");
   if (o.start_batch > o.max_batch) usage("--start-batch-size is above --max-batch-size");
@@ -236,7 +307,9 @@ struct Layout {
   }
   size_t item_offset(int thread, int slot, size_t item, size_t block) const {
     return (static_cast<size_t>(thread) * static_cast<size_t>(queue_depth) +
-            static_cast<size_t>(slot)) * slot_bytes + item * block * stride_factor;
+            static_cast<size_t>(slot)) *
+               slot_bytes +
+           item * block * stride_factor;
   }
 };
 
@@ -258,7 +331,8 @@ bool split_host_port(const std::string& s, std::string& host, std::string& port)
   if (c == std::string::npos) return false;
   host = s.substr(0, c);
   port = s.substr(c + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   return !host.empty() && !port.empty();
 }
 
@@ -362,8 +436,10 @@ class Initiator {
     int loaded = 0;
     for (const auto& b : backends_of(o_)) {
       auto s = o_.backend_settings.find(b);
-      Result r = engine_->add_backend(b, s == o_.backend_settings.end() ? std::string() : s->second);
-      if (r) ++loaded;
+      Result r =
+          engine_->add_backend(b, s == o_.backend_settings.end() ? std::string() : s->second);
+      if (r)
+        ++loaded;
       else if (o_.backend != "policy") {
         std::fprintf(stderr, "ferry-bench: %s\n", r.message.c_str());
         return false;
@@ -485,11 +561,15 @@ class Initiator {
     for (const auto& [name, b] : st.backends)
       std::printf(" %s{transfers=%llu bytes=%llu failures=%llu failovers=%llu quarantines=%llu}",
                   name.c_str(), static_cast<unsigned long long>(b.transfers),
-                  static_cast<unsigned long long>(b.bytes), static_cast<unsigned long long>(b.failures),
+                  static_cast<unsigned long long>(b.bytes),
+                  static_cast<unsigned long long>(b.failures),
                   static_cast<unsigned long long>(b.failovers),
                   static_cast<unsigned long long>(b.quarantines));
     std::printf("\n");
   }
+
+  Engine& engine() { return *engine_; }
+  std::string ask_target(const std::string& line) { return ask(line); }
 
   void quit() {
     // Close our side first, so the target's exit is not a lost connection to us.
@@ -536,9 +616,8 @@ class Initiator {
         if (o.check) {
           auto c0 = Clock::now();
           if (!ini.verify(s.offs, block, s.seed)) {
-            std::fprintf(stderr,
-                         "ferry-bench: DATA MISMATCH at block %zu batch %zu thread %d\n", block,
-                         batch, thread);
+            std::fprintf(stderr, "ferry-bench: DATA MISMATCH at block %zu batch %zu thread %d\n",
+                         block, batch, thread);
             mismatch = true;
           }
           if (excluded) *excluded += std::chrono::duration<double>(Clock::now() - c0).count();
@@ -553,7 +632,8 @@ class Initiator {
           auto c0 = Clock::now();
           s.seed = ini.next_seed_.fetch_add(1);
           std::vector<size_t> offs(batch);
-          for (size_t i = 0; i < batch; ++i) offs[i] = ini.layout_.item_offset(thread, si, i, block);
+          for (size_t i = 0; i < batch; ++i)
+            offs[i] = ini.layout_.item_offset(thread, si, i, block);
           if (!ini.prepare_data(offs, block, s.seed)) {
             std::fprintf(stderr, "ferry-bench: target could not prepare data\n");
             failed = true;
@@ -564,7 +644,8 @@ class Initiator {
         // prep: this iteration's descriptors.
         s.t_prep = Clock::now();
         s.offs.resize(batch);
-        for (size_t i = 0; i < batch; ++i) s.offs[i] = ini.layout_.item_offset(thread, si, i, block);
+        for (size_t i = 0; i < batch; ++i)
+          s.offs[i] = ini.layout_.item_offset(thread, si, i, block);
         s.sizes.assign(batch, block);
         TransferUid uid = ini.engine_->allocate_transfer_uid();
         s.t_post0 = Clock::now();
@@ -655,11 +736,14 @@ void print_header(const Options& o) {
 }
 
 void print_row(const Row& r, bool checked) {
-  std::printf("%11zu %6zu %9.3f %10.1f %9.2f %9.2f %9.2f %9.2f %10.1f %10.1f %10.1f %9.3f %10.1f "
-              "%10.1f %8s\n",
-              r.block, r.batch, r.bw_gbs, r.avg_lat_us, r.avg_prep_us, r.p99_prep_us, r.avg_post_us,
-              r.p99_post_us, r.avg_tx_us, r.p99_tx_us, r.total_mb, r.max_bw_gbs, r.min_lat_us,
-              r.p99_lat_us, !checked ? "off" : r.verified ? "yes" : "NO");
+  std::printf(
+      "%11zu %6zu %9.3f %10.1f %9.2f %9.2f %9.2f %9.2f %10.1f %10.1f %10.1f %9.3f %10.1f "
+      "%10.1f %8s\n",
+      r.block, r.batch, r.bw_gbs, r.avg_lat_us, r.avg_prep_us, r.p99_prep_us, r.avg_post_us,
+      r.p99_post_us, r.avg_tx_us, r.p99_tx_us, r.total_mb, r.max_bw_gbs, r.min_lat_us, r.p99_lat_us,
+      !checked     ? "off"
+      : r.verified ? "yes"
+                   : "NO");
   std::fflush(stdout);
 }
 
@@ -677,18 +761,23 @@ void write_files(const Options& o, const std::vector<Row>& rows) {
     bool text;
     std::string (*get)(const Options&, const Row&);
   };
-#define FERRY_BENCH_COL(field) \
-  {#field, false, [](const Options&, const Row& r) { return fmt(r.field); }}
+#define FERRY_BENCH_COL(field)                                               \
+  {                                                                          \
+#field, false, [](const Options&, const Row& r) { return fmt(r.field); } \
+  }
   static const Col cols[] = {
       {"backend", true, [](const Options& o, const Row&) { return o.backend; }},
       {"op", true, [](const Options& o, const Row&) { return std::string(op_name(o.op)); }},
       {"api", true,
        [](const Options& o, const Row&) { return std::string(o.session ? "session" : "engine"); }},
-      {"threads", false, [](const Options& o, const Row&) { return std::to_string(o.num_threads); }},
+      {"threads", false,
+       [](const Options& o, const Row&) { return std::to_string(o.num_threads); }},
       {"queue_depth", false,
        [](const Options& o, const Row&) { return std::to_string(o.queue_depth); }},
-      {"strided", false, [](const Options& o, const Row&) { return std::to_string(o.strided ? 1 : 0); }},
-      {"notify", false, [](const Options& o, const Row&) { return std::to_string(o.notify ? 1 : 0); }},
+      {"strided", false,
+       [](const Options& o, const Row&) { return std::to_string(o.strided ? 1 : 0); }},
+      {"notify", false,
+       [](const Options& o, const Row&) { return std::to_string(o.notify ? 1 : 0); }},
       {"initiator_seg", true,
        [](const Options& o, const Row&) { return std::string(bench::to_string(o.init_seg)); }},
       {"target_seg", true,
@@ -743,9 +832,12 @@ void write_files(const Options& o, const std::vector<Row>& rows) {
       f << (i ? ",\n {" : "\n {");
       for (size_t c = 0; c < std::size(cols); ++c) {
         std::string v = cols[c].get(o, rows[i]);
-        if (cols[c].text) v = "\"" + v + "\"";
-        else if (v.empty()) v = "null";
-        else if (std::strcmp(cols[c].name, "verified") == 0) v = v == "1" ? "true" : "false";
+        if (cols[c].text)
+          v = "\"" + v + "\"";
+        else if (v.empty())
+          v = "null";
+        else if (std::strcmp(cols[c].name, "verified") == 0)
+          v = v == "1" ? "true" : "false";
         f << (c ? "," : "") << "\"" << cols[c].name << "\":" << v;
       }
       f << "}";
@@ -774,6 +866,18 @@ int run_initiator(const Options& o, bench::LineChannel& ch) {
     ini.quit();
     return 1;
   }
+  if (o.kv) {
+    int rc = 1;
+    try {
+      rc = bench::run_kv(o.kv_opts, ini.engine(),
+                         [&](const std::string& line) { return ini.ask_target(line); });
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ferry-bench --kv: %s\n", e.what());
+    }
+    ini.print_stats();
+    ini.quit();
+    return rc;
+  }
   print_header(o);
   std::vector<Row> rows;
   bool ok = true;
@@ -784,8 +888,8 @@ int run_initiator(const Options& o, bench::LineChannel& ch) {
     auto [block, batch] = points[i];
     if (progress) {
       // A progress line for long sweeps: point, size, elapsed time.
-      std::fprintf(stderr, "\r[ferry-bench] %zu/%zu block %zu batch %zu, %.0f s elapsed   ",
-                   i + 1, points.size(), block, batch,
+      std::fprintf(stderr, "\r[ferry-bench] %zu/%zu block %zu batch %zu, %.0f s elapsed   ", i + 1,
+                   points.size(), block, batch,
                    std::chrono::duration<double>(Clock::now() - t0).count());
       std::fflush(stderr);
     }

@@ -18,6 +18,7 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
   cfg.timeout = opt.timeout;
   // The region outlives the engine: nothing may land in unmapped memory.
   std::unique_ptr<Segment> seg;
+  std::vector<std::unique_ptr<Segment>> kv_segs;  // ferry-bench --kv's regions
   std::unique_ptr<Engine> engine;
   try {
     engine = std::make_unique<Engine>(opt.key, cfg);
@@ -176,6 +177,31 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
       } catch (const Error& e) {
         out << "ERR " << e.what();
       }
+    } else if (cmd == "kvregions") {  // n more regions of `bytes` each (ferry-bench --kv)
+      size_t n = 0, bytes = 0;
+      in >> n >> bytes;
+      out << "KVREGIONS";
+      try {
+        for (size_t i = 0; i < n; ++i) {
+          auto s = Segment::allocate(opt.seg_type, opt.device, bytes, &why);
+          if (!s) throw Error(StatusCode::ERR_BAD_STATE, why);
+          MemoryDesc d = engine->register_memory(s->data(), s->size(), s->registration_device(),
+                                                 s->location());
+          kv_segs.push_back(std::move(s));
+          out << " " << test::to_hex(d.pack());
+        }
+      } catch (const Error& e) {
+        out.str("");
+        out << "ERR " << e.what();
+      }
+    } else if (cmd == "kvhash") {  // kvhash <region> <off> <len>: of a kvregions region
+      size_t r = 0;
+      uint64_t off = 0, len = 0;
+      in >> r >> off >> len;
+      if (r >= kv_segs.size() || off > kv_segs[r]->size() || len > kv_segs[r]->size() - off)
+        out << "ERR no such range";
+      else
+        out << "HASH " << kv_segs[r]->fnv1a(off, len, test::kFnvBasis);
     } else if (cmd == "remove_backend") {
       std::string name;
       in >> name;

@@ -35,6 +35,8 @@ struct TargetOptions {
 //   msghash <ms> <n> <off> <len>... -> MSG <count> <key>:<hex> HASH <h> | NONE: the first
 //                                      messages to arrive, and the ranges' hash when they did
 //   send <key> <hex>                -> SENT <code> (a notification message to that engine)
+//   kvregions <n> <bytes>           -> KVREGIONS <memory desc hex> x n (more regions)
+//   kvhash <region> <off> <len>     -> HASH <fnv1a> of a range of one of those
 //   stats                           -> STATS <inbound notifications> <ctrl rejected>
 //   remove_backend <name>           -> OK | ERR <why>  (cuts that backend's connections)
 //   quit                            -> BYE, and returns
