@@ -25,7 +25,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${extra[
   log "configure FAILED (see configure.log)"; tail -30 "$report/configure.log"; exit 1
 fi
 targets=(ferry ferry-cli ferry-tcp ferry-xgmi ferry-gpu-peer gpu_transfer_test ferry-gpu-bench gpu-peer-ref
-         engine_process_test ferry-test-peer)
+         engine_process_test ferry-test-peer ferry-bench)
 
 if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$report/build.log" 2>&1; then
   log "build FAILED (see build.log)"; grep -m 30 -E "error" "$report/build.log"; exit 1
@@ -70,5 +70,19 @@ if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 1 ]; then
   log '```'; "$build/bin/gpu-peer-ref" 0 0 2>&1 | tee -a "$report/report.md"
   "$build/bin/ferry-gpu-bench" xgmi 0 0 2>&1 | tee -a "$report/report.md"; log '```'
 fi
+log "## ferry-bench --kv: a KV-cache request (64 regions x 1024 x 16 KiB, 128 blocks) VRAM -> VRAM"
+for b in xgmi tcp; do
+  log "### backend $b"
+  log '```'
+  "$build/bin/ferry-bench" --kv --backend "$b" --initiator-seg-type VRAM --target-seg-type VRAM \
+    --check-consistency > "$report/kv-$b.txt" 2>&1 || status=1
+  tee -a "$report/report.md" < "$report/kv-$b.txt"
+  log '```'
+done
+log "### DRAM -> DRAM over tcp on this host (the same request, for scale)"
+log '```'
+"$build/bin/ferry-bench" --kv --backend tcp --check-consistency > "$report/kv-dram.txt" 2>&1 || status=1
+tee -a "$report/report.md" < "$report/kv-dram.txt"
+log '```'
 log "exit status: $status"
 exit $status
