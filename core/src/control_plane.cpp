@@ -753,6 +753,24 @@ bool ControlPlane::OutboundUse::try_acquire() {
   return true;
 }
 
+std::shared_ptr<ControlPlane::Outbound> ControlPlane::outbound_for(const std::string& peer_key) {
+  std::lock_guard<std::mutex> lk(out_mu_);
+  auto& slot = outbound_[peer_key];
+  if (!slot) slot = std::make_shared<Outbound>();
+  return slot;
+}
+
+bool ControlPlane::connected(Outbound& o, const std::string& peer_key, const std::string& host,
+                             uint16_t port, Clock::time_point deadline, std::string* err,
+                             int* status) {
+  if (o.fd >= 0 && looks_dead(o.fd)) {
+    ::close(o.fd);
+    o.fd = -1;
+  }
+  if (o.fd < 0) o.fd = connect_and_hello(peer_key, host, port, deadline, err, status);
+  return o.fd >= 0;
+}
+
 int ControlPlane::send(const std::string& peer_key, const std::string& host, uint16_t port,
                        CtrlType type, const std::vector<uint8_t>& body, std::string* err,
                        Clock::time_point deadline) {
@@ -760,13 +778,7 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
     *err = "control message too large";
     return FERRY_ERR_INVALID_ARGS;
   }
-  std::shared_ptr<Outbound> o;
-  {
-    std::lock_guard<std::mutex> lk(out_mu_);
-    auto& slot = outbound_[peer_key];
-    if (!slot) slot = std::make_shared<Outbound>();
-    o = slot;
-  }
+  std::shared_ptr<Outbound> o = outbound_for(peer_key);
   auto frame = encode_ctrl_frame(type, body);
   // Another transfer's connect or HELLO to this peer may hold the connection:
   // wait for it only until our own deadline.
@@ -778,15 +790,7 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
   }
   // A peer that restarted left us a dead socket: find out before writing into it.
   for (int tries = 0; tries < 2; ++tries) {
-    if (o->fd >= 0 && looks_dead(o->fd)) {
-      ::close(o->fd);
-      o->fd = -1;
-    }
-    if (o->fd < 0) {
-      int status;
-      o->fd = connect_and_hello(peer_key, host, port, deadline, err, &status);
-      if (o->fd < 0) return status;
-    }
+    if (int status; !connected(*o, peer_key, host, port, deadline, err, &status)) return status;
     if (write_all(o->fd, frame.data(), frame.size())) return FERRY_OK;
     ::close(o->fd);
     o->fd = -1;
@@ -827,27 +831,14 @@ bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
 int ControlPlane::exchange(const std::string& peer_key, const std::string& host, uint16_t port,
                            CtrlType type, const std::vector<uint8_t>& body, CtrlType reply_type,
                            Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
-  std::shared_ptr<Outbound> o;
-  {
-    std::lock_guard<std::mutex> lk(out_mu_);
-    auto& slot = outbound_[peer_key];
-    if (!slot) slot = std::make_shared<Outbound>();
-    o = slot;
-  }
+  std::shared_ptr<Outbound> o = outbound_for(peer_key);
   OutboundUse use(*o);
   if (!use.acquire_until(deadline)) {
     *err = "control connection to '" + peer_key + "' is busy past the deadline";
     return FERRY_ERR_NOT_SENT;
   }
-  if (o->fd >= 0 && looks_dead(o->fd)) {
-    ::close(o->fd);
-    o->fd = -1;
-  }
-  if (o->fd < 0) {
-    int status;
-    o->fd = connect_and_hello(peer_key, host, port, deadline, err, &status);
-    if (o->fd < 0) return FERRY_ERR_NOT_SENT;
-  }
+  if (int status; !connected(*o, peer_key, host, port, deadline, err, &status))
+    return FERRY_ERR_NOT_SENT;
   auto frame = encode_ctrl_frame(type, body);
   std::string why;
   int rc = FERRY_OK;

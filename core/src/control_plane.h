@@ -158,6 +158,12 @@ class ControlPlane {
   int connect_and_hello(const std::string& peer_key, const std::string& host, uint16_t port,
                         Clock::time_point deadline, std::string* err, int* status);
   void fence_loop();
+  // The peer's outbound slot (made on first use).
+  std::shared_ptr<Outbound> outbound_for(const std::string& peer_key);
+  // With o's `busy` held: o.fd is a live, admitted connection (a dead one is
+  // re-made); false with *err and *status as connect_and_hello's.
+  bool connected(Outbound& o, const std::string& peer_key, const std::string& host, uint16_t port,
+                 Clock::time_point deadline, std::string* err, int* status);
 
   std::string self_key_;
   Handlers handlers_;

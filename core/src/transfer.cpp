@@ -171,10 +171,8 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
                                  std::optional<std::string> message) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
   if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
-  if (message && message->size() > kMaxNotifPayload)
-    return failed(StatusCode::ERR_INVALID_ARGS,
-                  "notification message of " + std::to_string(message->size()) +
-                      " bytes exceeds the limit of " + std::to_string(kMaxNotifPayload));
+  if (std::string bad = check_message_size(message ? message->size() : 0); !bad.empty())
+    return failed(StatusCode::ERR_INVALID_ARGS, bad);
   auto t = std::make_shared<Transfer>();
   t->owner = this;
   t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
@@ -546,12 +544,16 @@ void Transfers::landed(const std::shared_ptr<Attempt>& a, const std::string& not
                   });
 }
 
+std::string Transfers::check_message_size(size_t n) {
+  if (n <= kMaxNotifPayload) return {};
+  return "notification message of " + std::to_string(n) + " bytes exceeds the limit of " +
+         std::to_string(kMaxNotifPayload);
+}
+
 TransferStatus Transfers::send_message(const Messenger::Target& to, std::string payload) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
-  if (payload.size() > kMaxNotifPayload)
-    return failed(StatusCode::ERR_INVALID_ARGS,
-                  "notification message of " + std::to_string(payload.size()) +
-                      " bytes exceeds the limit of " + std::to_string(kMaxNotifPayload));
+  if (std::string bad = check_message_size(payload.size()); !bad.empty())
+    return failed(StatusCode::ERR_INVALID_ARGS, bad);
   TransferStatus status;
   status.SetInProgress();
   messenger_.send(

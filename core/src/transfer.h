@@ -113,6 +113,8 @@ class Transfers {
   // from item_numbers, else 0..n-1).
   static std::string check_items(const MemPair& pair, const std::vector<ferry_iov_v1>& iov,
                                  const size_t* item_numbers = nullptr);
+  // "" when a notification message of `n` bytes may be sent, else why not.
+  static std::string check_message_size(size_t n);
   // A notification message on its own (Engine::send_notification), by the
   // policy's deadline.
   TransferStatus send_message(const Messenger::Target& to, std::string payload);

@@ -39,10 +39,8 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
                                         std::optional<std::string> message) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
   if (groups.empty()) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
-  if (message && message->size() > kMaxNotifPayload)
-    return failed(StatusCode::ERR_INVALID_ARGS,
-                  "notification message of " + std::to_string(message->size()) +
-                      " bytes exceeds the limit of " + std::to_string(kMaxNotifPayload));
+  if (std::string bad = check_message_size(message ? message->size() : 0); !bad.empty())
+    return failed(StatusCode::ERR_INVALID_ARGS, bad);
   const auto& peer = groups.front().pair.peer;
   for (const auto& g : groups) {
     if (g.pair.peer != peer)

@@ -334,6 +334,25 @@ py::dict notifications_dict(const std::map<std::string, std::vector<std::string>
   return out;
 }
 
+// Calls attempt(slice) (which waits up to `slice` with the GIL released) in
+// slices of kSlice until it returns a value or `timeout` (nullopt: none) has
+// passed, checking for Ctrl-C between slices.
+template <class T, class F>
+std::optional<T> wait_in_slices(std::optional<milliseconds> timeout, F&& attempt) {
+  const auto start = Clock::now();
+  while (true) {
+    milliseconds slice = kSlice;
+    if (timeout) {
+      auto left = *timeout - std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+      slice = std::max(milliseconds(0), std::min(slice, left));
+    }
+    std::optional<T> got = attempt(slice);
+    if (got) return got;
+    if (timeout && Clock::now() - start >= *timeout) return std::nullopt;
+    check_signals();
+  }
+}
+
 // ---- engine -------------------------------------------------------------------------
 
 // Shared by an IOEngine and the sessions made from it: a session keeps the engine
@@ -696,21 +715,13 @@ class PyEngine {
     return notifications_dict(got);
   }
 
-  // Waits in slices with the GIL released, so Ctrl-C and other threads go on.
   py::dict wait_notifications(py::handle timeout_ms) {
-    auto timeout = to_timeout(timeout_ms);
-    const auto start = Clock::now();
-    while (true) {
-      milliseconds slice = kSlice;
-      if (timeout) {
-        auto left = *timeout - std::chrono::duration_cast<milliseconds>(Clock::now() - start);
-        slice = std::max(milliseconds(0), std::min(slice, left));
-      }
-      auto got = h_->with_engine([&](Engine& e) { return e.wait_notifications(slice); });
-      if (!got.empty() || (timeout && Clock::now() - start >= *timeout))
-        return notifications_dict(got);
-      check_signals();
-    }
+    auto got = wait_in_slices<std::map<std::string, std::vector<std::string>>>(
+        to_timeout(timeout_ms), [&](milliseconds slice) {
+          auto m = h_->with_engine([&](Engine& e) { return e.wait_notifications(slice); });
+          return m.empty() ? std::nullopt : std::make_optional(std::move(m));
+        });
+    return notifications_dict(got ? *got : std::map<std::string, std::vector<std::string>>{});
   }
 
   int notification_fd() {
@@ -736,20 +747,10 @@ class PyEngine {
   std::optional<TransferStatus> wait_inbound(const std::string& remote_key, py::handle uid,
                                              py::handle timeout_ms) {
     TransferUid u = to_u64(uid, "transfer_uid");
-    auto timeout = to_timeout(timeout_ms);
-    const auto start = Clock::now();
-    while (true) {
-      milliseconds slice = kSlice;
-      if (timeout) {
-        auto left = *timeout - std::chrono::duration_cast<milliseconds>(Clock::now() - start);
-        slice = std::max(milliseconds(0), std::min(slice, left));
-      }
-      auto got = h_->with_engine(
+    return wait_in_slices<TransferStatus>(to_timeout(timeout_ms), [&](milliseconds slice) {
+      return h_->with_engine(
           [&](Engine& e) { return e.wait_inbound_transfer_status(remote_key, u, slice); });
-      if (got) return got;
-      if (timeout && Clock::now() - start >= *timeout) return std::nullopt;
-      check_signals();
-    }
+    });
   }
 
   py::dict stats() {
