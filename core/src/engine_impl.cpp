@@ -76,6 +76,10 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   };
   h.on_message = [this](const std::string& peer, uint64_t instance, uint64_t id,
                         const uint8_t* payload, size_t len) {
+    // The connection proved the life registered (or learned) under the key; a
+    // message naming another life is not this peer's to send (exactly once
+    // rests on one numbering per life).
+    if (registry_.peer_instance(peer) != instance) return MsgAck::STALE;
     MsgAck a = notif_inbox_.deliver(peer, instance, id, payload, len);
     uint64_t held = 0;
     if (a == MsgAck::FULL && log_enabled(LogLevel::WARN) &&

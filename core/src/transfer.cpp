@@ -79,8 +79,8 @@ Transfers::Transfers(Parts parts, uint64_t self_instance)
       backends_(parts.backends),
       registry_(parts.registry),
       control_(parts.control),
-      fencer_(&parts.control),
-      messenger_(parts.control, self_instance) {}
+      messenger_(parts.control, self_instance),
+      fencer_(&parts.control) {}
 
 void Transfers::complete(std::shared_ptr<Attempt> a, int status, const char* message) {
   if (a->settled.exchange(true)) {  // the watchdog already ended this attempt
@@ -308,6 +308,11 @@ void Transfers::start_next(const TransferPtr& t) {
     return;
   }
   while (t->next < t->route.size() && t->attempts < policy_.max_attempts) {
+    if (t->cancelled) {  // cancelled while an attempt was refused at post(): no other
+      add_history(t->history, "cancelled");
+      finish(t, StatusCode::ERR_CANCELLED, t->history);
+      return;
+    }
     if (shutting_down_) {
       add_history(t->history, "engine shutting down");
       break;

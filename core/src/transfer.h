@@ -169,14 +169,16 @@ class Transfers {
   ControlPlane& control_;
   std::atomic<uint64_t> next_attempt_{1};
   std::atomic<bool> shutting_down_{false};
-  // Destroyed in reverse: the messages on their way first, the fencer next (its pending attempts
-  // end UNKNOWN; an answer may still hand a landing to async_), then the notifications on their
-  // way, then the watchdog that every ended attempt disarms. Once shutting_down_ is set
-  // start_next() ends a transfer without the fencer.
+  // Destroyed in reverse: the fencer first (its pending attempts end UNKNOWN;
+  // an answer may still hand a landing to async_ or a message to messenger_),
+  // then the notifications on their way (a multi-region call's may hand its
+  // message to messenger_), then the messages on their way (their jobs only end
+  // statuses), then the watchdog that every ended attempt disarms. Once
+  // shutting_down_ is set start_next() ends a transfer without the fencer.
   Watchdog watchdog_;
-  AsyncRunner async_;    // notifications that must connect first
-  Fencer fencer_;        // uses control_
-  Messenger messenger_;  // first to go: its jobs end transfers
+  Messenger messenger_;
+  AsyncRunner async_;
+  Fencer fencer_;  // uses control_
 };
 
 }  // namespace ferry
