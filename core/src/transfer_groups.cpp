@@ -71,11 +71,12 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
   call->left = groups.size();
   const auto deadline = std::chrono::steady_clock::now() + policy_.timeout;
   // The last part to end: the call's outcome, and (all landed) the target told.
+  // `notified`: the NOTIFY already went (or none is owed).
   auto tell_target = [this, call, owes_notify, uid, target, deadline,
-                      message = std::move(message)]() mutable {
+                      message = std::move(message)](bool notified) mutable {
     std::string after;
     for (const auto& h : call->histories) after += (after.empty() ? "after: " : "; ") + h;
-    if (owes_notify) {
+    if (owes_notify && !notified) {
       std::string err;
       int rc = control_.send(target.key, target.host, target.port, CtrlType::NOTIFY,
                              notify_body(uid, 0), &err, deadline);
@@ -98,7 +99,7 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
                             code, "the data landed but its notification message did not: " + why);
                     });
   };
-  auto part_ended = [this, call, tell = std::move(tell_target)](
+  auto part_ended = [this, call, owes_notify, uid, target, tell = std::move(tell_target)](
                         const std::string& name, StatusCode code, const std::string& why) mutable {
     std::unique_lock<std::mutex> lk(call->mu);
     if (code != StatusCode::SUCCESS) {
@@ -113,8 +114,23 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
       call->status.Finish(call->code, call->why);
       return;
     }
-    // The NOTIFY may have to connect first: never on a plugin's completion thread.
-    async_.run(std::move(tell));
+    // What needs no wait happens here (the message is only queued); a NOTIFY
+    // that has to connect first goes on a thread of its own, never on a
+    // plugin's completion thread.
+    if (owes_notify) {
+      int rc = FERRY_ERR_BAD_STATE;
+      std::string err;
+      if (!control_.try_send(target.key, CtrlType::NOTIFY, notify_body(uid, 0), &rc, &err)) {
+        async_.run([tell]() mutable { tell(false); });
+        return;
+      }
+      if (rc != FERRY_OK) {
+        call->status.Finish(StatusCode::ERR_TRANSPORT,
+                            "the data landed but the target could not be notified: " + err);
+        return;
+      }
+    }
+    tell(true);
   };
   auto shared_end = std::make_shared<decltype(part_ended)>(std::move(part_ended));
   // Cancelling the call cancels every part (each ends once nothing of it can land).
