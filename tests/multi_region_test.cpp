@@ -4,9 +4,9 @@
 // data, per-part failover, a failed part failing the call with its name.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <random>
 
 #include "ferry/ferry.hpp"

@@ -55,22 +55,33 @@ TEST(NotifInbox, ANewLifeOfTheSenderNumbersAfresh) {
 }
 
 TEST(NotifInbox, OverABoundIsRefusedNotDropped) {
+  constexpr size_t c = NotifInbox::kPerMessageCost;  // what a message costs beyond its payload
   NotifLimits lim;
   lim.max_messages = 3;
-  lim.max_bytes = 10;
-  lim.max_total_bytes = 14;
+  lim.max_bytes = 3 * (1 + c);                      // three 1-byte messages
+  lim.max_total_bytes = 2 * lim.max_bytes + 1 + c;  // two senders' worth, and one byte more
   NotifInbox box(lim);
   for (uint64_t id = 1; id <= 3; ++id) EXPECT_EQ(put(box, "a", 1, id, "x"), MsgAck::TAKEN);
   EXPECT_EQ(put(box, "a", 1, 4, "x"), MsgAck::FULL) << "4th message from one sender";
   EXPECT_EQ(put(box, "a", 1, 4, "x"), MsgAck::FULL) << "its resend: the same answer";
-  EXPECT_EQ(put(box, "b", 1, 1, std::string(11, 'y')), MsgAck::FULL) << "over the per-sender bytes";
-  EXPECT_EQ(put(box, "b", 1, 2, std::string(10, 'y')), MsgAck::TAKEN);
+  EXPECT_EQ(put(box, "b", 1, 1, std::string(lim.max_bytes - c + 1, 'y')), MsgAck::FULL)
+      << "over the per-sender bytes";
+  EXPECT_EQ(put(box, "b", 1, 2, std::string(lim.max_bytes - c, 'y')), MsgAck::TAKEN);
   EXPECT_EQ(put(box, "c", 1, 1, std::string(2, 'z')), MsgAck::FULL) << "over the total bytes";
   EXPECT_EQ(box.counts().refused, 3u);
   auto got = box.drain();
   EXPECT_EQ(got["a"].size(), 3u);
   EXPECT_EQ(got["b"].size(), 1u);
   EXPECT_EQ(put(box, "a", 1, 5, "x"), MsgAck::TAKEN) << "room again once drained";
+}
+
+TEST(NotifInbox, EmptyMessagesAreNotFree) {
+  NotifLimits lim;
+  lim.max_bytes = 100 * NotifInbox::kPerMessageCost;
+  NotifInbox box(lim);
+  uint64_t taken = 0;
+  for (uint64_t id = 1; id <= 1000; ++id) taken += put(box, "a", 1, id, "") == MsgAck::TAKEN;
+  EXPECT_EQ(taken, 100u) << "the per-sender bound counts every message, empty ones too";
 }
 
 TEST(NotifInbox, FdIsReadableExactlyWhileSomethingIsUnread) {

@@ -12,6 +12,7 @@
 
 #include "child_process.h"
 #include "ferry/ferry.hpp"
+#include "notif_inbox.h"
 #include "pattern.h"
 
 using namespace ferry;
@@ -146,21 +147,24 @@ TEST(NotificationProcess, OneWayRegisteredInitiatorIsNamedByItsKey) {
 
 TEST(NotificationProcess, AFullInboxRefusesAndSaysSo) {
   Rig rig;
-  // The inbox takes 16 MiB unread per sender: 256 messages of 64 KiB.
+  // The inbox takes 16 MiB unread per sender, each message counted with its
+  // overhead: this many of 64 KiB.
+  const size_t fit =
+      NotifLimits{}.max_bytes / (kMaxNotificationBytes + NotifInbox::kPerMessageCost);
   const std::string m(kMaxNotificationBytes, 'k');
   std::vector<TransferStatus> st;
-  for (int i = 0; i < 257; ++i) st.push_back(rig.ini->send_notification("target", m));
+  for (size_t i = 0; i <= fit; ++i) st.push_back(rig.ini->send_notification("target", m));
   ASSERT_TRUE(wait_all(st, 60s));
-  for (int i = 0; i < 256; ++i) ASSERT_EQ(st[i].Code(), StatusCode::SUCCESS) << st[i].Message();
-  EXPECT_EQ(st[256].Code(), StatusCode::ERR_BAD_STATE);
-  EXPECT_NE(st[256].Message().find("inbox"), std::string::npos) << st[256].Message();
+  for (size_t i = 0; i < fit; ++i) ASSERT_EQ(st[i].Code(), StatusCode::SUCCESS) << st[i].Message();
+  EXPECT_EQ(st[fit].Code(), StatusCode::ERR_BAD_STATE);
+  EXPECT_NE(st[fit].Message().find("inbox"), std::string::npos) << st[fit].Message();
   size_t got = 0;
-  while (got < 256) {
+  while (got < fit) {
     auto more = rig.received();
     ASSERT_FALSE(more.empty());
     got += more.size();
   }
-  EXPECT_EQ(got, 256u) << "the refused one was not taken";
+  EXPECT_EQ(got, fit) << "the refused one was not taken";
   auto again = rig.ini->send_notification("target", "room again");
   EXPECT_EQ(again.Wait(), StatusCode::SUCCESS) << again.Message();
 }

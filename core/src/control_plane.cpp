@@ -89,6 +89,31 @@ bool write_all(int fd, const uint8_t* p, size_t n) {
   return true;
 }
 
+// write_all, but ending by `deadline` however little the peer reads (a
+// blocking socket: each send is non-blocking, poll waits for room). False on
+// error or when the deadline passed (part of the frame may have gone out).
+bool write_until(int fd, const uint8_t* p, size_t n,
+                 std::chrono::steady_clock::time_point deadline) {
+  while (n > 0) {
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
+      pollfd pfd{fd, POLLOUT, 0};
+      if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, INT32_MAX))) < 0 && errno != EINTR)
+        return false;
+      continue;
+    }
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
 // Read exactly n bytes within timeout_ms (the socket is blocking).
 bool read_exact(int fd, uint8_t* p, size_t n, int timeout_ms) {
   while (n > 0) {
@@ -842,9 +867,11 @@ int ControlPlane::exchange(const std::string& peer_key, const std::string& host,
   auto frame = encode_ctrl_frame(type, body);
   std::string why;
   int rc = FERRY_OK;
-  if (!write_all(o->fd, frame.data(), frame.size())) {
-    *err = "sending to '" + peer_key + "' failed: " + std::strerror(errno);
-    rc = FERRY_ERR_TRANSPORT;
+  if (!write_until(o->fd, frame.data(), frame.size(), deadline)) {
+    *err = Clock::now() >= deadline
+               ? "the peer took nothing more by the deadline"
+               : "sending to '" + peer_key + "' failed: " + std::strerror(errno);
+    rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
   } else if (!read_frame(o->fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxHandshakeBody)) {
     *err = "no answer from '" + peer_key + "': " + why;
     rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;

@@ -100,11 +100,13 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
     std::vector<FenceResult> served = serve_fence(backends_, peer, data);
     std::vector<FenceResult> out;
     size_t next = 0;
-    // The fence's connection proved the peer's key: its life is the one known here.
-    const uint64_t life = registry_.peer_instance(peer).value_or(0);
+    // The fence's connection proved the peer's key: its life is the one known
+    // here. None known (deregistered meanwhile): nothing can be said.
+    const auto life = registry_.peer_instance(peer);
     for (const auto& e : entries)
       if (e.backend == kMsgFenceBackend)
-        out.push_back({e.attempt, notif_inbox_.fence(peer, life, e.attempt), 0});
+        out.push_back({e.attempt,
+                       life ? notif_inbox_.fence(peer, *life, e.attempt) : FenceState::UNKNOWN, 0});
       else
         out.push_back(next < served.size() ? served[next++]
                                            : FenceResult{e.attempt, FenceState::UNKNOWN, 0});

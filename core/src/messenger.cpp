@@ -54,22 +54,28 @@ Messenger::~Messenger() {
 }
 
 void Messenger::send(const Target& t, std::string payload, Clock::time_point deadline, Done done) {
-  bool start = false;
+  bool start = false, stopping = true;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    stopping = stopping_;
     if (!stopping_) {
       Outbox& box = outboxes_[t.key];
-      box.items.push_back({t, std::move(payload), deadline, std::move(done)});
+      box.items.push_back({t, std::move(payload), deadline, done});
       start = !box.draining;
       box.draining = true;
-      if (start) {
+      if (!start) return;
+      try {
         std::string key = t.key;
         runner_.run([this, key] { drain(key); });
+        return;
+      } catch (const std::exception&) {  // no thread: this message fails, the outbox stays usable
+        box.items.pop_back();
+        box.draining = false;
       }
-      return;
     }
   }
-  done(StatusCode::ERR_BAD_STATE, "engine is shutting down");
+  done(StatusCode::ERR_BAD_STATE,
+       stopping ? "engine is shutting down" : "no thread to send the message on");
 }
 
 void Messenger::drain(const std::string& key) {
@@ -105,6 +111,11 @@ void Messenger::deliver(const Item& item, uint64_t id) {
     return;
   }
   const auto send_until = item.deadline - fence_reserve(item.deadline - now);
+  if (send_until <= now) {  // no time to send and still find out what became of it
+    item.done(StatusCode::ERR_TIMEOUT,
+              "not sent: too little of its deadline was left to send it to '" + t.key + "'");
+    return;
+  }
   const auto body = msg_body(self_instance_, id, item.payload.data(), item.payload.size());
   std::string err;
   for (int tries = 0; tries < 2; ++tries) {

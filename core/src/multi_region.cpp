@@ -192,8 +192,13 @@ TransferStatus Engine::transfer(Op op, const PreparedList& local, const int64_t*
         std::lock_guard<std::mutex> lk(R.mu);
         R.pairs[key] = pair;
       }
+      // Entries were checked against the caller's descriptor when prepared; that
+      // holds for the registered region only if its size is no larger (a stale
+      // or forged local descriptor): else every range is checked here.
+      const bool fits = L.regions[le.region].size <= pair.local->desc.size &&
+                        R.regions[re.region].size <= pair.remote->desc.size;
       grp = &g.add(le.region, re.region, std::move(pair));
-      grp->checked = true;  // every entry was checked against its region when prepared
+      grp->checked = fits;
     }
     grp->iov.push_back({le.offset, re.offset, le.size});
   }

@@ -46,14 +46,16 @@ MsgAck NotifInbox::deliver(const std::string& sender, uint64_t instance, uint64_
   if (id < s.high) return MsgAck::STALE;
   if (id == s.high) return s.decided;
   s.high = id;
-  if (s.unread.size() >= limits_.max_messages || s.unread_bytes + len > limits_.max_bytes ||
-      total_bytes_ + len > limits_.max_total_bytes) {
+  // Each message is charged what it holds beyond its payload too: empty ones are not free.
+  const size_t cost = len + kPerMessageCost;
+  if (s.unread.size() >= limits_.max_messages || s.unread_bytes + cost > limits_.max_bytes ||
+      total_bytes_ + cost > limits_.max_total_bytes) {
     ++refused_;
     return s.decided = MsgAck::FULL;
   }
   s.unread.emplace_back(reinterpret_cast<const char*>(payload), len);
-  s.unread_bytes += len;
-  total_bytes_ += len;
+  s.unread_bytes += cost;
+  total_bytes_ += cost;
   ++unread_;
   ++received_;
   signal_locked();

@@ -63,6 +63,9 @@ class NotifInbox {
   };
   Counts counts() const;
   size_t footprint() const;  // senders whose decisions are kept
+  // What a message costs against the byte bounds besides its payload (its
+  // std::string and deque slot).
+  static constexpr size_t kPerMessageCost = 64;
 
  private:
   struct Sender {

@@ -361,10 +361,6 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   a->transfer = t;
   a->backend = b;
   a->id = next_attempt_.fetch_add(1);
-  {
-    std::lock_guard<std::mutex> lk(t->current_mu);
-    t->current = a;
-  }
   // The first attempt ends a fence reserve before the transfer, so a fence of it
   // (and perhaps a failover) still fits; a failover attempt gets half of what is
   // left, keeping the other half for its own fence. The watchdog fires halfway
@@ -401,7 +397,16 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
     reason[sizeof reason - 1] = '\0';  // whatever the plugin wrote, it ends here
     why = "refused the transfer: " + plugin_error_name(rc) +
           (reason[0] ? " (" + printable(reason, 255) + ")" : "");
+    return rc;
   }
+  // In flight from here (unless it completed inside post(): then a later
+  // attempt may be current already). Published only now, so a cancel never
+  // fences an attempt whose post() may still be refused.
+  if (!a->settled) {
+    std::lock_guard<std::mutex> lk(t->current_mu);
+    t->current = a;
+  }
+  if (t->cancelled) cancel(t);  // asked while post() ran: fence it now
   return rc;
 }
 
