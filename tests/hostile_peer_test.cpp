@@ -653,21 +653,20 @@ TEST(HostileControlPlane, MessagesNamingAnotherLifeAreNotTaken) {
   CtrlHandshake hs;
   ASSERT_TRUE(rig.ctrl_login(fd, hs));
   const uint64_t life = rig.good->desc().instance;
-  for (uint64_t other : {life + 1, uint64_t{0}}) {
-    send_raw(fd, encode_ctrl_frame(CtrlType::MSG, msg_body(other, 1, "x", 1)));
+  // One MSG and the target's answer to it.
+  auto ask = [&](uint64_t sender_life, const std::string& payload, uint64_t* id, MsgAck* ack) {
+    send_raw(fd, encode_ctrl_frame(CtrlType::MSG,
+                                   msg_body(sender_life, 1, payload.data(), payload.size())));
     CtrlFrame f;
-    ASSERT_TRUE(read_ctrl(fd, f));
-    uint64_t id = 0;
-    MsgAck ack;
-    ASSERT_TRUE(decode_msg_ack(f.body, id, ack));
-    EXPECT_EQ(ack, MsgAck::STALE);
-  }
-  send_raw(fd, encode_ctrl_frame(CtrlType::MSG, msg_body(life, 1, "mine", 4)));
-  CtrlFrame f;
-  ASSERT_TRUE(read_ctrl(fd, f));
+    return read_ctrl(fd, f) && decode_msg_ack(f.body, *id, *ack);
+  };
   uint64_t id = 0;
   MsgAck ack;
-  ASSERT_TRUE(decode_msg_ack(f.body, id, ack));
+  for (uint64_t other : {life + 1, uint64_t{0}}) {
+    ASSERT_TRUE(ask(other, "x", &id, &ack));
+    EXPECT_EQ(ack, MsgAck::STALE);
+  }
+  ASSERT_TRUE(ask(life, "mine", &id, &ack));
   EXPECT_EQ(ack, MsgAck::TAKEN);
   EXPECT_EQ(id, 1u);
   close(fd);

@@ -173,18 +173,23 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
   if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
   if (std::string bad = check_message_size(message ? message->size() : 0); !bad.empty())
     return failed(StatusCode::ERR_INVALID_ARGS, bad);
-  auto t = std::make_shared<Transfer>();
-  t->owner = this;
-  t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
   // Unset: the engine's default (EngineConfig::notify, else the policy's `notify`).
-  t->flags = notify.value_or(policy_.notify) ? FERRY_XFER_NOTIFY : 0;
-  t->uid = uid;
+  auto t = make_transfer(op, notify.value_or(policy_.notify) ? FERRY_XFER_NOTIFY : 0, uid);
   t->message = std::move(message);
   t->iov.reserve(n);
   for (size_t i = 0; i < n; ++i) t->iov.push_back({local_offs[i], remote_offs[i], sizes[i]});
   if (std::string bad = check_items(pair, t->iov); !bad.empty())
     return failed(StatusCode::ERR_INVALID_ARGS, bad);
   return start(pair, t);
+}
+
+TransferPtr Transfers::make_transfer(Op op, uint32_t flags, TransferUid uid) {
+  auto t = std::make_shared<Transfer>();
+  t->owner = this;
+  t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
+  t->flags = flags;
+  t->uid = uid;
+  return t;
 }
 
 TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t) {

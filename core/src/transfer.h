@@ -132,6 +132,8 @@ class Transfers {
 
  private:
   friend struct Attempt;
+  // A new transfer owned by this lifecycle, not yet started.
+  TransferPtr make_transfer(Op op, uint32_t flags, TransferUid uid);
   // Routes a built, checked transfer and posts its first attempt.
   TransferStatus start(const MemPair& pair, const TransferPtr& t);
   void start_next(const TransferPtr& t);

@@ -55,11 +55,7 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
   }
   if (groups.size() == 1) {  // one pair: the ordinary path (a backend may notify natively)
     Group& g = groups.front();
-    auto t = std::make_shared<Transfer>();
-    t->owner = this;
-    t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
-    t->flags = notify.value_or(policy_.notify) ? FERRY_XFER_NOTIFY : 0;
-    t->uid = uid;
+    auto t = make_transfer(op, notify.value_or(policy_.notify) ? FERRY_XFER_NOTIFY : 0, uid);
     t->message = std::move(message);
     t->iov = std::move(g.iov);
     return start(g.pair, t);
@@ -139,11 +135,8 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
     for (const auto& p : *parts) p.Cancel();
   });
   for (auto& g : groups) {
-    auto t = std::make_shared<Transfer>();
-    t->owner = this;
-    t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
-    t->flags = 0;  // the target hears of the call once, after every part
-    t->uid = uid;
+    auto t =
+        make_transfer(op, 0, uid);  // no flags: the target hears of the call once, after every part
     t->iov = std::move(g.iov);
     const std::string name = part_name(g);
     t->on_end = [shared_end, name](StatusCode code, const std::string& why) {
