@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ferry-bench: nixlbench-style transfer benchmark between two engines.
 //
 // One command on one machine (the target rank is this same binary, started with
@@ -24,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -37,6 +39,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench_target.h"
@@ -98,167 +101,274 @@ bool parse_size_arg(const std::string& s, size_t& out) {
   return true;
 }
 
-[[noreturn]] void usage(const char* why = nullptr) {
-  if (why) std::fprintf(stderr, "ferry-bench: %s\n", why);
-  std::fprintf(
-      stderr,
-      "usage: ferry-bench [options]   (nixlbench spellings with '_' work too: --num_iter)\n"
-      "  --backend tcp|NAME[,NAME...]|policy   backends to load (policy: all known ones)\n"
-      "  --policy FILE                          policy YAML (ranking, timeout, settings)\n"
-      "  --stats-socket PATH                    serve the initiator's stats for `ferry stats "
-      "PATH`\n"
-      "  --backend-settings NAME=JSON           plugin settings, both ranks (repeatable)\n"
-      "  --op WRITE|READ  (--op-type)\n"
-      "  --initiator-seg-type DRAM|VRAM  --initiator-device N\n"
-      "  --target-seg-type DRAM|VRAM     --target-device N\n"
-      "  --start-block-size N --max-block-size N --block-multiplier N (2)\n"
-      "  --start-batch-size N --max-batch-size N --batch-multiplier N (2)\n"
-      "  --num-iter N (64) --warmup-iter N (8) --large-block-iter-factor N (16, >= 1 MiB)\n"
-      "  --num-threads N        initiator threads, each its own region slice (and session)\n"
-      "  --queue-depth N        transfers in flight per thread (1)\n"
-      "  --session              session API (default: engine API)\n"
-      "  --strided              batch items non-contiguous (a gap after each block)\n"
-      "  --check-consistency    verify every byte, pattern changes per iteration\n"
-      "  --no-notify            no target notification\n"
-      "  --json FILE --csv FILE --progress|--no-progress\n"
-      "  --rank 0 --peer HOST:PORT | --rank 1 --listen ADDR:PORT (port 0: any)  [--host ADDR]\n"
-      "  --kv                   a KV-cache shipment per request instead of the sweep:\n"
-      "    --kv-layers N (32) x {K,V} regions of --kv-blocks N (1024) blocks of\n"
-      "    --kv-block-size N (16KiB); --kv-request-blocks N (128) random blocks per request,\n"
-      "    --num-iter requests (16), --warmup-iter (2); prepared lists, multi-region items\n"
-      "    and per-region batches compared in one run\n"
-      "  sizes take K/KiB, M/MiB, G/GiB; block and batch sizes grow by their multiplier.\n");
+// Usage errors found after parsing (and --listen/--peer that do not resolve):
+// the same shape and exit code (2) as the parse errors main() reports.
+[[noreturn]] void bad_usage(const std::string& why) {
+  std::fprintf(stderr, "ferry-bench: %s\nRun with --help for more information.\n", why.c_str());
   std::exit(2);
 }
 
-Options parse_args(int argc, char** argv) {
-  Options o;
+// A size as --help shows it (the unit parse_size_arg takes back).
+std::string size_str(size_t v) {
+  for (auto [shift, unit] : {std::pair{30, "GiB"}, std::pair{20, "MiB"}, std::pair{10, "KiB"}})
+    if (v != 0 && v % (size_t{1} << shift) == 0) return std::to_string(v >> shift) + unit;
+  return std::to_string(v);
+}
+
+// A decimal int of at least `min`. Not CLI11's own integer conversion: that
+// takes C prefixes (010 is 8, 0x10 is 16), and the bench has always read decimal.
+int parse_int_arg(const std::string& name, const std::string& v, int min) {
+  int out = 0;
+  try {
+    size_t used = 0;
+    out = std::stoi(v, &used);
+    if (used != v.size()) throw std::invalid_argument(v);
+  } catch (const std::exception&) {
+    throw CLI::ValidationError(name, "bad number '" + v + "'");
+  }
+  if (out < min)
+    throw CLI::ValidationError(name, "value too small (at least " + std::to_string(min) + ")");
+  return out;
+}
+
+// The first name of "--a,--b", for error messages.
+std::string first_name(const std::string& names) { return names.substr(0, names.find(',')); }
+
+// type "SIZE" (bytes, shown with a unit) or "N" (a count, shown plain); both take units.
+CLI::Option* add_size(CLI::App& app, const std::string& names, size_t& out, const char* type,
+                      const std::string& desc) {
+  return app
+      .add_option_function<std::string>(
+          names,
+          [&out, name = first_name(names)](const std::string& v) {
+            if (!parse_size_arg(v, out) || out == 0)
+              throw CLI::ValidationError(
+                  name, "bad size '" + v + "' (above 0; units K/KiB, M/MiB, G/GiB)");
+          },
+          desc)
+      ->type_name(type)
+      ->default_str(std::string(type) == "N" ? std::to_string(out) : size_str(out));
+}
+
+CLI::Option* add_int(CLI::App& app, const std::string& names, int& out, int min,
+                     const std::string& desc) {
+  return app
+      .add_option_function<std::string>(
+          names,
+          [&out, min, name = first_name(names)](const std::string& v) {
+            out = parse_int_arg(name, v, min);
+          },
+          desc)
+      ->type_name("N");
+}
+
+// nixlbench writes --start_block_size; accept both spellings. Only the option's
+// name changes ("--a_b=x_y" becomes "--a-b=x_y"); "--" ends the options.
+std::vector<std::string> dashed_args(int argc, char** argv) {
+  std::vector<std::string> args;
+  bool options = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    // nixlbench writes --start_block_size; accept both spellings.
-    if (a.rfind("--", 0) == 0) std::replace(a.begin() + 2, a.end(), '_', '-');
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value for " + a).c_str());
-      return argv[++i];
-    };
-    auto size_val = [&](size_t& out) {
-      std::string v = val();
-      if (!parse_size_arg(v, out) || out == 0) usage(("bad size '" + v + "' for " + a).c_str());
-    };
-    auto int_val = [&](int& out, int min) {
-      std::string v = val();
-      try {
-        size_t used = 0;
-        out = std::stoi(v, &used);
-        if (used != v.size()) throw std::invalid_argument(v);
-      } catch (...) {
-        usage(("bad number '" + v + "' for " + a).c_str());
-      }
-      if (out < min) usage(("value too small for " + a).c_str());
-    };
-    auto seg_val = [&](SegType& out) {
-      std::string v = val();
-      if (!bench::parse_seg_type(v, &out)) usage((a + " must be DRAM or VRAM").c_str());
-    };
-    if (a == "--backend")
-      o.backend = val();
-    else if (a == "--policy")
-      o.policy_file = val();
-    else if (a == "--stats-socket")
-      o.stats_socket = val();
-    else if (a == "--backend-settings") {
-      std::string v = val();
-      auto eq = v.find('=');
-      if (eq == std::string::npos || eq == 0) usage("--backend-settings wants NAME=JSON");
-      o.backend_settings[v.substr(0, eq)] = v.substr(eq + 1);
-    } else if (a == "--op" || a == "--op-type") {
-      std::string v = val();
-      for (auto& c : v) c = static_cast<char>(toupper(c));
-      if (v != "READ" && v != "WRITE") usage("--op must be READ or WRITE");
-      o.op = v == "READ" ? Op::READ : Op::WRITE;
-    } else if (a == "--initiator-seg-type")
-      seg_val(o.init_seg);
-    else if (a == "--target-seg-type")
-      seg_val(o.target_seg);
-    else if (a == "--initiator-device")
-      int_val(o.init_dev, 0);
-    else if (a == "--target-device")
-      int_val(o.target_dev, 0);
-    else if (a == "--start-block-size")
-      size_val(o.start_block);
-    else if (a == "--max-block-size")
-      size_val(o.max_block);
-    else if (a == "--block-multiplier")
-      size_val(o.block_mult);
-    else if (a == "--start-batch-size")
-      size_val(o.start_batch);
-    else if (a == "--max-batch-size")
-      size_val(o.max_batch);
-    else if (a == "--batch-multiplier")
-      size_val(o.batch_mult);
-    else if (a == "--num-iter") {
-      int_val(o.num_iter, 1);
-      o.num_iter_given = true;
-    } else if (a == "--warmup-iter") {
-      int_val(o.warmup_iter, 0);
-      o.warmup_given = true;
-    } else if (a == "--kv")
-      o.kv = true;
-    else if (a == "--kv-layers")
-      int_val(o.kv_opts.layers, 1);
-    else if (a == "--kv-blocks")
-      size_val(o.kv_opts.blocks);
-    else if (a == "--kv-block-size")
-      size_val(o.kv_opts.block_bytes);
-    else if (a == "--kv-request-blocks")
-      size_val(o.kv_opts.request_blocks);
-    else if (a == "--large-block-iter-factor" || a == "--large-blk-iter-ftr")
-      int_val(o.large_block_iter_factor, 1);
-    else if (a == "--num-threads")
-      int_val(o.num_threads, 1);
-    else if (a == "--queue-depth")
-      int_val(o.queue_depth, 1);
-    else if (a == "--check-consistency")
-      o.check = true;
-    else if (a == "--session")
-      o.session = true;
-    else if (a == "--strided")
-      o.strided = true;
-    else if (a == "--no-notify")
-      o.notify = false;
-    else if (a == "--progress")
-      o.progress = 1;
-    else if (a == "--no-progress")
-      o.progress = 0;
-    else if (a == "--json")
-      o.json_file = val();
-    else if (a == "--csv")
-      o.csv_file = val();
-    else if (a == "--rank") {
-      int r;
-      int_val(r, 0);
-      if (r > 1) usage("--rank is 0 (initiator) or 1 (target)");
-      o.rank = r;
-    } else if (a == "--peer")
-      o.peer = val();
-    else if (a == "--listen")
-      o.listen = val();
-    else if (a == "--host")
-      o.host = val();
-    else if (a == "--help" || a == "-h")
-      usage();
-    else
-      usage(("unknown option " + a).c_str());
+    if (a == "--") options = false;
+    if (options && a.size() > 2 && a.rfind("--", 0) == 0)
+      std::replace(a.begin() + 2,
+                   a.begin() + static_cast<std::ptrdiff_t>(std::min(a.find('='), a.size())), '_',
+                   '-');
+    args.push_back(std::move(a));
   }
+  std::reverse(args.begin(), args.end());  // CLI11's App::parse(vector) takes them last first
+  return args;
+}
+
+// argv[1..argc-1] into Options; a bad command line exits 2 (after the message),
+// --help exits 0.
+Options parse_args(int argc, char** argv) {
+  Options o;
+  CLI::App app{
+      "ferry-bench: nixlbench-style transfer benchmark between two engines. Both ranks\n"
+      "run here (the target is this binary again) unless --rank is given.",
+      "ferry-bench"};
+  // The last of a repeated option wins, as it always did (docs/benchmarks.md's
+  // command lines repeat --num-iter); CLI11's default would refuse them.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  // "usage: ferry-bench" is what tests/deb_package.sh looks for in --help.
+  app.get_formatter()->label("Usage", "usage");
+  app.get_formatter()->column_width(34);
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("ferry-bench: ") + e.what() + "\nRun with --help for more information.\n";
+  });
+  app.footer(
+      "Sizes take K/KiB, M/MiB, G/GiB; block and batch sizes grow by their multiplier.\n"
+      "--kv: --kv-layers x {K,V} regions of --kv-blocks blocks on each side, a request's\n"
+      "random blocks moved for every layer, then a notification; prepared lists,\n"
+      "multi-region items and per-region batches compared in one run.\n"
+      "nixlbench spellings with '_' work too (--num_iter); a repeated option's last value wins.\n"
+      "Two hosts (give both ranks the same size/thread/queue flags: they size the region):\n"
+      "  host B: ferry-bench --rank 1 --listen 0.0.0.0:7000 --host B_ADDR \\\n"
+      "            --backend-settings 'tcp={\"listen_host\":\"0.0.0.0\"}' ...\n"
+      "  host A: ferry-bench --rank 0 --peer B_ADDR:7000 --host A_ADDR ...");
+
+  const char* backends = "Backends";
+  app.add_option("--backend", o.backend,
+                 "backends to load (the policy ranks them); policy: every known one")
+      ->type_name("NAME[,NAME...]|policy")
+      ->capture_default_str()
+      ->group(backends);
+  app.add_option("--policy", o.policy_file, "policy YAML (ranking, timeout, settings)")
+      ->type_name("FILE")
+      ->group(backends);
+  std::vector<std::string> settings;
+  app.add_option("--backend-settings", settings,
+                 "plugin settings for both ranks (repeatable)")
+      ->type_name("NAME=JSON")
+      ->take_all()
+      ->allow_extra_args(false)  // one NAME=JSON per --backend-settings
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            const auto eq = v.find('=');
+            return eq == std::string::npos || eq == 0 ? std::string("wants NAME=JSON")
+                                                      : std::string();
+          },
+          ""))
+      ->group(backends);
+  app.add_option("--stats-socket", o.stats_socket,
+                 "serve the initiator's stats here, for `ferry stats PATH`")
+      ->type_name("PATH")
+      ->group(backends);
+
+  const char* xfer = "Transfers";
+  std::string op = "WRITE", init_seg = "DRAM", target_seg = "DRAM";
+  app.add_option("--op,--op-type", op, "the initiator reads or writes the target")
+      ->transform(CLI::IsMember({"READ", "WRITE"}, CLI::ignore_case).description(""))
+      ->type_name("READ|WRITE")
+      ->capture_default_str()
+      ->group(xfer);
+  app.add_option("--initiator-seg-type", init_seg, "the initiator's memory")
+      ->transform(CLI::IsMember({"DRAM", "VRAM"}, CLI::ignore_case).description(""))
+      ->type_name("DRAM|VRAM")
+      ->capture_default_str()
+      ->group(xfer);
+  add_int(app, "--initiator-device", o.init_dev, 0, "the initiator's GPU (default 0 for VRAM)")
+      ->group(xfer);
+  app.add_option("--target-seg-type", target_seg, "the target's memory")
+      ->transform(CLI::IsMember({"DRAM", "VRAM"}, CLI::ignore_case).description(""))
+      ->type_name("DRAM|VRAM")
+      ->capture_default_str()
+      ->group(xfer);
+  add_int(app, "--target-device", o.target_dev, 0, "the target's GPU (default 0 for VRAM)")
+      ->group(xfer);
+  add_int(app, "--num-threads", o.num_threads, 1,
+          "initiator threads, each its own region slice (at most 256)")
+      ->default_str(std::to_string(o.num_threads))
+      ->group(xfer);
+  add_int(app, "--queue-depth", o.queue_depth, 1,
+          "transfers in flight per thread, as ucx_perftest -O (<= 1024)")
+      ->default_str(std::to_string(o.queue_depth))
+      ->group(xfer);
+  app.add_flag("--session", o.session, "session API (default: engine API)")->group(xfer);
+  app.add_flag("--strided", o.strided, "batch items non-contiguous (a gap after each block)")
+      ->group(xfer);
+  app.add_flag("--check-consistency", o.check,
+               "verify every byte (the pattern changes per iteration)")
+      ->group(xfer);
+  app.add_flag_callback(
+         "--no-notify", [&o] { o.notify = false; }, "no target notification")
+      ->group(xfer);
+
+  const char* sweep = "Sweep";
+  add_size(app, "--start-block-size", o.start_block, "SIZE", "first block size")->group(sweep);
+  add_size(app, "--max-block-size", o.max_block, "SIZE", "last block size")->group(sweep);
+  add_size(app, "--block-multiplier", o.block_mult, "N", "block size growth, at least 2")
+      ->group(sweep);
+  add_size(app, "--start-batch-size", o.start_batch, "N", "first number of blocks per transfer")
+      ->group(sweep);
+  add_size(app, "--max-batch-size", o.max_batch, "N", "last number of blocks per transfer")
+      ->group(sweep);
+  add_size(app, "--batch-multiplier", o.batch_mult, "N", "batch size growth, at least 2")
+      ->group(sweep);
+  auto* num_iter = add_int(app, "--num-iter", o.num_iter, 1,
+                           "timed iterations per point (--kv: requests, default 16)")
+                       ->default_str(std::to_string(o.num_iter))
+                       ->group(sweep);
+  auto* warmup_iter =
+      add_int(app, "--warmup-iter", o.warmup_iter, 0, "untimed iterations first (--kv: default 2)")
+          ->default_str(std::to_string(o.warmup_iter))
+          ->group(sweep);
+  add_int(app, "--large-block-iter-factor,--large-blk-iter-ftr", o.large_block_iter_factor, 1,
+          "iterations are divided by this for blocks >= 1 MiB")
+      ->default_str(std::to_string(o.large_block_iter_factor))
+      ->group(sweep);
+
+  const char* out = "Output";
+  app.add_option("--json", o.json_file, "write the rows as JSON")->type_name("FILE")->group(out);
+  app.add_option("--csv", o.csv_file, "write the rows as CSV")->type_name("FILE")->group(out);
+  // On each occurrence, so the last of --progress/--no-progress wins.
+  app.add_flag_callback(
+         "--progress", [&o] { o.progress = 1; },
+         "a progress line on stderr (default: if stderr is a terminal)")
+      ->trigger_on_parse()
+      ->group(out);
+  app.add_flag_callback(
+         "--no-progress", [&o] { o.progress = 0; }, "no progress line")
+      ->trigger_on_parse()
+      ->group(out);
+
+  const char* hosts = "Two hosts";
+  app.add_option_function<std::string>(
+         "--rank",
+         [&o](const std::string& v) {
+           o.rank = parse_int_arg("--rank", v, 0);
+           if (o.rank > 1) throw CLI::ValidationError("--rank", "is 0 (initiator) or 1 (target)");
+         },
+         "0: the initiator, with --peer; 1: the target, with --listen")
+      ->type_name("0|1")
+      ->group(hosts);
+  app.add_option("--peer", o.peer, "rank 0: the target's --listen address")
+      ->type_name("HOST:PORT")
+      ->group(hosts);
+  app.add_option("--listen", o.listen, "rank 1: where to wait for rank 0 (port 0: any)")
+      ->type_name("ADDR:PORT")
+      ->group(hosts);
+  app.add_option("--host", o.host, "this rank's address for its backends")
+      ->type_name("ADDR")
+      ->capture_default_str()
+      ->group(hosts);
+
+  const char* kv = "KV cache (--kv)";
+  app.add_flag("--kv", o.kv, "a KV-cache shipment per request instead of the sweep (below)")
+      ->group(kv);
+  add_int(app, "--kv-layers", o.kv_opts.layers, 1, "layers, each a K and a V region (at most 4096)")
+      ->default_str(std::to_string(o.kv_opts.layers))
+      ->group(kv);
+  add_size(app, "--kv-blocks", o.kv_opts.blocks, "N", "blocks per region")->group(kv);
+  add_size(app, "--kv-block-size", o.kv_opts.block_bytes, "SIZE", "bytes per block")->group(kv);
+  add_size(app, "--kv-request-blocks", o.kv_opts.request_blocks, "N", "random blocks per request")
+      ->group(kv);
+
+  try {
+    app.parse(dashed_args(argc, argv));
+  } catch (const CLI::Error& e) {  // ParseError, and whatever else CLI11 may throw while parsing
+    // --help is a success (0); every other parse error keeps the bench's old code, 2.
+    std::exit(app.exit(e) == 0 ? 0 : 2);
+  }
+  for (const auto& v : settings) {
+    const auto eq = v.find('=');
+    o.backend_settings[v.substr(0, eq)] = v.substr(eq + 1);
+  }
+  o.op = op == "READ" ? Op::READ : Op::WRITE;
+  bench::parse_seg_type(init_seg, &o.init_seg);
+  bench::parse_seg_type(target_seg, &o.target_seg);
+  o.num_iter_given = num_iter->count() > 0;
+  o.warmup_given = warmup_iter->count() > 0;
   if (o.kv) {
     // The sweep's region is not used: keep it small on both ranks.
     o.start_block = o.max_block = 4096;
     o.start_batch = o.max_batch = 1;
     bench::KvOptions& k = o.kv_opts;
     if (k.blocks == 0 || k.block_bytes == 0 || k.request_blocks == 0)
-      usage("--kv sizes must be above 0");
-    if (k.request_blocks > k.blocks) usage("--kv-request-blocks is above --kv-blocks");
-    if (k.layers > 4096) usage("--kv-layers is at most 4096");
+      bad_usage("--kv sizes must be above 0");
+    if (k.request_blocks > k.blocks) bad_usage("--kv-request-blocks is above --kv-blocks");
+    if (k.layers > 4096) bad_usage("--kv-layers is at most 4096");
     k.requests = o.num_iter_given ? o.num_iter : 16;
     k.warmup = o.warmup_given ? o.warmup_iter : 2;
     k.op = o.op;
@@ -268,13 +378,13 @@ Options parse_args(int argc, char** argv) {
     k.check = o.check;
     k.label = o.backend;
   }
-  if (o.start_block > o.max_block) usage("--start-block-size is above --max-block-size");
-  if (o.start_batch > o.max_batch) usage("--start-batch-size is above --max-batch-size");
-  if (o.block_mult < 2 || o.batch_mult < 2) usage("multipliers must be at least 2");
-  if (o.num_threads > 256) usage("--num-threads is at most 256");
-  if (o.queue_depth > 1024) usage("--queue-depth is at most 1024");
-  if (o.rank == 0 && o.peer.empty()) usage("--rank 0 needs --peer HOST:PORT");
-  if (o.rank == 1 && o.listen.empty()) usage("--rank 1 needs --listen ADDR:PORT");
+  if (o.start_block > o.max_block) bad_usage("--start-block-size is above --max-block-size");
+  if (o.start_batch > o.max_batch) bad_usage("--start-batch-size is above --max-batch-size");
+  if (o.block_mult < 2 || o.batch_mult < 2) bad_usage("multipliers must be at least 2");
+  if (o.num_threads > 256) bad_usage("--num-threads is at most 256");
+  if (o.queue_depth > 1024) bad_usage("--queue-depth is at most 1024");
+  if (o.rank == 0 && o.peer.empty()) bad_usage("--rank 0 needs --peer HOST:PORT");
+  if (o.rank == 1 && o.listen.empty()) bad_usage("--rank 1 needs --listen ADDR:PORT");
   if (o.init_seg == SegType::VRAM && o.init_dev < 0) o.init_dev = 0;
   if (o.target_seg == SegType::VRAM && o.target_dev < 0) o.target_dev = 0;
   return o;
@@ -340,12 +450,13 @@ bool split_host_port(const std::string& s, std::string& host, std::string& port)
 
 int serve_over_socket(const Options& o) {
   std::string host, port;
-  if (!split_host_port(o.listen, host, port)) usage("--listen wants ADDR:PORT");
+  if (!split_host_port(o.listen, host, port)) bad_usage("--listen wants ADDR:PORT");
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) usage("cannot resolve --listen");
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0)
+    bad_usage("cannot resolve --listen");
   int ls = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -922,10 +1033,11 @@ int main(int argc, char** argv) {
   if (o.rank == 1) return serve_over_socket(o);
   if (o.rank == 0) {
     std::string host, port;
-    if (!split_host_port(o.peer, host, port)) usage("--peer wants HOST:PORT");
+    if (!split_host_port(o.peer, host, port)) bad_usage("--peer wants HOST:PORT");
     addrinfo hints{}, *res = nullptr;
     hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) usage("cannot resolve --peer");
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0)
+      bad_usage("cannot resolve --peer");
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
       std::perror("ferry-bench: connect to --peer");

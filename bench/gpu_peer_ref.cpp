@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpu-peer-ref: the raw reference for GPU-to-GPU transfers, measured with the
 // runtime's own async copies (cudaMemcpyAsync/hipMemcpyAsync between devices,
 // i.e. what cudaMemcpyPeerAsync does) through the same dlopen'd runtime the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ferry-bench --kv: one PD-disaggregation KV-cache shipment per request -
 // L layers x {K, V} regions of N blocks of S bytes on each side, a request's
 // random block ids moved for every layer, then a notification message - posted

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // memcpy_probe: the same-host limit for moving bytes - one thread copying a
 // buffer (64 MiB by default) into another, both pre-faulted. Prints the best
 // and the median copy bandwidth (bytes copied per second) over N repetitions.

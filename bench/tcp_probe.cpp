@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tcp_probe: raw loopback TCP between two processes, sending from and receiving
 // into regions of a given size - iperf3's single stream, but with ferry-bench's
 // memory footprint (iperf3 reuses one buffer of at most 1 MiB, which stays in

@@ -1,8 +1,9 @@
+# SPDX-License-Identifier: Apache-2.0
 # The Debian package: `cpack -G DEB` in a build folder writes
 # ferry_<version>_amd64.deb with everything `cmake --install` puts under /usr:
 # libferry.so, the plugins (lib/ferry/plugins), the headers, the CMake package
 # and pkg-config file, `ferry` and `ferry-bench`, the Python package, and the
-# example plugin's sources (share/ferry/examples/plugin-cma) to copy.
+# example plugin's sources (share/ferry/plugin-template) to copy.
 #
 # Depends lists what libferry.so and the binaries need. The plugins' own
 # libraries (libfabric for ofi, libibverbs for rdma) are Recommends: a plugin

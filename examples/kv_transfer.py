@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """KV-cache transfer between a prefill and a decode process, as a PD-disaggregated
 inference server does it (vLLM's MoRIIOConnector flow), with ferry.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: the control plane's frame reader and every body decoder.
 // Input: byte 0 picks the chunk size the stream is fed in (and whether the
 // pre-admission body limit applies); the rest is the byte stream of a connection.

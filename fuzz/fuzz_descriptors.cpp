@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: engine and memory descriptor decoding (msgpack from a peer, out of
 // band). A forged blob must end in ferry::Error, never a crash; what decodes
 // must survive re-encoding and printing.

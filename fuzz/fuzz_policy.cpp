@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: the YAML policy parser. Any text must give a Policy or a
 // ferry::Error naming file:line - never another exception, a crash or a hang.
 #include <cstddef>

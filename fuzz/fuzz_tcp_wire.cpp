@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: the tcp plugin's data-lane decoders (frame header, item array) and
 // the two blobs that travel in descriptors (connection info, memory info).
 // Input: a header, then items, as they would arrive on a lane; the whole input

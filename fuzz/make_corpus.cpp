@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes the seed corpora (fuzz/corpus/<target>/) from valid encodings made by
 // the real encoders, so each fuzzer starts from inputs that pass its decoders.
 //   make_corpus SOURCE_DIR     (fuzz/run.sh --seed runs it; the output is committed)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build the libFuzzer targets with clang (ASan + UBSan) in build-fuzz and run
 # each for DURATION seconds from its seed corpus (fuzz/corpus/<target>/).
 # Exits non-zero on any finding (crash, sanitizer report, leak, timeout, OOM);

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The summary table at the end of `scripts/run.sh test`.
 
 Reads what run.sh left in REPORT_DIR:

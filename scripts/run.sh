@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The README's two commands. On a fresh Debian 12 machine, as root:
 #   scripts/run.sh bench   install what is missing, build every backend, run the
 #                          transfer benchmark
@@ -24,7 +25,7 @@ jobs=${FERRY_JOBS:-$(nproc)}
 # rdma), the Python binding, tests and benchmarks, clang for the fuzzers, dpkg-dev
 # for the .deb, iproute2 for the network-namespace tests.
 pkgs=(build-essential cmake ninja-build pkg-config dpkg-dev iproute2
-      libyaml-cpp-dev nlohmann-json3-dev libssl-dev libfabric-dev libibverbs-dev
+      libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libssl-dev libfabric-dev libibverbs-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest
       clang libclang-rt-14-dev)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Authentication: access by descriptor (per-instance secrets, link_auth.h) and the
 // optional cluster token, on the control plane and on the tcp data lanes. A peer
 // with the target's descriptor (and the same token) moves data, also one the

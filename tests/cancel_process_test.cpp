@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TransferStatus::Cancel() against a target in its own process (ferry-test-peer
 // over tcp). The target is stopped (SIGSTOP) so a large WRITE is surely in
 // flight; the cancel fences it at the target, which answers once resumed: the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The control plane's frame reader under hostile input.
 #include "control_frame.h"
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # deb_package.sh BUILD_DIR SOURCE_DIR
 #
 # The Debian package a user installs, checked without installing it:
@@ -42,7 +43,7 @@ dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|' >"$TMP/files"
 want=(/usr/lib/libferry.so /usr/include/ferry/plugin.h /usr/include/ferry/ferry.hpp
   /usr/lib/cmake/ferry/ferryConfig.cmake /usr/lib/pkgconfig/ferry.pc /usr/bin/ferry
   /usr/bin/ferry-bench /usr/lib/python3/dist-packages/ferry/__init__.py
-  /usr/share/ferry/examples/plugin-cma/cma_plugin.c)
+  /usr/share/ferry/plugin-template/cma_plugin.c)
 shopt -s nullglob
 for so in "$BUILD_DIR"/lib/ferry/plugins/libferry-*.so; do
   want+=("/usr/lib/ferry/plugins/$(basename "$so")")
@@ -65,7 +66,7 @@ else
 fi
 
 echo "== the unpacked binaries and Python package"
-"$ROOT/bin/ferry-bench" --help >"$TMP/bench.log" 2>&1  # prints its usage (exit 2)
+"$ROOT/bin/ferry-bench" --help >"$TMP/bench.log" 2>&1  # prints its usage (exit 0)
 if grep -q "^usage: ferry-bench" "$TMP/bench.log"; then
   ok "ferry-bench --help runs from the tree (finds libferry.so by its RPATH)"
 else

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Descriptors survive a round trip; hostile bytes are clear errors, never crashes.
 #include <gtest/gtest.h>
 

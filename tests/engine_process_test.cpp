@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two engines in two processes (the target is started with fork+exec) moving
 // bytes over a backend loaded at run time: every combination of engine/session x
 // single/batch x read/write x size, data verified, target notified; plus the

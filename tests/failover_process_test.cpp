@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two processes, two real backends: the target's tcp backend is torn down
 // (its sockets closed from the target side) while WRITEs are in flight; every
 // transfer still completes with correct data by failing over to cma, and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Failover: a transfer that fails on one backend, at submit or at completion,
 // or that never completes, is re-run whole on the next backend of the policy;
 // the data arrives intact, the target hears of it once, the stats show it.
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -245,13 +247,12 @@ std::pair<int, std::string> run(const std::string& cmd) {
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
 }
 
-// The unsigned number after `"key":` in the JSON object that follows `"name":{`.
+// backends.<name>.<key> of a stats document, -1 when absent.
 long long field(const std::string& json, const std::string& name, const std::string& key) {
-  const size_t obj = json.find("\"" + name + "\":{");
-  if (obj == std::string::npos) return -1;
-  const size_t at = json.find("\"" + key + "\":", obj);
-  if (at == std::string::npos || at > json.find('}', obj)) return -1;
-  return std::stoll(json.substr(at + key.size() + 3));
+  auto j = nlohmann::json::parse(json, nullptr, false);
+  if (!j.is_object() || !j.contains("backends") || !j["backends"].contains(name)) return -1;
+  const auto& b = j["backends"][name];
+  return b.contains(key) && b[key].is_number() ? b[key].get<long long>() : -1;
 }
 
 std::string temp_socket(const std::string& tag) {
@@ -279,12 +280,21 @@ TEST(StatsEndpoint, FerryStatsShowsTheFailoversOfARunningEngine) {
   EXPECT_EQ(field(json, "fault", "transfers"), static_cast<long long>(fault.transfers)) << json;
   EXPECT_EQ(field(json, "tcp", "transfers"), static_cast<long long>(tcp.transfers)) << json;
   EXPECT_EQ(field(json, "tcp", "bytes"), static_cast<long long>(tcp.bytes)) << json;
+  // The live tcp instance's describe() line and counters() (plugin ABI 1.5).
+  auto j = nlohmann::json::parse(json, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << json;
+  EXPECT_NE(j["backends"]["tcp"].value("detail", std::string()).find("lanes="), std::string::npos)
+      << json;
+  EXPECT_GE(j["backends"]["tcp"]["plugin"].value("peers", 0), 1) << json;
+  EXPECT_FALSE(j["backends"]["fault"].contains("plugin")) << "fault has no counters(): " << json;
 
   auto [trc, table] = run(std::string(FERRY_CLI) + " stats " + path + " --watch 0.01 --count 2");
   EXPECT_EQ(trc, 0) << table;
   EXPECT_NE(table.find("engine ini"), std::string::npos) << table;
   EXPECT_NE(table.find("failovers"), std::string::npos) << table;
-  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 2 * (3 + 2)) << table;  // 2 samples
+  EXPECT_NE(table.find(" peers="), std::string::npos) << table;  // tcp's counters line
+  // 2 samples: 3 header lines, 2 backends, tcp's counters
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 2 * (3 + 2 + 1)) << table;
 
   // The target engine serves its own (the inbound notifications it recorded).
   auto [brc, tj] =

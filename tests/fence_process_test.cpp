@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fencing (DESIGN.md "Failure means not delivered"; plugin.h ABI 1.2): a target
 // process is stopped (SIGSTOP) longer than the deadline while WRITEs to it are in
 // flight, so their bytes sit in its socket buffers. The stopped process orders

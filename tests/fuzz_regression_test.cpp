@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Inputs the fuzzers (fuzz/) once crashed on, kept as unit tests. The same
 // inputs also sit in fuzz/corpus/<target>/regress-*, so every fuzz run starts
 // by replaying them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Quarantine, back-off and recovery follow the configured timings (fake clock).
 #include "health.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hostile peers: a raw-socket client that speaks the control-plane protocol
 // (core/src/control_frame.h) and the tcp data-lane protocol (plugins/tcp/wire.h)
 // and sends what a broken or malicious peer would: truncated frames, huge

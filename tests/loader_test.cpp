@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The loader reports every unusable plugin with its reason and never crashes.
 #include <gtest/gtest.h>
 

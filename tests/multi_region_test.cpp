@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One transfer over many regions (Engine::transfer) and prepared lists, two
 // engines in this process over tcp (and the scripted 'fault' backend for
 // failover): data checked byte for byte, the target told once after all the

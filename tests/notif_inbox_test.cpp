@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The target's notification inbox: exactly once per (sender life, id), fences
 // that decide an id for good, bounds that refuse rather than drop, and the fd
 // an event loop polls.

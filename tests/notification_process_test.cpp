@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Notification messages between two processes (the target is ferry-test-peer):
 // order and exactly-once, a message attached to a transfer arriving only after
 // its data, one-way registration, the size cap, the inbox bound refusing

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # out_of_tree_plugin.sh BUILD_DIR SOURCE_DIR
 # out_of_tree_plugin.sh --prefix PREFIX SOURCE_DIR
 #
@@ -6,7 +7,7 @@
 #   1. install ferry from BUILD_DIR into a fresh prefix (cmake --install), or,
 #      with --prefix, take a tree installed already (tests/deb_package.sh passes
 #      the unpacked .deb) and build the example from the copy installed in it
-#      (PREFIX/share/ferry/examples/plugin-cma);
+#      (PREFIX/share/ferry/plugin-template), and run its ctest (ferry-plugin-check);
 #   2. check the installed tree has the header, library, tcp plugin, CMake
 #      package and pkg-config file;
 #   3. copy examples/plugin-cma out of the source tree and build it against the
@@ -35,7 +36,7 @@ if [[ -z "$GIVEN_PREFIX" ]]; then
 fi
 SOURCE_DIR=$(cd "$1" 2>/dev/null && pwd) || { echo "FAIL: source dir '$1' does not exist" >&2; exit 1; }
 EXAMPLE="$SOURCE_DIR/examples/plugin-cma"
-[[ -n "$GIVEN_PREFIX" ]] && EXAMPLE="$GIVEN_PREFIX/share/ferry/examples/plugin-cma"
+[[ -n "$GIVEN_PREFIX" ]] && EXAMPLE="$GIVEN_PREFIX/share/ferry/plugin-template"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/ferry-oot.XXXXXX") || { echo "FAIL: mktemp" >&2; exit 1; }
 # shellcheck disable=SC2317  # called through trap
@@ -98,7 +99,7 @@ fi
 step "check the installed tree"
 for f in include/ferry/plugin.h include/ferry/ferry.hpp lib/ferry/plugins/libferry-tcp.so \
   lib/cmake/ferry/ferryConfig.cmake lib/pkgconfig/ferry.pc lib/pkgconfig/ferry-plugin.pc \
-  share/ferry/examples/plugin-cma/CMakeLists.txt; do
+  share/ferry/plugin-template/CMakeLists.txt; do
   if [[ -f "$PREFIX/$f" ]]; then ok "$f"; else fail "missing $f"; fi
 done
 shopt -s nullglob
@@ -134,6 +135,12 @@ build_plugin() {
   SO="$TMP/build/libferry-cma.so"
   [[ -f "$SO" ]] || { fail "the build produced no libferry-cma.so"; return 1; }
   ok "built $SO"
+  # The template's own test: the installed ferry-plugin-check on the new .so.
+  if run template-ctest ctest --test-dir "$TMP/build" --no-tests=error -V --timeout 300; then
+    ok "the template's ctest ran ferry-plugin-check on it: $(grep -cE '^([0-9]+: )?PASS  ' "$LOGS/template-ctest.log") rules passed"
+  else
+    fail "the template's ctest (ferry-plugin-check on $SO) failed"
+  fi
 
   cc_json="$TMP/build/compile_commands.json"
   if [[ ! -f "$cc_json" ]]; then

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # plugin_exports.sh PLUGIN_DIR: every plugin built for installation exports
 # exactly one dynamic symbol, ferry_plugin_v1 (plugins/common/exports.map), so
 # no plugin interposes libstdc++ or another plugin's inline code.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The policy: YAML parsing and its errors, globs, sizes, durations, rule
 // matching, and the shipped config/*.yaml examples. Needs only policy.cpp and
 // policy_yaml.cpp.

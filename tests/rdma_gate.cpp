@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // rdma-test-gate PROGRAM [ARGS...]: runs PROGRAM when this machine can load the
 // rdma backend, else exits 77 (ctest SKIP_RETURN_CODE) saying why. It lets the
 // generic two-process matrix run over rdma inside the Soft-RoCE VM and skip

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The rdma backend through the public API, in two processes: a target killed and
 // restarted (QP error, then recovery), a QP error with the peer alive (the same
 // QPs are reset and rebuilt by the next transfer), failover to tcp when the

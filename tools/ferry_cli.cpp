@@ -1,4 +1,5 @@
-// ferry: the command-line tool.
+// SPDX-License-Identifier: Apache-2.0
+// ferry: the command-line tool (`ferry --help`, `ferry SUBCOMMAND --help`).
 //   ferry info [--json] [--plugin-dir DIR]...
 //                                         plugins found, loaded or why not
 //   ferry policy check FILE               validate a policy (errors name file:line:col)
@@ -7,12 +8,11 @@
 //                                         the ranked backends and why each was kept or dropped
 //   ferry stats PATH [--json] [--watch SECONDS [--count N]]
 //                                         a running engine's stats (its stats socket)
+#include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
@@ -25,30 +25,14 @@ using namespace ferry;
 
 namespace {
 
-int usage() {
-  std::fprintf(
-      stderr,
-      "usage:\n"
-      "  ferry info [--json] [--plugin-dir DIR]...\n"
-      "  ferry policy check FILE\n"
-      "  ferry policy explain FILE [--peer KEY] [--host HOST] [--same-host|--remote-host]\n"
-      "                [--local cpu|gpu] [--remote cpu|gpu] [--bytes SIZE] [--op read|write]\n"
-      "  ferry stats PATH [--json] [--watch SECONDS [--count N]]\n");
-  return 2;
-}
-
-int cmd_info(int argc, char** argv) {
+struct InfoArgs {
   std::vector<std::string> dirs;
   bool json = false;
-  for (int i = 0; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--plugin-dir") && i + 1 < argc)
-      dirs.push_back(argv[++i]);
-    else if (!std::strcmp(argv[i], "--json"))
-      json = true;
-    else
-      return usage();
-  }
-  if (json) {  // one object per plugin found, for scripts (scripts/ci_summary.py)
+};
+
+int cmd_info(const InfoArgs& args) {
+  const auto& dirs = args.dirs;
+  if (args.json) {  // one object per plugin found, for scripts (scripts/ci_summary.py)
     nlohmann::json out = nlohmann::json::array();
     for (const auto& p : discover_plugins(dirs))
       out.push_back({{"name", p.name},
@@ -82,15 +66,18 @@ int cmd_info(int argc, char** argv) {
   return 0;
 }
 
-std::optional<MemoryLocation> parse_loc(const std::string& s) {
-  if (s == "cpu") return MemoryLocation::CPU;
-  if (s == "gpu") return MemoryLocation::GPU;
-  return std::nullopt;
+MemoryLocation parse_loc(const std::string& s) {
+  return s == "gpu" ? MemoryLocation::GPU : MemoryLocation::CPU;
 }
 
-int cmd_policy(int argc, char** argv) {
-  if (argc < 2) return usage();
-  std::string sub = argv[0], file = argv[1];
+struct PolicyArgs {
+  std::string file;
+  bool explain = false;  // else check
+  RouteInputs in;
+};
+
+int cmd_policy(PolicyArgs& args) {
+  const std::string& file = args.file;
   Policy pol;
   try {
     pol = load_policy_file(file);
@@ -98,44 +85,12 @@ int cmd_policy(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }
-  if (sub == "check") {
+  if (!args.explain) {
     std::printf("%s: OK (%zu rules, max_attempts %u, timeout %lld ms)\n", file.c_str(),
                 pol.rules.size(), pol.max_attempts, static_cast<long long>(pol.timeout.count()));
     return 0;
   }
-  if (sub != "explain") return usage();
-  RouteInputs in;
-  in.query.peer_key = "peer";
-  in.query.peer_host = "127.0.0.1";
-  in.query.same_host = true;
-  in.query.bytes = 1 << 20;
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--peer")
-      in.query.peer_key = next();
-    else if (a == "--host")
-      in.query.peer_host = next();
-    else if (a == "--same-host")
-      in.query.same_host = true;
-    else if (a == "--remote-host")
-      in.query.same_host = false;
-    else if (a == "--local" || a == "--remote") {
-      auto loc = parse_loc(next());
-      if (!loc) return usage();
-      (a == "--local" ? in.query.local : in.query.remote) = *loc;
-    } else if (a == "--bytes") {
-      auto n = parse_size(next());
-      if (!n) return usage();
-      in.query.bytes = *n;
-    } else if (a == "--op") {
-      std::string op = next();
-      if (op != "read" && op != "write") return usage();
-      in.query.op = op == "read" ? Op::READ : Op::WRITE;
-    } else {
-      return usage();
-    }
-  }
+  RouteInputs& in = args.in;
   // Explain against the plugins this host can load, assuming the peer offers the same.
   for (const auto& p : discover_plugins(pol.plugin_dirs))
     if (p.loaded) in.loaded.emplace_back(p.name, p.caps);
@@ -163,13 +118,119 @@ int cmd_policy(int argc, char** argv) {
   return 0;
 }
 
+// The policy explain options, straight into the route query (defaults as shown).
+void add_explain_options(CLI::App& explain, RouteInputs& in) {
+  in.query.peer_key = "peer";
+  in.query.peer_host = "127.0.0.1";
+  in.query.same_host = true;
+  in.query.bytes = 1 << 20;
+  explain.add_option("--peer", in.query.peer_key, "the peer's engine key (rules match on it)")
+      ->type_name("KEY")
+      ->capture_default_str();
+  explain.add_option("--host", in.query.peer_host, "the peer's host")
+      ->type_name("HOST")
+      ->capture_default_str();
+  // On each occurrence, so the last of --same-host/--remote-host wins.
+  explain
+      .add_flag_callback(
+          "--same-host", [&in] { in.query.same_host = true; },
+          "the peer is on this host (the default)")
+      ->trigger_on_parse();
+  explain
+      .add_flag_callback(
+          "--remote-host", [&in] { in.query.same_host = false; }, "the peer is on another host")
+      ->trigger_on_parse();
+  auto add_loc = [&explain](const char* name, MemoryLocation* loc, const char* desc) {
+    explain
+        .add_option_function<std::string>(
+            name, [loc](const std::string& v) { *loc = parse_loc(v); }, desc)
+        ->check(CLI::IsMember({"cpu", "gpu"}).description(""))  // the type name lists them
+        ->type_name("cpu|gpu")
+        ->default_str(to_string(*loc));
+  };
+  add_loc("--local", &in.query.local, "this side's memory");
+  add_loc("--remote", &in.query.remote, "the peer's memory");
+  explain
+      .add_option_function<std::string>(
+          "--bytes",
+          [&in](const std::string& v) {
+            auto n = parse_size(v);
+            if (!n) throw CLI::ValidationError("--bytes", "bad size '" + v + "'");
+            in.query.bytes = *n;
+          },
+          "the transfer's size (K/KiB, M/MiB, G/GiB)")
+      ->type_name("SIZE")
+      ->default_str("1MiB");
+  explain
+      .add_option_function<std::string>(
+          "--op", [&in](const std::string& v) { in.query.op = v == "read" ? Op::READ : Op::WRITE; },
+          "the transfer's direction")
+      ->check(CLI::IsMember({"read", "write"}).description(""))
+      ->type_name("read|write")
+      ->default_str(in.query.op == Op::READ ? "read" : "write");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return usage();
-  std::string cmd = argv[1];
-  if (cmd == "info") return cmd_info(argc - 2, argv + 2);
-  if (cmd == "policy") return cmd_policy(argc - 2, argv + 2);
-  if (cmd == "stats") return cli::cmd_stats(argc - 2, argv + 2);
-  return usage();
+  CLI::App app{"ferry: the plugins this host loads, policies, a running engine's stats.", "ferry"};
+  // The last of a repeated option wins, as it did before CLI11 (which would refuse it).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.require_subcommand(1);
+  app.footer("`ferry SUBCOMMAND --help` lists that subcommand's options.");
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("ferry: ") + e.what() + "\nRun with --help for more information.\n";
+  });
+
+  InfoArgs info_args;
+  CLI::App* info = app.add_subcommand("info", "plugins found, loaded or why not");
+  info->add_flag("--json", info_args.json, "one JSON object per plugin found, for scripts");
+  info->add_option("--plugin-dir", info_args.dirs,
+                   "search DIR too, after FERRY_PLUGIN_PATH, before the default (repeatable)")
+      ->type_name("DIR")
+      ->take_all()
+      ->allow_extra_args(false);  // one DIR per --plugin-dir
+
+  PolicyArgs policy_args;
+  CLI::App* policy = app.add_subcommand("policy", "validate or explain a policy file");
+  policy->require_subcommand(1);
+  CLI::App* check =
+      policy->add_subcommand("check", "validate a policy (errors name file:line:col)");
+  check->add_option("FILE", policy_args.file, "the policy YAML")->type_name("")->required();
+  CLI::App* explain = policy->add_subcommand(
+      "explain", "the ranked backends for one transfer, and why each was kept or dropped");
+  explain->add_option("FILE", policy_args.file, "the policy YAML")->type_name("")->required();
+  add_explain_options(*explain, policy_args.in);
+
+  cli::StatsArgs stats_args;
+  CLI::App* stats = cli::add_stats_command(app, stats_args);
+
+  if (argc < 2) {  // a bare `ferry`: the whole usage, as an error
+    std::fputs(app.help().c_str(), stderr);
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Error& e) {  // ParseError, and whatever else CLI11 may throw while parsing
+    // For `ferry bogus` CLI11 says only "A subcommand is required": name the word.
+    const CLI::App* at = &app;
+    while (!at->get_subcommands().empty()) at = at->get_subcommands().front();
+    if (dynamic_cast<const CLI::RequiredError*>(&e) && at->get_require_subcommand_min() > 0 &&
+        !at->remaining().empty()) {
+      const std::string cmd = at == &app ? "ferry" : "ferry " + at->get_name();
+      std::fprintf(stderr,
+                   "ferry: unknown subcommand '%s'\nRun with %s --help for more information.\n",
+                   at->remaining().front().c_str(), cmd.c_str());
+      return 2;
+    }
+    // --help is a success (0); every other parse error keeps the tool's old code, 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (*info) return cmd_info(info_args);
+  if (*policy) {
+    policy_args.explain = explain->parsed();
+    return cmd_policy(policy_args);
+  }
+  if (*stats) return cli::cmd_stats(stats_args);
+  return 2;  // unreachable: require_subcommand(1)
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "stats_command.h"
 
 #include <poll.h>
@@ -5,11 +6,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -17,14 +20,6 @@ namespace ferry::cli {
 namespace {
 
 constexpr int kReadTimeoutMs = 5000;
-
-int usage() {
-  std::fprintf(stderr,
-               "usage: ferry stats PATH [--json] [--watch SECONDS [--count N]]\n"
-               "  PATH: the engine's stats socket (EngineConfig::stats_socket or\n"
-               "        FERRY_STATS_SOCKET, e.g. ferry-bench --stats-socket PATH)\n");
-  return 2;
-}
 
 // One document from the endpoint; false with *err when it cannot be had.
 bool fetch(const std::string& path, std::string* doc, std::string* err) {
@@ -83,6 +78,13 @@ bool print_table(const std::string& doc) {
     for (const auto& [name, c] : b->items()) {
       std::printf("  %-10s %12llu %16llu %10llu %10llu %12llu\n", name.c_str(), num(c, "transfers"),
                   num(c, "bytes"), num(c, "failures"), num(c, "failovers"), num(c, "quarantines"));
+      // The live instance's own counters (plugin ABI 1.5), when it has any.
+      if (auto p = c.find("plugin"); p != c.end() && p->is_object() && !p->empty()) {
+        std::string line;
+        for (const auto& [k, v] : p->items())
+          if (v.is_number_unsigned()) line += " " + k + "=" + std::to_string(v.get<uint64_t>());
+        std::printf("  %-10s%s\n", "", line.c_str());
+      }
     }
   }
   return true;
@@ -90,30 +92,44 @@ bool print_table(const std::string& doc) {
 
 }  // namespace
 
-int cmd_stats(int argc, char** argv) {
-  if (argc < 1) return usage();
-  const std::string path = argv[0];
-  bool json = false;
-  double watch = 0;
-  long count = 0;  // 0 = until the engine goes away
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    try {
-      if (a == "--json") {
-        json = true;
-      } else if (a == "--watch" && i + 1 < argc) {
-        watch = std::stod(argv[++i]);
-        if (!(watch > 0)) return usage();
-      } else if (a == "--count" && i + 1 < argc) {
-        count = std::stol(argv[++i]);
-        if (count < 1) return usage();
-      } else {
-        return usage();
-      }
-    } catch (const std::exception&) {
-      return usage();
-    }
-  }
+CLI::App* add_stats_command(CLI::App& app, StatsArgs& args) {
+  CLI::App* sub = app.add_subcommand("stats", "a running engine's stats (its stats socket)");
+  sub->footer(
+      "PATH: the engine's stats socket (EngineConfig::stats_socket or FERRY_STATS_SOCKET,\n"
+      "e.g. ferry-bench --stats-socket PATH). A watch ends when the engine does (exit 0).");
+  sub->add_option("PATH", args.path, "the engine's stats socket")->type_name("")->required();
+  sub->add_flag("--json", args.json, "the stats document itself, not the table");
+  sub->add_option_function<double>(
+         "--watch",
+         [&args](double v) {
+           if (!(v > 0)) throw CLI::ValidationError("--watch", "wants SECONDS above 0");
+           args.watch = v;
+         },
+         "a sample every SECONDS (fractions work), until the engine exits")
+      ->type_name("SECONDS");
+  sub->add_option_function<std::string>(
+         "--count",
+         [&args](const std::string& v) {
+           // Decimal, as before CLI11 (whose own integers take 010 as octal).
+           try {
+             size_t used = 0;
+             args.count = std::stol(v, &used);
+             if (used != v.size()) throw std::invalid_argument(v);
+           } catch (const std::exception&) {
+             throw CLI::ValidationError("--count", "bad number '" + v + "'");
+           }
+           if (args.count < 1) throw CLI::ValidationError("--count", "wants N of at least 1");
+         },
+         "with --watch: stop after N samples")
+      ->type_name("N");
+  return sub;
+}
+
+int cmd_stats(const StatsArgs& args) {
+  const std::string& path = args.path;
+  const bool json = args.json;
+  const double watch = args.watch;
+  const long count = args.count;
   for (long shown = 0;;) {
     std::string doc, err;
     if (!fetch(path, &doc, &err)) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "bench_target.h"
 
 #include <cstdio>
@@ -19,6 +20,7 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
   // The region outlives the engine: nothing may land in unmapped memory.
   std::unique_ptr<Segment> seg;
   std::vector<std::unique_ptr<Segment>> kv_segs;  // ferry-bench --kv's regions
+  std::vector<MemoryDesc> subs;                   // parts of seg registered on their own
   std::unique_ptr<Engine> engine;
   try {
     engine = std::make_unique<Engine>(opt.key, cfg);
@@ -202,6 +204,29 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
         out << "ERR no such range";
       else
         out << "HASH " << kv_segs[r]->fnv1a(off, len, test::kFnvBasis);
+    } else if (cmd == "subregion") {
+      uint64_t off = 0, len = 0;
+      in >> off >> len;
+      if (len == 0 || !in_region(off, len)) {
+        out << "ERR range outside the region";
+      } else {
+        try {
+          subs.push_back(engine->register_memory(seg->data() + off, len, seg->registration_device(),
+                                                 seg->location()));
+          out << "MEM " << test::to_hex(subs.back().pack());
+        } catch (const Error& e) {
+          out << "ERR " << e.what();
+        }
+      }
+    } else if (cmd == "dropsub") {
+      size_t i = 0;
+      in >> i;
+      if (i >= subs.size()) {
+        out << "ERR no such subregion";
+      } else {
+        auto r = engine->deregister_memory(subs[i]);
+        out << (r ? "OK" : "ERR " + r.message);
+      }
     } else if (cmd == "remove_backend") {
       std::string name;
       in >> name;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The target side of ferry-bench: an engine with one registered region, driven
 // by line commands over a pair of file descriptors (pipes when both ranks run
 // on this machine, a TCP socket between hosts).
@@ -38,6 +39,11 @@ struct TargetOptions {
 //   kvregions <n> <bytes>           -> KVREGIONS <memory desc hex> x n (more regions)
 //   kvhash <region> <off> <len>     -> HASH <fnv1a> of a range of one of those
 //   stats                           -> STATS <inbound notifications> <ctrl rejected>
+//   subregion <off> <len>           -> MEM <memory desc hex>: part of the region as a
+//                                      region of its own (ferry-plugin-check's bounds
+//                                      and revocation rules; the bytes stay readable
+//                                      through hash after it is dropped)
+//   dropsub <i>                     -> OK | ERR <why>  (deregisters subregion i)
 //   remove_backend <name>           -> OK | ERR <why>  (cuts that backend's connections)
 //   quit                            -> BYE, and returns
 // Returns an exit code.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Line-oriented request/response over two file descriptors (pipes or a socket).
 #pragma once
 #include <poll.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Deterministic test data: the byte at absolute offset i for a given seed, and
 // a hash to compare ranges held by two processes without shipping the bytes.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Benchmark memory segments in nixlbench's vocabulary: DRAM (host memory) or
 // VRAM (GPU memory on a device). The one place that allocates them, so GPU
 // support changes a single function.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Google Benchmark micro benches for ferry's hot paths:
 //  - submit overhead per transfer through the engine API and a session, with a
 //    bench-only "null" backend that completes inside post(): what is measured is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ferry-bench with a scripted failing backend ahead of tcp: the policy prefers
 # the test-only `fault` plugin, which fails every transfer at completion; after
 # three failures the policy quarantines it for the peer. Every row must still be

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ferry-bench's two-host mode over loopback: rank 1 listens (port 0 = any free
 # port), rank 0 connects with --peer; both move verified data, WRITE and READ,
 # and write a CSV with every column.   usage: two_rank_loopback.sh BENCH_BINARY

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Runs a job on a thread of its own, for work that may block until a deadline
 // (a control-plane connect and HELLO) and must not block the thread that found
 // it (a plugin's completion thread, or the application's in post()). Threads

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What an engine proves on its connections, and the HMAC-SHA256 primitives.
 //
 // Access is by descriptor (docs/security.md): every engine instance has a random

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The plugin instances loaded in one engine, in load order, and the ones removed
 // (kept by name so a fence asked later can tell "removed" from "never loaded").
 // Private state behind its own lock; callers get snapshots and keep a Backend

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The control plane's wire format. Every frame:
 //   magic "FRYC" (u32 LE) | version u8 | type u8 | reserved u16 (0) | body length u32 | body
 // Bodies are little-endian fields (wire_codec.h). A frame is at most kMaxCtrlBody

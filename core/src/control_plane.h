@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One TCP listener per engine: plugin handshakes, notifications a backend cannot
 // send itself. Every connection is authenticated (access by descriptor,
 // link_auth.h and control_frame.h): the client proves this engine's instance

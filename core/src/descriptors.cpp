@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Engine and memory descriptors: compact binary (msgpack) and readable JSON.
 // Decoding treats the bytes as hostile: every field is type- and range-checked,
 // so a truncated, oversized or forged blob becomes ERR_INVALID_ARGS, not a crash.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The public Engine facade: argument checks and forwarding to the engine's
 // parts (engine_impl.h), nothing else.
 #include "engine_impl.h"

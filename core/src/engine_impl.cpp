@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The engine's parts put together (engine_impl.h): construction and teardown,
 // backends loaded and removed, peers registered across the parts, stats.
 #include "engine_impl.h"
@@ -9,6 +10,7 @@
 
 #include "log.h"
 #include "node_id.h"
+#include "plugin_live_info.h"
 
 namespace ferry {
 
@@ -292,6 +294,7 @@ TransferStatus EngineImpl::send_notification(const std::string& remote_key, std:
 EngineStats EngineImpl::stats() const {
   EngineStats s;
   s.backends = backends_.counter_values();
+  for (const auto& b : backends_.snapshot()) read_live_info(*b, s.backends[b->name]);
   s.inbound_notifications = inbound_count_;
   s.inbound_dropped = inbound_.dropped();
   auto n = notif_inbox_.counts();

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The engine's parts, put together (engine_impl.cpp): the backends, the
 // registry of peers and memory, the transfer lifecycle, the control plane and
 // the inbound table, and what joins them - registering a peer tells the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The initiator's side of fencing (DESIGN.md, "Failure means not delivered").
 //
 // After a WRITE attempt whose outcome is unknown (deadline, lost connection,

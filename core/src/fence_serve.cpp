@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The target's side of fencing: a FENCE from an initiator names attempts per
 // backend; each backend's fence() makes sure none of their bytes lands from now
 // on and says what had landed (plugin.h). The initiator's side is fence.cpp.

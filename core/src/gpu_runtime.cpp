@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPU runtime shim: dlopen libcudart (NVIDIA) or libamdhip64 (AMD) at run
 // time and expose the few calls ferry needs as a ferry_gpu_v1 table. No GPU SDK
 // is needed to build; a host without a GPU runtime gets nullptr and works on.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPU runtime shim (see plugin.h, ferry_gpu_v1): loaded once, on first use.
 #pragma once
 #include "ferry/plugin.h"

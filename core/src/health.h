@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Health of each (peer, backend) pair: failures within a window put the pair in
 // quarantine for a period that doubles on each relapse up to a cap. When the
 // period ends the pair is probing: the next transfer may use it; success makes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The services the core offers plugins (ferry_host_v1) and the plugin error
 // codes' names. Every callback is noexcept with a catch-all: nothing unwinds
 // into a plugin's C frames.

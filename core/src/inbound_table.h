@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Target side: which transfers from which initiator have landed. Each
 // (initiator, uid) is recorded once, however many backends or attempts carried
 // it; a remembered window of recent uids per initiator drops repeats, also

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Access by descriptor: what each side of a connection between two engines
 // proves, for the control plane and for plugins (host link_prove / link_check,
 // ABI 1.4). A proof is two HMACs over one connection's transcript:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The core's logger: one line per event on stderr, level from FERRY_LOG_LEVEL
 // (error|warn|info|debug; default warn). Plugins log through the host table.
 // Every line is passed through printable(): text from the network (claimed
@@ -21,9 +22,9 @@ void log_line(LogLevel level, const std::string& who, const std::string& msg);
 // of input are cut, saying how many were left out.
 std::string printable(std::string_view s, size_t max_bytes = 2048);
 
-// Rate-limited warnings: ferry_plugin_kit::LogGate (plugins/common/log_gate.h),
+// Rate-limited warnings: ferry::plugin_kit::LogGate (plugins/common/log_gate.h),
 // the same class plugins use.
-using LogLimiter = ferry_plugin_kit::LogGate;
+using LogLimiter = ferry::plugin_kit::LogGate;
 }  // namespace ferry
 
 #define FERRY_LOG(level, who, msg)                               \

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sender side of notification messages (Engine::send_notification, and the
 // message attached to a transfer, sent once its data has landed).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Engine::transfer over many regions, and prepared lists (ferry.hpp): both end
 // in Transfers::submit_groups with one part per (local region, remote region).
 // A prepared list checks its slices once and keeps, per region pair it has

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "notif_inbox.h"
 
 #include <sys/eventfd.h>

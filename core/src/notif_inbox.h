@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Target side of notification messages: what arrived, per sender, until the
 // application drains it (Engine::get_new_notifications).
 //

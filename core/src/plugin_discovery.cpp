@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `ferry info`: every plugin file found, whether it loads, and what it offers.
 // Each loadable plugin is started once with empty settings, so a plugin whose
 // hardware or library is missing reports why (e.g. "no RDMA device").

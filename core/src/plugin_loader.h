@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Finds and opens backend plugins (libferry-<name>.so) and checks their ABI.
 // A plugin that cannot be used yields a reason, never a crash.
 #pragma once

@@ -1,4 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "policy.h"
+
+#include "ferry/plugin_kit.hpp"
 
 namespace ferry {
 
@@ -59,37 +62,8 @@ Policy builtin_policy() {
   return p;
 }
 
-std::optional<uint64_t> parse_size(const std::string& s) {
-  size_t i = 0;
-  uint64_t v = 0;
-  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
-    uint64_t d = static_cast<uint64_t>(s[i] - '0');
-    if (v > (UINT64_MAX - d) / 10) return std::nullopt;
-    v = v * 10 + d;
-    ++i;
-  }
-  if (i == 0) return std::nullopt;
-  std::string unit = s.substr(i);
-  uint64_t mult;
-  if (unit.empty() || unit == "B")
-    mult = 1;
-  else if (unit == "KiB" || unit == "K")
-    mult = 1ull << 10;
-  else if (unit == "MiB" || unit == "M")
-    mult = 1ull << 20;
-  else if (unit == "GiB" || unit == "G")
-    mult = 1ull << 30;
-  else if (unit == "KB")
-    mult = 1000;
-  else if (unit == "MB")
-    mult = 1000 * 1000;
-  else if (unit == "GB")
-    mult = 1000 * 1000 * 1000;
-  else
-    return std::nullopt;
-  if (v > UINT64_MAX / mult) return std::nullopt;
-  return v * mult;
-}
+// One size grammar for the policy and every plugin's settings (plugin_kit.hpp).
+std::optional<uint64_t> parse_size(const std::string& s) { return plugin_kit::ParseSize(s); }
 
 std::optional<std::chrono::milliseconds> parse_duration(const std::string& s) {
   size_t i = 0;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The routing policy: which backends, in which order, for which transfer; how
 // to fail over; how long a transfer may take. Loaded from YAML (policy_yaml.cpp)
 // or built in (builtin_policy()).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The YAML form of a Policy (docs/policy.md). Strict on purpose: a typo in a
 // policy would otherwise silently route over the wrong backend, so every key,
 // type and value is checked and each error names source:line:column.

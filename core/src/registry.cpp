@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The registry (registry.h): peers, local memory, imports of remote memory and
 // the plugin handles made for them, behind one lock. Plugins are called with
 // the lock released (they may call back into the core) and with the backend's

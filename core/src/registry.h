@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The registry: remote engines (peers), local memory and imports of remote
 // memory, and the plugin handles each backend made for them. Private state
 // behind its own lock; descriptors are validated and imported here. A transfer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ranks the backends for one transfer: the first matching policy rule's list,
 // kept only where each backend is loaded here, advertised by the peer and by
 // both memory descriptors, able to move that memory and op, and not quarantined.

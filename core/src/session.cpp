@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Session: a (local, remote) pair resolved once, so each transfer skips the
 // descriptor lookups and import checks of the engine-level calls.
 #include "engine_impl.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "stats_server.h"
 
 #include <poll.h>
@@ -63,6 +64,8 @@ std::string stats_to_json(const std::string& engine_key, const EngineStats& s) {
                {"failures", c.failures},
                {"failovers", c.failovers},
                {"quarantines", c.quarantines}};
+    if (!c.detail.empty()) b[name]["detail"] = c.detail;
+    if (!c.plugin.empty()) b[name]["plugin"] = c.plugin;
   }
   j["backends"] = std::move(b);
   // Engine keys are bytes; never let a non-UTF-8 one throw here.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The stats endpoint: a Unix socket on which the engine answers every
 // connection with its current Engine::stats() as one JSON document, then closes
 // it. `ferry stats PATH` reads it from outside the process (a running bench, a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TransferStatus: one transfer's shared, thread-safe state; the first final code sticks.
 #include <atomic>
 #include <condition_variable>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The life of a transfer, decided here and nowhere else: validate, resolve,
 // route, pass the target's fence gate, post, and then by the attempt's outcome:
 //   success            -> SUCCESS (after the core's notification, if it owes one);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transfer lifecycle (transfer.cpp): the one component where a transfer's
 // outcome is decided - its attempts, deadline, fence, failover, completion and
 // the notification the core owes. It owns the watchdog, the fencer and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One transfer over many region pairs (transfer.h, Transfers::submit_groups):
 // the parts run through the ordinary lifecycle with no notification of their
 // own; the last part to end decides the call's status, and only when every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Guarantees that every transfer ends. Items are kept in an intrusive list in
 // deadline order (every deadline is now + the engine's timeout, so appending keeps
 // the order); one thread sleeps until the head's deadline, so an idle engine

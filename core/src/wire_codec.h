@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Little-endian field codec for the control plane's frames. The reader never
 // reads past its end: every get checks the remaining length first.
 #pragma once

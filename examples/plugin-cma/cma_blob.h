@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cma_blob.h - the two opaque blobs of the cma plugin, encoded and decoded.
  *

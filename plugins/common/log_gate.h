@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // At most `burst` log lines per key per interval, for warnings a remote party
 // can trigger at will (refused connections): the next line let through says how
 // many were held back. Keys are bounded (the stalest goes); key by something the
@@ -12,7 +13,7 @@
 #include <mutex>
 #include <string>
 
-namespace ferry_plugin_kit {
+namespace ferry::plugin_kit {
 
 class LogGate {
  public:
@@ -60,4 +61,4 @@ class LogGate {
   std::map<std::string, Entry> entries_;
 };
 
-}  // namespace ferry_plugin_kit
+}  // namespace ferry::plugin_kit

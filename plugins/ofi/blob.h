@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What travels between instances of this plugin: the connection blob (in the
 // EngineDesc) and the memory blob (in the MemoryDesc). Little-endian, versioned, length-checked: a decoder
 // treats its input as hostile and fails with a reason, never reads past the end.

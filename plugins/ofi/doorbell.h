@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A doorbell for a progress thread that has no wait fd to block on (libfabric's
 // shm offers only FI_WAIT_YIELD, a spinner): one page of POSIX shared memory
 // holding a futex word. The owner's progress thread sleeps on it; a local post,

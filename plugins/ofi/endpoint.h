@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One opened libfabric provider: fabric, domain, address vector, completion
 // queue and an RDM endpoint, plus the progress thread that drives them and the
 // queue of transfers waiting for room in the window.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU memory on the initiator. An RDM endpoint cannot reach device memory
 // without FI_HMEM, so a WRITE from a GPU region first copies its bytes
 // device->host into a registered pinned bounce buffer and RMAs them from there;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "instance.h"
 
 #include <rdma/fi_domain.h>
@@ -51,6 +52,12 @@ Instance::~Instance() {
     peers_.clear();
   }
   eps_.clear();
+}
+
+std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a, int* code,
+                                           std::string* why) {
+  return ferry::plugin_kit::ParseAndStart<Instance, Settings>(a, ParseSettings, FERRY_ERR_NO_DEVICE,
+                                                              code, why);
 }
 
 bool Instance::Start(std::string* err) {
@@ -450,7 +457,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   }
   if (rc != FERRY_OK) {
     Log(host_, FERRY_LOG_WARN, "post refused: %s", why.c_str());
-    ferry_plugin_kit::TellRefusal(x, why.c_str());
+    ferry::plugin_kit::TellRefusal(x, why.c_str());
     return rc;
   }
   auto xf = std::make_shared<Xfer>();

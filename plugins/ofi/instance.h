@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One plugin instance (one engine): the opened providers, registered memory,
 // peers and imports behind the C ABI. Methods may throw (std::bad_alloc);
 // ofi_plugin.cpp catches.
@@ -13,7 +14,7 @@
 #include <vector>
 
 #include "endpoint.h"
-#include "ferry/plugin.h"
+#include "ferry/plugin_kit.hpp"
 #include "gpu_stage.h"
 #include "settings.h"
 
@@ -42,6 +43,9 @@ struct RemoteMem {
 
 class Instance {
  public:
+  // init(): the settings parsed, the instance started (the plugin kit's contract).
+  static std::unique_ptr<Instance> Create(const ferry::plugin_kit::InitArgs& a, int* code,
+                                          std::string* why);
   Instance(const ferry_host_v1* host, std::string engine_key, Settings settings);
   ~Instance();  // fini: fails what is pending, joins every thread, frees every handle
 

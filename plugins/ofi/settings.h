@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The backend's settings, as the policy hands them over in JSON.
 #pragma once
 
@@ -5,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "format_bytes.h"
+#include "ferry/plugin_kit.hpp"
 
 namespace ferry_ofi {
 
@@ -29,6 +30,6 @@ struct Settings {
 bool ParseSettings(const char* json, Settings* out, std::string* err);
 
 // "1MiB", "64KiB", "4097B": for describe() and messages.
-using ferry_plugin_kit::FormatBytes;
+using ferry::plugin_kit::FormatBytes;
 
 }  // namespace ferry_ofi

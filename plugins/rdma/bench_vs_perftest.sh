@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ferry-bench --backend rdma beside perftest's ib_write_bw / ib_read_bw, in ONE
 # boot of the Soft-RoCE guest (same kernel, same emulated CPU), printing a
 # markdown table with the ratio. From the build directory:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The initiator side of one RC connection: qp_per_transfer QPs from one local
 // port to one port of one peer, the transfers queued on it, and the state
 // machine IDLE -> CONNECTING (handshake through the core's control channel) ->

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The RDMA devices and ports this instance uses: opened once in init, each
 // device with one protection domain, one completion channel and one CQ shared by
 // every QP on it; each active port with the GID chosen for it.

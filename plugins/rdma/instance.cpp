@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "instance.h"
 
 #include <sys/epoll.h>
@@ -24,6 +25,18 @@ bool RangeOk(uint64_t off, uint64_t len, uint64_t size) { return off <= size && 
 
 Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings settings)
     : host_(host), engine_key_(std::move(engine_key)), settings_(std::move(settings)) {}
+
+std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a, int* code,
+                                           std::string* why) {
+  // The control channel carries the QP handshake; inbound, the notifications.
+  if (a.host->ctrl_send == nullptr || a.host->inbound == nullptr) {
+    *code = FERRY_ERR_INVALID_ARGS;
+    *why = "host services table lacks ctrl_send or inbound";
+    return nullptr;
+  }
+  return ferry::plugin_kit::ParseAndStart<Instance, Settings>(a, ParseSettings, FERRY_ERR_INTERNAL,
+                                                              code, why);
+}
 
 bool Instance::Start(int* code, std::string* err) {
   if (!devices_.Open(settings_, code, err)) return false;
@@ -277,7 +290,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
     if (v.len == 0 || !RangeOk(v.local_off, v.len, lm->size) ||
         !RangeOk(v.remote_off, v.len, rm->size)) {
       Log(host_, FERRY_LOG_WARN, "refusing a transfer: piece %u is out of range", i);
-      ferry_plugin_kit::TellRefusal(x, "a piece is outside a region");
+      ferry::plugin_kit::TellRefusal(x, "a piece is outside a region");
       return FERRY_ERR_INVALID_ARGS;
     }
   }
@@ -296,7 +309,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
       for (int r = 0; r < static_cast<int>(ph->info.ports.size()) && !found; ++r)
         if (compatible(l, r)) lp = l, rp = r, found = true;
     if (!found) {
-      ferry_plugin_kit::TellRefusal(x, "no port pair with a common link layer (IB vs RoCE)");
+      ferry::plugin_kit::TellRefusal(x, "no port pair with a common link layer (IB vs RoCE)");
       return FERRY_ERR_UNSUPPORTED;
     }
   }
@@ -334,7 +347,8 @@ int Instance::Post(const ferry_xfer_v1* x) {
   return FERRY_OK;
 }
 
-int Instance::Fence(const char* peer_key, size_t n, ferry_fence_result_v1* out) {
+int Instance::Fence(const char* peer_key, const uint64_t*, size_t n, uint64_t,
+                    ferry_fence_result_v1* out) {
   if (peer_key == nullptr || (n > 0 && out == nullptr)) return FERRY_ERR_INVALID_ARGS;
   std::vector<std::shared_ptr<Passive>> passives;
   {

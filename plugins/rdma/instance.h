@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One plugin instance (one engine): devices, registered memory, peers and their
 // connections, the target-side QPs, a completion thread (CQ events, async
 // events, deadlines) and a worker thread (QP handshakes through the control
@@ -21,7 +22,7 @@
 
 #include "conn.h"
 #include "device.h"
-#include "ferry/plugin.h"
+#include "ferry/plugin_kit.hpp"
 #include "settings.h"
 #include "wire.h"
 
@@ -49,6 +50,9 @@ struct RemoteMem {
 
 class Instance {
  public:
+  // init(): the settings parsed, the instance started (the plugin kit's contract).
+  static std::unique_ptr<Instance> Create(const ferry::plugin_kit::InitArgs& a, int* code,
+                                          std::string* why);
   Instance(const ferry_host_v1* host, std::string engine_key, Settings settings);
   ~Instance();  // fini: fails what is pending, joins the threads, frees every handle
 
@@ -68,7 +72,10 @@ class Instance {
   // plugin.h fence(): this engine's QPs that serve `peer_key` go to ERR (a
   // responder in ERR applies no more RDMA WRITEs) and are retired; the
   // initiator's next transfer makes new ones with a new handshake.
-  int Fence(const char* peer_key, size_t n, ferry_fence_result_v1* out);
+  // Every attempt of the initiator is fenced by retiring its QPs: the ids and
+  // the deadline do not change what is done.
+  int Fence(const char* peer_key, const uint64_t* ids, size_t n, uint64_t deadline_ns,
+            ferry_fence_result_v1* out);
 
   // ---- for Conn / Passive ----
   const ferry_host_v1* host() const { return host_; }

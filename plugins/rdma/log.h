@@ -1,10 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 // Logging through the host (plugins/common/host_log.h).
 #pragma once
 
-#include "host_log.h"
+#include "ferry/plugin_kit.hpp"
 
 namespace ferry_rdma {
 
-using ferry_plugin_kit::Log;
+using ferry::plugin_kit::Log;
 
 }  // namespace ferry_rdma

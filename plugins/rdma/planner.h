@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Turns a transfer's pieces into RDMA work requests: sorted by remote offset,
 // pieces contiguous on both sides merged, pieces contiguous only remotely
 // gathered/scattered through SGE lists (up to max_sge), everything cut at

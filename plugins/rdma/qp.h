@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Creating RC queue pairs and walking them through RESET -> INIT -> RTR -> RTS.
 #pragma once
 

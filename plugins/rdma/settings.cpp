@@ -1,16 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "settings.h"
 
 #include <nlohmann/json.hpp>
 
-#include "settings_json.h"
+#include "ferry/plugin_kit.hpp"
 
 namespace ferry_rdma {
 namespace {
 
 using json = nlohmann::json;
-using ferry_plugin_kit::GetBytes;
-using ferry_plugin_kit::GetInt;
-using ferry_plugin_kit::ParseObject;
+using ferry::plugin_kit::GetBytes;
+using ferry::plugin_kit::GetInt;
+using ferry::plugin_kit::ParseObject;
 
 bool GetBool(const json& v, const char* key, bool* out, std::string* err) {
   if (!v.is_boolean()) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The rdma backend's settings, as the policy hands them over in JSON
 // (backends: { rdma: { ... } }). Every key is optional; unknown keys are refused.
 #pragma once
@@ -6,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "format_bytes.h"
+#include "ferry/plugin_kit.hpp"
 
 namespace ferry_rdma {
 
@@ -38,6 +39,6 @@ struct Settings {
 bool ParseSettings(const char* json, Settings* out, std::string* err);
 
 // "1MiB", "64KiB", "4097B": for describe() and messages.
-using ferry_plugin_kit::FormatBytes;
+using ferry::plugin_kit::FormatBytes;
 
 }  // namespace ferry_rdma

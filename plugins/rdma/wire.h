@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The rdma plugin's wire formats: the two opaque blobs that travel inside ferry
 // descriptors (connection info, memory info), the QP handshake messages sent
 // through the core's control channel, and the notification carried by a SEND.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ends transfers whose deadline passed. One thread sleeps on a condition
 // variable until the earliest deadline, so an idle plugin costs no CPU.
 // Add() wakes it only for a deadline earlier than the time it wakes by itself;

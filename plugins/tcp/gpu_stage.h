@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU memory over tcp. A socket cannot read or write device memory, so the
 // bytes of a GPU region pass through host staging buffers on both sides.
 //

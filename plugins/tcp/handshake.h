@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The data-lane handshake: HELLO and the mutual proof of access by descriptor
 // (wire.h, kFlagAuth) computed by the host's link_prove / link_check (ABI 1.4),
 // so the secrets stay in the core.

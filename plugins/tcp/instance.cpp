@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "instance.h"
 
 #include <cstring>
@@ -57,6 +58,17 @@ void Instance::OnExpired(const std::shared_ptr<Xfer>& x) {
   peer->ResetLanes(FERRY_ERR_TIMEOUT,
                    "lanes to " + peer->info().label + " were reset after a transfer timed out",
                    keep_from);
+}
+
+std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a, int* code,
+                                           std::string* why) {
+  if (std::strlen(a.engine_key) > wire::kMaxKeyLen) {
+    *code = FERRY_ERR_INVALID_ARGS;
+    *why = "engine key must be 1.." + std::to_string(wire::kMaxKeyLen) + " bytes";
+    return nullptr;
+  }
+  return ferry::plugin_kit::ParseAndStart<Instance, Settings>(a, ParseSettings, FERRY_ERR_TRANSPORT,
+                                                              code, why);
 }
 
 bool Instance::Start(std::string* err) {
@@ -239,7 +251,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
     if (rc == FERRY_OK) return rc;
   }
   Log(host_, FERRY_LOG_WARN, "post refused: %s", why.c_str());
-  ferry_plugin_kit::TellRefusal(x, why.c_str());
+  ferry::plugin_kit::TellRefusal(x, why.c_str());
   return rc;
 }
 
@@ -260,6 +272,22 @@ int Instance::Describe(char* buf, size_t len) {
   s += std::string(" auth=") + (LinkAuthAvailable(host_) ? "descriptor" : "off") +
        " rejected_lanes=" + std::to_string(target_.rejected());
   std::snprintf(buf, len, "%s", s.c_str());
+  return FERRY_OK;
+}
+
+int Instance::Counters(char* buf, size_t len) {
+  size_t peers = 0, locals = 0, remotes = 0;
+  {
+    std::lock_guard lk(handles_mu_);
+    peers = peers_.size();
+    locals = locals_.size();
+    remotes = remotes_.size();
+  }
+  std::snprintf(buf, len,
+                "{\"peers\":%zu,\"local_regions\":%zu,\"remote_regions\":%zu,"
+                "\"rejected_lanes\":%llu,\"gpu_pinned_bytes\":%llu}",
+                peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
+                static_cast<unsigned long long>(stages_.pinned_bytes()));
   return FERRY_OK;
 }
 

@@ -1,6 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
 // One plugin instance (one engine): ties settings, registered memory, peers,
 // the target server and the deadline watcher together behind the C ABI.
-// Methods may throw (std::bad_alloc, std::system_error); tcp_plugin.cpp catches.
+// Methods may throw (std::bad_alloc, std::system_error); the plugin kit's
+// entry points (tcp_plugin.cpp) catch.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +12,7 @@
 #include <string>
 
 #include "deadline.h"
-#include "ferry/plugin.h"
+#include "ferry/plugin_kit.hpp"
 #include "gpu_stage.h"
 #include "peer.h"
 #include "region.h"
@@ -35,6 +37,9 @@ struct RemoteMem {
 
 class Instance {
  public:
+  // init(): the settings parsed, the instance started (the plugin kit's contract).
+  static std::unique_ptr<Instance> Create(const ferry::plugin_kit::InitArgs& a, int* code,
+                                          std::string* why);
   Instance(const ferry_host_v1* host, std::string engine_key, Settings settings);
   ~Instance();  // fini: fails what is pending, joins every thread, frees every handle
 
@@ -49,6 +54,7 @@ class Instance {
   void MemRelease(void* handle);
   int Post(const ferry_xfer_v1* x);
   int Describe(char* buf, size_t len);
+  int Counters(char* buf, size_t len);  // ABI 1.5: peers, regions, refused lanes, pinned bytes
   int Fence(const char* peer_key, const uint64_t* ids, size_t n, uint64_t deadline_ns,
             ferry_fence_result_v1* out);
   const ferry_host_v1* host() const { return host_; }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One initiator-side data connection to a peer.
 //
 // The lane's sender thread connects lazily (never inside post()), says HELLO

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The initiator side of one remote engine: its lanes, and the per-peer transfer
 // sequence that the target uses to count a transfer's frames for notification.
 #pragma once

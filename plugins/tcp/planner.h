@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cuts a transfer's items into frames: coalesces items contiguous on both
 // sides, packs small items together so a batch of many small pieces costs a few
 // syscalls, and splits items bigger than a chunk so they spread over lanes.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Registered local memory and its revocation.
 //
 // A region is touched by socket I/O in two roles: as the target of a peer's

@@ -1,17 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "settings.h"
 
 #include <nlohmann/json.hpp>
 
-#include "settings_json.h"
+#include "ferry/plugin_kit.hpp"
 #include "wire.h"
 
 namespace ferry_tcp {
 namespace {
 
 using json = nlohmann::json;
-using ferry_plugin_kit::GetBytes;
-using ferry_plugin_kit::GetInt;
-using ferry_plugin_kit::ParseObject;
+using ferry::plugin_kit::GetBytes;
+using ferry::plugin_kit::GetInt;
+using ferry::plugin_kit::ParseObject;
 
 // A size that bounds one frame's payload: 4KiB..kMaxPayload.
 bool GetPayloadBytes(const json& v, const char* key, uint64_t* out, std::string* err) {

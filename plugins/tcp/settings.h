@@ -1,10 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 // The backend's settings, as the policy hands them over in JSON.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "format_bytes.h"
+#include "ferry/plugin_kit.hpp"
 
 namespace ferry_tcp {
 
@@ -30,6 +31,6 @@ struct Settings {
 bool ParseSettings(const char* json, Settings* out, std::string* err);
 
 // "1MiB", "64KiB", "4097B": for describe() and messages.
-using ferry_plugin_kit::FormatBytes;
+using ferry::plugin_kit::FormatBytes;
 
 }  // namespace ferry_tcp

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Blocking socket helpers: whole-buffer send/recv loops that survive EINTR and
 // short transfers, connect with a timeout that another thread can abort, and
 // listening sockets.

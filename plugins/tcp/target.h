@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The target side: the data-lane listener and one thread per accepted lane that
 // serves READ and WRITE requests against registered memory.
 //
@@ -112,7 +113,7 @@ class TargetServer {
   std::condition_variable cv_;
   bool stopping_ = false;
   // Warnings about refused or closed connections (WarnFrom).
-  ferry_plugin_kit::LogGate refusal_log_;
+  ferry::plugin_kit::LogGate refusal_log_;
   uint64_t accept_failures_ = 0;   // accept() out of descriptors since the last warning
   uint64_t accept_warned_ns_ = 0;  // host clock of that warning
   std::map<std::string, std::shared_ptr<TargetPeer>> peers_;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Target-side view of one added peer: whether its lanes may be served, which
 // lanes it has open, and the frame counts that turn into exactly one
 // host->inbound() per notify transfer.

@@ -1,172 +1,22 @@
-// The C ABI entry point of libferry-tcp.so. Nothing throws past this file:
-// every entry catches and turns failures into FERRY_ERR_* codes.
-#include <cstdio>
-#include <cstring>
-#include <exception>
-#include <new>
-#include <string>
-
-#include "ferry/plugin.h"
+// SPDX-License-Identifier: Apache-2.0
+// The C ABI entry point of libferry-tcp.so: the ops table, built and guarded by
+// ferry/plugin_kit.hpp around ferry_tcp::Instance.
+#include "ferry/plugin_kit.hpp"
 #include "instance.h"
-#include "log.h"
-#include "settings.h"
-#include "wire.h"
 
-namespace ferry_tcp {
 namespace {
 
-Instance* Self(void* ctx) { return static_cast<Instance*>(ctx); }
-
-// Runs fn, mapping exceptions to codes and logging where they came from.
-template <typename Fn>
-int Guard(void* ctx, const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::bad_alloc&) {
-    if (ctx) Log(Self(ctx)->host(), FERRY_LOG_ERROR, "%s: out of memory", what);
-    return FERRY_ERR_NO_MEMORY;
-  } catch (const std::exception& e) {
-    if (ctx) Log(Self(ctx)->host(), FERRY_LOG_ERROR, "%s: %s", what, e.what());
-    return FERRY_ERR_INTERNAL;
-  } catch (...) {
-    if (ctx) Log(Self(ctx)->host(), FERRY_LOG_ERROR, "%s: unknown exception", what);
-    return FERRY_ERR_INTERNAL;
-  }
-}
-
-void SetErr(char* err, size_t errlen, const std::string& msg) {
-  if (err != nullptr && errlen > 0) std::snprintf(err, errlen, "%s", msg.c_str());
-}
-
-int Init(const ferry_host_v1* host, const char* engine_key, const char* node_id,
-         const char* settings_json, void** ctx, char* err, size_t errlen) {
-  try {
-    if (host == nullptr || ctx == nullptr || !FERRY_HAS_FIELD(ferry_host_v1, host, complete) ||
-        host->complete == nullptr || host->now_ns == nullptr) {
-      SetErr(err, errlen, "tcp: host services table is missing or too old");
-      return FERRY_ERR_INVALID_ARGS;
-    }
-    if (engine_key == nullptr || engine_key[0] == '\0' ||
-        std::strlen(engine_key) > wire::kMaxKeyLen) {
-      SetErr(err, errlen,
-             "tcp: engine key must be 1.." + std::to_string(wire::kMaxKeyLen) + " bytes");
-      return FERRY_ERR_INVALID_ARGS;
-    }
-    Settings settings;
-    std::string why;
-    if (!ParseSettings(settings_json, &settings, &why)) {
-      SetErr(err, errlen, "tcp: " + why);
-      return FERRY_ERR_INVALID_ARGS;
-    }
-    auto inst = std::make_unique<Instance>(host, engine_key, std::move(settings));
-    if (!inst->Start(&why)) {
-      SetErr(err, errlen, "tcp: " + why);
-      return FERRY_ERR_TRANSPORT;
-    }
-    *ctx = inst.release();
-    return FERRY_OK;
-  } catch (const std::bad_alloc&) {
-    SetErr(err, errlen, "tcp: out of memory");
-    return FERRY_ERR_NO_MEMORY;
-  } catch (const std::exception& e) {
-    SetErr(err, errlen, std::string("tcp: ") + e.what());
-    return FERRY_ERR_INTERNAL;
-  } catch (...) {
-    SetErr(err, errlen, "tcp: unknown error during init");
-    return FERRY_ERR_INTERNAL;
-  }
-}
-
-void Fini(void* ctx) {
-  Guard(ctx, "fini", [&] {
-    delete Self(ctx);
-    return FERRY_OK;
-  });
-}
-
-int ConnInfo(void* ctx, void* buf, size_t* len) {
-  return Guard(ctx, "conn_info", [&] { return Self(ctx)->ConnInfo(buf, len); });
-}
-
-int PeerAdd(void* ctx, const ferry_peer_v1* peer, void** handle) {
-  return Guard(ctx, "peer_add", [&] { return Self(ctx)->PeerAdd(peer, handle); });
-}
-
-void PeerRemove(void* ctx, void* handle) {
-  Guard(ctx, "peer_remove", [&] {
-    Self(ctx)->PeerRemove(handle);
-    return FERRY_OK;
-  });
-}
-
-int MemRegister(void* ctx, const ferry_mem_v1* mem, void** handle, void* blob, size_t* blob_len) {
-  return Guard(ctx, "mem_register",
-               [&] { return Self(ctx)->MemRegister(mem, handle, blob, blob_len); });
-}
-
-void MemDeregister(void* ctx, void* handle) {
-  Guard(ctx, "mem_deregister", [&] {
-    Self(ctx)->MemDeregister(handle);
-    return FERRY_OK;
-  });
-}
-
-int MemImport(void* ctx, void* peer, uint64_t remote_id, uint64_t remote_size, const void* blob,
-              size_t blob_len, void** handle) {
-  return Guard(ctx, "mem_import", [&] {
-    return Self(ctx)->MemImport(peer, remote_id, remote_size, blob, blob_len, handle);
-  });
-}
-
-void MemRelease(void* ctx, void* handle) {
-  Guard(ctx, "mem_release", [&] {
-    Self(ctx)->MemRelease(handle);
-    return FERRY_OK;
-  });
-}
-
-int Post(void* ctx, const ferry_xfer_v1* xfer) {
-  return Guard(ctx, "post", [&] { return Self(ctx)->Post(xfer); });
-}
-
-void OnCtrl(void* ctx, const char* peer_key, const void*, size_t len) {
-  // The tcp backend has its own lanes and never sends control messages.
-  Log(Self(ctx)->host(), FERRY_LOG_DEBUG, "ignoring a %zu-byte control message from %s", len,
-      peer_key ? peer_key : "?");
-}
-
-int Describe(void* ctx, char* buf, size_t len) {
-  return Guard(ctx, "describe", [&] { return Self(ctx)->Describe(buf, len); });
-}
-
-int Fence(void* ctx, const char* peer_key, const uint64_t* ids, size_t n, uint64_t deadline_ns,
-          ferry_fence_result_v1* out) {
-  return Guard(ctx, "fence", [&] { return Self(ctx)->Fence(peer_key, ids, n, deadline_ns, out); });
-}
+struct TcpPlugin {
+  using Instance = ferry_tcp::Instance;
+  static constexpr const char* kName = "tcp";
+  static constexpr const char* kVersion = "0.1.0";
+  // FENCE: every WRITE frame passes the target's fence check before a byte of it
+  // is applied (target_peer.h), and fence() waits for frames being applied.
+  static constexpr uint64_t kCaps = FERRY_CAP_MEM_CPU | FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ |
+                                    FERRY_CAP_OP_WRITE | FERRY_CAP_NATIVE_NOTIFY | FERRY_CAP_FENCE;
+};
 
 }  // namespace
-}  // namespace ferry_tcp
 
-extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
-    sizeof(ferry_plugin_ops_v1),
-    FERRY_PLUGIN_ABI_MINOR,
-    "tcp",
-    "0.1.0",
-    // FENCE: every WRITE frame passes the target's fence check before a byte of it
-    // is applied (target_peer.h), and fence() waits for frames being applied.
-    FERRY_CAP_MEM_CPU | FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
-        FERRY_CAP_NATIVE_NOTIFY | FERRY_CAP_FENCE,
-    ferry_tcp::Init,
-    ferry_tcp::Fini,
-    ferry_tcp::ConnInfo,
-    ferry_tcp::PeerAdd,
-    ferry_tcp::PeerRemove,
-    ferry_tcp::MemRegister,
-    ferry_tcp::MemDeregister,
-    ferry_tcp::MemImport,
-    ferry_tcp::MemRelease,
-    ferry_tcp::Post,
-    ferry_tcp::OnCtrl,
-    ferry_tcp::Describe,
-    ferry_tcp::Fence,
-};
+extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
+    ferry::plugin_kit::MakeOps<TcpPlugin>();

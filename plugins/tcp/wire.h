@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tcp plugin's wire format: frames on data lanes and the two opaque blobs
 // (connection info, memory info) that travel inside ferry descriptors.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One accepted transfer on the initiator side, and the frames it was cut into.
 //
 // A transfer completes exactly once: when the last of its frames is resolved

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What an xgmi memory descriptor carries: the IPC handle of the allocation that
 // holds the region, the region's offset inside that allocation (MORI's issue 415
 // came from forgetting it), and the exporting process, so an importer in the

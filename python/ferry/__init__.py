@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry: one-sided READ/WRITE between the registered memory of two processes.
 
 The API follows MORI-IO's ``mori.io`` (see docs/python.md for the name table)::

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ferry._ferry - the Python binding of ferry.hpp, shaped like MORI-IO's mori.io.
 //
 // Rules kept here:
@@ -763,6 +764,10 @@ class PyEngine {
       d["failures"] = b.failures;
       d["failovers"] = b.failovers;
       d["quarantines"] = b.quarantines;
+      d["detail"] = b.detail;
+      py::dict plugin;
+      for (const auto& [k, v] : b.plugin) plugin[py::str(k)] = v;
+      d["plugin"] = plugin;
       backends[py::str(name)] = d;
     }
     py::dict out;

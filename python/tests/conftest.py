@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures: engines on the tcp backend, buffers and a data pattern.
 
 Run from the build: ctest -L python, or

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A target engine in its own OS process, driven over stdin/stdout (one line each way).
 
 Prints "READY <engine desc hex> <memory desc hex>", then answers:

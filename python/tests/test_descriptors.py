@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """EngineDesc / MemoryDesc: pack/unpack round trips and hostile input."""
 import pickle
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The transfer matrix and the error paths, two engines in one process.
 
 Follows MORI-IO's tests/python/io/test_engine.py checklist: every combination of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """examples/kv_transfer.py end to end: prefill and decode as two OS processes."""
 import subprocess
 import sys

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Waiting releases the GIL: another Python thread makes progress meanwhile.
 
 The slow transfer is a scripted one: the test-only 'fault' plugin in 'hang' mode

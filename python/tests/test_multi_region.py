@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One transfer over many regions and prepared lists, against a target in its
 own process: items as tuples or numpy arrays, index arrays read in place, the
 message once after all the data."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Notification messages across two OS processes: standalone and attached to
 transfers (numpy and torch CPU tensors), in order and exactly once, listed by
 sender; the inbox's fd drives an asyncio loop; waits release the GIL."""

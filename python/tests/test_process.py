@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A target engine in a second OS process: engine/session x single/batch x read/write,
 data checked on both sides and the target notified."""
 import hashlib

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """register_torch_tensor: duck-typed (no torch needed), real CPU tensors and CUDA
 tensors (skipped without torch / a GPU)."""
 import subprocess

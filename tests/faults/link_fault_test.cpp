@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Faults on a real link (issue 9 item 4). Two network namespaces joined by a
 // veth pair (tests/netns/netns_pair.sh --same-node --ctrl-link, policy
 // faults.yaml.in): this process is the initiator in namespace A, a

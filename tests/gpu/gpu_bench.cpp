@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ferry-gpu-bench: GPU-memory transfers through ferry between two processes
 // (the target is ferry-gpu-peer, started with exec), at the sizes gpu-peer-ref
 // measures raw, so the two tables give a ratio from one run.

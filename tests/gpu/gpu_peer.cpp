@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ferry-gpu-peer: a target engine whose region is GPU memory, in its own process
 // (started with exec: a CUDA process must not fork and use CUDA in the child).
 //   usage: ferry-gpu-peer KEY BACKEND[,BACKEND...] DEVICE REGION_BYTES

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU memory end to end: a target process with GPU memory (ferry-gpu-peer,
 // started with fork+exec) and an initiator engine here, over xgmi (CUDA IPC +
 // peer copies) and over tcp (staged through pinned host buffers) — every

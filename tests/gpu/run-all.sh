@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tests/gpu/run-all.sh REPORT_DIR: on a GPU host, build ferry and run every GPU
 # test and benchmark in one go; the report lands in REPORT_DIR (report.md plus
 # the raw logs). Needs cmake, ninja, a C++20 compiler, yaml-cpp, GoogleTest and
@@ -25,7 +26,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${extra[
   log "configure FAILED (see configure.log)"; tail -30 "$report/configure.log"; exit 1
 fi
 targets=(ferry ferry-cli ferry-tcp ferry-xgmi ferry-gpu-peer gpu_transfer_test ferry-gpu-bench gpu-peer-ref
-         engine_process_test ferry-test-peer ferry-bench)
+         engine_process_test ferry-test-peer ferry-bench ferry-plugin-check)
 
 if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$report/build.log" 2>&1; then
   log "build FAILED (see build.log)"; grep -m 30 -E "error" "$report/build.log"; exit 1
@@ -45,6 +46,16 @@ log "## ferry info"; log '```'
 log "## gpu_transfer_test (xgmi matrix, detection, 1024x16KiB batch, IPC-open failure)"
 "$build/bin/gpu_transfer_test" > "$report/gpu_transfer_test.log" 2>&1 || status=1
 log '```'; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran|FAILED TEST" "$report/gpu_transfer_test.log" | tee -a "$report/report.md"; log '```'
+
+log "## ferry-plugin-check: the plugin contract for xgmi (GPU memory, device 0) and tcp with GPU memory"
+for p in xgmi tcp; do
+  log "### $p"
+  log '```'
+  "$build/bin/ferry-plugin-check" --gpu "$build/lib/ferry/plugins/libferry-$p.so" \
+    > "$report/plugin-check-$p.txt" 2> "$report/plugin-check-$p.err" || status=1
+  tee -a "$report/report.md" < "$report/plugin-check-$p.txt"
+  log '```'
+done
 
 log "## CPU two-process matrix on this host (tcp), as a sanity check"
 "$build/bin/engine_process_test" > "$report/engine_process_test.log" 2>&1 || status=1

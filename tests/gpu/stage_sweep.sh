@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tests/gpu/stage_sweep.sh STAGE[:GPU_CHUNK] ...: on a GPU host, tcp with GPU
 # memory (staged, GPU0 -> GPU1) beside tcp with host memory (default settings),
 # one pair of runs per setting, each through a policy

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs a two-process test across two "hosts": network namespaces A and B joined
 # by a veth pair with private test addresses (10.203.N.1 in A, 10.203.N.2 in B;
 # they exist only inside these namespaces). The command runs in A; the test

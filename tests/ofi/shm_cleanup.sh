@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Removes what killed processes left in /dev/shm: libfabric shm regions
 # ("<pid>:<n>:<n>", 16 MiB each) and ofi plugin doorbells ("ferry-ofi-<pid>-<token>")
 # whose process no longer exists. engine_process_test kills its target with

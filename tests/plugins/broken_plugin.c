@@ -1,52 +1,95 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Deliberately broken plugins for the loader tests, one per BROKEN_* define.
  * Written in C99 against plugin.h alone, which also proves the header is C. */
 #include <stdio.h>
 
 #include "ferry/plugin.h"
 
-static int p_init(const ferry_host_v1 *host, const char *key, const char *node,
-                  const char *settings, void **ctx, char *err, size_t errlen) {
-  (void)host; (void)key; (void)node; (void)settings;
+static int p_init(const ferry_host_v1* host, const char* key, const char* node,
+                  const char* settings, void** ctx, char* err, size_t errlen) {
+  (void)host;
+  (void)key;
+  (void)node;
+  (void)settings;
 #if defined(BROKEN_INIT_FAILS)
   snprintf(err, errlen, "no widget present on this host");
   *ctx = NULL;
   return FERRY_ERR_NO_DEVICE;
 #else
-  (void)err; (void)errlen;
+  (void)err;
+  (void)errlen;
   static int instance;
   *ctx = &instance;
   return FERRY_OK;
 #endif
 }
-static void p_fini(void *ctx) { (void)ctx; }
-static int p_conn_info(void *ctx, void *buf, size_t *len) { (void)ctx; (void)buf; *len = 0; return FERRY_OK; }
-static int p_peer_add(void *ctx, const ferry_peer_v1 *peer, void **h) { (void)ctx; (void)peer; *h = NULL; return FERRY_OK; }
-static void p_peer_remove(void *ctx, void *h) { (void)ctx; (void)h; }
-static int p_mem_register(void *ctx, const ferry_mem_v1 *m, void **h, void *blob, size_t *len) {
-  (void)ctx; (void)m; (void)h; (void)blob; (void)len;
+static void p_fini(void* ctx) { (void)ctx; }
+static int p_conn_info(void* ctx, void* buf, size_t* len) {
+  (void)ctx;
+  (void)buf;
+  *len = 0;
+  return FERRY_OK;
+}
+static int p_peer_add(void* ctx, const ferry_peer_v1* peer, void** h) {
+  (void)ctx;
+  (void)peer;
+  *h = NULL;
+  return FERRY_OK;
+}
+static void p_peer_remove(void* ctx, void* h) {
+  (void)ctx;
+  (void)h;
+}
+static int p_mem_register(void* ctx, const ferry_mem_v1* m, void** h, void* blob, size_t* len) {
+  (void)ctx;
+  (void)m;
+  (void)h;
+  (void)blob;
+  (void)len;
   return FERRY_ERR_UNSUPPORTED;
 }
-static void p_mem_deregister(void *ctx, void *h) { (void)ctx; (void)h; }
-static int p_mem_import(void *ctx, void *peer, uint64_t id, uint64_t size, const void *blob,
-                        size_t len, void **h) {
-  (void)ctx; (void)peer; (void)id; (void)size; (void)blob; (void)len; (void)h;
+static void p_mem_deregister(void* ctx, void* h) {
+  (void)ctx;
+  (void)h;
+}
+static int p_mem_import(void* ctx, void* peer, uint64_t id, uint64_t size, const void* blob,
+                        size_t len, void** h) {
+  (void)ctx;
+  (void)peer;
+  (void)id;
+  (void)size;
+  (void)blob;
+  (void)len;
+  (void)h;
   return FERRY_ERR_UNSUPPORTED;
 }
-static void p_mem_release(void *ctx, void *h) { (void)ctx; (void)h; }
-static int p_post(void *ctx, const ferry_xfer_v1 *x) { (void)ctx; (void)x; return FERRY_ERR_UNSUPPORTED; }
-static void p_on_ctrl(void *ctx, const char *peer, const void *msg, size_t len) {
-  (void)ctx; (void)peer; (void)msg; (void)len;
+static void p_mem_release(void* ctx, void* h) {
+  (void)ctx;
+  (void)h;
+}
+static int p_post(void* ctx, const ferry_xfer_v1* x) {
+  (void)ctx;
+  (void)x;
+  return FERRY_ERR_UNSUPPORTED;
+}
+static void p_on_ctrl(void* ctx, const char* peer, const void* msg, size_t len) {
+  (void)ctx;
+  (void)peer;
+  (void)msg;
+  (void)len;
 }
 
-#define OPS_BODY(NAME, SIZE, POST)                                                         \
-  {SIZE, FERRY_PLUGIN_ABI_MINOR, NAME, "0.0-test", FERRY_CAP_MEM_CPU | FERRY_CAP_OP_WRITE, \
-   p_init, p_fini, p_conn_info, p_peer_add, p_peer_remove, p_mem_register,                 \
-   p_mem_deregister, p_mem_import, p_mem_release, POST, p_on_ctrl, NULL OPS_TAIL}
-#if FERRY_PLUGIN_ABI_MINOR >= 2
-#define OPS_TAIL , NULL /* fence */
-#else
-#define OPS_TAIL
-#endif
+/* Designated initialisers: the fields a newer header appends stay NULL, and the
+ * same body builds against the frozen 1.1 header (abi-1.1/). */
+#define OPS_BODY(NAME, SIZE, POST)                                                                 \
+  {                                                                                                \
+    .struct_size = SIZE, .abi_minor = FERRY_PLUGIN_ABI_MINOR, .name = NAME, .version = "0.0-test", \
+    .caps = FERRY_CAP_MEM_CPU | FERRY_CAP_OP_WRITE, .init = p_init, .fini = p_fini,                \
+    .conn_info = p_conn_info, .peer_add = p_peer_add, .peer_remove = p_peer_remove,                \
+    .mem_register = p_mem_register, .mem_deregister = p_mem_deregister,                            \
+    .mem_import = p_mem_import, .mem_release = p_mem_release, .post = POST, .on_ctrl = p_on_ctrl,  \
+    .describe = NULL                                                                               \
+  }
 
 #if defined(BROKEN_NEWER_ABI)
 /* Built for a future ABI major only. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libferry-fault.so: a test-only backend whose failures are scripted, so the
 // failover tests can break one backend on purpose and watch the policy move the
 // transfer to another. Data moves with memcpy (the memory blob carries the
@@ -213,10 +214,25 @@ void f_on_ctrl(void* ctx, const char* peer, const void* msg, size_t len) {
 }  // namespace
 
 extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
-    sizeof(ferry_plugin_ops_v1), FERRY_PLUGIN_ABI_MINOR, "fault", "0.1-test",
+    .struct_size = sizeof(ferry_plugin_ops_v1),
+    .abi_minor = FERRY_PLUGIN_ABI_MINOR,
+    .name = "fault",
+    .version = "0.1-test",
     // A memcpy in post(): the initiator's own copy is the whole transfer.
-    FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
-        FERRY_CAP_INITIATOR_COPY,
-    f_init, f_fini, f_conn_info, f_peer_add, f_peer_remove, f_mem_register, f_mem_deregister,
-    f_mem_import, f_mem_release, f_post, f_on_ctrl, nullptr,
-    nullptr};  // fence: a memcpy in post() is the whole transfer
+    .caps = FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
+            FERRY_CAP_INITIATOR_COPY,
+    .init = f_init,
+    .fini = f_fini,
+    .conn_info = f_conn_info,
+    .peer_add = f_peer_add,
+    .peer_remove = f_peer_remove,
+    .mem_register = f_mem_register,
+    .mem_deregister = f_mem_deregister,
+    .mem_import = f_mem_import,
+    .mem_release = f_mem_release,
+    .post = f_post,
+    .on_ctrl = f_on_ctrl,
+    .describe = nullptr,
+    .fence = nullptr,  // a memcpy in post() is the whole transfer
+    .counters = nullptr,
+};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ferry-soak (issue 9 item 6): minutes of random, seeded transfers between this
 // process (the initiator engine "soak-init") and --procs target processes
 // (ferry-test-peer, started with fork+exec), with periodic target restarts under

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A helper process started with fork+exec, spoken to by lines on stdin/stdout.
 #pragma once
 #include <string>

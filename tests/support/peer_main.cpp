@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ferry-test-peer: a target engine in its own process for the multi-process
 // tests (started with fork+exec), speaking bench_target's line protocol on
 // stdin/stdout.   usage: ferry-test-peer KEY BACKEND[,BACKEND...] REGION_BYTES [TIMEOUT_MS]

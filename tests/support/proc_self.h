@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What this process holds now, from /proc/self: for tests that bound resources.
 #pragma once
 #include <cstddef>

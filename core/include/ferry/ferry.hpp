@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ferry.hpp - the C++ API: engines, descriptors, transfers, sessions.
 //
 // The model is MORI-IO's: an Engine per process, backends loaded as plugins,
@@ -191,6 +192,10 @@ struct BackendStats {
   uint64_t failures = 0;
   uint64_t failovers = 0;    // transfers re-run elsewhere after failing here
   uint64_t quarantines = 0;  // times a peer was quarantined on this backend
+  // What the live plugin instance says (plugin ABI 1.5; empty for older plugins
+  // or a backend no longer loaded): its describe() line and counters().
+  std::string detail;
+  std::map<std::string, uint64_t> plugin;
 };
 struct EngineStats {
   std::map<std::string, BackendStats> backends;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ferry/plugin.h - the stable C ABI between the ferry core and a backend plugin.
  *
@@ -20,7 +21,19 @@
  * the GPU runtime shim; 1.2 fencing (fence(), attempt_id, FERRY_ERR_NOT_SENT,
  * the FENCE / INITIATOR_COPY / NO_TARGET_CHECK capabilities); 1.3 a refusal
  * reason from post() (ferry_xfer_v1.reason); 1.4 access by descriptor
- * (link_prove / link_check: per-instance secrets on a plugin's own connections).
+ * (link_prove / link_check: per-instance secrets on a plugin's own connections);
+ * 1.5 counters() (a live instance's counters in Engine::stats() and `ferry
+ * stats`), describe() called on live instances too, the unload rule stated.
+ * A plugin built against any 1.x header keeps loading: tests/plugins/abi-1.1 is a
+ * frozen copy of the 1.1 header that CI builds a plugin against.
+ *
+ * Loading and unloading: each engine that uses a plugin dlopens it (RTLD_NOW |
+ * RTLD_LOCAL) and dlcloses it after its instance's fini() returned; the .so is
+ * unmapped when no engine of the process holds it any more, and a process that
+ * creates and destroys engines may load it again. fini() must leave nothing behind that
+ * runs code of the .so: join every thread, cancel every timer. A plugin that
+ * cannot (a library it uses keeps threads or atexit handlers of its own, as some
+ * libfabric providers do) links with -Wl,-z,nodelete, so dlclose leaves it mapped.
  *
  * Ownership is written next to every pointer: "borrowed" means valid only for the
  * duration of the call; "core-owned" / "plugin-owned" says who frees.
@@ -44,7 +57,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 4
+#define FERRY_PLUGIN_ABI_MINOR 5
 
 /* Name of the entry symbol for ABI major 1 (for dlsym). */
 #define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
@@ -384,7 +397,9 @@ typedef struct ferry_plugin_ops_v1 {
   void (*on_ctrl)(void* ctx, const char* peer_key, const void* msg, size_t len);
 
   /* Optional (may be NULL): a human-readable line for `ferry info` (devices,
-   * providers, settings in force). Write into buf (len bytes, NUL-terminated). */
+   * providers, settings in force). Write into buf (len bytes, NUL-terminated).
+   * Since 1.5 the core also calls it on the live instances of an engine
+   * (Engine::stats(), the stats socket): any thread, must not block. */
   int (*describe)(void* ctx, char* buf, size_t len);
 
   /* ---- ABI 1.2 ---- */
@@ -400,6 +415,17 @@ typedef struct ferry_plugin_ops_v1 {
    * deadline_ns (the core answers "unknown"). Never called from a host callback. */
   int (*fence)(void* ctx, const char* peer_key, const uint64_t* attempt_ids, size_t n,
                uint64_t deadline_ns, ferry_fence_result_v1* results);
+
+  /* ---- ABI 1.5 ---- */
+
+  /* Optional (may be NULL): this live instance's counters, shown per backend by
+   * Engine::stats(), the stats socket and `ferry stats`. Write a JSON object
+   * whose keys are 1..32 characters of [a-z0-9_] and whose values are
+   * non-negative integers, e.g. {"lanes_open":4,"rejected_lanes":0}, into buf
+   * (len bytes, NUL-terminated; the core offers 4096), return FERRY_OK. The core
+   * keeps at most 32 keys and ignores entries that do not follow these rules.
+   * Any thread, often (each stats sample): cheap, never blocking. */
+  int (*counters)(void* ctx, char* buf, size_t len);
 } ferry_plugin_ops_v1;
 
 /* A plugin defines this (with visibility default) in exactly one file:

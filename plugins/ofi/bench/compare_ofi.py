@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """plugins/ofi/bench/compare_ofi.py: ferry-bench over ofi (shm, tcp;ofi_rxm) beside
 ferry's tcp backend, memcpy and UCX's shared-memory transports, in ONE run.
 

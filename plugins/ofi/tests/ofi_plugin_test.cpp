@@ -1,18 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the ofi plugin through its C ABI: two instances in one process, each
-// with a small fake host that routes control messages to the other, over the
-// shm and tcp;ofi_rxm providers. Every wait is on a completion with a bound.
-#include <dirent.h>
+// with a fake host (plugins/common/testing/plugin_harness.h) that routes control
+// messages to the other, over the shm and tcp;ofi_rxm providers. Every wait is
+// on a completion with a bound.
 #include <gtest/gtest.h>
-#include <time.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -23,244 +21,51 @@
 #include "../../tcp/tests/fake_gpu.h"
 #include "blob.h"
 #include "ferry/plugin.h"
+#include "testing/plugin_harness.h"
 
 extern "C" const ferry_plugin_ops_v1 ferry_plugin_v1;
 
 namespace {
 
 using namespace std::chrono_literals;
+using namespace ferry_plugin_test;
 const ferry_plugin_ops_v1& ops = ferry_plugin_v1;
 
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
+// ofi's fake hosts print lines up to INFO (DEBUG names every endpoint and peer
+// choice) and route the control channel as the core would, though ofi sends
+// nothing on it.
+constexpr HostOptions kOfiHost{.print_level = FERRY_LOG_INFO};
+
+// The control plane of the engines a test makes outside a pair.
+Net& Route() {
+  static Net net;
+  return net;
 }
 
-struct Completion {
-  std::mutex mu;
-  std::condition_variable cv;
-  int calls = 0;
-  int status = 1;
-  std::string msg;
-  uint64_t at_ns = 0;
-
-  bool Wait(std::chrono::milliseconds timeout = 60s) {
-    std::unique_lock lk(mu);
-    return cv.wait_for(lk, timeout, [&] { return calls > 0; });
-  }
-};
-
-// Engines by key, so one fake host can deliver ctrl_send to another's on_ctrl.
-std::mutex g_route_mu;
-std::map<std::string, void*> g_route;
-
-class FakeHost {
+// An instance as ofi's tests make it: its peers are on the same host unless a
+// test says otherwise (that is where shm may be used).
+class Engine : public Instance {
  public:
-  explicit FakeHost(std::string name, const ferry_gpu_v1* gpu = nullptr) : name_(std::move(name)) {
-    host_.struct_size = sizeof(host_);
-    host_.host_ctx = this;
-    host_.gpu = gpu;
-    host_.log = [](void* ctx, int level, const char* msg) {
-      static const char* kLevels[] = {"E", "W", "I", "D"};
-      auto* self = static_cast<FakeHost*>(ctx);
-      if (level <= FERRY_LOG_WARN) {
-        std::lock_guard lk(self->log_mu_);
-        self->warnings_ += std::string(msg) + "\n";
-      }
-      if (level <= FERRY_LOG_INFO)
-        std::fprintf(stderr, "[%s %s] %s\n", self->name_.c_str(),
-                     level >= 0 && level <= 3 ? kLevels[level] : "?", msg);
-    };
-    host_.now_ns = [](void*) { return NowNs(); };
-    host_.ctrl_send = [](void* ctx, const char* peer, const void* msg, size_t len) {
-      auto* self = static_cast<FakeHost*>(ctx);
-      self->ctrl_sent.fetch_add(1);
-      void* target = nullptr;
-      {
-        std::lock_guard lk(g_route_mu);
-        auto it = g_route.find(peer);
-        if (it == g_route.end()) return FERRY_ERR_NOT_FOUND;
-        target = it->second;
-      }
-      ops.on_ctrl(target, self->name_.c_str(), msg, len);
-      return FERRY_OK;
-    };
-    host_.complete = [](void*, void* xfer_ctx, int status, const char* msg) {
-      auto* c = static_cast<Completion*>(xfer_ctx);
-      std::lock_guard lk(c->mu);
-      ++c->calls;
-      c->status = status;
-      c->msg = msg ? msg : "";
-      c->at_ns = NowNs();
-      c->cv.notify_all();
-    };
-    host_.inbound = [](void*, const char*, uint64_t, int) {};
-  }
-  const ferry_host_v1* host() const { return &host_; }
-  std::atomic<int> ctrl_sent{0};
-  std::string warnings() {
-    std::lock_guard lk(log_mu_);
-    return warnings_;
-  }
+  Engine(std::string key, const std::string& settings, const ferry_gpu_v1* gpu = nullptr)
+      : Instance(ops, std::move(key), Options(settings, gpu)) {}
 
  private:
-  std::string name_;
-  std::mutex log_mu_;
-  std::string warnings_;
-  ferry_host_v1 host_{};
+  static InstanceOptions Options(const std::string& settings, const ferry_gpu_v1* gpu) {
+    InstanceOptions o{.settings = settings, .same_host = 1, .host = kOfiHost};
+    o.host.gpu = gpu;
+    o.host.net = &Route();
+    return o;
+  }
 };
 
-struct Mem {
-  std::vector<uint8_t> data;
-  uint64_t id = 0;
-  void* handle = nullptr;
-  std::vector<uint8_t> blob;
-};
+// ofi's transfers carry uid 7 (the plugin names it in its error messages) and
+// a deadline; OfiTransfer gives them 30 s unless told.
+XferArgs OfiArgs(uint64_t deadline_ns) { return {.uid = 7, .deadline_ns = deadline_ns}; }
 
-class Engine {
- public:
-  Engine(std::string key, const std::string& settings, const char* node = "node",
-         const ferry_gpu_v1* gpu = nullptr)
-      : key_(std::move(key)), node_(node), host_(key_, gpu) {
-    char err[1024] = {0};
-    const int rc = ops.init(host_.host(), key_.c_str(), node, settings.c_str(), &ctx_, err, sizeof(err));
-    EXPECT_EQ(rc, FERRY_OK) << err;
-    if (rc != FERRY_OK) {
-      ctx_ = nullptr;
-      return;
-    }
-    std::lock_guard lk(g_route_mu);
-    g_route[key_] = ctx_;
-  }
-  ~Engine() { Fini(); }
-  void Fini() {
-    {
-      std::lock_guard lk(g_route_mu);
-      g_route.erase(key_);
-    }
-    for (auto& [id, m] : mems_) {
-      if (ctx_ && m->handle) ops.mem_deregister(ctx_, m->handle);
-    }
-    if (ctx_) ops.fini(ctx_);
-    ctx_ = nullptr;
-  }
-  void* ctx() const { return ctx_; }
-  FakeHost& host() { return host_; }
-  bool ok() const { return ctx_ != nullptr; }
-
-  std::vector<uint8_t> ConnBlob() {
-    std::vector<uint8_t> b(FERRY_MAX_BLOB);
-    size_t len = b.size();
-    EXPECT_EQ(ops.conn_info(ctx_, b.data(), &len), FERRY_OK);
-    b.resize(len);
-    return b;
-  }
-  void* AddPeer(const std::string& key, const std::vector<uint8_t>& blob, int* rc_out = nullptr,
-                uint32_t same_host = 1) {
-    ferry_peer_v1 p{};
-    p.struct_size = sizeof(p);
-    p.key = key.c_str();
-    p.host = "127.0.0.1";
-    p.node_id = node_;
-    p.same_host = same_host;
-    p.conn_blob = blob.data();
-    p.conn_blob_len = blob.size();
-    void* h = nullptr;
-    const int rc = ops.peer_add(ctx_, &p, &h);
-    if (rc_out) *rc_out = rc;
-    else EXPECT_EQ(rc, FERRY_OK);
-    return h;
-  }
-  // device >= 0: "GPU memory" (the fake runtime's device memory is host memory).
-  Mem* Register(uint64_t id, size_t size, int device = -1) {
-    auto m = std::make_unique<Mem>();
-    m->data.assign(size, 0);
-    m->id = id;
-    ferry_mem_v1 desc{};
-    desc.struct_size = sizeof(desc);
-    desc.location = device >= 0 ? FERRY_MEM_GPU : FERRY_MEM_CPU;
-    desc.id = id;
-    desc.addr = m->data.data();
-    desc.size = size;
-    desc.device = device;
-    m->blob.resize(FERRY_MAX_BLOB);
-    size_t len = m->blob.size();
-    EXPECT_EQ(ops.mem_register(ctx_, &desc, &m->handle, m->blob.data(), &len), FERRY_OK);
-    m->blob.resize(len);
-    Mem* raw = m.get();
-    mems_[id] = std::move(m);
-    return raw;
-  }
-  void Deregister(Mem* m) {
-    ops.mem_deregister(ctx_, m->handle);
-    m->handle = nullptr;
-  }
-  void* Import(void* peer, const Mem& remote) {
-    void* h = nullptr;
-    EXPECT_EQ(ops.mem_import(ctx_, peer, remote.id, remote.data.size(), remote.blob.data(),
-                             remote.blob.size(), &h),
-              FERRY_OK);
-    return h;
-  }
-
- private:
-  std::string key_;
-  const char* node_;
-  FakeHost host_;
-  void* ctx_ = nullptr;
-  std::map<uint64_t, std::unique_ptr<Mem>> mems_;
-};
-
-struct Result {
-  int post_rc;
-  int status;
-  std::string msg;
-  int calls;
-  double ms;
-};
-
-ferry_xfer_v1 MakeXfer(uint32_t op, void* peer, Mem* local, void* remote,
-                       const std::vector<ferry_iov_v1>& iov, Completion* c, uint64_t deadline_ns) {
-  ferry_xfer_v1 x{};
-  x.struct_size = sizeof(x);
-  x.op = op;
-  x.n_iov = static_cast<uint32_t>(iov.size());
-  x.peer = peer;
-  x.local_mem = local->handle;
-  x.remote_mem = remote;
-  x.iov = iov.data();
-  x.uid = 7;
-  x.deadline_ns = deadline_ns;
-  x.xfer_ctx = c;
-  for (const auto& i : iov) x.total_bytes += i.len;
-  return x;
-}
-
-Result Transfer(Engine& e, uint32_t op, void* peer, Mem* local, void* remote,
-                const std::vector<ferry_iov_v1>& iov, uint64_t deadline_ns = 0) {
-  Completion c;
-  const uint64_t t0 = NowNs();
-  ferry_xfer_v1 x = MakeXfer(op, peer, local, remote, iov, &c,
-                             deadline_ns ? deadline_ns : NowNs() + 30'000'000'000ull);
-  const int rc = ops.post(e.ctx(), &x);
-  if (rc != FERRY_OK) return {rc, 0, "", 0, 0};
-  EXPECT_TRUE(c.Wait()) << "transfer never completed";
-  std::lock_guard lk(c.mu);
-  return {rc, c.status, c.msg, c.calls, (c.at_ns - t0) / 1e6};
-}
-
-void Fill(std::vector<uint8_t>& v, uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-}
-
-double CpuMsOver(std::chrono::milliseconds window) {
-  timespec c0{}, c1{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
-  std::this_thread::sleep_for(window);  // a measurement window, not synchronisation
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
-  return (c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) / 1e6;
+Result OfiTransfer(Instance& e, uint32_t op, void* peer, Mem* local, void* remote,
+                   const std::vector<ferry_iov_v1>& iov, uint64_t deadline_ns = 0) {
+  return Transfer(e, op, peer, local, remote, iov,
+                  OfiArgs(deadline_ns ? deadline_ns : NowNs() + 30'000'000'000ull));
 }
 
 std::string Settings(const std::string& provider, const std::string& extra = "") {
@@ -268,15 +73,7 @@ std::string Settings(const std::string& provider, const std::string& extra = "")
 }
 
 std::string InitError(const char* settings) {
-  FakeHost host("x");
-  void* ctx = nullptr;
-  char err[1024] = {0};
-  const int rc = ops.init(host.host(), "x", "node", settings, &ctx, err, sizeof(err));
-  if (rc == FERRY_OK) {
-    ops.fini(ctx);
-    return "";
-  }
-  return err;
+  return ferry_plugin_test::InitError(ops, settings, kOfiHost);
 }
 
 // ---- settings, ABI, blobs ------------------------------------------------------------
@@ -378,7 +175,8 @@ TEST(OfiBlob, DecodersSurviveGarbage) {
   std::vector<uint8_t> bad_kind = gmem;
   bad_kind.back() = 2;
   EXPECT_FALSE(blob::DecodeMem(bad_kind.data(), bad_kind.size(), &g2, &why));
-  for (size_t n = 0; n < conn.size(); ++n) EXPECT_FALSE(blob::DecodeConn(conn.data(), n, &c2, &why));
+  for (size_t n = 0; n < conn.size(); ++n)
+    EXPECT_FALSE(blob::DecodeConn(conn.data(), n, &c2, &why));
   for (size_t n = 0; n < mem.size(); ++n) EXPECT_FALSE(blob::DecodeMem(mem.data(), n, &m2, &why));
   EXPECT_FALSE(blob::DecodeConn(nullptr, 10, &c2, &why));
   std::mt19937 rng(1);
@@ -419,7 +217,8 @@ TEST(OfiAbi, ForgedBlobsAreRefused) {
             FERRY_ERR_INVALID_ARGS);
   EXPECT_EQ(ops.mem_import(a.ctx(), pb, 3, 8192, m->blob.data(), m->blob.size(), &h),
             FERRY_ERR_INVALID_ARGS);
-  EXPECT_EQ(ops.mem_import(a.ctx(), pb, 3, 4096, junk.data(), junk.size(), &h), FERRY_ERR_INVALID_ARGS);
+  EXPECT_EQ(ops.mem_import(a.ctx(), pb, 3, 4096, junk.data(), junk.size(), &h),
+            FERRY_ERR_INVALID_ARGS);
   ferry_mem_v1 gpu{};
   gpu.struct_size = sizeof(gpu);
   gpu.location = FERRY_MEM_GPU;
@@ -435,28 +234,26 @@ TEST(OfiAbi, ForgedBlobsAreRefused) {
 
 // ---- transfers over each provider -------------------------------------------------------
 
-class OfiPair : public testing::TestWithParam<const char*> {
+class OfiPair : public PairTest<testing::TestWithParam<const char*>> {
  protected:
+  OfiPair()
+      : PairTest(
+            ops,
+            {.instance = {.same_host = 1, .host = kOfiHost}, .ctrl = true, .fini_a_first = false}) {
+  }
   void SetUp() override { Make(Settings(GetParam())); }
   // gpu_a/gpu_b: a GPU runtime for each engine's host (fake_gpu.h), or none.
   void Make(const std::string& settings, const ferry_gpu_v1* gpu_a = nullptr,
             const ferry_gpu_v1* gpu_b = nullptr) {
-    b_.reset();
-    a_.reset();
-    a_ = std::make_unique<Engine>("a", settings, "node", gpu_a);
-    b_ = std::make_unique<Engine>("b", settings, "node", gpu_b);
-    ASSERT_TRUE(a_->ok() && b_->ok());
-    pb_ = a_->AddPeer("b", b_->ConnBlob());
-    b_->AddPeer("a", a_->ConnBlob());
-    ASSERT_NE(pb_, nullptr);
+    ASSERT_NO_FATAL_FAILURE(Connect(settings, gpu_a, gpu_b));
+    ASSERT_NE(a_peer_b_, nullptr);
   }
   void TearDown() override {
     for (void* r : imports_) ops.mem_release(a_->ctx(), r);
-    b_.reset();
-    a_.reset();
+    PairTest::TearDown();
   }
   void* Import(const Mem& m) {
-    void* r = a_->Import(pb_, m);
+    void* r = a_->Import(a_peer_b_, m);
     imports_.push_back(r);
     return r;
   }
@@ -467,17 +264,15 @@ class OfiPair : public testing::TestWithParam<const char*> {
     Mem* dst = b_->Register(id, roff + n + 64);
     Fill(src->data, static_cast<uint32_t>(n));
     void* remote = Import(*dst);
-    Result w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{loff, roff, n}});
+    Result w = OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{loff, roff, n}});
     ASSERT_EQ(w.status, FERRY_OK) << w.msg;
     EXPECT_EQ(w.calls, 1);
     // SUCCESS means delivered: the bytes are at the target the moment complete() says so.
     ASSERT_EQ(std::memcmp(src->data.data() + loff, dst->data.data() + roff, n), 0);
-    Result r = Transfer(*a_, FERRY_OP_READ, pb_, back, remote, {{loff, roff, n}});
+    Result r = OfiTransfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, {{loff, roff, n}});
     ASSERT_EQ(r.status, FERRY_OK) << r.msg;
     ASSERT_EQ(std::memcmp(back->data.data() + loff, dst->data.data() + roff, n), 0);
   }
-  std::unique_ptr<Engine> a_, b_;
-  void* pb_ = nullptr;
   std::vector<void*> imports_;
 };
 
@@ -492,11 +287,13 @@ TEST_P(OfiPair, BatchOfNonContiguousItems) {
   Fill(src->data, 9);
   void* remote = Import(*dst);
   std::vector<ferry_iov_v1> iov;
-  for (uint64_t i = 0; i < 100; ++i) iov.push_back({i * 5000 + 3, (99 - i) * 7000 + 11, 1 + i * 37});
-  Result w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, iov);
+  for (uint64_t i = 0; i < 100; ++i)
+    iov.push_back({i * 5000 + 3, (99 - i) * 7000 + 11, 1 + i * 37});
+  Result w = OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov);
   ASSERT_EQ(w.status, FERRY_OK) << w.msg;
   for (const auto& v : iov)
-    ASSERT_EQ(std::memcmp(src->data.data() + v.local_off, dst->data.data() + v.remote_off, v.len), 0);
+    ASSERT_EQ(std::memcmp(src->data.data() + v.local_off, dst->data.data() + v.remote_off, v.len),
+              0);
 }
 
 TEST_P(OfiPair, AdjacentItemsMergeAndOverlapsStayInOrder) {
@@ -508,7 +305,7 @@ TEST_P(OfiPair, AdjacentItemsMergeAndOverlapsStayInOrder) {
   for (uint64_t i = 0; i < 128; ++i) iov.push_back({i * 4096, 8192 + i * 4096, 4096});  // one run
   iov.push_back({0, 0, 100});     // continues locally, not remotely: separate
   iov.push_back({100, 100, 50});  // continues the previous on both sides
-  Result w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, iov);
+  Result w = OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov);
   ASSERT_EQ(w.status, FERRY_OK) << w.msg;
   ASSERT_EQ(std::memcmp(src->data.data(), dst->data.data() + 8192, 128 * 4096), 0);
   ASSERT_EQ(std::memcmp(src->data.data(), dst->data.data(), 150), 0);
@@ -520,7 +317,8 @@ TEST_P(OfiPair, SmallChunksAndWindowStillDeliverEverything) {
   Mem* dst = b_->Register(1, (3 << 20) + 64);
   Fill(src->data, 3);
   void* remote = Import(*dst);
-  Result w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 0, 3u << 20}, {5, (3u << 20) + 7, 1}});
+  Result w = OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote,
+                         {{0, 0, 3u << 20}, {5, (3u << 20) + 7, 1}});
   ASSERT_EQ(w.status, FERRY_OK) << w.msg;
   ASSERT_EQ(std::memcmp(src->data.data(), dst->data.data(), 3u << 20), 0);
   EXPECT_EQ(dst->data[(3u << 20) + 7], src->data[5]);
@@ -539,8 +337,8 @@ TEST_P(OfiPair, ConcurrentPostsFromManyThreads) {
     ts.emplace_back([&, t] {
       for (int i = 0; i < kEach; ++i) {
         const uint64_t off = (static_cast<uint64_t>(t) * kEach + i) * kSlot;
-        Result r = Transfer(*a_, (i & 1) ? FERRY_OP_READ : FERRY_OP_WRITE, pb_, src, remote,
-                            {{off, off, kSlot}});
+        Result r = OfiTransfer(*a_, (i & 1) ? FERRY_OP_READ : FERRY_OP_WRITE, a_peer_b_, src,
+                               remote, {{off, off, kSlot}});
         if (r.status != FERRY_OK || r.calls != 1) bad.fetch_add(1);
       }
     });
@@ -558,13 +356,15 @@ TEST_P(OfiPair, OutOfRangeAndBadHandlesAreRefusedAtPost) {
   Mem* src = a_->Register(1, 4096);
   Mem* dst = b_->Register(1, 4096);
   void* remote = Import(*dst);
-  EXPECT_EQ(Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 4000, 200}}).post_rc,
+  EXPECT_EQ(OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 4000, 200}}).post_rc,
             FERRY_ERR_INVALID_ARGS);
-  EXPECT_EQ(Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{4090, 0, 8}}).post_rc,
+  EXPECT_EQ(OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{4090, 0, 8}}).post_rc,
             FERRY_ERR_INVALID_ARGS);
-  EXPECT_EQ(Transfer(*a_, 9, pb_, src, remote, {{0, 0, 8}}).post_rc, FERRY_ERR_INVALID_ARGS);
-  EXPECT_EQ(Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {}).post_rc, FERRY_ERR_INVALID_ARGS);
-  EXPECT_EQ(Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 0, 8}}).status, FERRY_OK);
+  EXPECT_EQ(OfiTransfer(*a_, 9, a_peer_b_, src, remote, {{0, 0, 8}}).post_rc,
+            FERRY_ERR_INVALID_ARGS);
+  EXPECT_EQ(OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {}).post_rc,
+            FERRY_ERR_INVALID_ARGS);
+  EXPECT_EQ(OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 8}}).status, FERRY_OK);
 }
 
 TEST_P(OfiPair, RevokedRemoteRegionFailsAndEnds) {
@@ -572,10 +372,11 @@ TEST_P(OfiPair, RevokedRemoteRegionFailsAndEnds) {
   Mem* src = a_->Register(1, 1 << 16);
   Mem* dst = b_->Register(1, 1 << 16);
   void* remote = Import(*dst);
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 0, 1 << 16}}).status, FERRY_OK);
+  ASSERT_EQ(OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 1 << 16}}).status,
+            FERRY_OK);
   b_->Deregister(dst);
   const uint64_t deadline = NowNs() + 1'500'000'000ull;
-  Result r = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 0, 64}}, deadline);
+  Result r = OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 64}}, deadline);
   EXPECT_LT(r.status, 0) << "a write into a revoked region must fail";
   EXPECT_EQ(r.calls, 1);
   EXPECT_FALSE(r.msg.empty());
@@ -592,7 +393,8 @@ TEST_P(OfiPair, RevokedRemoteRegionFailsAndEnds) {
   void* remote2 = Import(*dst2);
   bool ok = false;
   for (int i = 0; i < 20 && !ok; ++i) {
-    Result r2 = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote2, {{0, 0, 4096}}, NowNs() + 3'000'000'000ull);
+    Result r2 = OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote2, {{0, 0, 4096}},
+                            NowNs() + 3'000'000'000ull);
     ok = r2.status == FERRY_OK;
     if (!ok) CpuMsOver(50ms);  // the provider tears the old connection down
   }
@@ -603,8 +405,8 @@ TEST_P(OfiPair, RevokedRemoteRegionFailsAndEnds) {
 // the other still has RMAs in flight with it (the survivor touches the closed
 // endpoint's region and crashes). Between processes, as ferry uses it, the
 // survivor keeps its own mapping: engine_process_test_ofi_shm kills a target.
-#define SKIP_SHM_TEARDOWN_IN_FLIGHT()                                                   \
-  if (std::string(GetParam()) == "shm")                                                 \
+#define SKIP_SHM_TEARDOWN_IN_FLIGHT()                                                 \
+  if (std::string(GetParam()) == "shm")                                               \
   GTEST_SKIP() << "shm: one process cannot close an endpoint with RMAs in flight to " \
                   "it; covered across processes by engine_process_test_ofi_shm"
 
@@ -613,7 +415,8 @@ TEST_P(OfiPair, DeadTargetFailsWithinTheDeadline) {
   Mem* src = a_->Register(1, 8 << 20);
   Mem* dst = b_->Register(1, 8 << 20);
   void* remote = Import(*dst);
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 0, 4096}}).status, FERRY_OK);
+  ASSERT_EQ(OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}).status,
+            FERRY_OK);
   b_->Fini();  // the target's endpoint and memory are gone
   std::vector<std::unique_ptr<Completion>> cs;
   const uint64_t t0 = NowNs();
@@ -621,8 +424,8 @@ TEST_P(OfiPair, DeadTargetFailsWithinTheDeadline) {
   for (int i = 0; i < 8; ++i) {
     cs.push_back(std::make_unique<Completion>());
     std::vector<ferry_iov_v1> iov{{0, 0, 8u << 20}};
-    ferry_xfer_v1 x = MakeXfer(i & 1 ? FERRY_OP_READ : FERRY_OP_WRITE, pb_, src, remote, iov,
-                               cs.back().get(), deadline);
+    ferry_xfer_v1 x = MakeXfer(i & 1 ? FERRY_OP_READ : FERRY_OP_WRITE, a_peer_b_, src, remote, iov,
+                               cs.back().get(), OfiArgs(deadline));
     ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
   }
   for (auto& c : cs) {
@@ -643,13 +446,15 @@ TEST_P(OfiPair, PeerRemoveAndFiniEndPendingTransfers) {
   void* remote = Import(*dst);
   Completion c1, c2;
   std::vector<ferry_iov_v1> iov{{0, 0, 64u << 20}};
-  ferry_xfer_v1 x1 = MakeXfer(FERRY_OP_WRITE, pb_, src, remote, iov, &c1, NowNs() + 30'000'000'000ull);
-  ferry_xfer_v1 x2 = MakeXfer(FERRY_OP_READ, pb_, src, remote, iov, &c2, NowNs() + 30'000'000'000ull);
+  ferry_xfer_v1 x1 = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src, remote, iov, &c1,
+                              OfiArgs(NowNs() + 30'000'000'000ull));
+  ferry_xfer_v1 x2 = MakeXfer(FERRY_OP_READ, a_peer_b_, src, remote, iov, &c2,
+                              OfiArgs(NowNs() + 30'000'000'000ull));
   ASSERT_EQ(ops.post(a_->ctx(), &x1), FERRY_OK);
   ASSERT_EQ(ops.post(a_->ctx(), &x2), FERRY_OK);
   ops.mem_release(a_->ctx(), remote);
   imports_.clear();
-  ops.peer_remove(a_->ctx(), pb_);
+  ops.peer_remove(a_->ctx(), a_peer_b_);
   // peer_remove returns only after both ended (either landed already, or failed).
   EXPECT_EQ(c1.calls, 1);
   EXPECT_EQ(c2.calls, 1);
@@ -693,14 +498,14 @@ class OfiGpuStaging : public OfiPair {
     Fill(src->data, static_cast<uint32_t>(id));
     void* remote = Import(*dst);
     const uint64_t copied0 = gpu_a_.copied.load();
-    Result w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, iov);
+    Result w = OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov);
     ASSERT_EQ(w.status, FERRY_OK) << w.msg;
     EXPECT_EQ(w.calls, 1);
     for (const auto& i : iov)
       ASSERT_EQ(std::memcmp(src->data.data() + i.local_off, dst->data.data() + i.remote_off, i.len),
                 0)
           << "WRITE item at " << i.local_off << " of " << i.len;
-    Result r = Transfer(*a_, FERRY_OP_READ, pb_, back, remote, iov);
+    Result r = OfiTransfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, iov);
     ASSERT_EQ(r.status, FERRY_OK) << r.msg;
     for (const auto& i : iov)
       ASSERT_EQ(
@@ -744,8 +549,8 @@ TEST_P(OfiGpuStaging, PinnedCapIsRespectedAndWaitingTransfersStillFinish) {
   for (int i = 0; i < kN; ++i) {
     cs.push_back(std::make_unique<Completion>());
     iovs[i] = {{i * kEach, i * kEach, kEach}};
-    ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, pb_, src, remote, iovs[i], cs.back().get(),
-                               NowNs() + 60'000'000'000ull);
+    ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src, remote, iovs[i], cs.back().get(),
+                               OfiArgs(NowNs() + 60'000'000'000ull));
     ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
   }
   for (auto& c : cs) {
@@ -768,19 +573,19 @@ TEST_P(OfiGpuStaging, CopyFailureFailsTheTransferWithGpuErrorThenTheNextWorks) {
   Fill(src->data, 3);
   void* remote = Import(*dst);
   gpu_a_.fail_after_copies = 5;  // device->host copies break mid-transfer
-  Result w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 0, 1 << 20}});
+  Result w = OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 1 << 20}});
   EXPECT_EQ(w.status, FERRY_ERR_GPU) << w.msg;
   EXPECT_NE(w.msg.find("device-to-host copy failed"), std::string::npos) << w.msg;
   EXPECT_EQ(w.calls, 1);
   gpu_a_.fail_after_copies = 7;  // host->device copies break mid-READ
-  Result r = Transfer(*a_, FERRY_OP_READ, pb_, back, remote, {{0, 0, 1 << 20}});
+  Result r = OfiTransfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, {{0, 0, 1 << 20}});
   EXPECT_EQ(r.status, FERRY_ERR_GPU) << r.msg;
   EXPECT_NE(r.msg.find("host-to-device copy failed"), std::string::npos) << r.msg;
   gpu_a_.fail_after_copies = -1;
-  w = Transfer(*a_, FERRY_OP_WRITE, pb_, src, remote, {{0, 0, 1 << 20}});
+  w = OfiTransfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 1 << 20}});
   ASSERT_EQ(w.status, FERRY_OK) << w.msg;
   ASSERT_EQ(std::memcmp(src->data.data(), dst->data.data(), 1 << 20), 0);
-  r = Transfer(*a_, FERRY_OP_READ, pb_, back, remote, {{0, 0, 1 << 20}});
+  r = OfiTransfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, {{0, 0, 1 << 20}});
   ASSERT_EQ(r.status, FERRY_OK) << r.msg;
   ASSERT_EQ(std::memcmp(back->data.data(), dst->data.data(), 1 << 20), 0);
 }
@@ -794,17 +599,17 @@ TEST_P(OfiGpuStaging, PeerRemoveAndFiniEndStagedTransfersInFlight) {
   Make(Settings(GetParam(), "\"gpu_stage_bytes\": \"4KiB\", \"gpu_pinned_bytes\": \"8KiB\""));
   Mem* src = a_->Register(1, 4 << 20, 0);
   Mem* dst = b_->Register(1, 4 << 20);
-  void* remote = a_->Import(pb_, *dst);
+  void* remote = a_->Import(a_peer_b_, *dst);
   std::vector<std::unique_ptr<Completion>> cs;
   std::vector<ferry_iov_v1> iov{{0, 0, 4u << 20}};
   for (int i = 0; i < 4; ++i) {
     cs.push_back(std::make_unique<Completion>());
-    ferry_xfer_v1 x = MakeXfer(i & 1 ? FERRY_OP_READ : FERRY_OP_WRITE, pb_, src, remote, iov,
-                               cs.back().get(), NowNs() + 60'000'000'000ull);
+    ferry_xfer_v1 x = MakeXfer(i & 1 ? FERRY_OP_READ : FERRY_OP_WRITE, a_peer_b_, src, remote, iov,
+                               cs.back().get(), OfiArgs(NowNs() + 60'000'000'000ull));
     ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
   }
   ops.mem_release(a_->ctx(), remote);
-  ops.peer_remove(a_->ctx(), pb_);
+  ops.peer_remove(a_->ctx(), a_peer_b_);
   for (auto& c : cs) {
     std::lock_guard lk(c->mu);
     EXPECT_EQ(c->calls, 1);
@@ -823,7 +628,7 @@ TEST_P(OfiGpuStaging, RemoteGpuMemoryIsRefusedAtImportWithAReason) {
   // ofi for that memory: "remote memory could not be imported").
   Mem* gpu = b_->Register(9, 4096, 0);
   void* h = nullptr;
-  EXPECT_EQ(ops.mem_import(a_->ctx(), pb_, gpu->id, gpu->data.size(), gpu->blob.data(),
+  EXPECT_EQ(ops.mem_import(a_->ctx(), a_peer_b_, gpu->id, gpu->data.size(), gpu->blob.data(),
                            gpu->blob.size(), &h),
             FERRY_ERR_UNSUPPORTED);
   EXPECT_EQ(h, nullptr);
@@ -852,16 +657,6 @@ INSTANTIATE_TEST_SUITE_P(Providers, OfiGpuStaging, testing::Values("shm", "tcp;o
 
 // ---- progress: idle costs nothing, a sleeping target wakes at once -----------------------
 
-size_t CountEntries(const char* dir) {
-  size_t n = 0;
-  if (DIR* d = opendir(dir)) {
-    while (readdir(d) != nullptr) ++n;
-    closedir(d);
-  }
-  return n;
-}
-
-
 TEST(OfiProgress, IdleCostsNoCpuAndNothingLeaks) {
   // Warm libfabric's process-wide state up first (providers load once).
   { Engine warm("w", "{}"); }
@@ -869,14 +664,14 @@ TEST(OfiProgress, IdleCostsNoCpuAndNothingLeaks) {
   const size_t threads = CountEntries("/proc/self/task");
   const size_t bells = CountEntries("/dev/shm");
   {
-    Engine a("a", "{}"), b("b", "{}");  // automatic: shm and tcp;ofi_rxm, two threads each
+    Engine a("a", "{}"), b("b", "{}");        // automatic: shm and tcp;ofi_rxm, two threads each
     void* pb = a.AddPeer("b", b.ConnBlob());  // same host: shm
     b.AddPeer("a", a.ConnBlob());
     Mem* src = a.Register(1, 4 << 20);
     Mem* dst = b.Register(1, 4 << 20);
     void* remote = a.Import(pb, *dst);
-    ASSERT_EQ(Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4 << 20}}).status, FERRY_OK);
-    ASSERT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}}).status, FERRY_OK);
+    ASSERT_EQ(OfiTransfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4 << 20}}).status, FERRY_OK);
+    ASSERT_EQ(OfiTransfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}}).status, FERRY_OK);
     // Every progress thread now blocks (wait fd or doorbell): a quiet stretch is free.
     const double cpu_ms = CpuMsOver(300ms);
     EXPECT_LT(cpu_ms, 15.0) << "idle progress threads are burning CPU";
@@ -894,13 +689,14 @@ TEST(OfiProgress, SleepingShmTargetWakesAtOnce) {
   Mem* src = a.Register(1, 4096);
   Mem* dst = b.Register(1, 4096);
   void* remote = a.Import(pb, *dst);
-  ASSERT_EQ(Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 64}}).status, FERRY_OK);
+  ASSERT_EQ(OfiTransfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 64}}).status, FERRY_OK);
   // Both threads fall asleep on their doorbells; small transfers still finish
   // in a round trip, not in nap or timeout steps.
   std::vector<double> ms;
   for (int i = 0; i < 20; ++i) {
     CpuMsOver(5ms);
-    Result r = Transfer(a, i & 1 ? FERRY_OP_READ : FERRY_OP_WRITE, pb, src, remote, {{0, 0, 64}});
+    Result r =
+        OfiTransfer(a, i & 1 ? FERRY_OP_READ : FERRY_OP_WRITE, pb, src, remote, {{0, 0, 64}});
     ASSERT_EQ(r.status, FERRY_OK) << r.msg;
     ms.push_back(r.ms);
   }
@@ -917,7 +713,8 @@ TEST(OfiProgress, ForgedDoorbellNamesAreRefused) {
   const std::vector<uint8_t> good = b.ConnBlob();
   ASSERT_TRUE(blob::DecodeConn(good.data(), good.size(), &ci, &why)) << why;
   ASSERT_FALSE(ci.eps[0].doorbell.empty());
-  for (const char* bad : {"/etc/passwd", "/ferry-ofi-1-0000000000000001", "/ferry-ofi-x", "../../x"}) {
+  for (const char* bad :
+       {"/etc/passwd", "/ferry-ofi-1-0000000000000001", "/ferry-ofi-x", "../../x"}) {
     blob::ConnInfo forged = ci;
     forged.eps[0].doorbell = bad;
     int rc = 0;

@@ -1,14 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the rdma plugin. The first part (settings, planner, wire formats,
 // init without a device) runs anywhere. The second part drives two plugin
-// instances in one process through the C ABI, each with a small fake host whose
-// control channel hands messages straight to the other instance; it needs an
-// RDMA device (Soft-RoCE in the VM) and skips without one. Every wait is on a
-// completion, never a sleep.
+// instances in one process through the C ABI, each with a fake host
+// (plugins/common/testing/plugin_harness.h) whose control channel hands
+// messages straight to the other instance; it needs an RDMA device (Soft-RoCE
+// in the VM) and skips without one. Every wait is on a completion, never a sleep.
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -21,6 +22,7 @@
 #include "ferry/plugin.h"
 #include "planner.h"
 #include "settings.h"
+#include "testing/plugin_harness.h"
 #include "wire.h"
 
 extern "C" const ferry_plugin_ops_v1 ferry_plugin_v1;
@@ -29,6 +31,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using namespace ferry_rdma;
+using namespace ferry_plugin_test;
 const ferry_plugin_ops_v1& ops = ferry_plugin_v1;
 
 // ---- settings -------------------------------------------------------------------------
@@ -39,9 +42,10 @@ TEST(Settings, DefaultsAndValues) {
   ASSERT_TRUE(ParseSettings("{}", &s, &err)) << err;
   EXPECT_EQ(s.qp_per_transfer, 4);
   EXPECT_EQ(s.gid_index, -1);
-  ASSERT_TRUE(ParseSettings(R"({"qp_per_transfer": 2, "chunk_bytes": "64KiB", "devices": ["rxe0", "mlx5_1:2"],
+  ASSERT_TRUE(ParseSettings(
+      R"({"qp_per_transfer": 2, "chunk_bytes": "64KiB", "devices": ["rxe0", "mlx5_1:2"],
       "gid_index": 3, "busy_poll": true, "qp_timeout": 10, "retry_cnt": 2, "max_send_wr": 64})",
-                            &s, &err))
+      &s, &err))
       << err;
   EXPECT_EQ(s.qp_per_transfer, 2);
   EXPECT_EQ(s.chunk_bytes, 64u << 10);
@@ -141,14 +145,16 @@ TEST(Planner, RandomLayoutsCoverEveryByteOnce) {
       uint64_t r = w.remote_off, total = 0;
       for (uint32_t j = 0; j < w.sge_count; ++j) {
         const auto& s = p.sges[w.sge_begin + j];
-        for (uint64_t b = 0; b < s.len; ++b) ASSERT_TRUE(remote_to_local.emplace(r + b, s.local_off + b).second);
+        for (uint64_t b = 0; b < s.len; ++b)
+          ASSERT_TRUE(remote_to_local.emplace(r + b, s.local_off + b).second);
         r += s.len;
         total += s.len;
       }
       ASSERT_EQ(total, w.len);
     }
     for (const auto& v : iov)
-      for (uint64_t b = 0; b < v.len; ++b) ASSERT_EQ(remote_to_local.at(v.remote_off + b), v.local_off + b);
+      for (uint64_t b = 0; b < v.len; ++b)
+        ASSERT_EQ(remote_to_local.at(v.remote_off + b), v.local_off + b);
   }
 }
 
@@ -175,7 +181,8 @@ TEST(Wire, RoundTripsAndRejectsEveryTruncation) {
   EXPECT_EQ(back.ports[1].name, "rxe0");
   EXPECT_EQ(back.ports[1].gid[15], 9);
   EXPECT_EQ(back.ports[1].numa_node, -1);
-  for (size_t n = 0; n < blob.size(); ++n) EXPECT_FALSE(wire::DecodeConnInfo(blob.data(), n, &back, &err));
+  for (size_t n = 0; n < blob.size(); ++n)
+    EXPECT_FALSE(wire::DecodeConnInfo(blob.data(), n, &back, &err));
   blob.push_back(0);
   EXPECT_FALSE(wire::DecodeConnInfo(blob.data(), blob.size(), &back, &err));
 
@@ -189,7 +196,8 @@ TEST(Wire, RoundTripsAndRejectsEveryTruncation) {
   ASSERT_TRUE(wire::DecodeMemInfo(mb.data(), mb.size(), &mback, &err)) << err;
   EXPECT_EQ(mback.rkeys, m.rkeys);
   EXPECT_EQ(mback.addr, m.addr);
-  for (size_t n = 0; n < mb.size(); ++n) EXPECT_FALSE(wire::DecodeMemInfo(mb.data(), n, &mback, &err));
+  for (size_t n = 0; n < mb.size(); ++n)
+    EXPECT_FALSE(wire::DecodeMemInfo(mb.data(), n, &mback, &err));
   m.preferred_port = 2;  // out of range
   mb = wire::EncodeMemInfo(m);
   EXPECT_FALSE(wire::DecodeMemInfo(mb.data(), mb.size(), &mback, &err));
@@ -205,7 +213,8 @@ TEST(Wire, RoundTripsAndRejectsEveryTruncation) {
   ASSERT_TRUE(wire::DecodeConnectMsg(rb.data(), rb.size(), &rback, &err)) << err;
   EXPECT_EQ(rback.qps.size(), 2u);
   EXPECT_EQ(rback.qps[1].psn, 0x44u);
-  for (size_t n = 0; n < rb.size(); ++n) EXPECT_FALSE(wire::DecodeConnectMsg(rb.data(), n, &rback, &err));
+  for (size_t n = 0; n < rb.size(); ++n)
+    EXPECT_FALSE(wire::DecodeConnectMsg(rb.data(), n, &rback, &err));
   wire::ConnectMsg nak;
   nak.type = wire::MsgType::kConnectNak;
   nak.conn_id = 9;
@@ -240,12 +249,6 @@ TEST(Wire, RandomBytesNeverDecodeOrCrash) {
 
 // ---- through the ABI -----------------------------------------------------------------------
 
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
 bool HaveDevice() {
   int n = 0;
   ibv_device** l = ibv_get_device_list(&n);
@@ -253,190 +256,34 @@ bool HaveDevice() {
   return n > 0;
 }
 
-struct Completion {
-  std::mutex mu;
-  std::condition_variable cv;
-  int calls = 0;
-  int status = 1;
-  std::string msg;
-  bool Wait(std::chrono::milliseconds t = 60s) {
-    std::unique_lock lk(mu);
-    return cv.wait_for(lk, t, [&] { return calls > 0; });
-  }
-};
+// rdma's fake hosts: only warnings and errors printed (the guest is slow and its
+// console small), and, as the core does, only landed notifications recorded.
+constexpr HostOptions kRdmaHost{.print_level = FERRY_LOG_WARN, .landings_only = true};
 
-class FakeHost;
-struct Net {  // the "control plane": instance name -> host
-  std::mutex mu;
-  std::map<std::string, FakeHost*> hosts;
-  bool drop = false;  // lose every control message
-};
-
-class FakeHost {
- public:
-  FakeHost(std::string name, Net* net) : name_(std::move(name)), net_(net) {
-    host_.struct_size = sizeof(host_);
-    host_.host_ctx = this;
-    host_.log = [](void* ctx, int level, const char* msg) {
-      if (level <= FERRY_LOG_WARN)
-        std::fprintf(stderr, "[%s %d] %s\n", static_cast<FakeHost*>(ctx)->name_.c_str(), level, msg);
-    };
-    host_.now_ns = [](void*) { return NowNs(); };
-    host_.ctrl_send = [](void* ctx, const char* peer, const void* msg, size_t len) {
-      auto* self = static_cast<FakeHost*>(ctx);
-      FakeHost* to = nullptr;
-      {
-        std::lock_guard lk(self->net_->mu);
-        if (self->net_->drop) return FERRY_OK;
-        auto it = self->net_->hosts.find(peer);
-        if (it == self->net_->hosts.end()) return FERRY_ERR_TRANSPORT;
-        to = it->second;
-      }
-      ops.on_ctrl(to->ctx, self->name_.c_str(), msg, len);
-      return FERRY_OK;
-    };
-    host_.complete = [](void*, void* xfer_ctx, int status, const char* msg) {
-      auto* c = static_cast<Completion*>(xfer_ctx);
-      std::lock_guard lk(c->mu);
-      ++c->calls;
-      c->status = status;
-      c->msg = msg ? msg : "";
-      c->cv.notify_all();
-    };
-    host_.inbound = [](void* ctx, const char* peer, uint64_t uid, int status) {
-      auto* self = static_cast<FakeHost*>(ctx);
-      std::lock_guard lk(self->mu_);
-      if (status == FERRY_OK) self->inbound_.push_back({peer, uid});
-      self->cv_.notify_all();
-    };
-  }
-  bool WaitInbound(const std::string& peer, uint64_t uid, std::chrono::milliseconds t = 30s) {
-    std::unique_lock lk(mu_);
-    return cv_.wait_for(lk, t, [&] {
-      for (const auto& [p, u] : inbound_)
-        if (p == peer && u == uid) return true;
-      return false;
-    });
-  }
-  int CountInbound(uint64_t uid) {
-    std::lock_guard lk(mu_);
-    int n = 0;
-    for (const auto& i : inbound_) n += i.second == uid;
-    return n;
-  }
-  const ferry_host_v1* host() const { return &host_; }
-  void* ctx = nullptr;
-
- private:
-  std::string name_;
-  Net* net_;
-  ferry_host_v1 host_{};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::pair<std::string, uint64_t>> inbound_;
-};
-
-struct Mem {
-  std::vector<uint8_t> data;
-  void* handle = nullptr;
-  std::vector<uint8_t> blob;
-};
-
-class Inst {
+// An instance whose init may be meant to fail: the test checks rc and error.
+class Inst : public Instance {
  public:
   Inst(std::string key, Net* net, const std::string& settings = "{}")
-      : key_(std::move(key)), net_(net), host_(key_, net) {
-    char err[512] = {};
-    rc = ops.init(host_.host(), key_.c_str(), "node", settings.c_str(), &host_.ctx, err, sizeof err);
-    error = err;
-    if (rc == FERRY_OK) {
-      std::lock_guard lk(net_->mu);
-      net_->hosts[key_] = &host_;
-    }
-  }
-  ~Inst() { Fini(); }
-  void Fini() {
-    if (!host_.ctx) return;
-    {
-      std::lock_guard lk(net_->mu);
-      net_->hosts.erase(key_);
-    }
-    ops.fini(host_.ctx);
-    host_.ctx = nullptr;
-  }
-  void* ctx() { return host_.ctx; }
-  FakeHost& host() { return host_; }
-  std::vector<uint8_t> ConnBlob() {
-    std::vector<uint8_t> b(FERRY_MAX_BLOB);
-    size_t len = b.size();
-    EXPECT_EQ(ops.conn_info(ctx(), b.data(), &len), FERRY_OK);
-    b.resize(len);
-    return b;
-  }
-  void* AddPeer(Inst& other) {
-    auto blob = other.ConnBlob();
-    ferry_peer_v1 p{};
-    p.struct_size = sizeof p;
-    p.key = other.key_.c_str();
-    p.host = "127.0.0.1";
-    p.node_id = "node";
-    p.conn_blob = blob.data();
-    p.conn_blob_len = blob.size();
-    void* h = nullptr;
-    EXPECT_EQ(ops.peer_add(ctx(), &p, &h), FERRY_OK);
-    return h;
-  }
-  std::unique_ptr<Mem> Register(size_t size, uint64_t id) {
-    auto m = std::make_unique<Mem>();
-    m->data.assign(size, 0);
-    ferry_mem_v1 d{};
-    d.struct_size = sizeof d;
-    d.location = FERRY_MEM_CPU;
-    d.id = id;
-    d.addr = m->data.data();
-    d.size = size;
-    d.device = -1;
-    m->blob.resize(FERRY_MAX_BLOB);
-    size_t len = m->blob.size();
-    EXPECT_EQ(ops.mem_register(ctx(), &d, &m->handle, m->blob.data(), &len), FERRY_OK);
-    m->blob.resize(len);
-    return m;
-  }
-  void* Import(void* peer, const Mem& m, uint64_t id) {
-    void* h = nullptr;
-    EXPECT_EQ(ops.mem_import(ctx(), peer, id, m.data.size(), m.blob.data(), m.blob.size(), &h), FERRY_OK);
-    return h;
-  }
-  // Posts and returns the post code; c receives the completion.
-  int Post(uint32_t op, void* peer, Mem& local, void* remote, std::vector<ferry_iov_v1> iov,
-           uint64_t uid, Completion* c, bool notify = true, uint64_t timeout_ms = 20000) {
-    ferry_xfer_v1 x{};
-    x.struct_size = sizeof x;
-    x.op = op;
-    x.flags = notify ? FERRY_XFER_NOTIFY : 0;
-    x.n_iov = static_cast<uint32_t>(iov.size());
-    x.peer = peer;
-    x.local_mem = local.handle;
-    x.remote_mem = remote;
-    x.iov = iov.data();
-    x.uid = uid;
-    x.deadline_ns = NowNs() + timeout_ms * 1000000ull;
-    x.xfer_ctx = c;
-    for (const auto& v : iov) x.total_bytes += v.len;
-    return ops.post(ctx(), &x);
-  }
-  int rc = 0;
-  std::string error;
+      : Instance(ops, std::move(key), Options(settings, net)) {}
 
  private:
-  std::string key_;
-  Net* net_;
-  FakeHost host_;
+  static InstanceOptions Options(const std::string& settings, Net* net) {
+    InstanceOptions o{.settings = settings, .expect_init_ok = false, .host = kRdmaHost};
+    o.host.net = net;
+    return o;
+  }
 };
 
-void Fill(std::vector<uint8_t>& v, uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
+// Posts and returns the post code; c receives the completion. Notified with a
+// 20 s deadline unless told otherwise.
+int Post(Instance& e, uint32_t op, void* peer, Mem& local, void* remote,
+         std::vector<ferry_iov_v1> iov, uint64_t uid, Completion* c, bool notify = true,
+         uint64_t timeout_ms = 20000) {
+  const ferry_xfer_v1 x = MakeXfer(op, peer, &local, remote, iov, c,
+                                   {.flags = notify ? FERRY_XFER_NOTIFY : 0u,
+                                    .uid = uid,
+                                    .deadline_ns = NowNs() + timeout_ms * 1000000ull});
+  return ops.post(e.ctx(), &x);
 }
 
 TEST(Abi, InitWithoutDeviceSaysNoRdmaDevice) {
@@ -465,40 +312,38 @@ TEST(Abi, InitRefusesMissingConfiguredDevice) {
   EXPECT_NE(a.error.find("'nosuchdev0' not found"), std::string::npos) << a.error;
 }
 
-class TwoInstances : public testing::Test {
+class TwoInstances : public PairTest<> {
  protected:
+  TwoInstances()
+      : PairTest(ops, {.instance = {.expect_init_ok = false, .host = kRdmaHost}, .ctrl = true}) {
+    net_.unknown_peer_rc = FERRY_ERR_TRANSPORT;
+  }
   void SetUp() override {
     NEED_DEVICE();
-    a_ = std::make_unique<Inst>("a", &net_, Settings());
-    b_ = std::make_unique<Inst>("b", &net_, Settings());
-    ASSERT_EQ(a_->rc, FERRY_OK) << a_->error;
-    ASSERT_EQ(b_->rc, FERRY_OK) << b_->error;
+    ASSERT_NO_FATAL_FAILURE(MakeInstances(Settings()));
     char buf[512];
     ASSERT_EQ(ops.describe(a_->ctx(), buf, sizeof buf), FERRY_OK);
     std::printf("describe: %s\n", buf);
-    peer_b_ = a_->AddPeer(*b_);
-    peer_a_ = b_->AddPeer(*a_);
-    la_ = a_->Register(kSize, 1);
-    rb_ = b_->Register(kSize, 1);
-    rb_import_ = a_->Import(peer_b_, *rb_, 1);
+    AddPeers();
+    la_ = a_->Register(1, kSize);
+    rb_ = b_->Register(1, kSize);
+    rb_import_ = a_->Import(a_peer_b_, *rb_);
   }
   void TearDown() override {
     if (a_ && a_->ctx() && rb_import_) ops.mem_release(a_->ctx(), rb_import_);
-    if (a_ && a_->ctx() && la_) ops.mem_deregister(a_->ctx(), la_->handle);
-    if (b_ && b_->ctx() && rb_) ops.mem_deregister(b_->ctx(), rb_->handle);
-    if (a_ && a_->ctx() && peer_b_) ops.peer_remove(a_->ctx(), peer_b_);
-    if (b_ && b_->ctx() && peer_a_) ops.peer_remove(b_->ctx(), peer_a_);
-    a_.reset();
-    b_.reset();
+    if (a_ && a_->ctx() && la_) a_->Deregister(la_);
+    if (b_ && b_->ctx() && rb_) b_->Deregister(rb_);
+    if (a_ && a_->ctx() && a_peer_b_) ops.peer_remove(a_->ctx(), a_peer_b_);
+    if (b_ && b_->ctx() && b_peer_a_) ops.peer_remove(b_->ctx(), b_peer_a_);
+    PairTest::TearDown();
   }
-  virtual std::string Settings() { return R"({"qp_per_transfer": 3, "chunk_bytes": "16KiB", "max_send_wr": 16})"; }
+  virtual std::string Settings() {
+    return R"({"qp_per_transfer": 3, "chunk_bytes": "16KiB", "max_send_wr": 16})";
+  }
 
   static constexpr size_t kSize = 1 << 20;
-  Net net_;
-  std::unique_ptr<Inst> a_, b_;
-  void* peer_b_ = nullptr;
-  void* peer_a_ = nullptr;
-  std::unique_ptr<Mem> la_, rb_;
+  Mem* la_ = nullptr;  // owned by a_, as rb_ by b_
+  Mem* rb_ = nullptr;
   void* rb_import_ = nullptr;
 };
 
@@ -508,16 +353,18 @@ TEST_F(TwoInstances, WriteAndReadMoveDataAndNotifyOnce) {
   std::vector<ferry_iov_v1> iov;
   for (uint64_t i = 0; i < 40; ++i) iov.push_back({(39 - i) * 20000, (39 - i) * 20000 + 7, 19000});
   Completion c;
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, iov, 42, &c), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, iov, 42, &c), FERRY_OK);
   ASSERT_TRUE(c.Wait());
   ASSERT_EQ(c.status, FERRY_OK) << c.msg;
   for (const auto& v : iov)
-    ASSERT_EQ(std::memcmp(la_->data.data() + v.local_off, rb_->data.data() + v.remote_off, v.len), 0);
+    ASSERT_EQ(std::memcmp(la_->data.data() + v.local_off, rb_->data.data() + v.remote_off, v.len),
+              0);
   ASSERT_TRUE(b_->host().WaitInbound("a", 42));
 
   Fill(rb_->data, 2);
   Completion r;
-  ASSERT_EQ(a_->Post(FERRY_OP_READ, peer_b_, *la_, rb_import_, {{1, 3, kSize - 3}}, 43, &r), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_READ, a_peer_b_, *la_, rb_import_, {{1, 3, kSize - 3}}, 43, &r),
+            FERRY_OK);
   ASSERT_TRUE(r.Wait());
   ASSERT_EQ(r.status, FERRY_OK) << r.msg;
   ASSERT_EQ(std::memcmp(la_->data.data() + 1, rb_->data.data() + 3, kSize - 3), 0);
@@ -526,11 +373,12 @@ TEST_F(TwoInstances, WriteAndReadMoveDataAndNotifyOnce) {
   EXPECT_EQ(b_->host().CountInbound(43), 1);
 
   Completion q;  // no notification asked: none sent
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 1}}, 44, &q, false), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 1}}, 44, &q, false),
+            FERRY_OK);
   ASSERT_TRUE(q.Wait());
   ASSERT_EQ(q.status, FERRY_OK) << q.msg;
   Completion z;  // a later notified transfer on the same QPs lands after it
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 1}}, 45, &z), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 1}}, 45, &z), FERRY_OK);
   ASSERT_TRUE(z.Wait());
   ASSERT_TRUE(b_->host().WaitInbound("a", 45));
   EXPECT_EQ(b_->host().CountInbound(44), 0);
@@ -542,8 +390,9 @@ TEST_F(TwoInstances, ManyConcurrentTransfersAllComplete) {
   std::vector<Completion> cs(kN);
   for (int i = 0; i < kN; ++i) {
     const uint64_t off = static_cast<uint64_t>(i) * 4096;
-    ASSERT_EQ(a_->Post(i % 3 ? FERRY_OP_WRITE : FERRY_OP_READ, peer_b_, *la_, rb_import_,
-                       {{off, off, 4096}}, 1000 + static_cast<uint64_t>(i), &cs[static_cast<size_t>(i)], i % 2),
+    ASSERT_EQ(Post(*a_, i % 3 ? FERRY_OP_WRITE : FERRY_OP_READ, a_peer_b_, *la_, rb_import_,
+                   {{off, off, 4096}}, 1000 + static_cast<uint64_t>(i), &cs[static_cast<size_t>(i)],
+                   i % 2),
               FERRY_OK);
   }
   for (auto& c : cs) {
@@ -556,27 +405,29 @@ TEST_F(TwoInstances, ManyConcurrentTransfersAllComplete) {
 TEST_F(TwoInstances, QpErrorFailsTransferAndNextTransferRebuilds) {
   Fill(la_->data, 4);
   Completion ok1;
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 1, &ok1), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 1, &ok1),
+            FERRY_OK);
   ASSERT_TRUE(ok1.Wait());
   ASSERT_EQ(ok1.status, FERRY_OK) << ok1.msg;
   // Revoke the target memory: its rkey dies, the next WRITE gets a remote access error.
   ops.mem_deregister(b_->ctx(), rb_->handle);
   rb_->handle = nullptr;
   Completion bad;
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 2, &bad), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 2, &bad),
+            FERRY_OK);
   ASSERT_TRUE(bad.Wait());
   EXPECT_EQ(bad.status, FERRY_ERR_TRANSPORT);
   EXPECT_NE(bad.msg.find("remote access error"), std::string::npos) << bad.msg;
   // A new region: same peer, same port pair, so the same (reset) QPs are rebuilt.
-  auto fresh = b_->Register(kSize, 2);
-  void* imp = a_->Import(peer_b_, *fresh, 2);
+  Mem* fresh = b_->Register(2, kSize);
+  void* imp = a_->Import(a_peer_b_, *fresh);
   Completion ok2;
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, imp, {{0, 0, kSize}}, 3, &ok2), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, imp, {{0, 0, kSize}}, 3, &ok2), FERRY_OK);
   ASSERT_TRUE(ok2.Wait());
   ASSERT_EQ(ok2.status, FERRY_OK) << ok2.msg;
   EXPECT_EQ(std::memcmp(la_->data.data(), fresh->data.data(), kSize), 0);
   ops.mem_release(a_->ctx(), imp);
-  ops.mem_deregister(b_->ctx(), fresh->handle);
+  b_->Deregister(fresh);
 }
 
 // fence() on the target: the QPs serving the initiator go to ERR, so nothing the
@@ -588,7 +439,8 @@ TEST_F(TwoInstances, FenceRetiresTheTargetsQpsAndTheNextConnectionWorks) {
   ASSERT_NE(ops.fence, nullptr);
   Fill(la_->data, 6);
   Completion ok1;
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 1, &ok1), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 1, &ok1),
+            FERRY_OK);
   ASSERT_TRUE(ok1.Wait());
   ASSERT_EQ(ok1.status, FERRY_OK) << ok1.msg;
   const uint64_t ids[2] = {77, 78};
@@ -603,13 +455,14 @@ TEST_F(TwoInstances, FenceRetiresTheTargetsQpsAndTheNextConnectionWorks) {
   const std::vector<uint8_t> before(rb_->data.begin(), rb_->data.begin() + 4096);
   Fill(la_->data, 7);
   Completion late;
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 2, &late, false),
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 2, &late, false),
             FERRY_OK);
   ASSERT_TRUE(late.Wait());
   EXPECT_NE(late.status, FERRY_OK) << "a WRITE on a fenced connection was applied";
   EXPECT_EQ(std::memcmp(before.data(), rb_->data.data(), 4096), 0);
   Completion ok2;
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 3, &ok2), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 3, &ok2),
+            FERRY_OK);
   ASSERT_TRUE(ok2.Wait());
   ASSERT_EQ(ok2.status, FERRY_OK) << ok2.msg;
   EXPECT_EQ(std::memcmp(la_->data.data(), rb_->data.data(), 4096), 0);
@@ -622,7 +475,8 @@ TEST_F(TwoInstances, LostHandshakeEndsAtTheDeadline) {
   }
   Completion c;
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 64}}, 9, &c, true, 300), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 64}}, 9, &c, true, 300),
+            FERRY_OK);
   ASSERT_TRUE(c.Wait(10s));
   EXPECT_EQ(c.status, FERRY_ERR_TIMEOUT) << c.msg;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
@@ -631,12 +485,14 @@ TEST_F(TwoInstances, LostHandshakeEndsAtTheDeadline) {
     net_.drop = false;
   }
   Completion again;  // the handshake is still pending; it times out, then a new one works
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 64}}, 10, &again), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 64}}, 10, &again),
+            FERRY_OK);
   ASSERT_TRUE(again.Wait());
   if (again.status != FERRY_OK) {
     EXPECT_EQ(again.status, FERRY_ERR_TRANSPORT) << again.msg;
     Completion third;
-    ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 64}}, 11, &third), FERRY_OK);
+    ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 64}}, 11, &third),
+              FERRY_OK);
     ASSERT_TRUE(third.Wait());
     EXPECT_EQ(third.status, FERRY_OK) << third.msg;
   }
@@ -648,10 +504,10 @@ TEST_F(TwoInstances, FiniCompletesWhatIsPending) {
     net_.drop = true;  // handshake never answered: transfers stay queued
   }
   Completion c1, c2;
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, 64}}, 1, &c1), FERRY_OK);
-  ASSERT_EQ(a_->Post(FERRY_OP_READ, peer_b_, *la_, rb_import_, {{0, 0, 64}}, 2, &c2), FERRY_OK);
-  ops.peer_remove(a_->ctx(), peer_b_);
-  peer_b_ = nullptr;
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 64}}, 1, &c1), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_READ, a_peer_b_, *la_, rb_import_, {{0, 0, 64}}, 2, &c2), FERRY_OK);
+  ops.peer_remove(a_->ctx(), a_peer_b_);
+  a_peer_b_ = nullptr;
   ASSERT_TRUE(c1.Wait(1s));
   ASSERT_TRUE(c2.Wait(1s));
   EXPECT_LT(c1.status, 0);
@@ -667,7 +523,8 @@ class TwoInstancesBusyPoll : public TwoInstances {
 TEST_F(TwoInstancesBusyPoll, Works) {
   Fill(la_->data, 5);
   Completion c;
-  ASSERT_EQ(a_->Post(FERRY_OP_WRITE, peer_b_, *la_, rb_import_, {{0, 0, kSize}}, 1, &c), FERRY_OK);
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, kSize}}, 1, &c),
+            FERRY_OK);
   ASSERT_TRUE(c.Wait());
   ASSERT_EQ(c.status, FERRY_OK) << c.msg;
   EXPECT_EQ(std::memcmp(la_->data.data(), rb_->data.data(), kSize), 0);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A GPU runtime for tests on hosts without one: "device memory" is host memory,
 // but copies are really asynchronous in the sense that matters - a copy queued
 // on a stream happens only when something waits for it (event_sync/query of a

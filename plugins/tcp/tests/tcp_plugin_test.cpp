@@ -1,14 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the tcp plugin through its C ABI: two instances in one process, each
-// with a small fake host, talking over loopback. Raw sockets play hostile or
-// broken peers. Every wait is on a completion or a socket, never a sleep.
+// with a fake host (plugins/common/testing/plugin_harness.h), talking over
+// loopback. Raw sockets play hostile or broken peers. Every wait is on a
+// completion or a socket, never a sleep.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,13 +17,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "fake_gpu.h"
@@ -31,6 +29,7 @@
 #include "planner.h"
 #include "socket_util.h"
 #include "target_peer.h"
+#include "testing/plugin_harness.h"
 #include "wire.h"
 
 extern "C" const ferry_plugin_ops_v1 ferry_plugin_v1;
@@ -38,228 +37,18 @@ extern "C" const ferry_plugin_ops_v1 ferry_plugin_v1;
 namespace {
 
 using namespace std::chrono_literals;
+using namespace ferry_plugin_test;
 namespace wire = ferry_tcp::wire;
 const ferry_plugin_ops_v1& ops = ferry_plugin_v1;
 
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
-// What host->complete reported for one transfer.
-struct Completion {
-  std::mutex mu;
-  std::condition_variable cv;
-  int calls = 0;
-  int status = 1;
-  std::string msg;
-
-  bool Wait(std::chrono::milliseconds timeout = 60s) {
-    std::unique_lock lk(mu);
-    return cv.wait_for(lk, timeout, [&] { return calls > 0; });
-  }
-};
-
-struct Inbound {
-  std::string peer;
-  uint64_t uid;
-  int status;
-};
-
-class FakeHost {
- public:
-  explicit FakeHost(std::string name, const ferry_gpu_v1* gpu = nullptr) : name_(std::move(name)) {
-    host_.struct_size = sizeof(host_);
-    host_.gpu = gpu;
-    host_.host_ctx = this;
-    host_.log = [](void* ctx, int level, const char* msg) {
-      static const char* kLevels[] = {"E", "W", "I", "D"};
-      std::fprintf(stderr, "[%s %s] %s\n", static_cast<FakeHost*>(ctx)->name_.c_str(),
-                   level >= 0 && level <= 3 ? kLevels[level] : "?", msg);
-    };
-    host_.now_ns = [](void*) { return NowNs(); };
-    host_.ctrl_send = [](void*, const char*, const void*, size_t) { return FERRY_ERR_UNSUPPORTED; };
-    host_.complete = [](void*, void* xfer_ctx, int status, const char* msg) {
-      auto* c = static_cast<Completion*>(xfer_ctx);
-      std::lock_guard lk(c->mu);
-      ++c->calls;
-      c->status = status;
-      c->msg = msg ? msg : "";
-      c->cv.notify_all();
-    };
-    host_.inbound = [](void* ctx, const char* peer, uint64_t uid, int status) {
-      auto* self = static_cast<FakeHost*>(ctx);
-      std::lock_guard lk(self->mu_);
-      self->inbound_.push_back({peer, uid, status});
-      self->cv_.notify_all();
-    };
-  }
-  const ferry_host_v1* host() const { return &host_; }
-
-  std::vector<Inbound> inbound() {
-    std::lock_guard lk(mu_);
-    return inbound_;
-  }
-  int CountInbound(uint64_t uid) {
-    std::lock_guard lk(mu_);
-    int n = 0;
-    for (const auto& i : inbound_) n += i.uid == uid;
-    return n;
-  }
-  bool WaitInbound(uint64_t uid, std::chrono::milliseconds timeout = 30s) {
-    std::unique_lock lk(mu_);
-    return cv_.wait_for(lk, timeout, [&] {
-      for (const auto& i : inbound_) {
-        if (i.uid == uid) return true;
-      }
-      return false;
-    });
-  }
-
- private:
-  std::string name_;
-  ferry_host_v1 host_{};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Inbound> inbound_;
-};
-
-// Registered memory with its handle and blob.
-struct Mem {
-  std::vector<uint8_t> data;
-  uint64_t id = 0;
-  void* handle = nullptr;
-  std::vector<uint8_t> blob;
-};
-
-class Engine {
+// An instance as tcp's tests make it: no control channel (tcp has none, so
+// ctrl_send is UNSUPPORTED), no link secrets, every log line printed.
+class Engine : public Instance {
  public:
   explicit Engine(std::string key, const std::string& settings = "{}",
                   const ferry_gpu_v1* gpu = nullptr)
-      : key_(std::move(key)), host_(key_, gpu) {
-    char err[256] = {0};
-    const int rc =
-        ops.init(host_.host(), key_.c_str(), "node", settings.c_str(), &ctx_, err, sizeof(err));
-    EXPECT_EQ(rc, FERRY_OK) << err;
-    if (rc != FERRY_OK) ctx_ = nullptr;
-  }
-  ~Engine() { Fini(); }
-  void Fini() {
-    for (auto& [id, m] : mems_) {
-      if (ctx_ && m->handle) ops.mem_deregister(ctx_, m->handle);
-    }
-    if (ctx_) ops.fini(ctx_);
-    ctx_ = nullptr;
-  }
-
-  void* ctx() const { return ctx_; }
-  const std::string& key() const { return key_; }
-  FakeHost& host() { return host_; }
-
-  std::vector<uint8_t> ConnBlob() {
-    std::vector<uint8_t> b(FERRY_MAX_BLOB);
-    size_t len = b.size();
-    EXPECT_EQ(ops.conn_info(ctx_, b.data(), &len), FERRY_OK);
-    b.resize(len);
-    return b;
-  }
-
-  // Adds `key` as a peer reachable through `blob`.
-  void* AddPeer(const std::string& key, const std::vector<uint8_t>& blob, int* rc_out = nullptr) {
-    ferry_peer_v1 p{};
-    p.struct_size = sizeof(p);
-    p.key = key.c_str();
-    p.host = "127.0.0.1";
-    p.node_id = "node";
-    p.conn_blob = blob.data();
-    p.conn_blob_len = blob.size();
-    void* h = nullptr;
-    const int rc = ops.peer_add(ctx_, &p, &h);
-    if (rc_out)
-      *rc_out = rc;
-    else
-      EXPECT_EQ(rc, FERRY_OK);
-    return h;
-  }
-
-  // device >= 0: the memory is registered as that GPU's (fake_gpu.h).
-  Mem* Register(uint64_t id, size_t size, int device = -1) {
-    auto m = std::make_unique<Mem>();
-    m->data.assign(size, 0);
-    m->id = id;
-    ferry_mem_v1 desc{};
-    desc.struct_size = sizeof(desc);
-    desc.location = device >= 0 ? FERRY_MEM_GPU : FERRY_MEM_CPU;
-    desc.id = id;
-    desc.addr = m->data.data();
-    desc.size = size;
-    desc.device = device;
-    m->blob.resize(FERRY_MAX_BLOB);
-    size_t len = m->blob.size();
-    EXPECT_EQ(ops.mem_register(ctx_, &desc, &m->handle, m->blob.data(), &len), FERRY_OK);
-    m->blob.resize(len);
-    Mem* raw = m.get();
-    mems_[id] = std::move(m);
-    return raw;
-  }
-  void Deregister(Mem* m) {
-    ops.mem_deregister(ctx_, m->handle);
-    m->handle = nullptr;
-  }
-
-  void* Import(void* peer, const Mem& remote) {
-    void* h = nullptr;
-    EXPECT_EQ(ops.mem_import(ctx_, peer, remote.id, remote.data.size(), remote.blob.data(),
-                             remote.blob.size(), &h),
-              FERRY_OK);
-    return h;
-  }
-
- private:
-  std::string key_;
-  FakeHost host_;
-  void* ctx_ = nullptr;
-  std::map<uint64_t, std::unique_ptr<Mem>> mems_;
+      : Instance(ops, std::move(key), {.settings = settings, .host = {.gpu = gpu}}) {}
 };
-
-struct Result {
-  int post_rc;
-  int status;
-  std::string msg;
-  int calls;
-};
-
-// Posts a transfer and waits for its completion.
-Result Transfer(Engine& e, uint32_t op, void* peer, Mem* local, void* remote,
-                const std::vector<ferry_iov_v1>& iov, uint32_t flags = 0, uint64_t uid = 0,
-                uint64_t deadline_ns = 0, uint64_t attempt_id = 0) {
-  Completion c;
-  ferry_xfer_v1 x{};
-  x.struct_size = sizeof(x);
-  x.op = op;
-  x.flags = flags;
-  x.n_iov = static_cast<uint32_t>(iov.size());
-  x.peer = peer;
-  x.local_mem = local->handle;
-  x.remote_mem = remote;
-  x.iov = iov.data();
-  x.uid = uid;
-  x.deadline_ns = deadline_ns;
-  x.xfer_ctx = &c;
-  x.attempt_id = attempt_id;
-  for (const auto& i : iov) x.total_bytes += i.len;
-  const int rc = ops.post(e.ctx(), &x);
-  if (rc != FERRY_OK) return {rc, 0, "", 0};
-  EXPECT_TRUE(c.Wait()) << "transfer never completed";
-  std::lock_guard lk(c.mu);
-  return {rc, c.status, c.msg, c.calls};
-}
-
-void Fill(std::vector<uint8_t>& v, uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-}
 
 bool SameBytes(const uint8_t* a, const uint8_t* b, size_t n) { return std::memcmp(a, b, n) == 0; }
 
@@ -308,41 +97,43 @@ uint16_t PortOf(const std::vector<uint8_t>& conn_blob) {
   return ci.port;
 }
 
-// A port on which nothing listens: bound but never listening, so connects are
-// refused and no other process can take the port while the test runs.
-class RefusingPort {
+// A TCP socket bound to a free loopback port, listening or not; held for the
+// test, so no other process can take the port meanwhile.
+class LoopbackPort {
  public:
-  RefusingPort() {
+  explicit LoopbackPort(bool listening) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    if (listening) {
+      EXPECT_EQ(listen(fd_, 16), 0);
+    }
     socklen_t len = sizeof(a);
     getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
     port_ = ntohs(a.sin_port);
   }
-  ~RefusingPort() { close(fd_); }
+  LoopbackPort(const LoopbackPort&) = delete;
+  LoopbackPort& operator=(const LoopbackPort&) = delete;
+  ~LoopbackPort() { close(fd_); }
   uint16_t port() const { return port_; }
+  int fd() const { return fd_; }
 
  private:
   int fd_;
   uint16_t port_;
 };
 
+// A port on which nothing listens: bound but never listening, so connects are
+// refused.
+struct RefusingPort : LoopbackPort {
+  RefusingPort() : LoopbackPort(false) {}
+};
+
 // ---- settings and blobs ------------------------------------------------------
 
-std::string InitError(const char* settings) {
-  FakeHost host("x");
-  void* ctx = nullptr;
-  char err[512] = {0};
-  const int rc = ops.init(host.host(), "x", "node", settings, &ctx, err, sizeof(err));
-  if (rc == FERRY_OK) {
-    ops.fini(ctx);
-    return "";
-  }
-  return err;
-}
+std::string InitError(const char* settings) { return ferry_plugin_test::InitError(ops, settings); }
 
 TEST(TcpSettings, BadJsonFailsWithMessage) {
   EXPECT_NE(InitError("{lanes: 4").find("JSON"), std::string::npos);
@@ -486,21 +277,10 @@ TEST(TcpPlanner, CoalescesPacksAndSplits) {
 
 // ---- two engines ----------------------------------------------------------------
 
-class TcpPair : public ::testing::Test {
+class TcpPair : public PairTest<> {
  protected:
+  TcpPair() : PairTest(ops, {.key_a = "engine-a", .key_b = "engine-b"}) {}
   void SetUp() override { Connect("{}"); }
-  void Connect(const std::string& settings) {
-    a_ = std::make_unique<Engine>("engine-a", settings);
-    b_ = std::make_unique<Engine>("engine-b", settings);
-    ASSERT_NE(a_->ctx(), nullptr);
-    ASSERT_NE(b_->ctx(), nullptr);
-    a_peer_b_ = a_->AddPeer(b_->key(), b_->ConnBlob());
-    b_peer_a_ = b_->AddPeer(a_->key(), a_->ConnBlob());
-  }
-  void TearDown() override {
-    a_.reset();
-    b_.reset();
-  }
 
   // WRITE a -> b then READ b -> a of `n` bytes, checking the data both times.
   void RoundTrip(size_t n, uint64_t local_off, uint64_t remote_off, uint64_t id) {
@@ -521,10 +301,6 @@ class TcpPair : public ::testing::Test {
     EXPECT_TRUE(SameBytes(back->data.data() + local_off, dst->data.data() + remote_off, n));
     ops.mem_release(a_->ctx(), remote);
   }
-
-  std::unique_ptr<Engine> a_, b_;
-  void* a_peer_b_ = nullptr;
-  void* b_peer_a_ = nullptr;
 };
 
 TEST_F(TcpPair, WriteReadOneByte) { RoundTrip(1, 3, 5, 10); }
@@ -582,9 +358,10 @@ TEST_F(TcpPair, ManyFramesOverSmallChunksAndItemLimit) {
   std::vector<ferry_iov_v1> iov;
   for (uint64_t i = 0; i < 10000; ++i) iov.push_back({i * 16, (2 << 20) + i * 24, 8});
   iov.push_back({1 << 20, 0, 1 << 20});
-  ASSERT_EQ(
-      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov, FERRY_XFER_NOTIFY, 500).status,
-      FERRY_OK);
+  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov,
+                     {.flags = FERRY_XFER_NOTIFY, .uid = 500})
+                .status,
+            FERRY_OK);
   for (const auto& it : iov) {
     ASSERT_TRUE(
         SameBytes(src->data.data() + it.local_off, dst->data.data() + it.remote_off, it.len));
@@ -604,38 +381,40 @@ TEST_F(TcpPair, NotifyExactlyOnceAndOnlyWhenAsked) {
   void* remote = a_->Import(a_peer_b_, *dst);
 
   // WRITE: inbound comes before the ack, so it is there once complete() is.
-  ASSERT_EQ(
-      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, FERRY_XFER_NOTIFY, 42)
-          .status,
-      FERRY_OK);
+  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}},
+                     {.flags = FERRY_XFER_NOTIFY, .uid = 42})
+                .status,
+            FERRY_OK);
   ASSERT_EQ(b_->host().CountInbound(42), 1);
   auto in = b_->host().inbound();
   EXPECT_EQ(in[0].peer, "engine-a");
   EXPECT_EQ(in[0].status, FERRY_OK);
 
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, 0, 43).status,
-            FERRY_OK);
+  ASSERT_EQ(
+      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, {.uid = 43}).status,
+      FERRY_OK);
   EXPECT_EQ(b_->host().CountInbound(43), 0);
 
   // Many frames over all lanes still make one notification.
   ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 8 << 20}},
-                     FERRY_XFER_NOTIFY, 44)
+                     {.flags = FERRY_XFER_NOTIFY, .uid = 44})
                 .status,
             FERRY_OK);
   EXPECT_EQ(b_->host().CountInbound(44), 1);
 
   // READ: the target learns after sending the data, so wait for it.
-  ASSERT_EQ(
-      Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, 0, 3 << 20}}, FERRY_XFER_NOTIFY, 45)
-          .status,
-      FERRY_OK);
-  ASSERT_TRUE(b_->host().WaitInbound(45));
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, 0, 4096}}, 0, 46).status,
+  ASSERT_EQ(Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, 0, 3 << 20}},
+                     {.flags = FERRY_XFER_NOTIFY, .uid = 45})
+                .status,
             FERRY_OK);
+  ASSERT_TRUE(b_->host().WaitInbound(45));
   ASSERT_EQ(
-      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, FERRY_XFER_NOTIFY, 47)
-          .status,
+      Transfer(*a_, FERRY_OP_READ, a_peer_b_, src, remote, {{0, 0, 4096}}, {.uid = 46}).status,
       FERRY_OK);
+  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}},
+                     {.flags = FERRY_XFER_NOTIFY, .uid = 47})
+                .status,
+            FERRY_OK);
   EXPECT_EQ(b_->host().CountInbound(45), 1);
   EXPECT_EQ(b_->host().CountInbound(46), 0);
   EXPECT_EQ(b_->host().inbound().size(), 4u);
@@ -649,8 +428,8 @@ TEST_F(TcpPair, OutOfRangeRemoteIsRefusedByTarget) {
   void* remote = a_->Import(a_peer_b_, *dst);
   // The core would catch these; here they go on the wire on purpose. The
   // target's own code comes back (INVALID_ARGS: a refusal, not a failure).
-  Result w =
-      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 4000, 200}}, FERRY_XFER_NOTIFY, 9);
+  Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 4000, 200}},
+                      {.flags = FERRY_XFER_NOTIFY, .uid = 9});
   EXPECT_EQ(w.status, FERRY_ERR_INVALID_ARGS);
   EXPECT_NE(w.msg.find("outside"), std::string::npos) << w.msg;
   EXPECT_EQ(w.calls, 1);
@@ -706,7 +485,8 @@ TEST_F(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
   void* remote = a_->Import(a_peer_b_, *dst);
   Fill(src->data, 11);
   // Four frames (256 KiB chunks would be one per lane; 1 MiB at the default 1 MiB chunk is one).
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 1 << 20}}, 0, 1, 0, 501)
+  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 1 << 20}},
+                     {.uid = 1, .attempt_id = 501})
                 .status,
             FERRY_OK);
   const uint64_t ids[2] = {501, 502};
@@ -718,13 +498,14 @@ TEST_F(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
   // Attempt 502 is fenced now: when its WRITE comes, it is refused and not applied.
   std::vector<uint8_t> before(dst->data.begin(), dst->data.begin() + 4096);
   Fill(src->data, 12);
-  Result late = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, 0, 2, 0, 502);
+  Result late = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}},
+                         {.uid = 2, .attempt_id = 502});
   EXPECT_EQ(late.status, FERRY_ERR_TIMEOUT) << late.msg;
   EXPECT_NE(late.msg.find("fenced"), std::string::npos) << late.msg;
   EXPECT_TRUE(SameBytes(before.data(), dst->data.data(), 4096));
   // An expired attempt (its deadline already passed when the target reads it) likewise.
-  Result expired =
-      Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, 0, 3, NowNs() - 1, 503);
+  Result expired = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}},
+                            {.uid = 3, .deadline_ns = NowNs() - 1, .attempt_id = 503});
   EXPECT_NE(expired.status, FERRY_OK);
   EXPECT_TRUE(SameBytes(before.data(), dst->data.data(), 4096));
   // A hostile initiator fencing many ids: bounded.
@@ -738,13 +519,13 @@ TEST_F(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
   // (The table itself, directly: fencing 15,000 ids leaves kMaxAttempts.)
   ferry_tcp::TargetPeer tp("hostile");
   for (int round = 0; round < 3; ++round)
-    ASSERT_EQ(tp.Fence(many.data(), many.size(), std::chrono::steady_clock::now() + 1s,
-                       out.data()),
+    ASSERT_EQ(tp.Fence(many.data(), many.size(), std::chrono::steady_clock::now() + 1s, out.data()),
               FERRY_OK);
   EXPECT_EQ(tp.remembered_attempts(), ferry_tcp::TargetPeer::kMaxAttempts);
   // Still serving: a fresh attempt lands.
   Fill(src->data, 13);
-  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}}, 0, 4, 0, 504)
+  ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}},
+                     {.uid = 4, .attempt_id = 504})
                 .status,
             FERRY_OK);
   EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
@@ -857,8 +638,9 @@ TEST_F(TcpPair, ConcurrentPostsFromManyThreads) {
         const uint64_t off = (i % 16) * 4096;
         const uint32_t op = i % 3 == 2 ? FERRY_OP_READ : FERRY_OP_WRITE;
         const uint32_t flags = i % 5 == 0 ? FERRY_XFER_NOTIFY : 0;
-        Result r = Transfer(*a_, op, a_peer_b_, srcs[t], remotes[t], {{off, off, 4096}}, flags,
-                            1000000 + t * kPerThread + i);
+        Result r =
+            Transfer(*a_, op, a_peer_b_, srcs[t], remotes[t], {{off, off, 4096}},
+                     {.flags = flags, .uid = static_cast<uint64_t>(1000000 + t * kPerThread + i)});
         if (r.status != FERRY_OK || r.calls != 1) ++failures;
       }
     });
@@ -1010,26 +792,17 @@ TEST_F(TcpPair, DeregisterRevokesRequestsAlreadyQueued) {
 // GPU memory through host staging (gpu_stage.h), with the fake runtime of
 // fake_gpu.h: its copies run only when waited for, so a stager that touches a
 // staging buffer too early moves stale bytes and these tests see it.
-class TcpGpuStaging : public ::testing::Test {
+class TcpGpuStaging : public PairTest<> {
  protected:
+  TcpGpuStaging()
+      : PairTest(ops, {.key_a = "engine-a", .key_b = "engine-b", .fini_a_first = false}) {}
   // Small pieces so a transfer is many pieces deep in the pipeline; two lanes.
   static constexpr const char* kSettings =
       R"({"lanes": 2, "chunk_bytes": "256KiB", "gpu_chunk_bytes": "256KiB",
           "gpu_stage_bytes": "16KiB"})";
   void SetUp() override { Connect(kSettings); }
   void Connect(const std::string& settings) {
-    b_.reset();
-    a_.reset();
-    a_ = std::make_unique<Engine>("engine-a", settings, gpu_a_.table());
-    b_ = std::make_unique<Engine>("engine-b", settings, gpu_b_.table());
-    ASSERT_NE(a_->ctx(), nullptr);
-    ASSERT_NE(b_->ctx(), nullptr);
-    a_peer_b_ = a_->AddPeer(b_->key(), b_->ConnBlob());
-    b_peer_a_ = b_->AddPeer(a_->key(), a_->ConnBlob());
-  }
-  void TearDown() override {
-    b_.reset();
-    a_.reset();
+    PairTest::Connect(settings, gpu_a_.table(), gpu_b_.table());
   }
   // WRITE a -> b, then READ it back into a second region of a; devices -1 = host.
   void RoundTrip(const std::vector<ferry_iov_v1>& iov, int dev_a, int dev_b, uint64_t id) {
@@ -1043,15 +816,16 @@ class TcpGpuStaging : public ::testing::Test {
     Mem* dst = b_->Register(id, rsize, dev_b);
     Fill(src->data, static_cast<uint32_t>(id));
     void* remote = a_->Import(a_peer_b_, *dst);
-    Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov, FERRY_XFER_NOTIFY, id);
+    Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov,
+                        {.flags = FERRY_XFER_NOTIFY, .uid = id});
     ASSERT_EQ(w.status, FERRY_OK) << w.msg;
     for (const auto& i : iov) {
       ASSERT_TRUE(SameBytes(src->data.data() + i.local_off, dst->data.data() + i.remote_off, i.len))
           << "WRITE item at " << i.local_off;
     }
     ASSERT_TRUE(b_->host().WaitInbound(id));
-    Result r =
-        Transfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, iov, FERRY_XFER_NOTIFY, id + 1);
+    Result r = Transfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, iov,
+                        {.flags = FERRY_XFER_NOTIFY, .uid = id + 1});
     ASSERT_EQ(r.status, FERRY_OK) << r.msg;
     for (const auto& i : iov) {
       ASSERT_TRUE(
@@ -1065,9 +839,6 @@ class TcpGpuStaging : public ::testing::Test {
   }
 
   ferry_test::FakeGpu gpu_a_, gpu_b_;
-  std::unique_ptr<Engine> a_, b_;
-  void* a_peer_b_ = nullptr;
-  void* b_peer_a_ = nullptr;
 };
 
 TEST_F(TcpGpuStaging, GpuToGpuOddSizesThroughManyPieces) {
@@ -1133,7 +904,7 @@ TEST(TcpGpuSettings, StageAndPinnedBoundsAreChecked) {
   char err[256] = {0};
   EXPECT_EQ(ops.init(nullptr, "x", "n", R"({"gpu_stage_bytes": "1KiB"})", &ctx, err, sizeof(err)),
             FERRY_ERR_INVALID_ARGS);
-  FakeHost h("h");
+  FakeHost h(ops, "h");
   EXPECT_EQ(ops.init(h.host(), "x", "n", R"({"gpu_pinned_bytes": "1MiB"})", &ctx, err, sizeof(err)),
             FERRY_ERR_INVALID_ARGS);
   EXPECT_NE(std::string(err).find("gpu_pinned_bytes"), std::string::npos) << err;
@@ -1162,15 +933,6 @@ TEST(TcpTarget, StalledFrameIsDroppedAfterIoTimeout) {
   close(fd);
 }
 
-size_t CountEntries(const char* dir) {
-  size_t n = 0;
-  if (DIR* d = opendir(dir)) {
-    while (readdir(d) != nullptr) ++n;
-    closedir(d);
-  }
-  return n;
-}
-
 TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
   const size_t fds = CountEntries("/proc/self/fd");
   const size_t threads = CountEntries("/proc/self/task");
@@ -1182,17 +944,14 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
     Mem* dst = b.Register(1, 4 << 20);
     void* remote = a.Import(pb, *dst);
     ASSERT_EQ(Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4 << 20}}).status, FERRY_OK);
-    ASSERT_EQ(
-        Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}}, FERRY_XFER_NOTIFY, 1).status,
-        FERRY_OK);
+    ASSERT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}},
+                       {.flags = FERRY_XFER_NOTIFY, .uid = 1})
+                  .status,
+              FERRY_OK);
     EXPECT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 1 << 30, 8}}).status,
               FERRY_ERR_INVALID_ARGS);
     // Every plugin thread now blocks: a quiet stretch must cost (almost) no CPU.
-    timespec c0{}, c1{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
-    std::this_thread::sleep_for(300ms);  // a measurement window, not synchronisation
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
-    const double cpu_ms = (c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) / 1e6;
+    const double cpu_ms = CpuMsOver(300ms);
     EXPECT_LT(cpu_ms, 30.0) << "idle plugin threads are burning CPU";
     ops.mem_release(a.ctx(), remote);
   }
@@ -1285,26 +1044,8 @@ TEST(TcpFailure, TargetFiniFailsWithNotSent) {
 
 // Listens, accepts nothing, reads nothing: the kernel completes handshakes and
 // buffers what fits.
-class MuteListener {
- public:
-  MuteListener() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(listen(fd_, 16), 0);
-    socklen_t len = sizeof(a);
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-  }
-  ~MuteListener() { close(fd_); }
-  uint16_t port() const { return port_; }
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-  uint16_t port_;
+struct MuteListener : LoopbackPort {
+  MuteListener() : LoopbackPort(true) {}
 };
 
 TEST(TcpFailure, SilentTargetTimesOutAtDeadline) {
@@ -1316,7 +1057,7 @@ TEST(TcpFailure, SilentTargetTimesOutAtDeadline) {
   for (int round = 0; round < 2; ++round) {  // the second round reconnects after the reset
     const auto t0 = std::chrono::steady_clock::now();
     Result w = Transfer(a, round ? FERRY_OP_READ : FERRY_OP_WRITE, peer, src, remote,
-                        {{0, 0, 4096}}, 0, 1, NowNs() + 300'000'000);
+                        {{0, 0, 4096}}, {.uid = 1, .deadline_ns = NowNs() + 300'000'000});
     const auto took = std::chrono::steady_clock::now() - t0;
     EXPECT_EQ(w.status, FERRY_ERR_TIMEOUT) << w.msg;
     EXPECT_GE(took, 290ms) << "round " << round << ": " << w.msg;
@@ -1338,8 +1079,8 @@ TEST(TcpFailure, TimedOutLaneIsAbortedSoNoQueuedBytesFollow) {
   void* remote = ImportFake(a, peer);
   int conn = -1;
   std::thread acceptor([&] { conn = accept(mute.fd(), nullptr, nullptr); });
-  Result w = Transfer(a, FERRY_OP_WRITE, peer, src, remote, {{0, 0, 32u << 20}}, 0, 1,
-                      NowNs() + 300'000'000);
+  Result w = Transfer(a, FERRY_OP_WRITE, peer, src, remote, {{0, 0, 32u << 20}},
+                      {.uid = 1, .deadline_ns = NowNs() + 300'000'000});
   acceptor.join();
   EXPECT_EQ(w.status, FERRY_ERR_TIMEOUT) << w.msg;
   ASSERT_GE(conn, 0);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* FROZEN COPY of core/include/ferry/plugin.h at ABI 1.1 (commit a8e9f04), for the
  * test that a plugin built against the previous minor still loads. Never edit. */
 /*

@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "instance.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace ferry_xgmi {
+
+using ferry::plugin_kit::TellRefusal;
+
+std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a, int* code,
+                                           std::string* why) {
+  if (!FERRY_HAS_FIELD(ferry_host_v1, a.host, gpu) || !a.host->gpu) {
+    *code = FERRY_ERR_NO_DEVICE;
+    *why = "no GPU runtime (libcudart / libamdhip64) or no GPU device";
+    return nullptr;
+  }
+  nlohmann::json j;
+  *code = FERRY_ERR_INVALID_ARGS;
+  if (!ferry::plugin_kit::ParseObject(a.settings_json, "xgmi", &j, why)) return nullptr;
+  auto in = std::make_unique<Instance>(a.host);
+  for (const auto& [key, v] : j.items()) {
+    int64_t n = 0;
+    if (key == "num_streams") {
+      if (!ferry::plugin_kit::GetInt(v, "num_streams", 1, 64, &n, why)) return nullptr;
+      in->streams_per_device_ = static_cast<int>(n);
+    } else if (key == "batch_copy") {
+      if (!ferry::plugin_kit::GetBool(v, "batch_copy", &in->batch_copy_, why)) return nullptr;
+    } else if (key == "spin_us") {
+      if (!ferry::plugin_kit::GetInt(v, "spin_us", 0, 100000, &n, why)) return nullptr;
+      in->spin_ = std::chrono::microseconds(n);
+    } else {
+      *why = "unknown setting '" + key + "' (known: num_streams, batch_copy, spin_us)";
+      return nullptr;
+    }
+  }
+  in->completer_ = std::thread([raw = in.get()] { raw->CompleteLoop(); });
+  return in;
+}
+
+Instance::Instance(const ferry_host_v1* host) : host_(host), gpu_(host->gpu) {
+  const size_t n = static_cast<size_t>(gpu_->device_count);
+  streams_.resize(n);
+  next_stream_.resize(n);
+  free_events_.resize(n);
+}
+
+Instance::~Instance() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;  // the completion thread drains what is pending, then exits
+  }
+  cv_.notify_all();
+  if (completer_.joinable()) completer_.join();
+  for (auto& [k, o] : opened_) gpu_->ipc_close(gpu_->gpu_ctx, o.base);
+  for (size_t d = 0; d < streams_.size(); ++d) {
+    for (void* s : streams_[d]) gpu_->stream_destroy(gpu_->gpu_ctx, s);
+    for (void* e : free_events_[d]) gpu_->event_destroy(gpu_->gpu_ctx, e);
+  }
+}
+
+void Instance::LogLine(int level, const std::string& m) const {
+  ferry::plugin_kit::Log(host_, level, "%s", m.c_str());
+}
+
+void Instance::CompleteLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+    if (pending_.empty()) return;  // stop requested and nothing left
+    Pending p = pending_.front();
+    lk.unlock();
+    // Poll briefly (a copy of a few MiB ends within microseconds and a sleeping
+    // thread's wake-up costs tens of them), then block: events are created with
+    // blocking sync, so an idle or slow wait does not burn a core. Spin for the
+    // copy's expected duration (at ~300 GB/s) plus spin_us, so a large copy is
+    // not waited for through a sleep/wake-up cycle.
+    int rc = 1;
+    auto expected = std::chrono::nanoseconds(p.bytes / 300);
+    auto spin_until = std::chrono::steady_clock::now() + spin_ + expected;
+    while (rc == 1 && std::chrono::steady_clock::now() < spin_until) {
+      rc = gpu_->event_query(gpu_->gpu_ctx, p.event);
+      if (rc == 1) std::this_thread::yield();
+    }
+    if (rc == 1) rc = gpu_->event_sync(gpu_->gpu_ctx, p.event);
+    std::string why = rc == FERRY_OK ? std::string() : "GPU copy failed: " + GpuError();
+    lk.lock();
+    pending_.pop_front();
+    free_events_[static_cast<size_t>(p.device)].push_back(p.event);
+    --p.peer->inflight;
+    lk.unlock();
+    host_->complete(host_->host_ctx, p.xfer_ctx, rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU,
+                    why.empty() ? nullptr : why.c_str());
+    lk.lock();
+    drained_.notify_all();
+  }
+}
+
+int Instance::ConnInfo(void* buf, size_t* len) {
+  if (*len < 1) return FERRY_ERR_INVALID_ARGS;
+  static_cast<uint8_t*>(buf)[0] = kBlobVersion;
+  *len = 1;
+  return FERRY_OK;
+}
+
+int Instance::PeerAdd(const ferry_peer_v1* p, void** h) {
+  if (!FERRY_HAS_FIELD(ferry_peer_v1, p, conn_blob_len) || p->key == nullptr)
+    return FERRY_ERR_INVALID_ARGS;
+  if (!p->same_host) return FERRY_ERR_UNSUPPORTED;  // IPC handles only open on the same host
+  if (p->conn_blob_len != 1 || p->conn_blob == nullptr ||
+      static_cast<const uint8_t*>(p->conn_blob)[0] != kBlobVersion)
+    return FERRY_ERR_INVALID_ARGS;
+  *h = new Peer{p->key};
+  return FERRY_OK;
+}
+
+void Instance::PeerRemove(void* h) {
+  auto* peer = static_cast<Peer*>(h);
+  if (peer == nullptr) return;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    drained_.wait(lk, [&] { return peer->inflight == 0; });  // GPU copies always finish
+  }
+  delete peer;
+}
+
+int Instance::MemRegister(const ferry_mem_v1* m, void** h, void* blob, size_t* len) {
+  if (!FERRY_HAS_FIELD(ferry_mem_v1, m, device)) return FERRY_ERR_INVALID_ARGS;
+  if (m->location != FERRY_MEM_GPU) return FERRY_ERR_UNSUPPORTED;
+  void* base = nullptr;
+  size_t alloc_size = 0;
+  MemBlob b;
+  if (gpu_->mem_range(gpu_->gpu_ctx, m->addr, &base, &alloc_size) != FERRY_OK ||
+      gpu_->ipc_get_handle(gpu_->gpu_ctx, base, b.handle) != FERRY_OK) {
+    LogLine(FERRY_LOG_WARN, "cannot export memory: " + GpuError());
+    return FERRY_ERR_GPU;
+  }
+  b.device = m->device;
+  b.pid = static_cast<uint64_t>(getpid());
+  b.region_id = m->id;
+  b.addr = reinterpret_cast<uint64_t>(m->addr);
+  b.size = m->size;
+  b.offset = b.addr - reinterpret_cast<uint64_t>(base);
+  if (*len < sizeof b) return FERRY_ERR_NO_MEMORY;
+  std::memcpy(blob, &b, sizeof b);
+  *len = sizeof b;
+  *h = new Local{static_cast<char*>(m->addr), m->size, m->device};
+  return FERRY_OK;
+}
+
+void Instance::MemDeregister(void* h) { delete static_cast<Local*>(h); }
+
+int Instance::MemImport(void*, uint64_t id, uint64_t size, const void* blob, size_t len, void** h) {
+  MemBlob b;
+  if (blob == nullptr || !decode(blob, len, &b) || b.region_id != id || b.size != size)
+    return FERRY_ERR_INVALID_ARGS;
+  *h = new Remote{b, b.pid == static_cast<uint64_t>(getpid())};
+  return FERRY_OK;
+}
+
+void Instance::MemRelease(void* h) { delete static_cast<Remote*>(h); }
+
+char* Instance::RemoteBase(const Remote& r, int device, std::string* why) {
+  if (r.same_process) return reinterpret_cast<char*>(r.blob.addr);
+  std::pair<std::string, int> key(std::string(reinterpret_cast<const char*>(r.blob.handle), 64),
+                                  device);
+  auto it = opened_.find(key);
+  if (it == opened_.end()) {
+    void* p = nullptr;
+    if (gpu_->ipc_open(gpu_->gpu_ctx, r.blob.handle, device, &p) != FERRY_OK) {
+      *why = "cannot open the peer's IPC handle on device " + std::to_string(device) + ": " +
+             GpuError();
+      return nullptr;
+    }
+    it = opened_.emplace(key, Opened{static_cast<char*>(p), 0}).first;
+  }
+  ++it->second.refs;
+  return it->second.base + r.blob.offset;
+}
+
+int Instance::Post(const ferry_xfer_v1* x) {
+  if (!FERRY_HAS_FIELD(ferry_xfer_v1, x, total_bytes)) return FERRY_ERR_INVALID_ARGS;
+  auto* local = static_cast<Local*>(x->local_mem);
+  auto* remote = static_cast<Remote*>(x->remote_mem);
+  auto* peer = static_cast<Peer*>(x->peer);
+  if (local == nullptr || remote == nullptr || peer == nullptr || x->iov == nullptr ||
+      x->n_iov == 0 || (x->op != FERRY_OP_READ && x->op != FERRY_OP_WRITE)) {
+    TellRefusal(x, "missing handle, no pieces or unknown op");
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  for (uint32_t i = 0; i < x->n_iov; ++i) {
+    const ferry_iov_v1& v = x->iov[i];
+    if (v.len == 0 || v.local_off > local->size || v.len > local->size - v.local_off ||
+        v.remote_off > remote->blob.size || v.len > remote->blob.size - v.remote_off) {
+      TellRefusal(x, "a piece is outside a region");
+      return FERRY_ERR_INVALID_ARGS;
+    }
+  }
+  const int dev = local->device;
+  std::unique_lock<std::mutex> lk(mu_);
+  std::string why;
+  char* rbase = RemoteBase(*remote, dev, &why);
+  if (!rbase) {
+    lk.unlock();
+    LogLine(FERRY_LOG_WARN, why);
+    TellRefusal(x, why.c_str());
+    return FERRY_ERR_GPU;
+  }
+  auto& pool = streams_[static_cast<size_t>(dev)];
+  if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK) return FERRY_ERR_GPU;
+  if (pool.size() < static_cast<size_t>(streams_per_device_)) {
+    void* s = nullptr;
+    if (gpu_->stream_create(gpu_->gpu_ctx, &s) != FERRY_OK) return FERRY_ERR_GPU;
+    pool.push_back(s);
+  }
+  void* stream = pool[next_stream_[static_cast<size_t>(dev)]++ % pool.size()];
+  void* event = nullptr;
+  auto& evs = free_events_[static_cast<size_t>(dev)];
+  if (!evs.empty()) {
+    event = evs.back();
+    evs.pop_back();
+  } else if (gpu_->event_create(gpu_->gpu_ctx, &event) != FERRY_OK) {
+    return FERRY_ERR_GPU;
+  }
+  lk.unlock();
+
+  // Merge pieces contiguous on both sides, then one batched call (or a loop).
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  dsts.reserve(x->n_iov);
+  srcs.reserve(x->n_iov);
+  sizes.reserve(x->n_iov);
+  const bool write = x->op == FERRY_OP_WRITE;
+  for (uint32_t i = 0; i < x->n_iov; ++i) {
+    const ferry_iov_v1& v = x->iov[i];
+    char* l = local->addr + v.local_off;
+    char* r = rbase + v.remote_off;
+    char* dst = write ? r : l;
+    const char* src = write ? l : r;
+    if (!sizes.empty() && static_cast<char*>(dsts.back()) + sizes.back() == dst &&
+        static_cast<const char*>(srcs.back()) + sizes.back() == src) {
+      sizes.back() += v.len;
+      continue;
+    }
+    dsts.push_back(dst);
+    srcs.push_back(src);
+    sizes.push_back(v.len);
+  }
+  int rc = FERRY_ERR_UNSUPPORTED;
+  if (sizes.size() > 1 && batch_copy_)
+    rc = gpu_->memcpy_batch_async(gpu_->gpu_ctx, dsts.data(), srcs.data(), sizes.data(),
+                                  sizes.size(), stream);
+  if (rc == FERRY_ERR_UNSUPPORTED) {
+    rc = FERRY_OK;
+    for (size_t i = 0; i < sizes.size() && rc == FERRY_OK; ++i)
+      rc = gpu_->memcpy_async(gpu_->gpu_ctx, dsts[i], srcs[i], sizes[i], stream);
+  }
+  if (rc == FERRY_OK) rc = gpu_->event_record(gpu_->gpu_ctx, event, stream);
+  lk.lock();
+  if (rc != FERRY_OK) {
+    evs.push_back(event);
+    lk.unlock();
+    LogLine(FERRY_LOG_WARN, "enqueueing the copy failed: " + GpuError());
+    return FERRY_ERR_GPU;
+  }
+  ++peer->inflight;
+  pending_.push_back({event, dev, x->xfer_ctx, peer, x->total_bytes});
+  lk.unlock();
+  cv_.notify_one();
+  return FERRY_OK;
+}
+
+int Instance::Describe(char* buf, size_t len) {
+  std::snprintf(buf, len, "%s runtime, %d device(s), %d streams/device, batched copies %s",
+                gpu_->vendor == FERRY_GPU_CUDA ? "CUDA" : "HIP", gpu_->device_count,
+                streams_per_device_, batch_copy_ ? "on (when the runtime has them)" : "off");
+  return FERRY_OK;
+}
+
+int Instance::Counters(char* buf, size_t len) {
+  size_t in_flight = 0, opened = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    in_flight = pending_.size();
+    opened = opened_.size();
+  }
+  std::snprintf(buf, len, "{\"copies_in_flight\":%zu,\"ipc_handles_open\":%zu}", in_flight, opened);
+  return FERRY_OK;
+}
+
+}  // namespace ferry_xgmi

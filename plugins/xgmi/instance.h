@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+// One xgmi plugin instance (one engine): GPU-to-GPU copies between engines on
+// one host, over XGMI (AMD, through HIP) or NVLink/PCIe peer access (NVIDIA,
+// through CUDA). It uses only the core's GPU runtime shim (host->gpu, plugin ABI
+// 1.1), so it needs no GPU SDK to build and one .so serves both vendors.
+//
+// Memory is exported as an IPC handle of its allocation plus the region's offset
+// inside it; the importer opens each handle once per local device and caches it.
+// A transfer's pieces are merged where contiguous and enqueued on one stream of
+// the local device (one batched copy call where the runtime has one, so 1024
+// small blocks are not 1024 launches), then an event; a completion thread waits
+// on the events in order (blocking sync, no spinning) and reports completion.
+// No native notification: the core tells the target over its control plane.
+// Methods may throw (std::bad_alloc, std::system_error); the plugin kit's entry
+// points (xgmi_plugin.cpp) catch.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ferry/plugin_kit.hpp"
+#include "xgmi_blob.h"
+
+namespace ferry_xgmi {
+
+struct Local {
+  char* addr;
+  uint64_t size;
+  int device;
+};
+
+struct Remote {
+  MemBlob blob;
+  bool same_process;
+};
+
+struct Peer {
+  std::string key;
+  int inflight = 0;  // guarded by Instance::mu_
+};
+
+class Instance {
+ public:
+  static std::unique_ptr<Instance> Create(const ferry::plugin_kit::InitArgs& a, int* code,
+                                          std::string* why);
+  explicit Instance(const ferry_host_v1* host);
+  ~Instance();  // fini: the completion thread drains what is pending; handles closed
+
+  const ferry_host_v1* host() const { return host_; }
+  int ConnInfo(void* buf, size_t* len);
+  int PeerAdd(const ferry_peer_v1* p, void** handle);
+  void PeerRemove(void* handle);
+  int MemRegister(const ferry_mem_v1* m, void** handle, void* blob, size_t* blob_len);
+  void MemDeregister(void* handle);
+  int MemImport(void* peer, uint64_t id, uint64_t size, const void* blob, size_t len,
+                void** handle);
+  void MemRelease(void* handle);
+  int Post(const ferry_xfer_v1* x);
+  int Describe(char* buf, size_t len);
+  int Counters(char* buf, size_t len);  // ABI 1.5: copies in flight, IPC handles open
+
+ private:
+  struct Pending {
+    void* event;
+    int device;
+    void* xfer_ctx;
+    Peer* peer;
+    uint64_t bytes;
+  };
+  struct Opened {
+    char* base = nullptr;
+    int refs = 0;
+  };
+
+  void CompleteLoop();
+  char* RemoteBase(const Remote& r, int device, std::string* why);  // mu_ held
+  void LogLine(int level, const std::string& m) const;
+  std::string GpuError() const { return gpu_->last_error(gpu_->gpu_ctx); }
+
+  const ferry_host_v1* host_;
+  const ferry_gpu_v1* gpu_;
+  int streams_per_device_ = 4;
+  bool batch_copy_ = true;
+  std::chrono::microseconds spin_{200};  // poll a finishing copy this long before blocking
+
+  std::mutex mu_;
+  std::condition_variable cv_;               // pending work for the completion thread
+  std::condition_variable drained_;          // a transfer finished (peer_remove waits on it)
+  std::vector<std::vector<void*>> streams_;  // per device
+  std::vector<size_t> next_stream_;
+  std::vector<std::vector<void*>> free_events_;           // per device
+  std::map<std::pair<std::string, int>, Opened> opened_;  // (handle bytes, device)
+  std::deque<Pending> pending_;
+  bool stop_ = false;
+  std::thread completer_;
+};
+
+}  // namespace ferry_xgmi

@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "abi_rules.h"
+
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+
+#include "ferry/plugin.h"
+
+namespace ferry::plugin_check {
+namespace {
+
+// libferry-<name>.so -> <name>
+std::string name_from_path(const std::string& path) {
+  const auto slash = path.rfind('/');
+  const std::string file = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string pre = "libferry-", suf = ".so";
+  if (file.size() <= pre.size() + suf.size() || file.compare(0, pre.size(), pre) != 0 ||
+      file.compare(file.size() - suf.size(), suf.size(), suf) != 0)
+    return {};
+  return file.substr(pre.size(), file.size() - pre.size() - suf.size());
+}
+
+template <typename T>
+constexpr size_t end_of(size_t offset) {
+  return offset + sizeof(T);
+}
+
+// The host table as a core of ABI 1.0 passed it: log, now_ns, ctrl_send,
+// complete, inbound, and nothing after.
+ferry_host_v1 oldest_host() {
+  ferry_host_v1 h{};
+  h.struct_size = static_cast<uint32_t>(offsetof(ferry_host_v1, gpu));
+  h.log = [](void*, int level, const char* msg) {
+    std::fprintf(stderr, "  [plugin log %d] %s\n", level, msg ? msg : "");
+  };
+  h.now_ns = [](void*) {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+  };
+  h.ctrl_send = [](void*, const char*, const void*, size_t) { return FERRY_ERR_UNSUPPORTED; };
+  h.complete = [](void*, void*, int, const char*) {};
+  h.inbound = [](void*, const char*, uint64_t, int) {};
+  return h;
+}
+
+// In a child, so a crash is a verdict and not the end of the check: init with
+// the 1.0 host table must succeed or refuse with a reason; fini must return.
+// Exit 0: started and finished; 1: refused with a reason; 2: refused silently.
+int init_with_oldest_host(const ferry_plugin_ops_v1* ops, const std::string& settings) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ferry_host_v1 h = oldest_host();
+    void* ctx = nullptr;
+    char err[512] = "";
+    int rc =
+        ops->init(&h, "plugin-check", "plugin-check-node", settings.c_str(), &ctx, err, sizeof err);
+    if (rc == FERRY_OK) {
+      ops->fini(ctx);
+      ::_exit(0);
+    }
+    std::fprintf(stderr, "  init with the ABI 1.0 host table refused (%d): %s\n", rc, err);
+    ::_exit(err[0] != '\0' ? 1 : 2);
+  }
+  int st = 0;
+  if (pid < 0 || ::waitpid(pid, &st, 0) != pid) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+}  // namespace
+
+bool run_abi_rules(const std::string& path, const std::string& settings_json, Report& r,
+                   PluginFacts* facts) {
+  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = ::dlerror();
+    r.fail("abi: loads", std::string("dlopen: ") + (e ? e : "?"));
+    return false;
+  }
+  auto* ops = static_cast<const ferry_plugin_ops_v1*>(::dlsym(h, FERRY_PLUGIN_SYMBOL_V1));
+  if (!r.check(ops != nullptr, "abi: entry symbol", ops ? FERRY_PLUGIN_SYMBOL_V1 : "missing")) {
+    ::dlclose(h);
+    return false;
+  }
+  // The 1.0 table ends with describe; a shorter one cannot be a plugin.
+  const size_t v10 = end_of<decltype(ops->describe)>(offsetof(ferry_plugin_ops_v1, describe));
+  if (!r.check(ops->struct_size >= v10 && ops->struct_size % 8 == 0, "abi: struct_size",
+               std::to_string(ops->struct_size) + " bytes (1.0 needs " + std::to_string(v10) +
+                   ", this header " + std::to_string(sizeof(ferry_plugin_ops_v1)) + ")")) {
+    ::dlclose(h);
+    return false;
+  }
+  r.check(ops->abi_minor <= FERRY_PLUGIN_ABI_MINOR, "abi: abi_minor",
+          "1." + std::to_string(ops->abi_minor) + " (this core serves 1." +
+              std::to_string(FERRY_PLUGIN_ABI_MINOR) + ")");
+  // A table longer than its minor says means a field was added out of order.
+  const bool covers_fence = FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, fence);
+  const bool covers_counters = FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, counters);
+  std::string size_vs_minor;
+  if (covers_fence && ops->abi_minor < 2) size_vs_minor = "covers fence (1.2) but says 1.";
+  if (covers_counters && ops->abi_minor < 5) size_vs_minor = "covers counters (1.5) but says 1.";
+  r.check(size_vs_minor.empty(), "abi: struct_size matches abi_minor",
+          size_vs_minor.empty() ? "yes" : size_vs_minor + std::to_string(ops->abi_minor));
+  const std::string expected = name_from_path(path);
+  r.check(ops->name != nullptr && expected == ops->name, "abi: name matches the file",
+          std::string("'") + (ops->name ? ops->name : "(null)") + "' in " + path);
+  r.check(ops->version != nullptr && ops->version[0] != '\0', "abi: version",
+          ops->version ? ops->version : "(null)");
+  std::string missing;
+  const std::pair<const void*, const char*> req[] = {
+      {(const void*)ops->init, "init"},
+      {(const void*)ops->fini, "fini"},
+      {(const void*)ops->conn_info, "conn_info"},
+      {(const void*)ops->peer_add, "peer_add"},
+      {(const void*)ops->peer_remove, "peer_remove"},
+      {(const void*)ops->mem_register, "mem_register"},
+      {(const void*)ops->mem_deregister, "mem_deregister"},
+      {(const void*)ops->mem_import, "mem_import"},
+      {(const void*)ops->mem_release, "mem_release"},
+      {(const void*)ops->post, "post"},
+      {(const void*)ops->on_ctrl, "on_ctrl"}};
+  for (const auto& [fn, what] : req)
+    if (fn == nullptr) missing += std::string(missing.empty() ? "" : ", ") + what;
+  if (!r.check(missing.empty(), "abi: required operations",
+               missing.empty() ? "all present" : "NULL: " + missing)) {
+    ::dlclose(h);
+    return false;
+  }
+  const uint64_t caps = ops->caps;
+  std::string caps_why;
+  if ((caps & (FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE)) == 0) caps_why = "neither READ nor WRITE";
+  if ((caps & (FERRY_CAP_MEM_CPU | FERRY_CAP_MEM_GPU)) == 0)
+    caps_why = "neither CPU nor GPU memory";
+  if ((caps & FERRY_CAP_FENCE) && !(covers_fence && ops->fence != nullptr))
+    caps_why = "FERRY_CAP_FENCE without fence()";
+  if ((caps & FERRY_CAP_FENCE) && (caps & FERRY_CAP_INITIATOR_COPY))
+    caps_why = "FENCE and INITIATOR_COPY both (one settles an unknown outcome)";
+  r.check(caps_why.empty(), "abi: capabilities consistent",
+          caps_why.empty()
+              ? "caps=0x" +
+                    [&] {
+                      char b[24];
+                      std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(caps));
+                      return std::string(b);
+                    }()
+              : caps_why);
+  facts->name = ops->name ? ops->name : "";
+  facts->caps = caps;
+  facts->abi_minor = ops->abi_minor;
+  facts->has_describe = ops->describe != nullptr;
+  facts->has_fence = covers_fence && ops->fence != nullptr;
+  facts->has_counters = covers_counters && ops->counters != nullptr;
+  r.note("optional: describe " + std::string(facts->has_describe ? "yes" : "no") + ", fence " +
+         (facts->has_fence ? "yes" : "no") + ", counters " + (facts->has_counters ? "yes" : "no"));
+
+  const int old = init_with_oldest_host(ops, settings_json);
+  if (old == 0)
+    r.pass("abi: init/fini with a 1.0 host table", "started and finished");
+  else if (old == 1)
+    r.pass("abi: init/fini with a 1.0 host table", "refused with a reason (stderr)");
+  else
+    r.fail("abi: init/fini with a 1.0 host table",
+           old == 2 ? "refused without a reason in err"
+                    : "the child died (status " + std::to_string(old) + ")");
+  ::dlclose(h);
+  return true;
+}
+
+}  // namespace ferry::plugin_check

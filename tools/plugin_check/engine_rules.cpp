@@ -1,0 +1,521 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine_rules.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "bench_target.h"
+#include "ferry/ferry.hpp"
+#include "ferry/plugin.h"
+#include "line_channel.h"
+#include "pattern.h"
+#include "segment.h"
+
+namespace ferry::plugin_check {
+namespace {
+
+using namespace std::chrono_literals;
+using bench::LineChannel;
+using bench::Segment;
+using bench::SegType;
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kRegion = 96 * kMiB;   // room for 64 MiB + 1 and the sub-regions
+constexpr uint64_t kSubA = 80 * kMiB;     // revocation
+constexpr uint64_t kSubB = 84 * kMiB;     // bounds: registered 1 MiB, guard after it
+constexpr uint64_t kScratch = 90 * kMiB;  // the stopped-target rules
+const char* const kInitiatorKey = "check-initiator";
+
+// The policy both engines run: the plugin alone, trusted where it says it
+// cannot check requests on the target side (plugin.h, NO_TARGET_CHECK).
+std::string write_policy(const PluginFacts& f) {
+  char path[] = "/tmp/ferry-plugin-check-XXXXXX";
+  int fd = ::mkstemp(path);
+  if (fd < 0) return {};
+  ::close(fd);
+  std::ofstream out(path);
+  // Listed under backends: so a rule may name a plugin the core does not know.
+  out << "backends:\n  " << f.name << ": {}\nrules:\n  - prefer: [" << f.name << "]\n";
+  if (f.caps & FERRY_CAP_NO_TARGET_CHECK) out << "    trust_descriptors: true\n";
+  return path;
+}
+
+// The target engine in a process of its own, started with exec.
+class Target {
+ public:
+  ~Target() { stop(); }
+  bool start(const EngineRuleOptions& o, const PluginFacts& f, const std::string& policy,
+             std::string* why) {
+    int cmd[2], ans[2];
+    if (::pipe(cmd) != 0 || ::pipe(ans) != 0) {
+      *why = "pipe failed";
+      return false;
+    }
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(cmd[0], 3);
+      ::dup2(ans[1], 4);
+      for (int fd : {cmd[0], cmd[1], ans[0], ans[1]})
+        if (fd > 4) ::close(fd);
+      std::vector<std::string> args = {o.self_exe,      "--serve-target", f.name, "--settings",
+                                       o.settings_json, "--policy",       policy};
+      if (o.gpu) args.push_back("--gpu");
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(o.self_exe.c_str(), argv.data());
+      ::_exit(127);
+    }
+    ::close(cmd[0]);
+    ::close(ans[1]);
+    to_ = cmd[1];
+    from_ = ans[0];
+    ch_ = std::make_unique<LineChannel>(from_, to_);
+    std::string ready;
+    if (pid_ < 0 || !ch_->recv(ready, 120000) || ready.rfind("READY ", 0) != 0) {
+      *why = "the target did not start: " + (ready.empty() ? std::string("no answer") : ready);
+      return false;
+    }
+    std::istringstream in(ready.substr(6));
+    std::string e, m;
+    in >> e >> m;
+    desc = EngineDesc::unpack(test::from_hex(e));
+    mem = MemoryDesc::unpack(test::from_hex(m));
+    return true;
+  }
+  std::string ask(const std::string& line, int timeout_ms = 120000) {
+    return ch_ ? ch_->ask(line, timeout_ms) : "ERR no target";
+  }
+  uint64_t hash(uint64_t off, uint64_t len) {
+    auto a = ask("hash 1 " + std::to_string(off) + " " + std::to_string(len));
+    return a.rfind("HASH ", 0) == 0 ? std::stoull(a.substr(5)) : 0;
+  }
+  bool signal(int sig) { return pid_ > 0 && ::kill(pid_, sig) == 0; }
+  pid_t pid() const { return pid_; }
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGCONT);
+    if (ch_) ch_->ask("quit", 10000);
+    ::close(to_);
+    ::close(from_);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+
+  EngineDesc desc;
+  MemoryDesc mem;
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  std::unique_ptr<LineChannel> ch_;
+};
+
+std::string code_text(const TransferStatus& s) {
+  std::string m = s.Message();
+  return std::string(to_string(s.Code())) + (m.empty() ? "" : " (" + m.substr(0, 160) + ")");
+}
+
+std::string size_text(uint64_t n) {
+  if (n == 64 * kMiB + 1) return "64MiB+1";
+  if (n >= kMiB && n % kMiB == 0) return std::to_string(n / kMiB) + "MiB";
+  if (n >= 1024 && n % 1024 == 0) return std::to_string(n / 1024) + "KiB";
+  return std::to_string(n) + "B";
+}
+
+// CPU seconds of a process (utime + stime from /proc/<pid>/stat).
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = s.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream f(s.substr(close + 2));
+  std::string skip;
+  for (int i = 0; i < 11; ++i) f >> skip;  // state .. cmajflt
+  unsigned long long ut = 0, st = 0;
+  f >> ut >> st;
+  return static_cast<double>(ut + st) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+class Checker {
+ public:
+  Checker(const PluginFacts& f, const EngineRuleOptions& o, Report& r) : f_(f), o_(o), r_(r) {}
+
+  void run() {
+    policy_ = write_policy(f_);
+    if (policy_.empty()) return r_.fail("engine: setup", "cannot write a policy file in /tmp");
+    settings_rules();
+    std::string why;
+    if (!setup(&why)) {
+      r_.fail("engine: two engines connected", why);
+    } else {
+      r_.pass("engine: two engines connected",
+              "target pid " + std::to_string(t_.pid()) + ", " + (o_.gpu ? "VRAM" : "DRAM"));
+      data_rules();
+      notify_rules();
+      revocation_rule();
+      bounds_rule();
+      live_info_rule();
+      idle_cpu_rule();
+      peer_removal_rule();
+      stopped_target_rules();
+    }
+    engine_.reset();
+    t_.stop();
+    ::unlink(policy_.c_str());
+  }
+
+ private:
+  EngineConfig config(std::chrono::milliseconds timeout) const {
+    EngineConfig c;
+    c.policy_file = policy_;
+    c.timeout = timeout;
+    return c;
+  }
+
+  // init() must refuse what it does not understand, with a reason.
+  void settings_rules() {
+    try {
+      Engine scratch("check-settings", config(o_.timeout));
+      auto bad = scratch.add_backend(f_.name, R"({"ferry_plugin_check_no_such_key":1})");
+      r_.check(!bad && !bad.message.empty(), "settings: unknown key refused",
+               bad ? "accepted" : bad.message.substr(0, 160));
+      auto arr = scratch.add_backend(f_.name, "[1,2]");
+      r_.check(!arr, "settings: non-object refused", arr ? "accepted" : arr.message.substr(0, 160));
+    } catch (const Error& e) {
+      r_.fail("settings: unknown key refused", std::string("engine: ") + e.what());
+    }
+  }
+
+  bool setup(std::string* why) {
+    if (!t_.start(o_, f_, policy_, why)) return false;
+    try {
+      engine_ = std::make_unique<Engine>(kInitiatorKey, config(o_.timeout));
+    } catch (const Error& e) {
+      *why = e.what();
+      return false;
+    }
+    if (auto a = engine_->add_backend(f_.name, o_.settings_json); !a) {
+      *why = "add_backend: " + a.message;
+      return false;
+    }
+    seg_ = Segment::allocate(o_.gpu ? SegType::VRAM : SegType::DRAM, o_.gpu ? 0 : -1, kRegion, why);
+    if (!seg_) return false;
+    try {
+      local_ = engine_->register_memory(seg_->data(), seg_->size(), seg_->registration_device(),
+                                        seg_->location());
+    } catch (const Error& e) {
+      *why = std::string("register_memory: ") + e.what();
+      return false;
+    }
+    if (auto a = engine_->register_remote_engine(t_.desc); !a) {
+      *why = "register_remote_engine: " + a.message;
+      return false;
+    }
+    auto a = t_.ask("register " + test::to_hex(engine_->desc().pack()));
+    if (a != "OK") {
+      *why = "the target registering this engine: " + a;
+      return false;
+    }
+    return true;
+  }
+
+  uint64_t local_hash(uint64_t off, uint64_t len) const {
+    return seg_->fnv1a(off, len, test::kFnvBasis);
+  }
+  bool fill_target(uint64_t off, uint64_t len, uint64_t seed) {
+    return t_.ask("fill " + std::to_string(seed) + " 1 " + std::to_string(off) + " " +
+                  std::to_string(len)) == "OK";
+  }
+  bool ended(const TransferStatus& s) const { return s.WaitFor(o_.timeout + 10s); }
+
+  // One transfer, checked byte for byte through both sides' hashes.
+  void one(Op op, uint64_t size) {
+    const std::string rule =
+        std::string("data: ") + (op == Op::WRITE ? "WRITE " : "READ ") + size_text(size);
+    const uint64_t seed = ++seed_;
+    if (op == Op::WRITE)
+      seg_->fill_pattern(0, size, seed);
+    else if (!fill_target(0, size, seed))
+      return r_.fail(rule, "the target could not fill its region");
+    auto s = op == Op::WRITE ? engine_->write(local_, 0, t_.mem, 0, size, ++uid_, false)
+                             : engine_->read(local_, 0, t_.mem, 0, size, ++uid_, false);
+    if (!ended(s)) return r_.fail(rule, "did not end within the timeout + 10 s");
+    if (!s.Succeeded()) return r_.fail(rule, code_text(s));
+    r_.check(local_hash(0, size) == t_.hash(0, size), rule, "verified");
+  }
+
+  // 64 scattered 4 KiB pieces, in a different order on each side.
+  void batch(Op op) {
+    const std::string rule =
+        std::string("data: batch ") + (op == Op::WRITE ? "WRITE" : "READ") + " 64 x 4KiB scattered";
+    std::vector<size_t> lo, ro, sz;
+    for (size_t i = 0; i < 64; ++i) {
+      lo.push_back(i * 3 * 4096);
+      ro.push_back((63 - i) * 5 * 4096 + 1);
+      sz.push_back(4096);
+    }
+    const uint64_t seed = ++seed_;
+    if (op == Op::WRITE)
+      seg_->fill_pattern(0, 64 * 3 * 4096, seed);
+    else if (!fill_target(0, 64 * 5 * 4096 + 1, seed))
+      return r_.fail(rule, "the target could not fill its region");
+    auto s = op == Op::WRITE ? engine_->batch_write(local_, lo, t_.mem, ro, sz, ++uid_, false)
+                             : engine_->batch_read(local_, lo, t_.mem, ro, sz, ++uid_, false);
+    if (!ended(s)) return r_.fail(rule, "did not end within the timeout + 10 s");
+    if (!s.Succeeded()) return r_.fail(rule, code_text(s));
+    for (size_t i = 0; i < 64; ++i)
+      if (local_hash(lo[i], 4096) != t_.hash(ro[i], 4096))
+        return r_.fail(rule, "piece " + std::to_string(i) + " differs");
+    r_.pass(rule, "verified");
+  }
+
+  void data_rules() {
+    std::vector<uint64_t> sizes = {1, 4096, kMiB};
+    if (!o_.quick) sizes.push_back(64 * kMiB + 1);
+    const bool w = f_.caps & FERRY_CAP_OP_WRITE, rd = f_.caps & FERRY_CAP_OP_READ;
+    for (uint64_t n : sizes) {
+      if (w) one(Op::WRITE, n);
+      if (rd) one(Op::READ, n);
+    }
+    if (w) batch(Op::WRITE);
+    if (rd) batch(Op::READ);
+    const auto st = engine_->stats();
+    auto it = st.backends.find(f_.name);
+    r_.check(it != st.backends.end() && it->second.transfers > 0 && it->second.failovers == 0,
+             "route: transfers went through " + f_.name,
+             it == st.backends.end() ? "no transfers counted"
+                                     : std::to_string(it->second.transfers) + " transfers, " +
+                                           std::to_string(it->second.bytes) + " bytes");
+  }
+
+  // The target learns of a notify transfer exactly once, and of a message once.
+  void notify_rules() {
+    const Op op = (f_.caps & FERRY_CAP_OP_WRITE) ? Op::WRITE : Op::READ;
+    const uint64_t uid = ++uid_;
+    auto s = op == Op::WRITE ? engine_->write(local_, 0, t_.mem, 0, 4096, uid, true)
+                             : engine_->read(local_, 0, t_.mem, 0, 4096, uid, true);
+    const std::string how = (f_.caps & FERRY_CAP_NATIVE_NOTIFY) ? "native" : "by the core";
+    if (!ended(s) || !s.Succeeded()) {
+      r_.fail("notify: exactly once (" + how + ")", "the transfer: " + code_text(s));
+    } else {
+      const std::string pop = "pop " + std::string(kInitiatorKey) + " " + std::to_string(uid);
+      const auto first = t_.ask(pop + " 10000");
+      const auto again = t_.ask(pop + " 500");
+      r_.check(first == "INBOUND SUCCESS" && again == "NONE", "notify: exactly once (" + how + ")",
+               "first pop: " + first + ", second: " + again);
+    }
+    auto m = op == Op::WRITE
+                 ? engine_->write(local_, 0, t_.mem, 0, 4096, ++uid_, false, "plugin-check")
+                 : engine_->read(local_, 0, t_.mem, 0, 4096, ++uid_, false, "plugin-check");
+    if (!ended(m) || !m.Succeeded()) return r_.fail("notify: message once", code_text(m));
+    const auto got = t_.ask("notifs 10000");
+    const auto more = t_.ask("notifs 300");
+    r_.check(got.rfind("NOTIFS 1 ", 0) == 0 && more == "NOTIFS 0", "notify: message once",
+             got.substr(0, 60) + " then " + more);
+  }
+
+  // After the target deregisters a region, a request for it changes nothing.
+  void revocation_rule() {
+    const std::string rule = "target: deregistered region not written";
+    if (f_.caps & FERRY_CAP_NO_TARGET_CHECK)
+      return r_.skip(rule, "the plugin declares NO_TARGET_CHECK (trusted descriptors only)");
+    if (!(f_.caps & FERRY_CAP_OP_WRITE)) return r_.skip(rule, "no WRITE");
+    auto a = t_.ask("subregion " + std::to_string(kSubA) + " " + std::to_string(kMiB));
+    if (a.rfind("MEM ", 0) != 0) return r_.fail(rule, "subregion: " + a);
+    const MemoryDesc sub = MemoryDesc::unpack(test::from_hex(a.substr(4)));
+    seg_->fill_pattern(0, kMiB, ++seed_);
+    auto s = engine_->write(local_, 0, sub, 0, kMiB, ++uid_, false);
+    if (!ended(s) || !s.Succeeded()) return r_.fail(rule, "before: " + code_text(s));
+    const uint64_t before = t_.hash(kSubA, kMiB);
+    if (auto d = t_.ask("dropsub 0"); d != "OK") return r_.fail(rule, "dropsub: " + d);
+    seg_->fill_pattern(0, kMiB, ++seed_);
+    auto late = engine_->write(local_, 0, sub, 0, kMiB, ++uid_, false);
+    if (!ended(late)) return r_.fail(rule, "did not end within the timeout + 10 s");
+    const uint64_t after = t_.hash(kSubA, kMiB);
+    r_.check(!late.Succeeded() && after == before, rule,
+             std::string(late.Succeeded() ? "the WRITE succeeded" : code_text(late)) +
+                 (after == before ? ", bytes unchanged" : ", BYTES CHANGED"));
+  }
+
+  // A descriptor claiming more than was registered: the target refuses.
+  void bounds_rule() {
+    const std::string rule = "target: out-of-bounds request not applied";
+    if (f_.caps & FERRY_CAP_NO_TARGET_CHECK)
+      return r_.skip(rule, "the plugin declares NO_TARGET_CHECK (trusted descriptors only)");
+    if (!(f_.caps & FERRY_CAP_OP_WRITE)) return r_.skip(rule, "no WRITE");
+    auto a = t_.ask("subregion " + std::to_string(kSubB) + " " + std::to_string(kMiB));
+    if (a.rfind("MEM ", 0) != 0) return r_.fail(rule, "subregion: " + a);
+    MemoryDesc forged = MemoryDesc::unpack(test::from_hex(a.substr(4)));
+    forged.size = 2 * kMiB;  // the initiator's core checks against this
+    const uint64_t guard = t_.hash(kSubB + kMiB, 64 * 1024);
+    seg_->fill_pattern(0, 64 * 1024, ++seed_);
+    auto s = engine_->write(local_, 0, forged, kMiB, 64 * 1024, ++uid_, false);
+    if (!ended(s)) return r_.fail(rule, "did not end within the timeout + 10 s");
+    const bool same = t_.hash(kSubB + kMiB, 64 * 1024) == guard;
+    r_.check(
+        !s.Succeeded() && same, rule,
+        std::string(s.Succeeded() ? "the WRITE succeeded" : code_text(s)) +
+            (same ? ", bytes after the region unchanged" : ", BYTES AFTER THE REGION CHANGED"));
+  }
+
+  // ABI 1.5: what the live instance says reaches Engine::stats().
+  void live_info_rule() {
+    const auto st = engine_->stats();
+    auto it = st.backends.find(f_.name);
+    if (it == st.backends.end()) return r_.fail("stats: live describe/counters", "no backend");
+    if (f_.has_describe)
+      r_.check(!it->second.detail.empty(), "stats: live describe()",
+               it->second.detail.substr(0, 100));
+    else
+      r_.skip("stats: live describe()", "no describe()");
+    if (f_.has_counters) {
+      std::string kv;
+      for (const auto& [k, v] : it->second.plugin) kv += k + "=" + std::to_string(v) + " ";
+      r_.check(!it->second.plugin.empty(), "stats: live counters()",
+               kv.empty() ? "none kept (check plugin.h's rules for counters())" : kv);
+    } else {
+      r_.skip("stats: live counters()", "no counters() (ABI 1.5, optional)");
+    }
+  }
+
+  // An idle engine pair costs no CPU: both processes over one second.
+  void idle_cpu_rule() {
+    const double me0 = cpu_seconds(::getpid()), t0 = cpu_seconds(t_.pid());
+    const auto w0 = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(1s);  // measuring an interval, not ordering events
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    const double me = (cpu_seconds(::getpid()) - me0) / secs,
+                 t = (cpu_seconds(t_.pid()) - t0) / secs;
+    char d[96];
+    std::snprintf(d, sizeof d, "initiator %.1f%%, target %.1f%% of a core", 100 * me, 100 * t);
+    r_.check(me < 0.05 && t < 0.05, "idle: no CPU when nothing moves", d);
+  }
+
+  // peer_remove with transfers in flight: every one ends, none hangs; the peer
+  // is usable again once registered again.
+  void peer_removal_rule() {
+    const std::string rule = "peer: deregistered with transfers in flight";
+    const Op op = (f_.caps & FERRY_CAP_OP_WRITE) ? Op::WRITE : Op::READ;
+    std::vector<TransferStatus> st;
+    for (int i = 0; i < 16; ++i)
+      st.push_back(op == Op::WRITE ? engine_->write(local_, 0, t_.mem, 0, 4 * kMiB, ++uid_, false)
+                                   : engine_->read(local_, 0, t_.mem, 0, 4 * kMiB, ++uid_, false));
+    auto d = engine_->deregister_remote_engine(t_.desc.key);
+    const bool all = wait_all(st, o_.timeout + 10s);
+    int ok = 0;
+    for (auto& s : st) ok += s.Succeeded();
+    if (!r_.check(d && all, rule,
+                  !d    ? "deregister: " + d.message
+                  : all ? std::to_string(ok) + " of 16 landed, the rest failed"
+                        : "a transfer did not end within the timeout + 10 s"))
+      return;
+    auto again = engine_->register_remote_engine(t_.desc);
+    seg_->fill_pattern(0, kMiB, ++seed_);
+    auto s = op == Op::WRITE ? engine_->write(local_, 0, t_.mem, 0, kMiB, ++uid_, false)
+                             : engine_->read(local_, 0, t_.mem, 0, kMiB, ++uid_, false);
+    const bool done = ended(s);
+    const bool same = done && s.Succeeded() && local_hash(0, kMiB) == t_.hash(0, kMiB);
+    r_.check(again && same, "peer: usable again after registering it again",
+             !again ? "register: " + again.message
+                    : code_text(s) + (same   ? ", verified"
+                                      : done ? ", data differs"
+                                             : ""));
+  }
+
+  // A stopped target: the transfer ends by its deadline, and an attempt the
+  // core reports as not landed lands nothing after the target resumes.
+  void stopped_target_rules() {
+    const std::string rule = "deadline: stopped target";
+    if (!(f_.caps & FERRY_CAP_OP_WRITE)) return r_.skip(rule, "no WRITE");
+    const auto deadline = 1500ms;
+    std::unique_ptr<Engine> e;
+    MemoryDesc local;
+    try {
+      e = std::make_unique<Engine>("check-deadline", config(deadline));
+      if (auto a = e->add_backend(f_.name, o_.settings_json); !a) return r_.fail(rule, a.message);
+      local = e->register_memory(seg_->data(), seg_->size(), seg_->registration_device(),
+                                 seg_->location());
+      if (auto a = e->register_remote_engine(t_.desc); !a) return r_.fail(rule, a.message);
+    } catch (const Error& x) {
+      return r_.fail(rule, x.what());
+    }
+    if (!fill_target(kScratch, kMiB, ++seed_)) return r_.fail(rule, "fill");
+    const uint64_t before = t_.hash(kScratch, kMiB);
+    seg_->fill_pattern(0, kMiB, ++seed_);
+    if (!t_.signal(SIGSTOP)) return r_.fail(rule, "cannot stop the target");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto s = e->write(local, 0, t_.mem, kScratch, kMiB, ++uid_, false);
+    const bool done = s.WaitFor(deadline + 10s);
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    t_.signal(SIGCONT);
+    const bool initiator_copy = f_.caps & FERRY_CAP_INITIATOR_COPY;
+    if (!done) return r_.fail(rule, "still running " + std::to_string(ms) + " ms later");
+    if (s.Succeeded() && initiator_copy) {
+      r_.pass(rule,
+              "landed in " + std::to_string(ms) + " ms: the initiator's copy needs no target");
+    } else {
+      r_.check(!s.Succeeded() && ms <= deadline.count() + 3000, rule,
+               code_text(s) + " after " + std::to_string(ms) + " ms (deadline " +
+                   std::to_string(deadline.count()) + " ms)");
+    }
+    // Two round trips through the resumed target, then its bytes.
+    t_.ask("stats");
+    t_.ask("stats");
+    const uint64_t after = t_.hash(kScratch, kMiB);
+    const std::string fence = "fence: a failed WRITE lands nothing later";
+    if (s.Succeeded()) {
+      r_.skip(fence, "the WRITE succeeded");
+    } else if (s.Code() == StatusCode::ERR_OUTCOME_UNKNOWN) {
+      r_.pass(fence, "outcome unknown: the core keeps the peer fenced (plugin.h, FENCE)");
+    } else {
+      r_.check(after == before, fence,
+               code_text(s) + (after == before ? ", target bytes unchanged" : ", BYTES LANDED"));
+    }
+  }
+
+  const PluginFacts& f_;
+  const EngineRuleOptions& o_;
+  Report& r_;
+  std::string policy_;
+  Target t_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Segment> seg_;
+  MemoryDesc local_;
+  uint64_t seed_ = 1000, uid_ = 1;
+};
+
+}  // namespace
+
+void run_engine_rules(const PluginFacts& facts, const EngineRuleOptions& o, Report& r) {
+  Checker(facts, o, r).run();
+}
+
+int serve_target(const std::string& plugin, const std::string& settings_json, bool gpu,
+                 const std::string& policy_file) {
+  bench::TargetOptions t;
+  t.key = "check-target";
+  t.backends = {plugin};
+  t.backend_settings[plugin] = settings_json;
+  t.region_bytes = kRegion;
+  t.policy_file = policy_file;
+  t.seg_type = gpu ? SegType::VRAM : SegType::DRAM;
+  t.device = gpu ? 0 : -1;
+  return bench::run_target(t, 3, 4);
+}
+
+}  // namespace ferry::plugin_check
