@@ -705,11 +705,30 @@ TEST(PolicyMatch, BuiltinMatchesEverything) {
   EXPECT_EQ(p.match(query("any", UINT64_MAX, Op::READ, MemoryLocation::GPU)), 0);
   EXPECT_EQ(p.rules[0].prefer, (Names{"xgmi", "rdma", "ofi", "tcp", "*"}));
   EXPECT_EQ(builtin_backend_order(), (Names{"xgmi", "rdma", "ofi", "tcp"}));
+  // xgmi cannot check on the target side: the built-in rule trusts what it names.
+  EXPECT_TRUE(p.rules[0].trust_descriptors);
+}
+
+// xgmi declares NO_TARGET_CHECK (its peer copy bypasses the target): the
+// built-in policy and the shipped GPU rules still route same-host GPU pairs to
+// it; a rule without the opt-in drops it with the reason.
+TEST(PolicyRoute, XgmiIsTrustedByTheBuiltinRuleOnly) {
+  const uint64_t xgmi_caps = FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
+                             FERRY_CAP_SAME_HOST_ONLY | FERRY_CAP_INITIATOR_COPY |
+                             FERRY_CAP_NO_TARGET_CHECK;
+  RouteInputs in;
+  in.query = query("peer", 1 << 20, Op::WRITE, MemoryLocation::GPU, MemoryLocation::GPU, true);
+  in.loaded = {{"xgmi", xgmi_caps}};
+  EXPECT_EQ(route(builtin_policy(), in).kept(), (Names{"xgmi"}));
+  const RouteDecision d = route(parse_policy("rules:\n  - prefer: [xgmi]\n", "t.yaml"), in);
+  EXPECT_TRUE(d.kept().empty());
+  ASSERT_FALSE(d.candidates.empty());
+  EXPECT_NE(d.candidates[0].why.find("trust_descriptors"), std::string::npos);
 }
 
 // A backend that cannot check on the target side (cma) is routed to only by a
-// rule that names it and sets trust_descriptors: true; never through "*", never
-// by the built-in policy; the reason is what `ferry policy explain` prints.
+// rule that names it and sets trust_descriptors: true; never through "*" (so not
+// by the built-in policy either); the reason is what `ferry policy explain` prints.
 TEST(PolicyRoute, NoTargetCheckBackendsNeedAnOptIn) {
   const uint64_t cma_caps = FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
                             FERRY_CAP_SAME_HOST_ONLY | FERRY_CAP_NO_TARGET_CHECK;

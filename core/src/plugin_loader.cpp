@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "ferry/plugin_kit.hpp"
+
 namespace ferry {
 namespace {
 
@@ -41,22 +43,8 @@ std::string check_ops(const ferry_plugin_ops_v1* ops, const std::string& expecte
   if (!expected.empty() && expected != ops->name)
     return std::string("file is named for '") + expected + "' but the plugin calls itself '" +
            ops->name + "'";
-  struct Req {
-    const void* fn;
-    const char* what;
-  } reqs[] = {{(const void*)ops->init, "init"},
-              {(const void*)ops->fini, "fini"},
-              {(const void*)ops->conn_info, "conn_info"},
-              {(const void*)ops->peer_add, "peer_add"},
-              {(const void*)ops->peer_remove, "peer_remove"},
-              {(const void*)ops->mem_register, "mem_register"},
-              {(const void*)ops->mem_deregister, "mem_deregister"},
-              {(const void*)ops->mem_import, "mem_import"},
-              {(const void*)ops->mem_release, "mem_release"},
-              {(const void*)ops->post, "post"},
-              {(const void*)ops->on_ctrl, "on_ctrl"}};
-  for (const auto& r : reqs)
-    if (!r.fn) return std::string("required function '") + r.what + "' is NULL";
+  if (const char* missing = plugin_kit::MissingRequired(*ops))
+    return std::string("required function '") + missing + "' is NULL";
   return {};
 }
 

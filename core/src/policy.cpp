@@ -58,6 +58,9 @@ Policy builtin_policy() {
   PolicyRule any;
   any.prefer = builtin_backend_order();
   any.prefer.push_back("*");  // then every other loaded backend, by name
+  // Trusts the descriptors of the backends it names (xgmi: a GPU IPC handle is
+  // a capability, docs/security.md); never those reached through "*" (cma).
+  any.trust_descriptors = true;
   p.rules.push_back(any);
   return p;
 }

@@ -4,19 +4,13 @@
 #include "ferry/plugin_kit.hpp"
 #include "instance.h"
 
-namespace {
-
-struct XgmiPlugin {
-  using Instance = ferry_xgmi::Instance;
-  static constexpr const char* kName = "xgmi";
-  static constexpr const char* kVersion = "0.1.0";
-  // INITIATOR_COPY: the initiator's peer copy is the whole transfer; complete()
-  // comes after its stream finished, so nothing lands later (no fence needed).
-  static constexpr uint64_t kCaps = FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
-                                    FERRY_CAP_SAME_HOST_ONLY | FERRY_CAP_INITIATOR_COPY;
-};
-
-}  // namespace
-
-extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
-    ferry::plugin_kit::MakeOps<XgmiPlugin>();
+// INITIATOR_COPY: the initiator's peer copy is the whole transfer; complete()
+// comes after its stream finished, so nothing lands later (no fence needed).
+// NO_TARGET_CHECK: that copy goes straight into the target's allocation through
+// its IPC mapping; the target's plugin never sees it, so neither bounds nor a
+// deregistration are checked there (ferry-plugin-check found a WRITE after
+// deregister_memory landing). Policies name xgmi with trust_descriptors: true.
+FERRY_PLUGIN_KIT_ENTRY(ferry_xgmi::Instance, "xgmi", "0.1.0",
+                       FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
+                           FERRY_CAP_SAME_HOST_ONLY | FERRY_CAP_INITIATOR_COPY |
+                           FERRY_CAP_NO_TARGET_CHECK);

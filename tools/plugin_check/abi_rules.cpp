@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "ferry/plugin.h"
+#include "ferry/plugin_kit.hpp"
 
 namespace ferry::plugin_check {
 namespace {
@@ -111,23 +112,9 @@ bool run_abi_rules(const std::string& path, const std::string& settings_json, Re
           std::string("'") + (ops->name ? ops->name : "(null)") + "' in " + path);
   r.check(ops->version != nullptr && ops->version[0] != '\0', "abi: version",
           ops->version ? ops->version : "(null)");
-  std::string missing;
-  const std::pair<const void*, const char*> req[] = {
-      {(const void*)ops->init, "init"},
-      {(const void*)ops->fini, "fini"},
-      {(const void*)ops->conn_info, "conn_info"},
-      {(const void*)ops->peer_add, "peer_add"},
-      {(const void*)ops->peer_remove, "peer_remove"},
-      {(const void*)ops->mem_register, "mem_register"},
-      {(const void*)ops->mem_deregister, "mem_deregister"},
-      {(const void*)ops->mem_import, "mem_import"},
-      {(const void*)ops->mem_release, "mem_release"},
-      {(const void*)ops->post, "post"},
-      {(const void*)ops->on_ctrl, "on_ctrl"}};
-  for (const auto& [fn, what] : req)
-    if (fn == nullptr) missing += std::string(missing.empty() ? "" : ", ") + what;
-  if (!r.check(missing.empty(), "abi: required operations",
-               missing.empty() ? "all present" : "NULL: " + missing)) {
+  const char* missing = ferry::plugin_kit::MissingRequired(*ops);
+  if (!r.check(missing == nullptr, "abi: required operations",
+               missing == nullptr ? "all present" : std::string("NULL: ") + missing)) {
     ::dlclose(h);
     return false;
   }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -326,15 +327,28 @@ class Checker {
              got.substr(0, 60) + " then " + more);
   }
 
+  // The target-side rules apply to a plugin that checks there and can WRITE:
+  // 1 MiB of the target's region at `off` as a region of its own, or a verdict.
+  std::optional<MemoryDesc> target_subregion(const std::string& rule, uint64_t off) {
+    if (f_.caps & FERRY_CAP_NO_TARGET_CHECK) {
+      r_.skip(rule, "the plugin declares NO_TARGET_CHECK (trusted descriptors only)");
+    } else if (!(f_.caps & FERRY_CAP_OP_WRITE)) {
+      r_.skip(rule, "no WRITE");
+    } else if (auto a = t_.ask("subregion " + std::to_string(off) + " " + std::to_string(kMiB));
+               a.rfind("MEM ", 0) != 0) {
+      r_.fail(rule, "subregion: " + a);
+    } else {
+      return MemoryDesc::unpack(test::from_hex(a.substr(4)));
+    }
+    return std::nullopt;
+  }
+
   // After the target deregisters a region, a request for it changes nothing.
   void revocation_rule() {
     const std::string rule = "target: deregistered region not written";
-    if (f_.caps & FERRY_CAP_NO_TARGET_CHECK)
-      return r_.skip(rule, "the plugin declares NO_TARGET_CHECK (trusted descriptors only)");
-    if (!(f_.caps & FERRY_CAP_OP_WRITE)) return r_.skip(rule, "no WRITE");
-    auto a = t_.ask("subregion " + std::to_string(kSubA) + " " + std::to_string(kMiB));
-    if (a.rfind("MEM ", 0) != 0) return r_.fail(rule, "subregion: " + a);
-    const MemoryDesc sub = MemoryDesc::unpack(test::from_hex(a.substr(4)));
+    const auto maybe = target_subregion(rule, kSubA);
+    if (!maybe) return;
+    const MemoryDesc& sub = *maybe;
     seg_->fill_pattern(0, kMiB, ++seed_);
     auto s = engine_->write(local_, 0, sub, 0, kMiB, ++uid_, false);
     if (!ended(s) || !s.Succeeded()) return r_.fail(rule, "before: " + code_text(s));
@@ -352,12 +366,9 @@ class Checker {
   // A descriptor claiming more than was registered: the target refuses.
   void bounds_rule() {
     const std::string rule = "target: out-of-bounds request not applied";
-    if (f_.caps & FERRY_CAP_NO_TARGET_CHECK)
-      return r_.skip(rule, "the plugin declares NO_TARGET_CHECK (trusted descriptors only)");
-    if (!(f_.caps & FERRY_CAP_OP_WRITE)) return r_.skip(rule, "no WRITE");
-    auto a = t_.ask("subregion " + std::to_string(kSubB) + " " + std::to_string(kMiB));
-    if (a.rfind("MEM ", 0) != 0) return r_.fail(rule, "subregion: " + a);
-    MemoryDesc forged = MemoryDesc::unpack(test::from_hex(a.substr(4)));
+    auto maybe = target_subregion(rule, kSubB);
+    if (!maybe) return;
+    MemoryDesc forged = *maybe;
     forged.size = 2 * kMiB;  // the initiator's core checks against this
     const uint64_t guard = t_.hash(kSubB + kMiB, 64 * 1024);
     seg_->fill_pattern(0, 64 * 1024, ++seed_);

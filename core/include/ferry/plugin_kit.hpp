@@ -29,6 +29,10 @@
 //   extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
 //       ferry::plugin_kit::MakeOps<DemoPlugin>();
 //
+// or, the same in one statement (what the in-tree plugins write):
+//   FERRY_PLUGIN_KIT_ENTRY(demo::Instance, "demo", "0.1.0", FERRY_CAP_MEM_CPU |
+//   FERRY_CAP_OP_WRITE);
+//
 // Instance provides
 //   static std::unique_ptr<Instance> Create(const ferry::plugin_kit::InitArgs&,
 //                                           int* code, std::string* why);
@@ -60,6 +64,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "ferry/plugin.h"
 
@@ -219,6 +224,28 @@ inline bool GetString(const nlohmann::json& v, const char* key, size_t max_len, 
   }
   *out = v.get<std::string>();
   return true;
+}
+
+// ---- the table -------------------------------------------------------------------
+
+// The first required function (ABI 1.0: init .. on_ctrl) that is NULL, or
+// nullptr when all are there: what the core's loader and ferry-plugin-check refuse.
+inline const char* MissingRequired(const ferry_plugin_ops_v1& ops) {
+  const std::pair<const void*, const char*> required[] = {
+      {reinterpret_cast<const void*>(ops.init), "init"},
+      {reinterpret_cast<const void*>(ops.fini), "fini"},
+      {reinterpret_cast<const void*>(ops.conn_info), "conn_info"},
+      {reinterpret_cast<const void*>(ops.peer_add), "peer_add"},
+      {reinterpret_cast<const void*>(ops.peer_remove), "peer_remove"},
+      {reinterpret_cast<const void*>(ops.mem_register), "mem_register"},
+      {reinterpret_cast<const void*>(ops.mem_deregister), "mem_deregister"},
+      {reinterpret_cast<const void*>(ops.mem_import), "mem_import"},
+      {reinterpret_cast<const void*>(ops.mem_release), "mem_release"},
+      {reinterpret_cast<const void*>(ops.post), "post"},
+      {reinterpret_cast<const void*>(ops.on_ctrl), "on_ctrl"}};
+  for (const auto& [fn, name] : required)
+    if (fn == nullptr) return name;
+  return nullptr;
 }
 
 // ---- the entry points ------------------------------------------------------------
@@ -393,21 +420,23 @@ struct Entry {
   }
   // The optional entries compile for every Instance; MakeOps leaves out those
   // the Instance does not have.
-  static int Describe(void* ctx, char* buf, size_t len) noexcept {
+  // describe() and counters(): text into a buffer of the core's.
+  template <bool kHas, typename Fn>
+  static int IntoBuffer(void* ctx, const char* what, char* buf, size_t len, Fn&& fn) noexcept {
     if (buf == nullptr || len == 0) return FERRY_ERR_INVALID_ARGS;
-    if constexpr (HasDescribe<I>) {
-      return Guard(ctx, "describe", [&] { return Self(ctx)->Describe(buf, len); });
+    if constexpr (kHas) {
+      return Guard(ctx, what, [&] { return fn(Self(ctx)); });
     } else {
       return FERRY_ERR_UNSUPPORTED;
     }
   }
+  static int Describe(void* ctx, char* buf, size_t len) noexcept {
+    return IntoBuffer<HasDescribe<I>>(ctx, "describe", buf, len,
+                                      [&](auto* self) { return self->Describe(buf, len); });
+  }
   static int Counters(void* ctx, char* buf, size_t len) noexcept {
-    if (buf == nullptr || len == 0) return FERRY_ERR_INVALID_ARGS;
-    if constexpr (HasCounters<I>) {
-      return Guard(ctx, "counters", [&] { return Self(ctx)->Counters(buf, len); });
-    } else {
-      return FERRY_ERR_UNSUPPORTED;
-    }
+    return IntoBuffer<HasCounters<I>>(ctx, "counters", buf, len,
+                                      [&](auto* self) { return self->Counters(buf, len); });
   }
   static int Fence(void* ctx, const char* peer_key, const uint64_t* ids, size_t n,
                    uint64_t deadline_ns, ferry_fence_result_v1* results) noexcept {
@@ -455,5 +484,19 @@ constexpr ferry_plugin_ops_v1 MakeOps() {
 }
 
 }  // namespace ferry::plugin_kit
+
+// A whole entry file in one statement: the traits struct and the exported table.
+//   FERRY_PLUGIN_KIT_ENTRY(demo::Instance, "demo", "0.1.0", FERRY_CAP_MEM_CPU | ...);
+#define FERRY_PLUGIN_KIT_ENTRY(INSTANCE, NAME, VERSION, CAPS)                \
+  namespace {                                                                \
+  struct FerryPluginKitTraits {                                              \
+    using Instance = INSTANCE;                                               \
+    static constexpr const char* kName = NAME;                               \
+    static constexpr const char* kVersion = VERSION;                         \
+    static constexpr uint64_t kCaps = CAPS;                                  \
+  };                                                                         \
+  }                                                                          \
+  extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = \
+      ferry::plugin_kit::MakeOps<FerryPluginKitTraits>()
 
 #endif  // FERRY_PLUGIN_KIT_HPP
