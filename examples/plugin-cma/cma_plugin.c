@@ -34,8 +34,18 @@
 #include "cma_blob.h"
 #include "ferry/plugin.h"
 
+#ifndef CMA_PLUGIN_NAME /* tests/plugins builds a copy named cma11 against plugin.h 1.1 */
 #define CMA_PLUGIN_NAME "cma"
+#endif
 #define CMA_PLUGIN_VERSION "0.1.0"
+
+/* This file also builds against older plugin.h headers (a 1.1 build proves that
+ * an old plugin keeps working): what a newer minor added is left out there. */
+#if FERRY_PLUGIN_ABI_MINOR >= 2
+#define CMA_CAPS_SINCE_1_2 (FERRY_CAP_INITIATOR_COPY | FERRY_CAP_NO_TARGET_CHECK)
+#else
+#define CMA_CAPS_SINCE_1_2 0
+#endif
 
 /* iovec entries per system call: the kernel refuses more than IOV_MAX. */
 #ifndef IOV_MAX
@@ -68,7 +78,7 @@ struct cma_instance;
 typedef struct cma_obj {
   uint32_t tag;
   unsigned inflight; /* post() calls using this handle right now (instance mu) */
-  struct cma_instance *inst;
+  struct cma_instance* inst;
   struct cma_obj *prev, *next;
 } cma_obj;
 
@@ -76,13 +86,13 @@ typedef struct cma_peer {
   cma_obj obj;
   pid_t pid;
   int pidfd; /* refers to the peer process itself, not its number; -1 if unavailable */
-  char *key; /* plugin-owned copy of the peer's engine key, for messages */
+  char* key; /* plugin-owned copy of the peer's engine key, for messages */
 } cma_peer;
 
 typedef struct cma_region { /* local memory registered with mem_register */
   cma_obj obj;
   uint64_t id;
-  uint8_t *addr;
+  uint8_t* addr;
   uint64_t size;
 } cma_region;
 
@@ -96,11 +106,11 @@ typedef struct cma_import { /* a peer's memory, from mem_import */
 
 /* One instance per engine (init .. fini). */
 typedef struct cma_instance {
-  const ferry_host_v1 *host; /* core-owned, valid until fini */
+  const ferry_host_v1* host; /* core-owned, valid until fini */
   int has_log, has_now;      /* optional host services present */
   pid_t pid;
   uint64_t start_time, pid_ns; /* who we are, beyond the pid (cma_blob.h) */
-  char *node_id;
+  char* node_id;
   size_t node_len;
   pthread_mutex_t mu;  /* guards `live`, handle tags and inflight counts */
   pthread_cond_t idle; /* signalled when a handle's inflight count drops to 0 */
@@ -109,13 +119,13 @@ typedef struct cma_instance {
 
 /* ---- small helpers ----------------------------------------------------------- */
 
-static void cma_log(const cma_instance *inst, int level, const char *fmt, ...)
+static void cma_log(const cma_instance* inst, int level, const char* fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
 
-static void cma_log(const cma_instance *inst, int level, const char *fmt, ...) {
+static void cma_log(const cma_instance* inst, int level, const char* fmt, ...) {
   char line[512];
   va_list ap;
   if (inst == NULL || !inst->has_log) return;
@@ -125,12 +135,12 @@ static void cma_log(const cma_instance *inst, int level, const char *fmt, ...) {
   inst->host->log(inst->host->host_ctx, level, line);
 }
 
-static void set_err(char *err, size_t errlen, const char *msg) {
+static void set_err(char* err, size_t errlen, const char* msg) {
   if (err != NULL && errlen > 0) snprintf(err, errlen, "%s", msg);
 }
 
-static char *cma_strndup(const char *s, size_t n) {
-  char *p = (char *)malloc(n + 1);
+static char* cma_strndup(const char* s, size_t n) {
+  char* p = (char*)malloc(n + 1);
   if (p == NULL) return NULL;
   memcpy(p, s, n);
   p[n] = '\0';
@@ -138,12 +148,12 @@ static char *cma_strndup(const char *s, size_t n) {
 }
 
 /* strerror is not thread-safe; _GNU_SOURCE selects the GNU strerror_r. */
-static const char *cma_strerror(int err, char *buf, size_t len) {
+static const char* cma_strerror(int err, char* buf, size_t len) {
   return strerror_r(err, buf, len);
 }
 
 /* Link a freshly allocated handle into the instance's list. */
-static void obj_link(cma_instance *inst, cma_obj *o, uint32_t tag) {
+static void obj_link(cma_instance* inst, cma_obj* o, uint32_t tag) {
   o->tag = tag;
   o->inst = inst;
   pthread_mutex_lock(&inst->mu);
@@ -156,7 +166,7 @@ static void obj_link(cma_instance *inst, cma_obj *o, uint32_t tag) {
 
 /* Take a handle out of service: new post() calls refuse it at once, and this
  * waits for the post() calls already using it, so the caller may free it. */
-static void obj_retire(cma_instance *inst, cma_obj *o) {
+static void obj_retire(cma_instance* inst, cma_obj* o) {
   pthread_mutex_lock(&inst->mu);
   o->prev->next = o->next;
   o->next->prev = o->prev;
@@ -166,26 +176,26 @@ static void obj_retire(cma_instance *inst, cma_obj *o) {
 }
 
 /* Call with inst->mu held when the answer must stay true (see cma_post). */
-static cma_obj *obj_check(cma_instance *inst, void *handle, uint32_t tag) {
-  cma_obj *o = (cma_obj *)handle;
+static cma_obj* obj_check(cma_instance* inst, void* handle, uint32_t tag) {
+  cma_obj* o = (cma_obj*)handle;
   if (inst == NULL || o == NULL || o->tag != tag || o->inst != inst) return NULL;
   return o;
 }
 
-static cma_peer *as_peer(cma_instance *inst, void *h) {
-  return (cma_peer *)obj_check(inst, h, CMA_TAG_PEER);
+static cma_peer* as_peer(cma_instance* inst, void* h) {
+  return (cma_peer*)obj_check(inst, h, CMA_TAG_PEER);
 }
-static cma_region *as_region(cma_instance *inst, void *h) {
-  return (cma_region *)obj_check(inst, h, CMA_TAG_REGION);
+static cma_region* as_region(cma_instance* inst, void* h) {
+  return (cma_region*)obj_check(inst, h, CMA_TAG_REGION);
 }
-static cma_import *as_import(cma_instance *inst, void *h) {
-  return (cma_import *)obj_check(inst, h, CMA_TAG_IMPORT);
+static cma_import* as_import(cma_instance* inst, void* h) {
+  return (cma_import*)obj_check(inst, h, CMA_TAG_IMPORT);
 }
 
 /* Free a handle of any kind (call after obj_retire, or from fini). */
-static void free_obj(cma_obj *o, uint32_t tag) {
+static void free_obj(cma_obj* o, uint32_t tag) {
   if (tag == CMA_TAG_PEER) {
-    cma_peer *p = (cma_peer *)o;
+    cma_peer* p = (cma_peer*)o;
     if (p->pidfd >= 0) close(p->pidfd);
     free(p->key);
   }
@@ -235,7 +245,7 @@ static int open_pidfd(pid_t pid) {
 }
 
 /* 0 when the peer process has exited (its pid may already be someone else's). */
-static int peer_alive(const cma_peer *p) {
+static int peer_alive(const cma_peer* p) {
   struct pollfd pfd;
   if (p->pidfd < 0) return 1; /* cannot tell; process_vm_* reports ESRCH */
   pfd.fd = p->pidfd;
@@ -245,7 +255,7 @@ static int peer_alive(const cma_peer *p) {
 }
 
 /* The only setting accepted is none: "{}" or an empty string, whitespace ignored. */
-static int settings_are_empty(const char *s) {
+static int settings_are_empty(const char* s) {
   char compact[3];
   size_t n = 0;
   if (s == NULL) return 1;
@@ -264,9 +274,9 @@ static int range_ok(uint64_t off, uint64_t len, uint64_t size) {
 
 /* ---- init / fini --------------------------------------------------------------- */
 
-static int cma_init(const ferry_host_v1 *host, const char *engine_key, const char *node_id,
-                    const char *settings_json, void **ctx, char *err, size_t errlen) {
-  cma_instance *inst;
+static int cma_init(const ferry_host_v1* host, const char* engine_key, const char* node_id,
+                    const char* settings_json, void** ctx, char* err, size_t errlen) {
+  cma_instance* inst;
   size_t node_len;
   (void)engine_key; /* the core prefixes our log lines with the backend name */
   if (ctx == NULL) return FERRY_ERR_INVALID_ARGS;
@@ -283,7 +293,7 @@ static int cma_init(const ferry_host_v1 *host, const char *engine_key, const cha
     set_err(err, errlen, "cma: this backend takes no settings (expected {} or nothing)");
     return FERRY_ERR_INVALID_ARGS;
   }
-  inst = (cma_instance *)calloc(1, sizeof *inst);
+  inst = (cma_instance*)calloc(1, sizeof *inst);
   if (inst == NULL) {
     set_err(err, errlen, "cma: out of memory");
     return FERRY_ERR_NO_MEMORY;
@@ -314,8 +324,8 @@ static int cma_init(const ferry_host_v1 *host, const char *engine_key, const cha
   return FERRY_OK;
 }
 
-static void cma_fini(void *ctx) {
-  cma_instance *inst = (cma_instance *)ctx;
+static void cma_fini(void* ctx) {
+  cma_instance* inst = (cma_instance*)ctx;
   cma_obj *o, *next;
   unsigned long left = 0;
   if (inst == NULL) return;
@@ -336,8 +346,8 @@ static void cma_fini(void *ctx) {
 
 /* ---- connection info and peers ---------------------------------------------------- */
 
-static int cma_conn_info(void *ctx, void *buf, size_t *len) {
-  cma_instance *inst = (cma_instance *)ctx;
+static int cma_conn_info(void* ctx, void* buf, size_t* len) {
+  cma_instance* inst = (cma_instance*)ctx;
   cma_conn me;
   size_t n;
   if (inst == NULL || buf == NULL || len == NULL) return FERRY_ERR_INVALID_ARGS;
@@ -356,11 +366,11 @@ static int cma_conn_info(void *ctx, void *buf, size_t *len) {
   return FERRY_OK;
 }
 
-static int cma_peer_add(void *ctx, const ferry_peer_v1 *peer, void **peer_handle) {
-  cma_instance *inst = (cma_instance *)ctx;
-  cma_peer *p;
+static int cma_peer_add(void* ctx, const ferry_peer_v1* peer, void** peer_handle) {
+  cma_instance* inst = (cma_instance*)ctx;
+  cma_peer* p;
   cma_conn c;
-  const char *key;
+  const char* key;
   uint64_t start;
   int pidfd;
   if (inst == NULL || peer == NULL || peer_handle == NULL ||
@@ -405,7 +415,7 @@ static int cma_peer_add(void *ctx, const ferry_peer_v1 *peer, void **peer_handle
     if (pidfd >= 0) close(pidfd);
     return FERRY_ERR_TRANSPORT;
   }
-  p = (cma_peer *)calloc(1, sizeof *p);
+  p = (cma_peer*)calloc(1, sizeof *p);
   if (p != NULL) p->key = cma_strndup(key, strlen(key));
   if (p == NULL || p->key == NULL) {
     free(p);
@@ -419,9 +429,9 @@ static int cma_peer_add(void *ctx, const ferry_peer_v1 *peer, void **peer_handle
   return FERRY_OK;
 }
 
-static void cma_peer_remove(void *ctx, void *peer_handle) {
-  cma_instance *inst = (cma_instance *)ctx;
-  cma_peer *p = as_peer(inst, peer_handle);
+static void cma_peer_remove(void* ctx, void* peer_handle) {
+  cma_instance* inst = (cma_instance*)ctx;
+  cma_peer* p = as_peer(inst, peer_handle);
   /* "Transfers to it are failed and completed before this returns": a post()
    * to this peer running on another thread finishes first (obj_retire waits).
    * Imports keep their own copy of the pid, so the core may release them later. */
@@ -432,10 +442,10 @@ static void cma_peer_remove(void *ctx, void *peer_handle) {
 
 /* ---- memory -------------------------------------------------------------------------- */
 
-static int cma_mem_register(void *ctx, const ferry_mem_v1 *mem, void **mem_handle, void *blob,
-                            size_t *blob_len) {
-  cma_instance *inst = (cma_instance *)ctx;
-  cma_region *r;
+static int cma_mem_register(void* ctx, const ferry_mem_v1* mem, void** mem_handle, void* blob,
+                            size_t* blob_len) {
+  cma_instance* inst = (cma_instance*)ctx;
+  cma_region* r;
   uintptr_t a;
   if (inst == NULL || mem == NULL || mem_handle == NULL || blob == NULL || blob_len == NULL ||
       !FERRY_HAS_FIELD(ferry_mem_v1, mem, size))
@@ -449,10 +459,10 @@ static int cma_mem_register(void *ctx, const ferry_mem_v1 *mem, void **mem_handl
     return FERRY_ERR_INVALID_ARGS;
   }
   if (*blob_len < CMA_MEM_BLOB_LEN) return FERRY_ERR_INVALID_ARGS;
-  r = (cma_region *)calloc(1, sizeof *r);
+  r = (cma_region*)calloc(1, sizeof *r);
   if (r == NULL) return FERRY_ERR_NO_MEMORY;
   r->id = mem->id;
-  r->addr = (uint8_t *)mem->addr;
+  r->addr = (uint8_t*)mem->addr;
   r->size = mem->size;
   cma_mem_encode(blob, r->id, (uint64_t)a, r->size);
   *blob_len = CMA_MEM_BLOB_LEN;
@@ -461,9 +471,9 @@ static int cma_mem_register(void *ctx, const ferry_mem_v1 *mem, void **mem_handl
   return FERRY_OK;
 }
 
-static void cma_mem_deregister(void *ctx, void *mem_handle) {
-  cma_instance *inst = (cma_instance *)ctx;
-  cma_region *r = as_region(inst, mem_handle);
+static void cma_mem_deregister(void* ctx, void* mem_handle) {
+  cma_instance* inst = (cma_instance*)ctx;
+  cma_region* r = as_region(inst, mem_handle);
   /* After this the handle is gone: post() can no longer use the region. NOTE:
    * with CMA a peer that kept our memory blob can still address this memory
    * with process_vm_*; the kernel offers no way to revoke that (README.md). */
@@ -472,11 +482,11 @@ static void cma_mem_deregister(void *ctx, void *mem_handle) {
   free_obj(&r->obj, CMA_TAG_REGION);
 }
 
-static int cma_mem_import(void *ctx, void *peer_handle, uint64_t remote_id, uint64_t remote_size,
-                          const void *blob, size_t blob_len, void **remote_handle) {
-  cma_instance *inst = (cma_instance *)ctx;
-  cma_peer *p = as_peer(inst, peer_handle);
-  cma_import *m;
+static int cma_mem_import(void* ctx, void* peer_handle, uint64_t remote_id, uint64_t remote_size,
+                          const void* blob, size_t blob_len, void** remote_handle) {
+  cma_instance* inst = (cma_instance*)ctx;
+  cma_peer* p = as_peer(inst, peer_handle);
+  cma_import* m;
   uint64_t id, addr, size;
   if (inst == NULL || remote_handle == NULL) return FERRY_ERR_INVALID_ARGS;
   *remote_handle = NULL;
@@ -500,7 +510,7 @@ static int cma_mem_import(void *ctx, void *peer_handle, uint64_t remote_id, uint
     cma_log(inst, FERRY_LOG_WARN, "mem_import from '%s': bad remote range", p->key);
     return FERRY_ERR_INVALID_ARGS;
   }
-  m = (cma_import *)calloc(1, sizeof *m);
+  m = (cma_import*)calloc(1, sizeof *m);
   if (m == NULL) return FERRY_ERR_NO_MEMORY;
   m->id = id;
   m->addr = addr;
@@ -511,9 +521,9 @@ static int cma_mem_import(void *ctx, void *peer_handle, uint64_t remote_id, uint
   return FERRY_OK;
 }
 
-static void cma_mem_release(void *ctx, void *remote_handle) {
-  cma_instance *inst = (cma_instance *)ctx;
-  cma_import *m = as_import(inst, remote_handle);
+static void cma_mem_release(void* ctx, void* remote_handle) {
+  cma_instance* inst = (cma_instance*)ctx;
+  cma_import* m = as_import(inst, remote_handle);
   if (m == NULL) return;
   obj_retire(inst, &m->obj);
   free_obj(&m->obj, CMA_TAG_IMPORT);
@@ -522,11 +532,11 @@ static void cma_mem_release(void *ctx, void *remote_handle) {
 /* ---- transfers ------------------------------------------------------------------------- */
 
 /* Say what a failed process_vm_* call means, in words a user can act on. */
-static int syscall_failure(const cma_peer *peer, int err, uint32_t op, uint64_t moved,
-                           uint64_t total, char *msg, size_t msglen) {
+static int syscall_failure(const cma_peer* peer, int err, uint32_t op, uint64_t moved,
+                           uint64_t total, char* msg, size_t msglen) {
   char ebuf[128];
-  const char *call = op == FERRY_OP_WRITE ? "process_vm_writev" : "process_vm_readv";
-  const char *es = cma_strerror(err, ebuf, sizeof ebuf);
+  const char* call = op == FERRY_OP_WRITE ? "process_vm_writev" : "process_vm_readv";
+  const char* es = cma_strerror(err, ebuf, sizeof ebuf);
   switch (err) {
     case ESRCH:
       snprintf(msg, msglen, "peer process is gone: '%s' (pid %d): %s: %s", peer->key,
@@ -555,9 +565,9 @@ static int syscall_failure(const cma_peer *peer, int err, uint32_t op, uint64_t 
 
 /* Move every byte of x, in as few system calls as the kernel allows. Returns
  * FERRY_OK, or an error with msg filled in. */
-static int move_bytes(const cma_instance *inst, const ferry_xfer_v1 *x, const cma_peer *peer,
-                      const cma_region *local, const cma_import *remote, struct iovec *liov,
-                      struct iovec *riov, int batch, char *msg, size_t msglen) {
+static int move_bytes(const cma_instance* inst, const ferry_xfer_v1* x, const cma_peer* peer,
+                      const cma_region* local, const cma_import* remote, struct iovec* liov,
+                      struct iovec* riov, int batch, char* msg, size_t msglen) {
   uint32_t i = 0;      /* first iov not fully moved */
   uint64_t done_i = 0; /* bytes of iov[i] already moved */
   uint64_t moved = 0, total = 0;
@@ -570,13 +580,13 @@ static int move_bytes(const cma_instance *inst, const ferry_xfer_v1 *x, const cm
     ssize_t n;
     /* Gather up to `batch` pieces / CMA_MAX_CALL_BYTES bytes from the cursor. */
     while (j < x->n_iov && cnt < batch && bytes < CMA_MAX_CALL_BYTES) {
-      const ferry_iov_v1 *v = &x->iov[j];
+      const ferry_iov_v1* v = &x->iov[j];
       uint64_t len = v->len - off;
       if (len > CMA_MAX_CALL_BYTES - bytes) len = CMA_MAX_CALL_BYTES - bytes;
       if (len > 0) {
         liov[cnt].iov_base = local->addr + v->local_off + off;
         liov[cnt].iov_len = (size_t)len;
-        riov[cnt].iov_base = (void *)(uintptr_t)(remote->addr + v->remote_off + off);
+        riov[cnt].iov_base = (void*)(uintptr_t)(remote->addr + v->remote_off + off);
         riov[cnt].iov_len = (size_t)len;
         ++cnt;
         bytes += len;
@@ -629,7 +639,7 @@ static int move_bytes(const cma_instance *inst, const ferry_xfer_v1 *x, const cm
   return FERRY_OK;
 }
 
-static void unpin(cma_instance *inst, cma_obj *a, cma_obj *b, cma_obj *c) {
+static void unpin(cma_instance* inst, cma_obj* a, cma_obj* b, cma_obj* c) {
   pthread_mutex_lock(&inst->mu);
   --a->inflight;
   --b->inflight;
@@ -638,12 +648,12 @@ static void unpin(cma_instance *inst, cma_obj *a, cma_obj *b, cma_obj *c) {
   pthread_mutex_unlock(&inst->mu);
 }
 
-static int cma_post(void *ctx, const ferry_xfer_v1 *x) {
-  cma_instance *inst = (cma_instance *)ctx;
-  cma_peer *peer;
-  cma_region *local;
-  cma_import *remote;
-  struct iovec *liov = NULL;
+static int cma_post(void* ctx, const ferry_xfer_v1* x) {
+  cma_instance* inst = (cma_instance*)ctx;
+  cma_peer* peer;
+  cma_region* local;
+  cma_import* remote;
+  struct iovec* liov = NULL;
   char msg[512];
   uint32_t k;
   int batch, status = FERRY_OK;
@@ -680,7 +690,7 @@ static int cma_post(void *ctx, const ferry_xfer_v1 *x) {
     status = FERRY_ERR_INVALID_ARGS;
   }
   for (k = 0; status == FERRY_OK && k < x->n_iov; ++k) {
-    const ferry_iov_v1 *v = &x->iov[k];
+    const ferry_iov_v1* v = &x->iov[k];
     if (!range_ok(v->local_off, v->len, local->size)) {
       cma_log(inst, FERRY_LOG_ERROR,
               "post: item %u: local range [%llu, +%llu) outside region of %llu bytes", k,
@@ -697,7 +707,7 @@ static int cma_post(void *ctx, const ferry_xfer_v1 *x) {
   }
   batch = x->n_iov < (uint32_t)CMA_IOV_BATCH ? (int)x->n_iov : CMA_IOV_BATCH;
   if (status == FERRY_OK) {
-    liov = (struct iovec *)malloc(2 * (size_t)batch * sizeof *liov);
+    liov = (struct iovec*)malloc(2 * (size_t)batch * sizeof *liov);
     if (liov == NULL) status = FERRY_ERR_NO_MEMORY;
   }
   if (status != FERRY_OK) { /* refused: nothing started, complete() is not called */
@@ -720,26 +730,27 @@ static int cma_post(void *ctx, const ferry_xfer_v1 *x) {
 
 /* ---- the rest ---------------------------------------------------------------------------- */
 
-static void cma_on_ctrl(void *ctx, const char *peer_key, const void *msg, size_t len) {
+static void cma_on_ctrl(void* ctx, const char* peer_key, const void* msg, size_t len) {
   (void)msg;
   /* cma never calls host->ctrl_send, so a message here is unexpected; ignore it. */
-  cma_log((cma_instance *)ctx, FERRY_LOG_DEBUG, "ignoring a %zu-byte control message from %s", len,
+  cma_log((cma_instance*)ctx, FERRY_LOG_DEBUG, "ignoring a %zu-byte control message from %s", len,
           peer_key != NULL ? peer_key : "?");
 }
 
-static int cma_describe(void *ctx, char *buf, size_t len) {
-  cma_instance *inst = (cma_instance *)ctx;
+static int cma_describe(void* ctx, char* buf, size_t len) {
+  cma_instance* inst = (cma_instance*)ctx;
   if (inst == NULL || buf == NULL || len == 0) return FERRY_ERR_INVALID_ARGS;
   snprintf(buf, len, "same-host process_vm_readv/writev; pid %d", (int)inst->pid);
   return FERRY_OK;
 }
 
+#if FERRY_PLUGIN_ABI_MINOR >= 5
 /* ABI 1.5, optional: live counters for Engine::stats() and `ferry stats`, a JSON
  * object of non-negative integers (plugin.h says which keys the core keeps). */
-static int cma_counters(void *ctx, char *buf, size_t len) {
-  cma_instance *inst = (cma_instance *)ctx;
+static int cma_counters(void* ctx, char* buf, size_t len) {
+  cma_instance* inst = (cma_instance*)ctx;
   unsigned long handles = 0;
-  const cma_obj *o;
+  const cma_obj* o;
   if (inst == NULL || buf == NULL || len == 0) return FERRY_ERR_INVALID_ARGS;
   pthread_mutex_lock(&inst->mu);
   for (o = inst->live.next; o != &inst->live; o = o->next) ++handles;
@@ -747,6 +758,7 @@ static int cma_counters(void *ctx, char *buf, size_t len) {
   snprintf(buf, len, "{\"live_handles\":%lu}", handles);
   return FERRY_OK;
 }
+#endif
 
 /* The entry point: the one symbol this .so exports (see CMakeLists.txt).
  * Designated initialisers: a function put in the wrong slot does not compile
@@ -761,7 +773,7 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
      * asked, so bounds and deregistration rest on the initiator's descriptor; the
      * core uses cma only where a policy rule opts in (trust_descriptors: true). */
     .caps = FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
-            FERRY_CAP_INITIATOR_COPY | FERRY_CAP_NO_TARGET_CHECK,
+            CMA_CAPS_SINCE_1_2,
     .init = cma_init,
     .fini = cma_fini,
     .conn_info = cma_conn_info,
@@ -774,6 +786,8 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     .post = cma_post,
     .on_ctrl = cma_on_ctrl,
     .describe = cma_describe,
+#if FERRY_PLUGIN_ABI_MINOR >= 5
     .fence = NULL, /* process_vm_writev is the whole transfer (INITIATOR_COPY) */
     .counters = cma_counters,
+#endif
 };

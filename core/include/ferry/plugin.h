@@ -24,8 +24,9 @@
  * (link_prove / link_check: per-instance secrets on a plugin's own connections);
  * 1.5 counters() (a live instance's counters in Engine::stats() and `ferry
  * stats`), describe() called on live instances too, the unload rule stated.
- * A plugin built against any 1.x header keeps loading: tests/plugins/abi-1.1 is a
- * frozen copy of the 1.1 header that CI builds a plugin against.
+ * A plugin built against any 1.x header keeps loading and working: CI builds the
+ * plugin template against tests/plugins/abi-1.1 (a frozen copy of the 1.1 header)
+ * and runs ferry-plugin-check on it (ctest plugin_check_abi11).
  *
  * Loading and unloading: each engine that uses a plugin dlopens it (RTLD_NOW |
  * RTLD_LOCAL) and dlcloses it after its instance's fini() returned; the .so is
