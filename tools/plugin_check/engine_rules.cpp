@@ -2,6 +2,7 @@
 #include "engine_rules.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,8 +63,13 @@ class Target {
       *why = "pipe failed";
       return false;
     }
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {
+      // The target dies with the check, also while it is stopped (the
+      // stopped-target rule): a killed check leaves no engine behind.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
       ::dup2(cmd[0], 3);
       ::dup2(ans[1], 4);
       for (int fd : {cmd[0], cmd[1], ans[0], ans[1]})
