@@ -76,19 +76,14 @@ std::vector<std::string> plugin_search_dirs(const std::vector<std::string>& conf
 }
 
 std::string plugin_name_from_file(const std::string& filename) {
-  const std::string pre = "libferry-", suf = ".so";
-  if (filename.size() <= pre.size() + suf.size()) return {};
-  if (filename.compare(0, pre.size(), pre) != 0) return {};
-  if (filename.compare(filename.size() - suf.size(), suf.size(), suf) != 0) return {};
-  return filename.substr(pre.size(), filename.size() - pre.size() - suf.size());
+  return plugin_kit::PluginNameFromFile(filename);
 }
 
 PluginLoad load_plugin_file(const std::string& path, const std::string& expected_name) {
   PluginLoad out;
   std::string expected = expected_name;
   if (expected.empty()) {
-    auto slash = path.rfind('/');
-    expected = plugin_name_from_file(slash == std::string::npos ? path : path.substr(slash + 1));
+    expected = plugin_kit::PluginNameFromFile(path);
   }
   // dlerror() is process-global state; keep concurrent loads from mixing messages.
   static std::mutex dl_mu;

@@ -15,17 +15,6 @@
 namespace ferry::plugin_check {
 namespace {
 
-// libferry-<name>.so -> <name>
-std::string name_from_path(const std::string& path) {
-  const auto slash = path.rfind('/');
-  const std::string file = slash == std::string::npos ? path : path.substr(slash + 1);
-  const std::string pre = "libferry-", suf = ".so";
-  if (file.size() <= pre.size() + suf.size() || file.compare(0, pre.size(), pre) != 0 ||
-      file.compare(file.size() - suf.size(), suf.size(), suf) != 0)
-    return {};
-  return file.substr(pre.size(), file.size() - pre.size() - suf.size());
-}
-
 template <typename T>
 constexpr size_t end_of(size_t offset) {
   return offset + sizeof(T);
@@ -107,7 +96,7 @@ bool run_abi_rules(const std::string& path, const std::string& settings_json, Re
   if (covers_counters && ops->abi_minor < 5) size_vs_minor = "covers counters (1.5) but says 1.";
   r.check(size_vs_minor.empty(), "abi: struct_size matches abi_minor",
           size_vs_minor.empty() ? "yes" : size_vs_minor + std::to_string(ops->abi_minor));
-  const std::string expected = name_from_path(path);
+  const std::string expected = plugin_kit::PluginNameFromFile(path);
   r.check(ops->name != nullptr && expected == ops->name, "abi: name matches the file",
           std::string("'") + (ops->name ? ops->name : "(null)") + "' in " + path);
   r.check(ops->version != nullptr && ops->version[0] != '\0', "abi: version",

@@ -98,7 +98,6 @@ int main(int argc, char** argv) {
     const char* old = std::getenv("FERRY_PLUGIN_PATH");
     const std::string search = dir_of(path) + (old && *old ? ":" + std::string(old) : "");
     ::setenv("FERRY_PLUGIN_PATH", search.c_str(), 1);
-    o.plugin_dir = dir_of(path);
     o.settings_json = settings;
     o.gpu = gpu || !(facts.caps & FERRY_CAP_MEM_CPU);
     o.quick = quick;

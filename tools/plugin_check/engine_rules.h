@@ -14,7 +14,6 @@
 namespace ferry::plugin_check {
 
 struct EngineRuleOptions {
-  std::string plugin_dir;                    // FERRY_PLUGIN_PATH for both engines
   std::string settings_json;                 // the plugin's settings in both engines
   bool gpu = false;                          // VRAM on device 0 instead of host memory
   bool quick = false;                        // leave out the 64 MiB + 1 transfers

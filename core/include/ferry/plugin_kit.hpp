@@ -226,6 +226,20 @@ inline bool GetString(const nlohmann::json& v, const char* key, size_t max_len, 
   return true;
 }
 
+// ---- files -----------------------------------------------------------------------
+
+// "libferry-tcp.so" or "/dir/libferry-tcp.so" -> "tcp"; empty when the file name does
+// not fit the pattern. The one rule the core's loader and ferry-plugin-check apply.
+inline std::string PluginNameFromFile(const std::string& path) {
+  const auto slash = path.rfind('/');
+  const std::string file = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string pre = "libferry-", suf = ".so";
+  if (file.size() <= pre.size() + suf.size() || file.compare(0, pre.size(), pre) != 0 ||
+      file.compare(file.size() - suf.size(), suf.size(), suf) != 0)
+    return {};
+  return file.substr(pre.size(), file.size() - pre.size() - suf.size());
+}
+
 // ---- the table -------------------------------------------------------------------
 
 // The first required function (ABI 1.0: init .. on_ctrl) that is NULL, or
