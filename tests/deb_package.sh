@@ -43,6 +43,8 @@ dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|' >"$TMP/files"
 want=(/usr/lib/libferry.so /usr/include/ferry/plugin.h /usr/include/ferry/ferry.hpp
   /usr/lib/cmake/ferry/ferryConfig.cmake /usr/lib/pkgconfig/ferry.pc /usr/bin/ferry
   /usr/bin/ferry-bench /usr/lib/python3/dist-packages/ferry/__init__.py
+  /usr/lib/python3/dist-packages/mori/io/engine.py /usr/lib/python3/dist-packages/mori/cpp/_types.py
+  /usr/lib/python3/dist-packages/nixl/_api.py /usr/lib/python3/dist-packages/nixl/_bindings.py
   /usr/share/ferry/plugin-template/cma_plugin.c)
 shopt -s nullglob
 for so in "$BUILD_DIR"/lib/ferry/plugins/libferry-*.so; do
@@ -82,6 +84,37 @@ sys.exit(0 if "tcp" in loaded and ferry.__file__.startswith(sys.argv[1]) else 1)
     cat "$TMP/py.log"; ok "import ferry from the tree lists the packaged tcp plugin"
   else
     sed 's/^/      | /' "$TMP/py.log" | tail -n 20; fail "import ferry from the unpacked package"
+  fi
+  # The drop-in packages from the tree: a WRITE through mori.io and one through nixl.
+  if env -u FERRY_PLUGIN_PATH PYTHONPATH="$ROOT/lib/python3/dist-packages" /usr/bin/python3 -c '
+import ctypes, sys
+import mori.io as m
+from nixl._api import nixl_agent
+assert m.__file__.startswith(sys.argv[1]), m.__file__
+a, b = (m.IOEngine(k, m.IOEngineConfig("127.0.0.1", 0)) for k in ("deb-a", "deb-b"))
+for e in (a, b):
+    e.create_backend(m.BackendType.TCP)
+src, dst = ctypes.create_string_buffer(b"ferry" * 8), ctypes.create_string_buffer(40)
+ls = a.register_memory(ctypes.addressof(src), 40, -1, m.MemoryLocationType.CPU)
+rd = m.MemoryDesc.unpack(b.register_memory(ctypes.addressof(dst), 40, -1,
+                                           m.MemoryLocationType.CPU).pack())
+a.register_remote_engine(m.EngineDesc.unpack(b.get_engine_desc().pack()))
+assert a.write(ls, 0, rd, 0, 40, 1).WaitFor(-1) == m.StatusCode.SUCCESS and dst.raw == src.raw[:40]
+x, y = nixl_agent("deb-x"), nixl_agent("deb-y")
+dst2 = ctypes.create_string_buffer(40)
+x.register_memory([(ctypes.addressof(src), 40, 0, "")], "DRAM")
+y.register_memory([(ctypes.addressof(dst2), 40, 0, "")], "DRAM")
+name = x.add_remote_agent(y.get_agent_metadata())
+h = x.initialize_xfer("WRITE", x.get_xfer_descs([(ctypes.addressof(src), 40, 0)], "DRAM"),
+                      x.get_xfer_descs([(ctypes.addressof(dst2), 40, 0)], "DRAM"), name, b"done")
+x.transfer(h)
+while x.check_xfer_state(h) != "DONE":
+    pass
+assert dst2.raw == src.raw[:40]
+print("      | mori.io and nixl WRITEs landed, from", m.__file__.rsplit("/", 2)[0])' "$ROOT" >"$TMP/dropin.log" 2>&1; then
+    cat "$TMP/dropin.log"; ok "mori.io and nixl from the tree move bytes over the packaged tcp"
+  else
+    sed 's/^/      | /' "$TMP/dropin.log" | tail -n 20; fail "mori.io / nixl from the unpacked package"
   fi
 fi
 

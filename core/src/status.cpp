@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // TransferStatus: one transfer's shared, thread-safe state; the first final code sticks.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -15,6 +16,10 @@ struct TransferStatus::State {
   std::string message;              // guarded by mu; written once, with the final code
   std::function<void()> canceller;  // guarded by mu; taken by the first Cancel()
   bool cancel_asked = false;        // guarded by mu
+  // When the status was made (a transfer's: when it was posted) and when it
+  // ended; ended is written under mu with the final code.
+  const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point ended{};
 };
 
 namespace {
@@ -85,6 +90,12 @@ bool TransferStatus::Failed() const {
   return is_final(c) && c != static_cast<int>(StatusCode::SUCCESS);
 }
 
+std::chrono::nanoseconds TransferStatus::Elapsed() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  const bool ended = is_final(state_->code.load(std::memory_order_relaxed));
+  return (ended ? state_->ended : std::chrono::steady_clock::now()) - state_->created;
+}
+
 void TransferStatus::SetInProgress() {
   int expected = static_cast<int>(StatusCode::INIT);
   state_->code.compare_exchange_strong(expected, static_cast<int>(StatusCode::IN_PROGRESS),
@@ -96,6 +107,7 @@ bool TransferStatus::Finish(StatusCode code, std::string message) {
     std::lock_guard<std::mutex> lk(state_->mu);
     if (is_final(state_->code.load(std::memory_order_relaxed))) return false;
     state_->message = std::move(message);
+    state_->ended = std::chrono::steady_clock::now();
     state_->code.store(static_cast<int>(code), std::memory_order_release);
   }
   state_->cv.notify_all();

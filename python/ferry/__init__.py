@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """ferry: one-sided READ/WRITE between the registered memory of two processes.
 
-The API follows MORI-IO's ``mori.io`` (see docs/python.md for the name table)::
+The API follows MORI-IO's ``mori.io`` (docs/python.md); the drop-in packages ``mori``
+and ``nixl`` serve MORI-IO's and NIXL's exact APIs over it (docs/connectors.md)::
 
     import ferry
     eng = ferry.IOEngine("prefill-0", ferry.IOEngineConfig(host="10.0.0.1", port=0))
@@ -18,6 +19,15 @@ backend-config helpers MORI-IO users construct (RdmaBackendConfig, ...).
 
 import enum as _enum
 
+try:
+    # Measured on the GPU host (torch 2.11 wheels, Python 3.12): loading _ferry before numpy
+    # made a later `import torch` abort (free(): invalid pointer); numpy first, or torch
+    # first, did not. Not root-caused (docs/connectors.md); numpy is cheap and always there
+    # where tensors are.
+    import numpy as _numpy  # noqa: F401
+except ImportError:
+    pass
+
 from ._ferry import (  # noqa: F401  (re-exported API)
     BackendType,
     EngineDesc,
@@ -33,6 +43,7 @@ from ._ferry import (  # noqa: F401  (re-exported API)
     TransferError,
     TransferStatus,
     list_plugins,
+    set_log_level,
     wait_all,
 )
 
@@ -93,16 +104,18 @@ class TcpBackendConfig(BackendConfig):
 
 
 class RdmaBackendConfig(BackendConfig):
-    """rdma plugin settings with MORI-IO's names: ``qp_per_transfer``, ``post_batch_size``,
-    ``num_worker_threads``, ``poll_cq_mode`` (PollCqMode), ``enable_notification``,
-    ``enable_transfer_chunking``, ``chunk_bytes``, ``max_chunks_per_transfer``,
-    ``num_nics_per_transfer``."""
+    """rdma plugin settings by ferry's names (docs/backends/rdma.md), e.g.
+    ``qp_per_transfer``, ``chunk_bytes``, ``busy_poll``, ``devices``, ``gid_index``.
+    MORI-IO's RdmaBackendConfig (its positional order, poll_cq_mode,
+    enable_notification...) is ``mori.io.RdmaBackendConfig`` (docs/connectors.md)."""
 
     backend = BackendType.RDMA
 
 
 class XgmiBackendConfig(BackendConfig):
-    """xgmi plugin settings with MORI-IO's names: ``num_streams``, ``num_events``."""
+    """xgmi plugin settings by ferry's names: ``num_streams`` (per device, 1..64),
+    ``batch_copy``, ``spin_us`` (docs/backends/xgmi.md). MORI-IO's is
+    ``mori.io.XgmiBackendConfig``."""
 
     backend = BackendType.XGMI
 
@@ -135,5 +148,6 @@ __all__ = [
     "TransferStatus",
     "XgmiBackendConfig",
     "list_plugins",
+    "set_log_level",
     "wait_all",
 ]

@@ -168,6 +168,8 @@ class TransferStatus:
         """Block (GIL released) at most timeout_ms; True when the transfer has ended."""
     def Cancel(self) -> bool:
         """End it ERR_CANCELLED once nothing more can land; False if it had already ended."""
+    def ElapsedUs(self) -> int:
+        """Microseconds from the post to the end (to now while it has not ended)."""
 
 class IOEngineSession:
     """Transfers between one local and one remote region, resolved once."""
@@ -271,4 +273,6 @@ class IOEngine:
     def wait_all(statuses: Sequence[TransferStatus], timeout_ms: _Timeout = None) -> bool: ...
 
 def wait_all(statuses: Sequence[TransferStatus], timeout_ms: _Timeout = None) -> bool: ...
+def set_log_level(level: str) -> None:
+    """'error', 'warn', 'info' or 'debug'; ValueError otherwise."""
 def list_plugins(extra_dirs: List[str] = ...) -> List[Dict[str, Any]]: ...

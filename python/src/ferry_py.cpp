@@ -1094,6 +1094,13 @@ PYBIND11_MODULE(_ferry, m) {
           "attempt in flight is fenced at its target or waited for); it may still end "
           "SUCCESS if everything had landed. False when it had already ended (a no-op). "
           "Does not wait: Wait() for the outcome.")
+      .def(
+          "ElapsedUs",
+          [](const TransferStatus& s) {
+            return std::chrono::duration_cast<std::chrono::microseconds>(s.Elapsed()).count();
+          },
+          "Microseconds from when the transfer was posted to when it ended (to now while it "
+          "has not).")
       .def("__repr__", &status_repr);
 
   py::class_<PySession>(m, "IOEngineSession",
@@ -1280,6 +1287,16 @@ PYBIND11_MODULE(_ferry, m) {
   m.def("wait_all", &wait_all_py, py::arg("statuses"), py::arg("timeout_ms") = py::none(),
         "Wait for every TransferStatus (GIL released); False if any did not end within "
         "timeout_ms (None: no limit).");
+
+  m.def(
+      "set_log_level",
+      [](const std::string& level) {
+        if (!ferry::set_log_level(level))
+          raise_value("set_log_level: '" + level + "' is not error, warn, info or debug");
+      },
+      py::arg("level"),
+      "ferry's log verbosity from now on: 'error', 'warn' (the default, or FERRY_LOG_LEVEL), "
+      "'info' or 'debug'. ValueError for another name.");
 
   m.def(
       "list_plugins",

@@ -22,12 +22,18 @@ log '```'
 
 extra=()
 [ -n "${FERRY_EXTRA_INCLUDE:-}" ] && extra+=("-DFERRY_EXTRA_INCLUDE=$FERRY_EXTRA_INCLUDE")
+# The Python binding for the python3 that holds torch with CUDA (pybind11 from its pip package).
+py=$(command -v python3 || true)
+if [ -n "$py" ] && pyb=$("$py" -m pybind11 --cmakedir 2>/dev/null); then
+  extra+=("-DPython3_EXECUTABLE=$py" "-Dpybind11_DIR=$pyb")
+fi
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${extra[@]}" > "$report/configure.log" 2>&1; then
   log "configure FAILED (see configure.log)"; tail -30 "$report/configure.log"; exit 1
 fi
 targets=(ferry ferry-cli ferry-tcp ferry-xgmi ferry-gpu-peer gpu_transfer_test ferry-gpu-bench gpu-peer-ref
          engine_process_test ferry-test-peer ferry-bench ferry-plugin-check)
 
+grep -q "ferry_python" "$build/build.ninja" 2>/dev/null && targets+=(ferry_python ferry_python_files)
 if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$report/build.log" 2>&1; then
   log "build FAILED (see build.log)"; grep -m 30 -E "error" "$report/build.log"; exit 1
 fi
@@ -95,5 +101,24 @@ log '```'
 "$build/bin/ferry-bench" --kv --backend tcp --check-consistency > "$report/kv-dram.txt" 2>&1 || status=1
 tee -a "$report/report.md" < "$report/kv-dram.txt"
 log '```'
+log "## the connectors' call sequences with CUDA tensors (mori.io and nixl over ferry)"
+if ls "$build"/python/ferry/_ferry*.so > /dev/null 2>&1; then
+  log '```'
+  PYTHONPATH="$PWD/$build/python" FERRY_CONNECTOR_DEVICE=cuda FERRY_REQUIRE_TORCH=1 \
+    "$py" -m pytest -q -p no:cacheprovider -rs python/tests/test_connectors.py python/tests/test_mori.py \
+    python/tests/test_nixl.py > "$report/connectors.log" 2>&1 || status=1
+  tail -5 "$report/connectors.log" | tee -a "$report/report.md"
+  # vLLM's MoRIIOConnector with its xgmi backend choice (XgmiBackendConfig), both modes.
+  for m in write read; do
+    PYTHONPATH="$PWD/python/tests/connectors:$PWD/$build/python" "$py" \
+      python/tests/connectors/vllm_moriio.py --device cuda --backend xgmi --mode $m \
+      > "$report/moriio-xgmi-$m.log" 2>&1 && log "vllm_moriio --backend xgmi --mode $m: passed" ||
+      { log "vllm_moriio --backend xgmi --mode $m: FAILED"; status=1; }
+  done
+  log '```'
+else
+  log "Python binding not built (configure.log: python3 headers or pybind11 missing): FAILED"
+  status=1
+fi
 log "exit status: $status"
 exit $status

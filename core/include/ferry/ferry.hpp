@@ -136,6 +136,9 @@ class TransferStatus {
   // already ended (a no-op) or this status cannot be cancelled (it is not a
   // transfer's). Never blocks.
   bool Cancel(std::string* why = nullptr) const;
+  // From when this status was made (for a transfer: when it was posted) to when
+  // it ended, or to now while it has not: what telemetry reports per transfer.
+  std::chrono::nanoseconds Elapsed() const;
 
   // Set by the engine; public for backends written in C++ and for tests.
   void SetInProgress();
