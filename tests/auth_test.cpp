@@ -223,11 +223,12 @@ struct Target {
 };
 
 struct Initiator {
-  explicit Initiator(const std::string& key, const std::string& backend = "tcp") {
+  explicit Initiator(const std::string& key, const std::string& backend = "tcp",
+                     const std::string& settings = {}) {
     EngineConfig c;
     c.timeout = 5s;
     eng = std::make_unique<Engine>(key, c);
-    Result r = eng->add_backend(backend);
+    Result r = eng->add_backend(backend, settings);
     if (!r) throw std::runtime_error(r.message);
     mem.resize(kBytes);
     desc = eng->register_memory(mem.data(), mem.size());
@@ -244,6 +245,60 @@ struct Initiator {
   MemoryDesc desc;
   TransferUid uid = 0;  // of the last write
 };
+
+TEST(AccessByDescriptor, RegisteringAnInitiatorMidTransferDoesNotCutItsLanes) {
+  // One-way registration, as vLLM's and SGLang's connectors do it: the target
+  // registers (or learns, from the initiator's first control connection) the
+  // initiator while that initiator's first transfer is already on the lanes.
+  // Those lanes were admitted by descriptor; they check their proof again and
+  // carry on, so the transfer succeeds (it failed ERR_TRANSPORT when they were cut).
+  constexpr size_t kBig = 256 << 20;
+  setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
+  bool registered_mid_flight = false;
+  for (int attempt = 0; attempt < 5 && !registered_mid_flight; ++attempt) {
+    EngineConfig c;
+    c.timeout = 30s;
+    Engine tgt("mid-tgt", c), ini("mid-ini", c);
+    ASSERT_TRUE(tgt.add_backend("tcp"));
+    ASSERT_TRUE(ini.add_backend("tcp"));
+    std::vector<uint8_t> dst(kBig, 0), src(kBig);
+    test::fill_pattern(src.data(), 0, kBig, 41 + attempt);
+    MemoryDesc d = tgt.register_memory(dst.data(), kBig), s = ini.register_memory(src.data(), kBig);
+    ASSERT_TRUE(ini.register_remote_engine(tgt.desc()));
+    TransferStatus st = ini.write(s, 0, d, 0, kBig, ini.allocate_transfer_uid(), false);
+    // The first bytes landed: the lanes are admitted and carrying the WRITE.
+    ASSERT_TRUE(eventually([&] {
+      return test::find_mismatch(dst.data(), 0, 4096, 41 + attempt, 0) == -1 || !st.InProgress();
+    }));
+    ASSERT_TRUE(tgt.register_remote_engine(ini.desc()));
+    registered_mid_flight = st.InProgress();
+    ASSERT_TRUE(st.WaitFor(60s));
+    ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+    EXPECT_EQ(test::find_mismatch(dst.data(), 0, kBig, 41 + attempt, 0), -1);
+  }
+  EXPECT_TRUE(registered_mid_flight) << "every WRITE ended before the registration: nothing shown";
+}
+
+TEST(AccessByDescriptor, AnImpostorsLanesCloseOnceTheRealKeyIsRegistered) {
+  // Lanes admitted by descriptor under an unregistered key keep serving only
+  // while their proof holds: when the real engine of that key is registered at
+  // the target, a holder of the target's descriptor speaking for it is cut off.
+  Target t;
+  Initiator impostor("desc-real", "tcp", R"({"lanes": 1})");  // its second WRITE: the same lane
+  ASSERT_TRUE(impostor.eng->register_remote_engine(t.eng->desc()));
+  TransferStatus first = impostor.write(t.desc, 51);
+  ASSERT_TRUE(first.Succeeded()) << first.Message();  // served by descriptor
+  Initiator real("desc-real");
+  ASSERT_TRUE(t.eng->register_remote_engine(real.eng->desc()));
+  TransferStatus second = impostor.write(t.desc, 52);  // on its open lanes
+  ASSERT_TRUE(second.Failed()) << "an engine spoke for a key registered to another";
+  EXPECT_NE(second.Message().find("lost"), std::string::npos) << second.Message();
+  EXPECT_EQ(test::find_mismatch(t.mem.data(), 0, kBytes, 51, 0), -1) << "the refused WRITE landed";
+  ASSERT_TRUE(real.eng->register_remote_engine(t.eng->desc()));
+  TransferStatus ok = real.write(t.desc, 53);
+  ASSERT_TRUE(ok.Succeeded()) << ok.Message();
+  EXPECT_EQ(test::find_mismatch(t.mem.data(), 0, kBytes, 53, 0), -1);
+}
 
 TEST(AccessByDescriptor, AnInitiatorTheTargetNeverRegisteredIsServed) {
   // Real connectors register one way: only the target at the initiator.

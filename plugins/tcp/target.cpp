@@ -48,9 +48,11 @@ bool TargetServer::Start(std::string* err) {
 
 bool TargetServer::AddPeer(const std::string& key, bool same_host) {
   std::lock_guard lk(mu_);
+  // Lanes admitted before see this and check their proof again (LaneStillProven).
+  registrations_.fetch_add(1, std::memory_order_acq_rel);
   auto [it, added] = peers_.emplace(key, std::make_shared<TargetPeer>(key, same_host));
-  // Served before it was registered: keep what it applied (a fence may ask),
-  // but its lanes were admitted without the registered descriptor's proof.
+  // Served before it was registered: keep what it applied (a fence may ask) and
+  // its lanes, whose proofs are checked again before their next frame.
   return added || it->second->Adopt(same_host);
 }
 
@@ -240,7 +242,8 @@ void TargetServer::Refuse(int fd, const std::string& from, const std::string& wh
 }
 
 bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs,
-                                std::chrono::steady_clock::time_point deadline, std::string* why) {
+                                std::chrono::steady_clock::time_point deadline, std::string* why,
+                                LaneProof* kept) {
   const bool ours = LinkAuthAvailable(host_);
   if (ours && !theirs) {
     *why = "engine '" + key +
@@ -305,7 +308,24 @@ bool TargetServer::Authenticate(int fd, const std::string& key, bool theirs,
     *why = reason[0] ? reason : "engine '" + key + "' failed authentication";
     return false;
   }
+  kept->transcript = std::move(t);
+  std::memcpy(kept->proof.data(), proof, sizeof proof);
   return true;
+}
+
+bool TargetServer::LaneStillProven(const std::string& key, const LaneProof& kept, uint64_t* seen,
+                                   std::string* why) {
+  const uint64_t now = registrations_.load(std::memory_order_acquire);
+  if (now == *seen || kept.transcript.empty()) return true;
+  *seen = now;
+  char reason[512] = "";
+  if (host_->link_check(host_->host_ctx, key.c_str(), FERRY_LINK_TARGET, kept.transcript.data(),
+                        kept.transcript.size(), kept.proof.data(), reason,
+                        sizeof reason) == FERRY_OK)
+    return true;
+  *why = "its handshake no longer proves '" + key + "' now that the key is registered here" +
+         (reason[0] ? std::string(": ") + reason : std::string());
+  return false;
 }
 
 std::shared_ptr<TargetPeer> TargetServer::PeerForLane(const std::string& key, bool authenticated,
@@ -365,7 +385,10 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     WarnFrom("handshake", from, "closing lane from " + from + ": " + IoErrorString(err));
     return;
   }
-  if (!Authenticate(fd, key, wants_auth, deadline, &why)) {
+  // A registration from here on makes the lane check its proof again.
+  uint64_t registrations_seen = registrations_.load(std::memory_order_acquire);
+  LaneProof proven;
+  if (!Authenticate(fd, key, wants_auth, deadline, &why, &proven)) {
     Refuse(fd, from, why);
     return;
   }
@@ -377,6 +400,11 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   }
   if (!tp->Attach(fd)) {
     Refuse(fd, from, not_peer);
+    return;
+  }
+  if (!LaneStillProven(key, proven, &registrations_seen, &why)) {
+    tp->Detach(fd);
+    Refuse(fd, from, why);
     return;
   }
   // Request expiries are compared on our clock. An initiator on this kernel
@@ -418,6 +446,10 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     }
     if (h.type != wire::Type::kWrite && h.type != wire::Type::kRead) {
       close_why = std::string("unexpected ") + wire::TypeName(h.type) + " frame";
+      break;
+    }
+    if (!LaneStillProven(key, proven, &registrations_seen, &why)) {
+      close_why = why;
       break;
     }
     item_buf.resize(size_t{h.n_items} * wire::kItemSize);

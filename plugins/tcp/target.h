@@ -11,6 +11,7 @@
 // ERROR response and the lane carries on; a malformed frame closes the lane.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -74,11 +75,26 @@ class TargetServer {
   void AcceptMain();
   void Serve(Conn* c);
   void ServeLane(Conn* c, int fd, const std::string& from);
+  // What a lane proved in its handshake, kept to check again when the peer is
+  // registered later (LaneStillProven): empty when the core checks no proofs.
+  struct LaneProof {
+    std::vector<uint8_t> transcript;
+    std::array<uint8_t, wire::kAuthProofSize> proof{};
+  };
   // Authenticates the initiator `key` (HELLO carried kFlagAuth == theirs).
   // False with *why when the lane must be refused.
   // The handshake ends by `deadline` (the lane's connect timeout).
   bool Authenticate(int fd, const std::string& key, bool theirs,
-                    std::chrono::steady_clock::time_point deadline, std::string* why);
+                    std::chrono::steady_clock::time_point deadline, std::string* why,
+                    LaneProof* kept);
+  // A lane admitted while its key was unregistered proved only that it holds
+  // this engine's descriptor. Once a registration happened since `*seen`, its
+  // handshake is checked again against what is registered now: a key registered
+  // (or learned) here is pinned to its secret. False with *why when the proof no
+  // longer holds; the lane must then close. Lanes in flight are not cut: a real
+  // initiator's transfer, whose lanes beat its hello to this engine, goes on.
+  bool LaneStillProven(const std::string& key, const LaneProof& kept, uint64_t* seen,
+                       std::string* why);
   void Refuse(int fd, const std::string& from, const std::string& why);
   // A WARN about a connection from `from` (address:port), through refusal_log_:
   // 20 per 10 s per (kind `what`, address).
@@ -103,6 +119,7 @@ class TargetServer {
   const std::string engine_key_;
   const Settings settings_;
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> registrations_{0};  // AddPeer calls so far (LaneStillProven)
   RegionTable* regions_;
   StagePool* stages_;  // for requests on GPU regions
   int listen_fd_ = -1;

@@ -41,7 +41,6 @@ bool TargetPeer::Adopt(bool same_host) {
   if (registered_ || removed_) return false;
   registered_ = true;
   same_host_ = same_host;
-  for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
   return true;
 }
 

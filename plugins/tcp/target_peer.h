@@ -33,9 +33,10 @@ class TargetPeer {
     return registered_;
   }
   // The core registered a peer served so far unregistered: it is registered
-  // from now on, and its lanes are shut down (they were admitted without the
-  // proof of the registered descriptor's secret, so they reconnect with it).
-  // What they applied stays for fences. False when it was registered already.
+  // from now on. Its lanes stay (their transfers go on); each checks its
+  // handshake's proof again before its next frame (TargetServer::LaneStillProven)
+  // and closes if it does not prove the registered secret. What they applied
+  // stays for fences. False when it was registered already.
   bool Adopt(bool same_host);
 
   bool removed() const;

@@ -212,7 +212,11 @@ class _Regions:
         ok = idx >= 0
         j = np.where(ok, idx, 0)
         if len(self.mems):
-            ok &= (addr + size <= self.ends[j]) & (self.gpu[j] == want_gpu)
+            # No addr + size: a forged size would wrap around 2**64.
+            end = self.ends[j]
+            inside = addr <= end
+            room = np.where(inside, end - np.where(inside, addr, end), 0)
+            ok &= inside & (size <= room) & (self.gpu[j] == want_gpu)
             if want_gpu:
                 ok &= self.dev[j] == dev
         else:

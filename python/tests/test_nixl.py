@@ -130,6 +130,8 @@ def test_refusals(agents):
     a = agents.a
     with pytest.raises(nixlNotFoundError):  # beyond the peer's region
         a.prep_xfer_dlist("nixl-b", [(agents.dst.ctypes.data + SIZE - 8, 16, 0)], "DRAM")
+    with pytest.raises(nixlNotFoundError):  # a length that wraps around 2**64
+        a.prep_xfer_dlist("nixl-b", [(agents.dst.ctypes.data + 4096, 2**64 - 4096, 0)], "DRAM")
     with pytest.raises(nixlNotFoundError):  # not VRAM
         a.prep_xfer_dlist("nixl-b", [(agents.dst.ctypes.data, 16, 0)], "VRAM")
     with pytest.raises(nixlNotFoundError):  # the peer's memory is not ours

@@ -8,34 +8,8 @@ mori backend call it (docs/connectors.md has the name table and what differs).
                           RdmaBackendConfig(1, -1, 1, PollCqMode.POLLING, enable_notification=False))
 """
 
-from ..cpp import (  # noqa: F401  (re-exported, as mori.io does)
-    BackendType,
-    EngineDesc,
-    FabricBackendConfig,
-    IOEngineConfig,
-    MemoryDesc,
-    MemoryLocationType,
-    PollCqMode,
-    RdmaBackendConfig,
-    StatusCode,
-    TransferStatus,
-    XgmiBackendConfig,
-    set_log_level,
-)
+from .. import cpp as _cpp
+from ..cpp import *  # noqa: F401,F403  (mori.io re-exports mori.cpp's types, as MORI-IO does)
 from .engine import IOEngine, IOEngineSession  # noqa: F401
 
-__all__ = [
-    "BackendType",
-    "EngineDesc",
-    "FabricBackendConfig",
-    "IOEngine",
-    "IOEngineConfig",
-    "IOEngineSession",
-    "MemoryDesc",
-    "MemoryLocationType",
-    "PollCqMode",
-    "RdmaBackendConfig",
-    "StatusCode",
-    "XgmiBackendConfig",
-    "set_log_level",
-]
+__all__ = sorted(set(_cpp.__all__) - {"TransferStatus"} | {"IOEngine", "IOEngineSession"})

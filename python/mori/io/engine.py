@@ -197,18 +197,18 @@ class IOEngine:
 
     # ---- transfers ---------------------------------------------------------------------
     def read(self, local_mem, local_offset, remote_mem, remote_offset, size, transfer_uid):
-        lm, rm = _unwrap_mem(local_mem, "local_mem"), _unwrap_mem(remote_mem, "remote_mem")
-        if lm is None or rm is None:
-            return _empty_mem_status()
-        return _wrap(self._eng.read(lm, local_offset, rm, remote_offset, size, transfer_uid,
-                                    self._notify))
+        return self._one(self._eng.read, local_mem, local_offset, remote_mem, remote_offset,
+                         size, transfer_uid)
 
     def write(self, local_mem, local_offset, remote_mem, remote_offset, size, transfer_uid):
+        return self._one(self._eng.write, local_mem, local_offset, remote_mem, remote_offset,
+                         size, transfer_uid)
+
+    def _one(self, post, local_mem, local_offset, remote_mem, remote_offset, size, uid):
         lm, rm = _unwrap_mem(local_mem, "local_mem"), _unwrap_mem(remote_mem, "remote_mem")
         if lm is None or rm is None:
             return _empty_mem_status()
-        return _wrap(self._eng.write(lm, local_offset, rm, remote_offset, size, transfer_uid,
-                                     self._notify))
+        return _wrap(post(lm, local_offset, rm, remote_offset, size, uid, self._notify))
 
     def batch_read(self, local_mems, local_offsets, remote_mems, remote_offsets, sizes,
                    transfer_uids):

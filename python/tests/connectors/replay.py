@@ -174,3 +174,11 @@ def get_open_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def main(prefill, decode, extra=None):
+    """Run the replay's role: prefill starts decode and waits for it; exit 0 when both passed."""
+    args = parse(extra)
+    ch, proc = start(args)
+    ok = (prefill if args.role == "prefill" else decode)(args, ch)
+    return finish(proc, ok)

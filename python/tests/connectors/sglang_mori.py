@@ -153,12 +153,5 @@ def decode(args, ch):
     return not verdict
 
 
-def main():
-    args = replay.parse()
-    ch, proc = replay.start(args)
-    ok = (prefill if args.role == "prefill" else decode)(args, ch)
-    return replay.finish(proc, ok)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(replay.main(prefill, decode))
