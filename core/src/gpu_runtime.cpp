@@ -9,6 +9,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -248,16 +250,24 @@ extern "C" __global__ void ferry_gather(const unsigned long long* dsts,
 }
 )";
 
+// The kernel reads its table (dsts, srcs, sizes) straight from pinned host
+// memory, which every device can address under unified addressing: no table
+// copy before the launch. Each stream has a ring of such tables; a table is
+// written again only after the event recorded behind the launch that read it.
+struct TableSlot {
+  unsigned long long* host = nullptr;  // pinned; 3 x cap entries
+  size_t cap = 0;
+  void* event = nullptr;
+  bool in_use = false;
+};
+constexpr size_t kTableSlots = 4;
 struct GatherState {
   std::mutex mu;
   bool tried = false;
   std::string ptx;
-  std::vector<void*> function;  // per device; null until loaded
-  struct Scratch {
-    void* dev = nullptr;
-    size_t cap = 0;
-  };
-  std::map<void*, Scratch> scratch;  // per stream: reused in stream order
+  std::vector<void*> function;                                 // per device; null until loaded
+  std::map<void*, std::array<TableSlot, kTableSlots>> tables;  // per stream
+  std::map<void*, size_t> next_slot;                           // per stream
 };
 GatherState g_gather;
 
@@ -303,6 +313,32 @@ bool gather_function(int device, void** fn) {
   return true;
 }
 
+// A free table of at least `entries` rows on `stream` (gather mutex held).
+int table_for(void* stream, size_t entries, TableSlot** out) {
+  size_t& next = g_gather.next_slot[stream];
+  TableSlot& t = g_gather.tables[stream][next++ % kTableSlots];
+  if (t.in_use) GPU_CALL(g_rt.event_sync(t.event), "event synchronize");  // its kernel is done
+  t.in_use = false;
+  if (!t.event) GPU_CALL(g_rt.event_create(&t.event, kEventBlockingNoTiming), "event create");
+  if (t.cap < entries) {
+    if (t.host) GPU_CALL(g_rt.host_free(t.host), "pinned host free");
+    t.host = nullptr;
+    t.cap = 0;
+    const size_t cap = std::max<size_t>(entries, 4096);
+    void* p = nullptr;
+    GPU_CALL(g_rt.host_alloc_cuda(&p, 3 * cap * sizeof(unsigned long long)), "pinned host alloc");
+    t.host = static_cast<unsigned long long*>(p);
+    t.cap = cap;
+  }
+  *out = &t;
+  return FERRY_OK;
+}
+
+// One thread block copies one row; rows are at most kGatherRow bytes (a longer
+// piece is split), so one big piece does not leave a single block copying
+// while the rest of the GPU idles.
+constexpr size_t kGatherRow = 64 << 10;
+
 // FERRY_ERR_UNSUPPORTED when no kernel is available here.
 int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
                 void* stream) {
@@ -312,41 +348,33 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
   std::lock_guard<std::mutex> lk(g_gather.mu);
   void* fn = nullptr;
   if (!gather_function(device, &fn)) return FERRY_ERR_UNSUPPORTED;
-  std::vector<unsigned long long> desc(3 * count);
+  size_t rows = 0;
+  for (size_t i = 0; i < count; ++i) rows += (sizes[i] + kGatherRow - 1) / kGatherRow;
+  TableSlot* t = nullptr;
+  if (int rc = table_for(stream, rows, &t); rc != FERRY_OK) return rc;
+  unsigned long long* d_dsts = t->host;
+  unsigned long long* d_srcs = t->host + t->cap;
+  unsigned long long* d_sizes = t->host + 2 * t->cap;
+  size_t r = 0;
   for (size_t i = 0; i < count; ++i) {
-    desc[i] = reinterpret_cast<unsigned long long>(dsts[i]);
-    desc[count + i] = reinterpret_cast<unsigned long long>(srcs[i]);
-    desc[2 * count + i] = sizes[i];
-  }
-  const size_t bytes = desc.size() * sizeof(unsigned long long);
-  auto& sc = g_gather.scratch[stream];
-  if (sc.cap < bytes) {
-    if (sc.dev) {
-      GPU_CALL(g_rt.stream_sync(stream), "stream synchronize");  // the old buffer may be in use
-      GPU_CALL(g_rt.dev_free(sc.dev), "device free");
-      sc.dev = nullptr;
-      sc.cap = 0;
+    const auto d = reinterpret_cast<unsigned long long>(dsts[i]);
+    const auto s = reinterpret_cast<unsigned long long>(srcs[i]);
+    for (size_t off = 0; off < sizes[i]; off += kGatherRow, ++r) {
+      d_dsts[r] = d + off;
+      d_srcs[r] = s + off;
+      d_sizes[r] = std::min(kGatherRow, sizes[i] - off);
     }
-    size_t cap = std::max<size_t>(bytes, 64 << 10);
-    GPU_CALL(g_rt.dev_malloc(&sc.dev, cap), "device alloc");
-    sc.cap = cap;
   }
-  // From pageable memory the runtime stages the source before returning, so
-  // `desc` may go away at once; in stream order the kernel sees the new table.
-  GPU_CALL(g_rt.memcpy_async(sc.dev, desc.data(), bytes, 1 /* host to device */, stream),
-           "copy table");
-  auto* base = static_cast<unsigned long long*>(sc.dev);
-  unsigned long long* d_dsts = base;
-  unsigned long long* d_srcs = base + count;
-  unsigned long long* d_sizes = base + 2 * count;
-  unsigned long long n = count;
+  unsigned long long n = rows;
   void* params[] = {&d_dsts, &d_srcs, &d_sizes, &n};
-  unsigned grid = static_cast<unsigned>(std::min<size_t>(count, 65535));
+  unsigned grid = static_cast<unsigned>(std::min<size_t>(rows, 65535));
   int rc = g_rt.cu_launch(fn, grid, 1, 1, 256, 1, 1, 0, stream, params, nullptr);
   if (rc != 0) {
     t_error = "gather kernel launch failed (" + std::to_string(rc) + ")";
     return FERRY_ERR_GPU;
   }
+  GPU_CALL(g_rt.event_record(t->event, stream), "event record");
+  t->in_use = true;
   return FERRY_OK;
 }
 
@@ -363,33 +391,58 @@ int runtime_batch(void* const* dsts, const void* const* srcs, const size_t* size
                   void* stream);
 
 // Big pieces go as plain copies (they saturate the link alone); the small ones
-// in one gather launch, or the runtime's batched call, or not at all
-// (FERRY_ERR_UNSUPPORTED: the caller loops).
+// in one gather launch, or the runtime's batched call, or one copy each
+// (gpu_batch::Method picks one for the benches; AUTO: gather, else the
+// runtime's call, else copies).
 int g_memcpy_batch(void*, void* const* dsts, const void* const* srcs, const size_t* sizes,
                    size_t count, void* stream) {
   constexpr size_t kBigPiece = 1 << 20;
-  std::vector<void*> sd;
-  std::vector<const void*> ss;
-  std::vector<size_t> sn;
-  for (size_t i = 0; i < count; ++i) {
-    if (sizes[i] >= kBigPiece) {
+  const gpu_batch::Method method = gpu_batch::method();
+  if (method == gpu_batch::Method::COPIES) {
+    for (size_t i = 0; i < count; ++i)
       GPU_CALL(g_rt.memcpy_async(dsts[i], srcs[i], sizes[i], kMemcpyDefault, stream), "async copy");
-    } else {
-      sd.push_back(dsts[i]);
-      ss.push_back(srcs[i]);
-      sn.push_back(sizes[i]);
-    }
+    return FERRY_OK;
   }
-  if (sn.empty()) return FERRY_OK;
-  if (sn.size() == 1) {
+  size_t first_big = 0;
+  while (first_big < count && sizes[first_big] < kBigPiece) ++first_big;
+  // Without big pieces (the KV case) the caller's arrays go on as they are.
+  void* const* sd = dsts;
+  const void* const* ss = srcs;
+  const size_t* sn = sizes;
+  size_t n = count;
+  if (first_big < count) {
+    thread_local std::vector<void*> vd;
+    thread_local std::vector<const void*> vs;
+    thread_local std::vector<size_t> vn;
+    vd.assign(dsts, dsts + first_big);
+    vs.assign(srcs, srcs + first_big);
+    vn.assign(sizes, sizes + first_big);
+    for (size_t i = first_big; i < count; ++i) {
+      if (sizes[i] >= kBigPiece) {
+        GPU_CALL(g_rt.memcpy_async(dsts[i], srcs[i], sizes[i], kMemcpyDefault, stream),
+                 "async copy");
+      } else {
+        vd.push_back(dsts[i]);
+        vs.push_back(srcs[i]);
+        vn.push_back(sizes[i]);
+      }
+    }
+    sd = vd.data();
+    ss = vs.data();
+    sn = vn.data();
+    n = vn.size();
+  }
+  if (n == 0) return FERRY_OK;
+  if (n == 1 && method != gpu_batch::Method::GATHER) {
     GPU_CALL(g_rt.memcpy_async(sd[0], ss[0], sn[0], kMemcpyDefault, stream), "async copy");
     return FERRY_OK;
   }
-  int rc = gather_copy(sd.data(), ss.data(), sn.data(), sn.size(), stream);
+  int rc = FERRY_ERR_UNSUPPORTED;
+  if (method != gpu_batch::Method::RUNTIME) rc = gather_copy(sd, ss, sn, n, stream);
   if (rc != FERRY_ERR_UNSUPPORTED) return rc;
-  rc = runtime_batch(sd.data(), ss.data(), sn.data(), sn.size(), stream);
-  if (rc != FERRY_ERR_UNSUPPORTED) return rc;
-  for (size_t i = 0; i < sn.size(); ++i)
+  if (method != gpu_batch::Method::GATHER) rc = runtime_batch(sd, ss, sn, n, stream);
+  if (rc != FERRY_ERR_UNSUPPORTED || method != gpu_batch::Method::AUTO) return rc;
+  for (size_t i = 0; i < n; ++i)
     GPU_CALL(g_rt.memcpy_async(sd[i], ss[i], sn[i], kMemcpyDefault, stream), "async copy");
   return FERRY_OK;
 }
@@ -572,6 +625,14 @@ const ferry_gpu_v1* gpu_runtime() {
   static const ferry_gpu_v1* table = load();  // thread-safe once
   return table;
 }
+
+namespace gpu_batch {
+namespace {
+std::atomic<int> g_method{static_cast<int>(Method::AUTO)};
+}
+void set_method(Method m) { g_method.store(static_cast<int>(m), std::memory_order_relaxed); }
+Method method() { return static_cast<Method>(g_method.load(std::memory_order_relaxed)); }
+}  // namespace gpu_batch
 
 namespace gpu {
 namespace {

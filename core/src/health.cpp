@@ -22,6 +22,7 @@ Health::Health(QuarantinePolicy q, Clock clock) : q_(q), clock_(std::move(clock)
 }
 
 Health::Entry& Health::entry(const std::string& peer, const std::string& backend) {
+  any_entry_.store(true, std::memory_order_release);
   return entries_[{peer, backend}];
 }
 
@@ -63,6 +64,8 @@ bool Health::fail(const std::string& peer, const std::string& backend) {
 }
 
 bool Health::succeed(const std::string& peer, const std::string& backend) {
+  // Only an entry in PROBING changes here, and one exists only after a failure.
+  if (!any_entry_.load(std::memory_order_acquire)) return false;
   std::lock_guard<std::mutex> lk(mu_);
   auto it = entries_.find({peer, backend});
   if (it == entries_.end()) return false;

@@ -52,6 +52,9 @@ class Health {
   Clock clock_;
   std::mutex mu_;
   std::map<std::pair<std::string, std::string>, Entry> entries_;
+  // Set once any entry exists: until a first failure, succeed() (once per
+  // transfer) returns without the lock and the string-pair lookup.
+  std::atomic<bool> any_entry_{false};
   std::atomic<uint64_t> generation_{0};
 };
 

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // TransferStatus: one transfer's shared, thread-safe state; the first final code sticks.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "ferry/ferry.hpp"
 
@@ -25,6 +28,45 @@ struct TransferStatus::State {
 namespace {
 bool is_final(int c) {
   return c != static_cast<int>(StatusCode::INIT) && c != static_cast<int>(StatusCode::IN_PROGRESS);
+}
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// How long Wait()/WaitFor() poll the code before they block. A blocked waiter
+// is woken through a futex, which cost 5-20 us on the GPU host (issue 19) -
+// more than a 64 KiB GPU copy takes; polling first sees a short transfer end
+// at once. FERRY_WAIT_SPIN_US sets it (0: block at once); read once.
+std::chrono::microseconds wait_spin() {
+  static const std::chrono::microseconds spin = [] {
+    const char* v = std::getenv("FERRY_WAIT_SPIN_US");
+    if (v == nullptr || *v == '\0') return std::chrono::microseconds(100);
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (end == v || *end != '\0' || n < 0) return std::chrono::microseconds(100);
+    return std::chrono::microseconds(std::min<long long>(n, 1000000));
+  }();
+  return spin;
+}
+
+// True when the code became final within `limit` (and the wait spin).
+bool spin_until_final(const std::atomic<int>& code, std::chrono::microseconds limit) {
+  const auto spin = std::min(wait_spin(), limit);
+  if (spin.count() <= 0) return false;
+  const auto until = std::chrono::steady_clock::now() + spin;
+  for (unsigned i = 1;; ++i) {
+    if (is_final(code.load(std::memory_order_acquire))) return true;
+    cpu_relax();
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::yield();  // a waiter on a busy core gives the completer its turn
+    }
+  }
 }
 }  // namespace
 
@@ -147,6 +189,7 @@ bool TransferStatus::Cancel(std::string* why) const {
 
 StatusCode TransferStatus::Wait() const {
   if (!InProgress()) return Code();
+  if (spin_until_final(state_->code, std::chrono::microseconds::max())) return Code();
   std::unique_lock<std::mutex> lk(state_->mu);
   state_->cv.wait(lk, [&] { return is_final(state_->code.load(std::memory_order_acquire)); });
   return Code();
@@ -154,6 +197,11 @@ StatusCode TransferStatus::Wait() const {
 
 bool TransferStatus::WaitFor(std::chrono::milliseconds timeout) const {
   if (!InProgress()) return true;
+  if (timeout.count() <= 0) return !InProgress();
+  if (spin_until_final(state_->code, timeout >= std::chrono::hours(1)
+                                         ? std::chrono::microseconds::max()
+                                         : std::chrono::microseconds(timeout)))
+    return true;
   std::unique_lock<std::mutex> lk(state_->mu);
   auto done = [&] { return is_final(state_->code.load(std::memory_order_acquire)); };
   if (timeout == std::chrono::milliseconds::max()) {

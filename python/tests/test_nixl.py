@@ -4,6 +4,7 @@ a hostile or careless caller does (test_connectors.py runs the connectors' seque
 import random
 import select
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -45,12 +46,15 @@ class Agents:
                                                 for o, n in rows_b], "DRAM")
         return la, lb
 
-    def finish(self, h):
-        for _ in range(100000):
+    def finish(self, h, timeout_s=60.0):
+        # Polled as the connectors poll; bounded by time, not by a count of polls
+        # (a 256 MiB transfer on a loaded machine outlasts any fixed count).
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
             s = self.a.check_xfer_state(h)
             if s != "PROC":
                 return s
-        raise AssertionError("transfer did not end")
+        raise AssertionError(f"transfer did not end within {timeout_s} s")
 
     def close(self):
         self.a.ferry_engine.close()

@@ -1,39 +1,163 @@
 // SPDX-License-Identifier: Apache-2.0
 // ferry-gpu-bench: GPU-memory transfers through ferry between two processes
-// (the target is ferry-gpu-peer, started with exec), at the sizes gpu-peer-ref
-// measures raw, so the two tables give a ratio from one run.
-//   usage: ferry-gpu-bench BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE]
+// (the target is ferry-gpu-peer, started with exec), each row beside its raw
+// reference measured in this same process and run, so the ratio comes from one
+// run on one machine state.
+//   usage: ferry-gpu-bench BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE] [--runs N]
 // A device of -1 is host memory on that side: `ferry-gpu-bench tcp -1 -1` is the
 // CPU->CPU reference for tcp's staged GPU->GPU figures in the same run.
-// Rows: WRITE and READ of one block (64 KiB .. 256 MiB), then 1024 x 16 KiB
-// scattered blocks as one batch. Data of the last iteration of each row is
-// verified (hash of the target's region vs ours).
+//
+// Rows: WRITE and READ of one block (64 KiB .. 256 MiB), notification off and
+// on, then scattered blocks as one batch (1024 x 16 KiB, 4096 x 4 KiB). Each row
+// is measured --runs times (default 5); GB/s is the median run, with the
+// slowest and fastest beside it. The raw reference (both sides GPU memory) is
+// the runtime's copy between two allocations on the same devices, each copy
+// waited for before the next ("one at a time", as a transfer API that reports
+// each completion must); for batches, the same one gather-kernel launch ferry
+// uses, waited for likewise. Where the backend reports stage times (xgmi), the
+// mean per transfer of each stage is printed: post (entry -> copies enqueued),
+// pickup (-> the completion thread watches the event), gpu (-> the event
+// fired), complete (the core's completion and notification), wake (status
+// final -> Wait() returned in this thread). Data of the last iteration of each
+// WRITE row is verified (hash of the target's region vs ours).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "child_process.h"
 #include "ferry/ferry.hpp"
+#include "gpu_runtime.h"
 #include "pattern.h"
 
 using namespace ferry;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+struct Spread {
+  double min = 0, median = 0, max = 0;
+};
+Spread spread(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v.front(), v[v.size() / 2], v.back()};
+}
+
+struct Pieces {
+  std::vector<size_t> lo, ro, sz;
+  size_t bytes() const {
+    size_t b = 0;
+    for (size_t n : sz) b += n;
+    return b;
+  }
+};
+Pieces one_block(size_t n) { return {{0}, {0}, {n}}; }
+// `count` blocks of `blk` bytes: read in a shuffled order, written to every other slot.
+Pieces scattered(size_t count, size_t blk) {
+  Pieces p;
+  for (size_t i = 0; i < count; ++i) {
+    p.lo.push_back(((i * 37) % count) * blk);
+    p.ro.push_back(i * blk * 2);
+    p.sz.push_back(blk);
+  }
+  return p;
+}
+
+// The raw reference: copies between two allocations of this process.
+class Raw {
+ public:
+  Raw(int src_dev, int dst_dev, size_t region) : g_(gpu_runtime()) {
+    a_ = static_cast<char*>(gpu::alloc(region, src_dev));
+    b_ = static_cast<char*>(gpu::alloc(region, dst_dev));
+    if (src_dev != dst_dev) {
+      g_->enable_peer_access(g_->gpu_ctx, src_dev, dst_dev);
+      g_->enable_peer_access(g_->gpu_ctx, dst_dev, src_dev);
+    }
+    g_->set_device(g_->gpu_ctx, src_dev);
+    g_->stream_create(g_->gpu_ctx, &stream_);
+  }
+  ~Raw() {
+    g_->stream_destroy(g_->gpu_ctx, stream_);
+    gpu::free(a_);
+    gpu::free(b_);
+  }
+  // GB/s of `iters` one-at-a-time rounds of the pieces (a -> b for WRITE, b -> a for READ).
+  double measure(Op op, const Pieces& p, int iters) {
+    std::vector<void*> d(p.sz.size());
+    std::vector<const void*> s(p.sz.size());
+    for (size_t i = 0; i < p.sz.size(); ++i) {
+      char* l = a_ + p.lo[i];
+      char* r = b_ + p.ro[i];
+      d[i] = op == Op::WRITE ? r : l;
+      s[i] = op == Op::WRITE ? l : r;
+    }
+    auto round = [&] {
+      int rc = p.sz.size() == 1 ? g_->memcpy_async(g_->gpu_ctx, d[0], s[0], p.sz[0], stream_)
+                                : g_->memcpy_batch_async(g_->gpu_ctx, d.data(), s.data(),
+                                                         p.sz.data(), p.sz.size(), stream_);
+      if (rc == FERRY_OK) rc = g_->stream_sync(g_->gpu_ctx, stream_);
+      if (rc != FERRY_OK) {
+        std::fprintf(stderr, "raw copy failed: %s\n", g_->last_error(g_->gpu_ctx));
+        std::exit(1);
+      }
+    };
+    for (int i = 0; i < 2; ++i) round();
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) round();
+    double s_total = std::chrono::duration<double>(Clock::now() - t0).count();
+    return static_cast<double>(p.bytes()) * iters / s_total / 1e9;
+  }
+
+ private:
+  const ferry_gpu_v1* g_;
+  char* a_ = nullptr;
+  char* b_ = nullptr;
+  void* stream_ = nullptr;
+};
+
+const char* kStages[] = {"stage_post_ns",   "stage_setup_ns", "stage_enqueue_ns",
+                         "stage_pickup_ns", "stage_gpu_ns",   "stage_complete_ns"};
+constexpr size_t kNumStages = sizeof kStages / sizeof kStages[0];
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE]\n",
+  std::vector<std::string> pos;
+  int runs = 5;
+  std::string settings, method = "auto";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
+      runs = std::max(1, std::stoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--settings") == 0 && i + 1 < argc)
+      settings = argv[++i];
+    else if (std::strcmp(argv[i], "--method") == 0 && i + 1 < argc)
+      method = argv[++i];
+    else
+      pos.emplace_back(argv[i]);
+  }
+  if (pos.empty()) {
+    std::fprintf(stderr,
+                 "usage: %s BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE] [--runs N] "
+                 "[--settings JSON] [--method auto|gather|runtime|copies]\n",
                  argv[0]);
     return 2;
   }
-  std::string backends = argv[1];
-  int idev = argc > 2 ? std::stoi(argv[2]) : 0;
-  int tdev = argc > 3 ? std::stoi(argv[3]) : (gpu::device_count() > 1 ? 1 : 0);
+  std::string backends = pos[0];
+  int idev = pos.size() > 1 ? std::stoi(pos[1]) : 0;
+  int tdev = pos.size() > 2 ? std::stoi(pos[2]) : (gpu::device_count() > 1 ? 1 : 0);
   if ((idev >= 0 || tdev >= 0) && !gpu::available()) {
     std::fprintf(stderr, "ferry-gpu-bench: no GPU runtime or device\n");
     return 2;
+  }
+  if (method != "auto") {
+    if (!gpu::available()) return 2;
+    gpu_runtime();
+    gpu_batch::set_method(method == "gather"    ? gpu_batch::Method::GATHER
+                          : method == "runtime" ? gpu_batch::Method::RUNTIME
+                                                : gpu_batch::Method::COPIES);
   }
   const size_t region = 256u << 20;
   test::ChildProcess child(
@@ -48,11 +172,14 @@ int main(int argc, char** argv) {
   }
   Engine engine("gpu-bench-initiator");
   std::stringstream bs(backends);
-  for (std::string b; std::getline(bs, b, ',');)
-    if (auto r = engine.add_backend(b); !r) {
+  std::string first_backend;
+  for (std::string b; std::getline(bs, b, ',');) {
+    if (first_backend.empty()) first_backend = b;
+    if (auto r = engine.add_backend(b, b == first_backend ? settings : std::string()); !r) {
       std::fprintf(stderr, "ferry-gpu-bench: %s\n", r.message.c_str());
       return 1;
     }
+  }
   engine.register_remote_engine(EngineDesc::unpack(test::from_hex(ehex)));
   if (child.ask("register " + test::to_hex(engine.desc().pack())) != "OK") return 1;
   MemoryDesc remote = MemoryDesc::unpack(test::from_hex(mhex));
@@ -68,71 +195,121 @@ int main(int argc, char** argv) {
   MemoryDesc local = engine.register_memory(buf, region);
   auto session = engine.create_session(local, remote);
   if (!session) return 1;
+  std::unique_ptr<Raw> raw;
+  if (idev >= 0 && tdev >= 0) raw = std::make_unique<Raw>(idev, tdev, region);
 
-  auto run = [&](Op op, const std::vector<size_t>& lo, const std::vector<size_t>& ro,
-                 const std::vector<size_t>& sz, int iters) {
-    double best_us = 1e30, total_s = 0;
+  auto stage_totals = [&] {
+    std::vector<uint64_t> v;
+    const auto st = engine.stats();
+    auto it = st.backends.find(first_backend);
+    std::vector<const char*> keys{"stage_transfers"};
+    keys.insert(keys.end(), kStages, kStages + kNumStages);
+    for (const char* k : keys) {
+      uint64_t x = 0;
+      if (it != st.backends.end())
+        if (auto p = it->second.plugin.find(k); p != it->second.plugin.end()) x = p->second;
+      v.push_back(x);
+    }
+    return v;
+  };
+  // One run: `iters` transfers, each waited for; GB/s, and the waiter's wake-up ns summed.
+  auto run_once = [&](Op op, const Pieces& p, bool notify, int iters, double* wake_ns) {
+    double total_s = 0;
     for (int i = -2; i < iters; ++i) {
       auto t0 = Clock::now();
-      TransferStatus st = lo.size() == 1
-                              ? (op == Op::WRITE ? session->write(lo[0], ro[0], sz[0], 0, false)
-                                                 : session->read(lo[0], ro[0], sz[0], 0, false))
-                              : (op == Op::WRITE ? session->batch_write(lo, ro, sz, 0, false)
-                                                 : session->batch_read(lo, ro, sz, 0, false));
+      TransferStatus st =
+          p.sz.size() == 1 ? (op == Op::WRITE ? session->write(p.lo[0], p.ro[0], p.sz[0], 0, notify)
+                                              : session->read(p.lo[0], p.ro[0], p.sz[0], 0, notify))
+                           : (op == Op::WRITE ? session->batch_write(p.lo, p.ro, p.sz, 0, notify)
+                                              : session->batch_read(p.lo, p.ro, p.sz, 0, notify));
       if (st.Wait() != StatusCode::SUCCESS) {
         std::fprintf(stderr, "transfer failed: %s\n", st.Message().c_str());
         std::exit(1);
       }
-      double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      auto t1 = Clock::now();
       if (i >= 0) {
-        total_s += s;
-        best_us = std::min(best_us, s * 1e6);
+        total_s += std::chrono::duration<double>(t1 - t0).count();
+        // Elapsed runs from the status' creation (inside the post, after t0) to its end.
+        double end_after_t0 = std::chrono::duration<double, std::nano>(st.Elapsed()).count();
+        *wake_ns +=
+            std::max(0.0, std::chrono::duration<double, std::nano>(t1 - t0).count() - end_after_t0);
       }
     }
-    size_t bytes = 0;
-    for (size_t n : sz) bytes += n;
-    return std::make_pair(static_cast<double>(bytes) * iters / total_s / 1e9, best_us);
+    return static_cast<double>(p.bytes()) * iters / total_s / 1e9;
   };
-  auto verify_write = [&](const std::vector<size_t>& lo, const std::vector<size_t>& ro,
-                          const std::vector<size_t>& sz) {
+  auto verify_write = [&](const Pieces& p) {
     std::ostringstream cmd;
-    cmd << "hash " << lo.size();
+    cmd << "hash " << p.lo.size();
     uint64_t h = test::kFnvBasis;
-    for (size_t i = 0; i < lo.size(); ++i) {
-      cmd << " " << ro[i] << " " << sz[i];
-      h = test::fnv1a(host.data() + lo[i], sz[i], h);
+    for (size_t i = 0; i < p.lo.size(); ++i) {
+      cmd << " " << p.ro[i] << " " << p.sz[i];
+      h = test::fnv1a(host.data() + p.lo[i], p.sz[i], h);
     }
     return child.ask(cmd.str()) == "HASH " + std::to_string(h);
   };
+  auto row = [&](const char* name, Op op, const Pieces& p, bool notify, int iters) {
+    std::vector<double> ferry_gbs, raw_gbs;
+    double wake = 0;
+    const auto before = stage_totals();
+    for (int r = 0; r < runs; ++r) {
+      // Alternate the reference and ferry, so both see the same machine state.
+      if (raw) raw_gbs.push_back(raw->measure(op, p, iters));
+      ferry_gbs.push_back(run_once(op, p, notify, iters, &wake));
+    }
+    const auto after = stage_totals();
+    const bool ok = op == Op::WRITE ? verify_write(p) : true;
+    Spread f = spread(ferry_gbs);
+    std::printf("%-6s %-12s %-6s %9.1f %9.1f %9.1f", op == Op::WRITE ? "WRITE" : "READ", name,
+                notify ? "on" : "off", f.median, f.min, f.max);
+    if (raw) {
+      Spread w = spread(raw_gbs);
+      std::printf(" %9.1f %6.2f", w.median, f.median / w.median);
+    } else {
+      std::printf(" %9s %6s", "-", "-");
+    }
+    const double n = static_cast<double>(runs) * iters;
+    const uint64_t counted = after[0] - before[0];
+    std::printf(" %5s ", op == Op::WRITE ? (ok ? "yes" : "NO") : "-");
+    if (counted > 0) {
+      for (size_t k = 1; k <= kNumStages; ++k)
+        std::printf(" %6.1f", static_cast<double>(after[k] - before[k]) / counted / 1e3);
+    } else {
+      for (size_t k = 0; k < kNumStages; ++k) std::printf(" %6s", "-");
+    }
+    std::printf(" %6.1f\n", wake / n / 1e3);
+    std::fflush(stdout);
+    return ok;
+  };
 
-  std::printf("ferry-gpu-bench: backends=%s device %d -> device %d (two processes)\n",
-              backends.c_str(), idev, tdev);
-  std::printf("%10s %12s %10s %12s %9s\n", "op", "bytes", "GB/s", "best us", "verified");
+  std::printf(
+      "ferry-gpu-bench: backends=%s device %d -> device %d (two processes), %d runs per row, "
+      "batch method %s, settings %s\n",
+      backends.c_str(), idev, tdev, runs, method.c_str(),
+      settings.empty() ? "{}" : settings.c_str());
+  std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %6s %6s %6s %6s %6s %6s %6s %6s\n", "op",
+              "bytes", "notify", "GB/s", "min", "max", "raw GB/s", "ratio", "ok", "post", "setup",
+              "enq", "merge", "pickup", "gpu", "compl", "wake");
+  std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %55s\n", "", "", "", "(median)", "", "",
+              "(median)", "", "", "us per transfer, mean");
+  bool all_ok = true;
   for (size_t n :
        {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20, size_t{256} << 20}) {
-    int iters = n >= (64u << 20) ? 20 : 100;
-    auto [w, wl] = run(Op::WRITE, {0}, {0}, {n}, iters);
-    bool ok = verify_write({0}, {0}, {n});
-    std::printf("%10s %12zu %10.1f %12.1f %9s\n", "WRITE", n, w, wl, ok ? "yes" : "NO");
-    auto [r, rl] = run(Op::READ, {0}, {0}, {n}, iters);
-    std::printf("%10s %12zu %10.1f %12.1f %9s\n", "READ", n, r, rl, "-");
+    const int iters = n >= (64u << 20) ? 20 : 100;
+    const std::string name = std::to_string(n);
+    for (bool notify : {false, true})
+      for (Op op : {Op::WRITE, Op::READ})
+        all_ok &= row(name.c_str(), op, one_block(n), notify, iters);
   }
-  const size_t blk = 16 << 10, count = 1024;
-  std::vector<size_t> lo(count), ro(count), sz(count, blk);
-  for (size_t i = 0; i < count; ++i) {
-    lo[i] = ((i * 37) % count) * blk;
-    ro[i] = i * blk * 2;
+  for (auto [count, blk] : {std::pair<size_t, size_t>{1024, 16 << 10}, {4096, 4 << 10}}) {
+    const std::string name = std::to_string(count) + "x" + std::to_string(blk >> 10) + "KiB";
+    for (bool notify : {false, true})
+      for (Op op : {Op::WRITE, Op::READ})
+        all_ok &= row(name.c_str(), op, scattered(count, blk), notify, 20);
   }
-  auto [bw, bl] = run(Op::WRITE, lo, ro, sz, 20);
-  bool ok = verify_write(lo, ro, sz);
-  std::printf("%10s %12s %10.1f %12.1f %9s\n", "WRITE", "1024x16KiB", bw, bl, ok ? "yes" : "NO");
-  auto [cw, cl] = run(Op::WRITE, {0}, {0}, {count * blk}, 20);
-  std::printf("%10s %12zu %10.1f %12.1f %9s   (same bytes, one block)\n", "WRITE", count * blk, cw,
-              cl, "-");
-  std::printf("batch / contiguous = %.2f\n", bw / cw);
   session.reset();
   engine.deregister_memory(local);
   child.ask("quit", 10000);
+  raw.reset();
   if (idev >= 0) gpu::free(buf);
-  return 0;
+  return all_ok ? 0 : 1;
 }

@@ -67,26 +67,23 @@ log "## CPU two-process matrix on this host (tcp), as a sanity check"
 "$build/bin/engine_process_test" > "$report/engine_process_test.log" 2>&1 || status=1
 log '```'; tail -3 "$report/engine_process_test.log" | tee -a "$report/report.md"; log '```'
 
-log "## raw reference: gpu-peer-ref (runtime async copies, no ferry)"
+log "## raw reference: gpu-peer-ref (runtime async copies and the batch call's methods, no ferry)"
 log '```'; "$build/bin/gpu-peer-ref" 2>&1 | tee -a "$report/report.md"; log '```'
-log "## ferry-gpu-bench over xgmi (two processes, same sizes)"
-log '```'; "$build/bin/ferry-gpu-bench" xgmi 2>&1 | tee -a "$report/report.md"; log '```'
+log "## ferry-gpu-bench over xgmi (two processes; each row beside the raw copy of the same run)"
+log '```'; "$build/bin/ferry-gpu-bench" xgmi 2>&1 | tee -a "$report/report.md" || status=1; log '```'
+log "### the same with every piece through the gather kernel (--method gather)"
+log '```'; "$build/bin/ferry-gpu-bench" xgmi --method gather 2>&1 | tee -a "$report/report.md" || status=1; log '```'
 log "## tcp with GPU memory staged through pinned host buffers, beside tcp CPU->CPU (same run)"
-"$build/bin/ferry-gpu-bench" tcp > "$report/tcp-gpu.txt" 2>&1 || status=1
-"$build/bin/ferry-gpu-bench" tcp -1 -1 > "$report/tcp-cpu.txt" 2>&1 || status=1
+"$build/bin/ferry-gpu-bench" tcp --runs 3 > "$report/tcp-gpu.txt" 2>&1 || status=1
+"$build/bin/ferry-gpu-bench" tcp -1 -1 --runs 3 > "$report/tcp-cpu.txt" 2>&1 || status=1
 log '```'; cat "$report/tcp-gpu.txt" "$report/tcp-cpu.txt" | tee -a "$report/report.md"; log '```'
-log "staged GPU->GPU / CPU->CPU over tcp, GB/s ratio per row:"
+log "staged GPU->GPU / CPU->CPU over tcp, median GB/s ratio per row:"
 log '```'
-awk 'NR==FNR { if ($3 ~ /^[0-9.]+$/) g[$1 " " $2] = $3; next }
-     ($3 ~ /^[0-9.]+$/) && (($1 " " $2) in g) && $3 > 0 {
-       printf "%6s %12s  gpu %6.2f  cpu %6.2f  ratio %.2f\n", $1, $2, g[$1 " " $2], $3, g[$1 " " $2] / $3 }' \
+awk 'NR==FNR { if ($4 ~ /^[0-9.]+$/) g[$1 " " $2 " " $3] = $4; next }
+     ($4 ~ /^[0-9.]+$/) && (($1 " " $2 " " $3) in g) && $4 > 0 {
+       printf "%6s %12s notify %-3s  gpu %6.2f  cpu %6.2f  ratio %.2f\n", $1, $2, $3, g[$1 " " $2 " " $3], $4, g[$1 " " $2 " " $3] / $4 }' \
   "$report/tcp-gpu.txt" "$report/tcp-cpu.txt" | tee -a "$report/report.md"
 log '```'
-if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 1 ]; then
-  log "## one GPU: both processes on device 0"
-  log '```'; "$build/bin/gpu-peer-ref" 0 0 2>&1 | tee -a "$report/report.md"
-  "$build/bin/ferry-gpu-bench" xgmi 0 0 2>&1 | tee -a "$report/report.md"; log '```'
-fi
 log "## ferry-bench --kv: a KV-cache request (64 regions x 1024 x 16 KiB, 128 blocks) VRAM -> VRAM"
 for b in xgmi tcp; do
   log "### backend $b"

@@ -124,7 +124,9 @@ class TransferStatus {
   bool InProgress() const;
   bool Succeeded() const { return Code() == StatusCode::SUCCESS; }
   bool Failed() const;
-  // Block until the transfer ends; returns its code.
+  // Block until the transfer ends; returns its code. Both waits first poll the
+  // code for up to FERRY_WAIT_SPIN_US microseconds (default 100; 0: block at
+  // once), so a short transfer's end is seen without a thread wake-up.
   StatusCode Wait() const;
   // Block at most `timeout`; returns true when the transfer has ended.
   bool WaitFor(std::chrono::milliseconds timeout) const;
