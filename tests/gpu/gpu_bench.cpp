@@ -118,7 +118,7 @@ class Raw {
   void* stream_ = nullptr;
 };
 
-const char* kStages[] = {"stage_post_ns",   "stage_setup_ns", "stage_enqueue_ns",
+const char* kStages[] = {"stage_post_ns",   "stage_setup_ns", "stage_enqueue_ns", "stage_merge_ns",
                          "stage_pickup_ns", "stage_gpu_ns",   "stage_complete_ns"};
 constexpr size_t kNumStages = sizeof kStages / sizeof kStages[0];
 
