@@ -271,40 +271,48 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, v
     if (rc != FERRY_ERR_UNSUPPORTED) return rc;
     return gpu_->memcpy_async(gpu_->gpu_ctx, dst, src, n, stream);
   }
-  // References bound once: every use of a thread_local in a shared object
-  // goes through its TLS wrapper (ran at ~15 ns per piece in the loop below).
+  // Per-thread arrays that only grow, written by index: push_back's checks and
+  // the TLS wrapper of each thread_local use cost ~16 ns a piece here (18 us for
+  // 1024 pieces, measured on the H200 host), more than the batch call itself.
   thread_local std::vector<void*> tls_dsts;
   thread_local std::vector<const void*> tls_srcs;
   thread_local std::vector<size_t> tls_sizes;
-  std::vector<void*>& dsts = tls_dsts;
-  std::vector<const void*>& srcs = tls_srcs;
-  std::vector<size_t>& sizes = tls_sizes;
-  dsts.clear();
-  srcs.clear();
-  sizes.clear();
+  std::vector<void*>& dv = tls_dsts;
+  std::vector<const void*>& sv = tls_srcs;
+  std::vector<size_t>& zv = tls_sizes;
+  if (dv.size() < x->n_iov) {
+    dv.resize(x->n_iov);
+    sv.resize(x->n_iov);
+    zv.resize(x->n_iov);
+  }
+  void** dsts = dv.data();
+  const void** srcs = sv.data();
+  size_t* sizes = zv.data();
+  char* const lbase = local.addr;
+  size_t k = 0;
   for (uint32_t i = 0; i < x->n_iov; ++i) {
     const ferry_iov_v1& v = x->iov[i];
-    char* l = local.addr + v.local_off;
+    char* l = lbase + v.local_off;
     char* r = rbase + v.remote_off;
     char* dst = write ? r : l;
     const char* src = write ? l : r;
-    if (!sizes.empty() && static_cast<char*>(dsts.back()) + sizes.back() == dst &&
-        static_cast<const char*>(srcs.back()) + sizes.back() == src) {
-      sizes.back() += v.len;
+    if (k > 0 && static_cast<char*>(dsts[k - 1]) + sizes[k - 1] == dst &&
+        static_cast<const char*>(srcs[k - 1]) + sizes[k - 1] == src) {
+      sizes[k - 1] += v.len;
       continue;
     }
-    dsts.push_back(dst);
-    srcs.push_back(src);
-    sizes.push_back(v.len);
+    dsts[k] = dst;
+    srcs[k] = src;
+    sizes[k] = v.len;
+    ++k;
   }
   *merged = Clock::now();
   int rc = FERRY_ERR_UNSUPPORTED;
-  if (sizes.size() > 1 && batch_copy_)
-    rc = gpu_->memcpy_batch_async(gpu_->gpu_ctx, dsts.data(), srcs.data(), sizes.data(),
-                                  sizes.size(), stream);
+  if (k > 1 && batch_copy_)
+    rc = gpu_->memcpy_batch_async(gpu_->gpu_ctx, dsts, srcs, sizes, k, stream);
   if (rc != FERRY_ERR_UNSUPPORTED) return rc;
   rc = FERRY_OK;
-  for (size_t i = 0; i < sizes.size() && rc == FERRY_OK; ++i)
+  for (size_t i = 0; i < k && rc == FERRY_OK; ++i)
     rc = gpu_->memcpy_async(gpu_->gpu_ctx, dsts[i], srcs[i], sizes[i], stream);
   return rc;
 }
