@@ -259,7 +259,9 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, v
                       Clock::time_point* merged) {
   const bool write = x->op == FERRY_OP_WRITE;
   if (x->n_iov == 1) {
-    // Through the batch call too: the shim picks a plain copy or its kernel by size.
+    // Through the batch call too, so the benches' --method gather can send a
+    // single block through the kernel; AUTO copies it with the runtime's copy
+    // (faster for one piece: docs/benchmarks.md).
     const ferry_iov_v1& v = x->iov[0];
     char* l = local.addr + v.local_off;
     char* r = rbase + v.remote_off;
