@@ -4,6 +4,7 @@
 // reference measured in this same process and run, so the ratio comes from one
 // run on one machine state.
 //   usage: ferry-gpu-bench BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE] [--runs N]
+//          [--settings JSON (the first backend's, on both sides)] [--method M]
 // A device of -1 is host memory on that side: `ferry-gpu-bench tcp -1 -1` is the
 // CPU->CPU reference for tcp's staged GPU->GPU figures in the same run.
 //
@@ -161,7 +162,8 @@ int main(int argc, char** argv) {
   }
   const size_t region = 256u << 20;
   test::ChildProcess child(
-      {FERRY_GPU_PEER, "gpu-bench-target", backends, std::to_string(tdev), std::to_string(region)});
+      {FERRY_GPU_PEER, "gpu-bench-target", backends, std::to_string(tdev), std::to_string(region),
+       settings});
   std::string ready = child.read_line(120000);
   std::istringstream in(ready);
   std::string word, ehex, mhex;

@@ -23,7 +23,8 @@ using namespace ferry;
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s KEY BACKEND[,BACKEND...] DEVICE REGION_BYTES\n", argv[0]);
+    std::fprintf(stderr, "usage: %s KEY BACKEND[,BACKEND...] DEVICE REGION_BYTES [SETTINGS]\n",
+                 argv[0]);
     return 2;
   }
   bench::LineChannel ch(0, 1);
@@ -32,9 +33,15 @@ int main(int argc, char** argv) {
   const size_t lead = 4096 + 256;
   try {
     Engine engine(argv[1]);
+    // SETTINGS go to the first backend, as ferry-gpu-bench's --settings on its side.
+    const std::string settings = argc > 5 ? argv[5] : "";
     std::stringstream bs(argv[2]);
-    for (std::string b; std::getline(bs, b, ',');)
-      if (auto r = engine.add_backend(b); !r) throw Error(r.code, r.message);
+    bool first = true;
+    for (std::string b; std::getline(bs, b, ',');) {
+      if (auto r = engine.add_backend(b, first ? settings : std::string()); !r)
+        throw Error(r.code, r.message);
+      first = false;
+    }
     const bool on_gpu = device >= 0;
     std::vector<uint8_t> host_region(on_gpu ? 0 : size + lead + 4096);
     uint8_t* alloc =

@@ -31,7 +31,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${extra[
   log "configure FAILED (see configure.log)"; tail -30 "$report/configure.log"; exit 1
 fi
 targets=(ferry ferry-cli ferry-tcp ferry-xgmi ferry-gpu-peer gpu_transfer_test ferry-gpu-bench gpu-peer-ref
-         engine_process_test ferry-test-peer ferry-bench ferry-plugin-check)
+         engine_process_test ferry-test-peer ferry-bench ferry-plugin-check same_host_probe)
 
 grep -q "ferry_python" "$build/build.ninja" 2>/dev/null && targets+=(ferry_python ferry_python_files)
 if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$report/build.log" 2>&1; then
@@ -84,6 +84,17 @@ awk 'NR==FNR { if ($4 ~ /^[0-9.]+$/) g[$1 " " $2 " " $3] = $4; next }
        printf "%6s %12s notify %-3s  gpu %6.2f  cpu %6.2f  ratio %.2f\n", $1, $2, $3, g[$1 " " $2 " " $3], $4, g[$1 " " $2 " " $3] / $4 }' \
   "$report/tcp-gpu.txt" "$report/tcp-cpu.txt" | tee -a "$report/report.md"
 log '```'
+log "## same-host CPU -> CPU: the raw references beside tcp (issue 19, item 4)"
+log "same_host_probe: memcpy one thread; process_vm_readv pulled by the target; a polled shared ring"
+log '```'; "$build/bin/same_host_probe" --threads 1,4 2>&1 | tee -a "$report/report.md"; log '```'
+for op in WRITE READ; do
+  log "### ferry-bench tcp $op, CPU -> CPU, two processes"
+  log '```'
+  "$build/bin/ferry-bench" --backend tcp --no-progress --op $op --start-block-size 4KiB \
+    --max-block-size 64MiB --block-multiplier 16 --num-iter 64 --large-block-iter-factor 2 \
+    --warmup-iter 4 2>&1 | tee -a "$report/report.md" || status=1
+  log '```'
+done
 log "## ferry-bench --kv: a KV-cache request (64 regions x 1024 x 16 KiB, 128 blocks) VRAM -> VRAM"
 for b in xgmi tcp; do
   log "### backend $b"
