@@ -39,9 +39,12 @@ size_t parse_size(const std::string& s) {
   char* end = nullptr;
   unsigned long long v = std::strtoull(s.c_str(), &end, 10);
   const std::string u = end ? end : "";
-  if (u == "K" || u == "KiB") v <<= 10;
-  else if (u == "M" || u == "MiB") v <<= 20;
-  else if (!u.empty() && u != "B") return 0;
+  if (u == "K" || u == "KiB")
+    v <<= 10;
+  else if (u == "M" || u == "MiB")
+    v <<= 20;
+  else if (!u.empty() && u != "B")
+    return 0;
   return static_cast<size_t>(v);
 }
 
@@ -70,7 +73,7 @@ constexpr int kMaxThreads = 16;
 
 // One ring per thread pair; head and tail on their own cache lines.
 struct alignas(64) RingIndex {
-  std::atomic<uint64_t> head{0};  // slots filled by the initiator
+  std::atomic<uint64_t> head{0};              // slots filled by the initiator
   alignas(64) std::atomic<uint64_t> tail{0};  // slots emptied by the target
 };
 
@@ -135,15 +138,16 @@ void target_thread(Control* c, const Config& cfg, int t, uint8_t* src_in_parent,
   }
 }
 
-void initiator_thread(Control* c, const Config& cfg, int t, int n, size_t bytes,
-                      const uint8_t* src, uint8_t* ring) {
+void initiator_thread(Control* c, const Config& cfg, int t, int n, size_t bytes, const uint8_t* src,
+                      uint8_t* ring) {
   size_t off, len;
   slice(bytes, t, n, &off, &len);
   RingIndex& ri = c->ring[t];
   uint8_t* slots = ring + static_cast<size_t>(t) * cfg.slot * cfg.slots;
   uint64_t head = ri.head.load();
   for (size_t put = 0; put < len;) {
-    while (head - ri.tail.load(std::memory_order_acquire) >= static_cast<uint64_t>(cfg.slots)) relax();
+    while (head - ri.tail.load(std::memory_order_acquire) >= static_cast<uint64_t>(cfg.slots))
+      relax();
     const size_t take = std::min(cfg.slot, len - put);
     std::memcpy(slots + (head % cfg.slots) * cfg.slot, src + off + put, take);
     put += take;
@@ -225,8 +229,8 @@ int main(int argc, char** argv) {
   c->parent = getpid();
   c->target_threads = *std::max_element(threads.begin(), threads.end());
   auto* src = static_cast<uint8_t*>(map(cfg.max_bytes, false));
-  auto* ring = static_cast<uint8_t*>(
-      map(cfg.slot * static_cast<size_t>(cfg.slots) * static_cast<size_t>(c->target_threads), true));
+  auto* ring = static_cast<uint8_t*>(map(
+      cfg.slot * static_cast<size_t>(cfg.slots) * static_cast<size_t>(c->target_threads), true));
 
   const pid_t child = fork();
   if (child < 0) {
@@ -236,7 +240,8 @@ int main(int argc, char** argv) {
   if (child == 0) {
     auto* dst = static_cast<uint8_t*>(map(cfg.max_bytes, false));
     std::vector<std::thread> th;
-    for (int t = 0; t < c->target_threads; ++t) th.emplace_back(target_thread, c, cfg, t, src, dst, ring);
+    for (int t = 0; t < c->target_threads; ++t)
+      th.emplace_back(target_thread, c, cfg, t, src, dst, ring);
     for (auto& x : th) x.join();
     _exit(0);
   }

@@ -161,9 +161,8 @@ int main(int argc, char** argv) {
                                                 : gpu_batch::Method::COPIES);
   }
   const size_t region = 256u << 20;
-  test::ChildProcess child(
-      {FERRY_GPU_PEER, "gpu-bench-target", backends, std::to_string(tdev), std::to_string(region),
-       settings});
+  test::ChildProcess child({FERRY_GPU_PEER, "gpu-bench-target", backends, std::to_string(tdev),
+                            std::to_string(region), settings});
   std::string ready = child.read_line(120000);
   std::istringstream in(ready);
   std::string word, ehex, mhex;
