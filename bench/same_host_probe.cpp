@@ -12,6 +12,8 @@
 //   ring xT     T pairs of threads stream through a shared ring of SLOT-byte
 //               slots (the initiator copies in, the target copies out, both
 //               polling: two copies, overlapped, no system call)
+//   lane ring   the tcp plugin's same-host byte ring (plugins/tcp/shm_ring.h,
+//               1 MiB, sealed memfd, poll then futex): one writer, one reader
 // Only the copy is timed: a request's round trip is not (ferry-bench has it).
 //   usage: same_host_probe [--threads 1,4] [--slot 256KiB] [--slots 4]
 //                          [--reps 30] [SIZE...]
@@ -30,6 +32,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "shm_ring.h"
+#include "socket_util.h"
 
 namespace {
 
@@ -80,15 +85,19 @@ struct alignas(64) RingIndex {
 // Lives in shared memory, created before the fork.
 struct Control {
   std::atomic<uint64_t> generation{0};  // the parent starts a round by raising it
-  std::atomic<int> mode{0};             // 1 cma, 2 ring, 3 quit
+  std::atomic<int> mode{0};             // 1 cma, 2 ring, 3 lane ring, 9 quit
   std::atomic<int> threads{1};
   int target_threads = 1;  // how many the child runs (the most any row asks for)
   std::atomic<uint64_t> bytes{0};
-  std::atomic<int> done{0};  // target threads finished this round
-  std::atomic<int> failed{0};
+  std::atomic<int> done{0};         // target threads finished this round
+  std::atomic<int> failed{0};       // cma: process_vm_readv's errno
+  std::atomic<int> lane_failed{0};  // the lane ring: its error
   pid_t parent = 0;
   RingIndex ring[kMaxThreads];
 };
+
+// The lane ring's two ends: the parent writes, the child reads.
+ferry_tcp::shm::Ring* g_lane = nullptr;
 
 struct Config {
   size_t slot = 256 << 10;
@@ -111,7 +120,7 @@ void target_thread(Control* c, const Config& cfg, int t, uint8_t* src_in_parent,
     while ((g = c->generation.load(std::memory_order_acquire)) == seen) idle();
     seen = g;
     const int mode = c->mode.load();
-    if (mode == 3) return;
+    if (mode == 9) return;
     const int n = c->threads.load();
     if (t < n) {
       size_t off, len;
@@ -121,6 +130,10 @@ void target_thread(Control* c, const Config& cfg, int t, uint8_t* src_in_parent,
         if (process_vm_readv(c->parent, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(len)) {
           c->failed.store(errno == 0 ? -1 : errno);
         }
+      } else if (mode == 3 && t == 0) {
+        size_t got = 0;
+        const int err = g_lane->Read(dst, c->bytes.load(), &got, std::chrono::seconds(10), -1);
+        if (err != 0) c->lane_failed.store(err);
       } else if (mode == 2) {
         RingIndex& ri = c->ring[t];
         uint8_t* slots = ring + static_cast<size_t>(t) * cfg.slot * cfg.slots;
@@ -169,6 +182,11 @@ double round_trip(Control* c, const Config& cfg, int mode, int n, size_t bytes, 
     for (int t = 1; t < n; ++t) th.emplace_back(initiator_thread, c, cfg, t, n, bytes, src, ring);
     initiator_thread(c, cfg, 0, n, bytes, src, ring);
     for (auto& x : th) x.join();
+  } else if (mode == 3) {
+    iovec v{const_cast<uint8_t*>(src), bytes};
+    size_t progress = 0;
+    if (const int err = g_lane->Write(&v, 1, &progress, std::chrono::seconds(10), -1); err != 0)
+      c->lane_failed.store(err);
   }
   while (c->done.load(std::memory_order_acquire) < c->target_threads) idle();
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -232,6 +250,13 @@ int main(int argc, char** argv) {
   auto* ring = static_cast<uint8_t*>(map(
       cfg.slot * static_cast<size_t>(cfg.slots) * static_cast<size_t>(c->target_threads), true));
 
+  std::string why;
+  ferry_tcp::shm::Ring lane = ferry_tcp::shm::Ring::Create(1 << 20, &why);
+  if (!lane.ok()) {
+    std::fprintf(stderr, "same_host_probe: %s\n", why.c_str());
+    return 1;
+  }
+  const int lane_fd = dup(lane.fd());
   const pid_t child = fork();
   if (child < 0) {
     std::perror("same_host_probe: fork");
@@ -239,6 +264,9 @@ int main(int argc, char** argv) {
   }
   if (child == 0) {
     auto* dst = static_cast<uint8_t*>(map(cfg.max_bytes, false));
+    ferry_tcp::shm::Ring reader = ferry_tcp::shm::Ring::Attach(lane_fd, &why);
+    if (!reader.ok()) _exit(3);
+    g_lane = &reader;
     std::vector<std::thread> th;
     for (int t = 0; t < c->target_threads; ++t)
       th.emplace_back(target_thread, c, cfg, t, src, dst, ring);
@@ -246,12 +274,14 @@ int main(int argc, char** argv) {
     _exit(0);
   }
 
+  ::close(lane_fd);
+  g_lane = &lane;
   auto* local_dst = static_cast<uint8_t*>(map(cfg.max_bytes, false));
   std::printf("# same_host_probe: median GB/s (1e9 B/s) of %d reps; ring slots %d x %zu B\n", reps,
               cfg.slots, cfg.slot);
   std::printf("%12s %10s", "bytes", "memcpy");
   for (int t : threads) std::printf("   cma x%-2d ratio  ring x%-2d ratio", t, t);
-  std::printf("\n");
+  std::printf("  lane ring ratio\n");
   for (size_t bytes : sizes) {
     std::vector<double> mc;
     for (int r = 0; r < reps + 2; ++r) {
@@ -277,6 +307,15 @@ int main(int argc, char** argv) {
         }
       }
     }
+    {
+      std::vector<double> s;
+      for (int r = 0; r < reps + 2; ++r) {
+        const double sec = round_trip(c, cfg, 3, 1, bytes, src, ring);
+        if (r >= 2) s.push_back(sec);
+      }
+      const double gbs = static_cast<double>(bytes) / median(s) / 1e9;
+      std::printf("   %9.2f %5.2f", gbs, gbs / ref);
+    }
     std::printf("\n");
     std::fflush(stdout);
   }
@@ -284,7 +323,11 @@ int main(int argc, char** argv) {
     std::printf("# cma: process_vm_readv failed (%s): no ptrace rights between the processes\n",
                 std::strerror(c->failed.load()));
   }
-  c->mode.store(3);
+  if (c->lane_failed.load() != 0) {
+    std::printf("# lane ring FAILED: %s\n",
+                ferry_tcp::IoErrorString(c->lane_failed.load()).c_str());
+  }
+  c->mode.store(9);
   c->generation.fetch_add(1);
   int st = 0;
   waitpid(child, &st, 0);

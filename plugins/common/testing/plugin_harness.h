@@ -55,6 +55,21 @@ inline size_t CountEntries(const char* dir) {
   return n;
 }
 
+// CountEntries once it has come down to `want`, or what it is after `limit`.
+// A joined thread can stay listed in /proc/self/task a moment after
+// pthread_join returns (the kernel reaps the task after it clears its tid), and
+// a busy host stretches that moment: a leak is a count that never comes back.
+inline size_t CountEntriesSettled(const char* dir, size_t want,
+                                  std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  size_t n = CountEntries(dir);
+  while (n > want && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+    n = CountEntries(dir);
+  }
+  return n;
+}
+
 // CPU time this process spends during `window`: idle plugin threads must block.
 inline double CpuMsOver(std::chrono::milliseconds window) {
   timespec c0{}, c1{};

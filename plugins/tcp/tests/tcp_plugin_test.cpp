@@ -956,7 +956,7 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
     ops.mem_release(a.ctx(), remote);
   }
   EXPECT_EQ(CountEntries("/proc/self/fd"), fds);
-  EXPECT_EQ(CountEntries("/proc/self/task"), threads);
+  EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads), threads);
 }
 
 TEST(TcpPerf, DISABLED_Bandwidth) {

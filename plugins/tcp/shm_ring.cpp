@@ -1,0 +1,331 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "shm_ring.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "socket_util.h"
+
+namespace ferry_tcp::shm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kMagic = 0x46525347;  // "FRSG"
+constexpr uint32_t kVersion = 1;
+// The control block's share of the segment; the ring's bytes follow it.
+constexpr size_t kControlBytes = 4096;
+// Each copy publishes at most this much, so the peer starts on a large write
+// while its tail is still being copied in.
+constexpr uint64_t kPublishBytes = 256 << 10;
+// A Wait predicate's "not yet" (every other answer is returned as is).
+constexpr int kNotYet = INT_MIN;
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Shared (not FUTEX_PRIVATE): the other process waits on the same word.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds d) {
+  timespec ts{static_cast<time_t>(d.count() / 1000000000),
+              static_cast<long>(d.count() % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// The lane's socket carries nothing once the lane is up: anything to read, a
+// hang-up or an error on it all mean the peer has gone.
+bool PeerGone(int liveness_fd) {
+  if (liveness_fd < 0) return false;
+  pollfd p{liveness_fd, POLLIN | POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+bool PowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+}  // namespace
+
+// At offset 0 of the segment. Each index is written by one side only and
+// lives on its own cache line, so the two ends do not share a written line.
+struct Ring::Control {
+  uint32_t magic = kMagic;
+  uint32_t version = kVersion;
+  uint64_t capacity = 0;
+  alignas(64) std::atomic<uint64_t> head{0};  // bytes ever written (the producer's)
+  std::atomic<uint32_t> data_seq{0};          // futex: bumped when bytes arrive for a sleeper
+  std::atomic<uint32_t> reader_sleeping{0};
+  alignas(64) std::atomic<uint64_t> tail{0};  // bytes ever read (the consumer's)
+  std::atomic<uint32_t> space_seq{0};         // futex: bumped when room appears for a sleeper
+  std::atomic<uint32_t> writer_sleeping{0};
+  alignas(64) std::atomic<uint32_t> closed{0};
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
+              "the ring's indices are shared between processes: they must be lock-free");
+
+Ring::Ring(int fd, void* map, size_t map_bytes, uint64_t capacity)
+    : fd_(fd),
+      map_(map),
+      map_bytes_(map_bytes),
+      ctl_(static_cast<Control*>(map)),
+      data_(static_cast<uint8_t*>(map) + kControlBytes),
+      capacity_(capacity) {}
+
+Ring::~Ring() { Release(); }
+
+Ring::Ring(Ring&& o) noexcept { *this = std::move(o); }
+
+Ring& Ring::operator=(Ring&& o) noexcept {
+  if (this == &o) return *this;
+  Release();
+  waiting = o.waiting;
+  fd_ = std::exchange(o.fd_, -1);
+  map_ = std::exchange(o.map_, nullptr);
+  map_bytes_ = std::exchange(o.map_bytes_, 0);
+  ctl_ = std::exchange(o.ctl_, nullptr);
+  data_ = std::exchange(o.data_, nullptr);
+  capacity_ = std::exchange(o.capacity_, 0);
+  head_ = std::exchange(o.head_, 0);
+  tail_ = std::exchange(o.tail_, 0);
+  return *this;
+}
+
+void Ring::Release() {
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+  map_ = nullptr;
+  ctl_ = nullptr;
+  data_ = nullptr;
+  fd_ = -1;
+}
+
+Ring Ring::Create(uint64_t capacity, std::string* why) {
+  static_assert(sizeof(Control) <= kControlBytes);
+  if (!PowerOfTwo(capacity) || capacity < kMinCapacity || capacity > kMaxCapacity) {
+    *why = "shared ring: capacity must be a power of two in 64KiB..64MiB";
+    return {};
+  }
+  const int fd = memfd_create("ferry-tcp-lane", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    *why = Errno("shared ring: memfd_create");
+    return {};
+  }
+  const size_t bytes = kControlBytes + capacity;
+  // Sealed before the peer sees it: neither side can shrink what the other mapped.
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    *why = Errno("shared ring: sizing and sealing the segment");
+    ::close(fd);
+    return {};
+  }
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    *why = Errno("shared ring: mmap");
+    ::close(fd);
+    return {};
+  }
+  auto* ctl = new (map) Control();
+  ctl->capacity = capacity;
+  return Ring(fd, map, bytes, capacity);
+}
+
+Ring Ring::Attach(int fd, std::string* why) {
+  auto refuse = [&](std::string msg) {
+    *why = "shared ring from the peer refused: " + std::move(msg);
+    if (fd >= 0) ::close(fd);
+    return Ring();
+  };
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    return refuse("not a sealable memory file (" + std::string(std::strerror(errno)) + ")");
+  if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    return refuse("not sealed against shrinking and growing");
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return refuse(Errno("fstat"));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint64_t capacity = size > kControlBytes ? size - kControlBytes : 0;
+  if (!PowerOfTwo(capacity) || capacity < kMinCapacity || capacity > kMaxCapacity) {
+    return refuse("size " + std::to_string(size) +
+                  " is not a control block and a ring of 64KiB..64MiB");
+  }
+  void* map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return refuse(Errno("mmap"));
+  const auto* ctl = static_cast<const Control*>(map);
+  if (ctl->magic != kMagic || ctl->version != kVersion || ctl->capacity != capacity) {
+    munmap(map, size);
+    return refuse("bad magic, version or capacity in its control block");
+  }
+  Ring r(fd, map, size, capacity);
+  // Where the ring stands now; from here on each side trusts only its own index.
+  r.head_ = r.ctl_->head.load(std::memory_order_acquire);
+  r.tail_ = r.ctl_->tail.load(std::memory_order_acquire);
+  if (r.head_ < r.tail_ || r.head_ - r.tail_ > capacity) {
+    *why = "shared ring from the peer refused: corrupt indices";
+    return Ring();
+  }
+  return r;
+}
+
+template <typename Ready>
+int Ring::Wait(Ready ready, std::atomic<uint32_t>* seq, std::atomic<uint32_t>* sleeping,
+               std::chrono::milliseconds timeout, int liveness_fd) {
+  const bool forever = timeout.count() == 0;
+  auto deadline = Clock::now() + timeout;
+  auto spin_until = Clock::now() + waiting.spin;
+  for (;;) {
+    if (const int r = ready(); r != kNotYet) return r;
+    const auto now = Clock::now();
+    if (!forever && now >= deadline) return ETIMEDOUT;
+    if (now < spin_until) {
+      CpuRelax();
+      continue;
+    }
+    // Announce the sleep, then look once more: the peer either sees the flag
+    // (and wakes us) or published before we looked (and we do not sleep).
+    sleeping->store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint32_t s = seq->load(std::memory_order_relaxed);
+    if (const int r = ready(); r != kNotYet) {
+      sleeping->store(0, std::memory_order_relaxed);
+      return r;
+    }
+    std::chrono::nanoseconds slice = waiting.liveness_every;
+    if (!forever) slice = std::min<std::chrono::nanoseconds>(slice, deadline - now);
+    FutexWait(seq, s, slice);
+    sleeping->store(0, std::memory_order_relaxed);
+    if (seq->load(std::memory_order_relaxed) != s) {
+      // Woken by the peer: a burst usually follows, so poll again first.
+      spin_until = Clock::now() + waiting.spin;
+    } else if (PeerGone(liveness_fd)) {
+      return EPIPE;
+    }
+  }
+}
+
+int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milliseconds timeout,
+                int liveness_fd) {
+  if (ctl_ == nullptr) return EBADF;
+  // Find where *progress left off.
+  size_t idx = 0, off = *progress;
+  while (idx < n && off >= iov[idx].iov_len) off -= iov[idx++].iov_len;
+  const uint64_t mask = capacity_ - 1;
+  uint64_t space = 0;
+  auto room = [&]() -> int {
+    const uint64_t tail = ctl_->tail.load(std::memory_order_acquire);
+    if (tail > head_ || head_ - tail > capacity_) return EPROTO;
+    if (ctl_->closed.load(std::memory_order_acquire) != 0) return EPIPE;
+    space = capacity_ - (head_ - tail);
+    return space > 0 ? 0 : kNotYet;
+  };
+  while (idx < n) {
+    int r = room();
+    if (r == kNotYet) {
+      if (timeout.count() == 0) return EAGAIN;
+      r = Wait(room, &ctl_->space_seq, &ctl_->writer_sleeping, timeout, liveness_fd);
+    }
+    if (r != 0) return r;
+    uint64_t k = std::min(space, kPublishBytes);
+    for (uint64_t done = 0; done < k && idx < n;) {
+      const uint64_t pos = (head_ + done) & mask;
+      const uint64_t take =
+          std::min({k - done, static_cast<uint64_t>(iov[idx].iov_len - off), capacity_ - pos});
+      std::memcpy(data_ + pos, static_cast<const uint8_t*>(iov[idx].iov_base) + off, take);
+      done += take;
+      off += take;
+      if (off == iov[idx].iov_len) {
+        ++idx;
+        off = 0;
+      }
+      if (idx == n) k = done;
+    }
+    head_ += k;
+    *progress += k;
+    ctl_->head.store(head_, std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (ctl_->reader_sleeping.load(std::memory_order_relaxed) != 0) {
+      ctl_->data_seq.fetch_add(1, std::memory_order_relaxed);
+      FutexWake(&ctl_->data_seq);
+    }
+  }
+  return 0;
+}
+
+uint64_t Ring::Readable() const {
+  if (ctl_ == nullptr) return 0;
+  const uint64_t head = ctl_->head.load(std::memory_order_acquire);
+  return head < tail_ || head - tail_ > capacity_ ? 0 : head - tail_;
+}
+
+int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds timeout,
+               int liveness_fd) {
+  if (ctl_ == nullptr) return EBADF;
+  const uint64_t mask = capacity_ - 1;
+  uint64_t avail = 0;
+  auto bytes = [&]() -> int {
+    const uint64_t head = ctl_->head.load(std::memory_order_acquire);
+    if (head < tail_ || head - tail_ > capacity_) return EPROTO;
+    avail = head - tail_;
+    if (avail > 0) return 0;
+    if (ctl_->closed.load(std::memory_order_acquire) == 0) return kNotYet;
+    // Closed: whatever was written before the close is still ours to read.
+    const uint64_t last = ctl_->head.load(std::memory_order_acquire);
+    if (last < tail_ || last - tail_ > capacity_) return EPROTO;
+    avail = last - tail_;
+    return avail > 0 ? 0 : kEof;
+  };
+  auto* out = static_cast<uint8_t*>(buf);
+  *got = 0;
+  while (*got < len) {
+    int r = bytes();
+    if (r == kNotYet)
+      r = Wait(bytes, &ctl_->data_seq, &ctl_->reader_sleeping, timeout, liveness_fd);
+    if (r != 0) return r;
+    const uint64_t k = std::min({avail, static_cast<uint64_t>(len - *got), kPublishBytes});
+    const uint64_t pos = tail_ & mask;
+    const uint64_t first = std::min(k, capacity_ - pos);
+    std::memcpy(out + *got, data_ + pos, first);
+    std::memcpy(out + *got + first, data_, k - first);
+    tail_ += k;
+    *got += k;
+    ctl_->tail.store(tail_, std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (ctl_->writer_sleeping.load(std::memory_order_relaxed) != 0) {
+      ctl_->space_seq.fetch_add(1, std::memory_order_relaxed);
+      FutexWake(&ctl_->space_seq);
+    }
+  }
+  return 0;
+}
+
+void Ring::Close() {
+  if (ctl_ == nullptr) return;
+  ctl_->closed.store(1, std::memory_order_release);
+  ctl_->data_seq.fetch_add(1, std::memory_order_acq_rel);
+  ctl_->space_seq.fetch_add(1, std::memory_order_acq_rel);
+  FutexWake(&ctl_->data_seq);
+  FutexWake(&ctl_->space_seq);
+}
+
+}  // namespace ferry_tcp::shm

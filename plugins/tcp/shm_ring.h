@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+// A byte stream between two processes of one host through shared memory: one
+// direction of a same-host lane (docs/benchmarks.md, "Same-host CPU -> CPU":
+// on the GPU host a loopback frame's round trips cost 47-435 us where copying
+// its bytes costs 60-100 us, and a polled ring has no system call per frame).
+// The lanes do not use it yet: this is the byte stream they will run over
+// when both engines share a host (issue 19, item 4); same_host_probe measures it.
+//
+// A Ring is a single-producer, single-consumer byte ring in a memfd that its
+// creator sealed against shrinking and growing before sharing it, so the peer
+// can never make a mapped page vanish under us (no SIGBUS). Both ends poll
+// while busy and sleep on a futex in the segment when idle: an idle lane
+// costs no CPU. The peer is not trusted: every index it publishes is checked
+// (a corrupt one is EPROTO, never an access outside the ring), and a peer that
+// dies without closing is noticed through a liveness descriptor - the lane's
+// socket, which carries nothing once the lane is up, so any readable event or
+// hang-up on it means the peer is gone.
+//
+// Errors follow socket_util.h: 0 = done, kEof = the peer closed its end and
+// every byte it wrote has been read, otherwise an errno value (EAGAIN,
+// ETIMEDOUT, EPIPE: the peer is gone, EPROTO: it broke the ring's rules).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ferry_tcp::shm {
+
+// The ring's bytes: a power of two in [kMinCapacity, kMaxCapacity].
+inline constexpr uint64_t kMinCapacity = 64 << 10;
+inline constexpr uint64_t kMaxCapacity = 64ull << 20;
+
+struct Waiting {
+  // Poll this long before sleeping on the futex.
+  std::chrono::microseconds spin{50};
+  // While asleep, look at the liveness descriptor this often.
+  std::chrono::milliseconds liveness_every{100};
+};
+
+class Ring {
+ public:
+  // A new sealed segment of `capacity` bytes (plus its control block), mapped.
+  // Invalid (ok() false) with *why on failure. Share fd() with the peer
+  // (SCM_RIGHTS, or inheritance), which calls Attach.
+  static Ring Create(uint64_t capacity, std::string* why);
+  // Maps a segment a peer created, after checking what a hostile peer could
+  // get wrong: a memfd sealed against shrink and grow, a size that is a
+  // control block plus a power-of-two capacity, the magic and version. Takes
+  // ownership of fd (closed on failure too).
+  static Ring Attach(int fd, std::string* why);
+
+  Ring() = default;
+  ~Ring();
+  Ring(Ring&& o) noexcept;
+  Ring& operator=(Ring&& o) noexcept;
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+
+  bool ok() const { return ctl_ != nullptr; }
+  int fd() const { return fd_; }
+  uint64_t capacity() const { return capacity_; }
+
+  // The producer's end. Writes iov[0..n) from `*progress` bytes in, advancing
+  // it. While the ring is full it waits, ETIMEDOUT after `timeout` without room
+  // (as SO_SNDTIMEO: per stall, not for the whole write); a timeout of 0 does
+  // not wait at all: EAGAIN once full, *progress saying how far it got.
+  int Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milliseconds timeout,
+            int liveness_fd);
+  // The consumer's end: exactly len bytes, *got saying how many arrived (an
+  // idle stream and a stalled frame differ by it). ETIMEDOUT after `timeout`
+  // without a byte, per stall; 0 = wait as long as the peer lives. kEof once
+  // the peer closed and every byte before its close was read.
+  int Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds timeout, int liveness_fd);
+  // Bytes readable now (0 after a corrupt index: the next Read says EPROTO).
+  uint64_t Readable() const;
+
+  // Either end: no more bytes from this side; wakes the peer. Idempotent.
+  void Close();
+
+  Waiting waiting;
+
+ private:
+  struct Control;
+  Ring(int fd, void* map, size_t map_bytes, uint64_t capacity);
+  // Until ready() or the deadline or the peer's end: polls, then sleeps on *seq.
+  template <typename Ready>
+  int Wait(Ready ready, std::atomic<uint32_t>* seq, std::atomic<uint32_t>* sleeping,
+           std::chrono::milliseconds timeout, int liveness_fd);
+  void Release();
+
+  int fd_ = -1;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  Control* ctl_ = nullptr;
+  uint8_t* data_ = nullptr;
+  uint64_t capacity_ = 0;
+  // This side's own index (the producer's head, the consumer's tail): the
+  // peer's copy in the segment is published, never read back.
+  uint64_t head_ = 0;
+  uint64_t tail_ = 0;
+};
+
+}  // namespace ferry_tcp::shm
