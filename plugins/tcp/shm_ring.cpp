@@ -60,6 +60,19 @@ bool PeerGone(int liveness_fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
+// Makes a new index visible, then wakes the peer if it announced a sleep. The
+// fence pairs with the one in Ring::Wait: either the sleeper sees the index or
+// this side sees its flag.
+void Publish(std::atomic<uint64_t>* index, uint64_t value, std::atomic<uint32_t>* sleeping,
+             std::atomic<uint32_t>* seq) {
+  index->store(value, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleeping->load(std::memory_order_relaxed) != 0) {
+    seq->fetch_add(1, std::memory_order_relaxed);
+    FutexWake(seq);
+  }
+}
+
 bool PowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
@@ -262,12 +275,7 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
     }
     head_ += k;
     *progress += k;
-    ctl_->head.store(head_, std::memory_order_release);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (ctl_->reader_sleeping.load(std::memory_order_relaxed) != 0) {
-      ctl_->data_seq.fetch_add(1, std::memory_order_relaxed);
-      FutexWake(&ctl_->data_seq);
-    }
+    Publish(&ctl_->head, head_, &ctl_->reader_sleeping, &ctl_->data_seq);
   }
   return 0;
 }
@@ -309,12 +317,7 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
     std::memcpy(out + *got + first, data_, k - first);
     tail_ += k;
     *got += k;
-    ctl_->tail.store(tail_, std::memory_order_release);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (ctl_->writer_sleeping.load(std::memory_order_relaxed) != 0) {
-      ctl_->space_seq.fetch_add(1, std::memory_order_relaxed);
-      FutexWake(&ctl_->space_seq);
-    }
+    Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, &ctl_->space_seq);
   }
   return 0;
 }
