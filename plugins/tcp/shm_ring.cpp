@@ -60,14 +60,15 @@ bool PeerGone(int liveness_fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
-// Makes a new index visible, then wakes the peer if it announced a sleep. The
-// fence pairs with the one in Ring::Wait: either the sleeper sees the index or
-// this side sees its flag.
+// Makes a new index visible, then wakes the peer if it announced a sleep.
+// Both this store and load and the sleeper's flag store and index load
+// (Ring::Wait) are seq_cst, so they fall in one order: either the sleeper sees
+// the index or this side sees its flag. (Operations, not fences: GCC's TSan
+// does not model atomic_thread_fence and refuses to build it.)
 void Publish(std::atomic<uint64_t>* index, uint64_t value, std::atomic<uint32_t>* sleeping,
              std::atomic<uint32_t>* seq) {
-  index->store(value, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (sleeping->load(std::memory_order_relaxed) != 0) {
+  index->store(value, std::memory_order_seq_cst);
+  if (sleeping->load(std::memory_order_seq_cst) != 0) {
     seq->fetch_add(1, std::memory_order_relaxed);
     FutexWake(seq);
   }
@@ -217,9 +218,8 @@ int Ring::Wait(Ready ready, std::atomic<uint32_t>* seq, std::atomic<uint32_t>* s
     }
     // Announce the sleep, then look once more: the peer either sees the flag
     // (and wakes us) or published before we looked (and we do not sleep).
-    sleeping->store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    const uint32_t s = seq->load(std::memory_order_relaxed);
+    sleeping->store(1, std::memory_order_seq_cst);
+    const uint32_t s = seq->load(std::memory_order_seq_cst);
     if (const int r = ready(); r != kNotYet) {
       sleeping->store(0, std::memory_order_relaxed);
       return r;
@@ -246,7 +246,7 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
   const uint64_t mask = capacity_ - 1;
   uint64_t space = 0;
   auto room = [&]() -> int {
-    const uint64_t tail = ctl_->tail.load(std::memory_order_acquire);
+    const uint64_t tail = ctl_->tail.load(std::memory_order_seq_cst);  // pairs with Publish
     if (tail > head_ || head_ - tail > capacity_) return EPROTO;
     if (ctl_->closed.load(std::memory_order_acquire) != 0) return EPIPE;
     space = capacity_ - (head_ - tail);
@@ -292,7 +292,7 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
   const uint64_t mask = capacity_ - 1;
   uint64_t avail = 0;
   auto bytes = [&]() -> int {
-    const uint64_t head = ctl_->head.load(std::memory_order_acquire);
+    const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);  // pairs with Publish
     if (head < tail_ || head - tail_ > capacity_) return EPROTO;
     avail = head - tail_;
     if (avail > 0) return 0;

@@ -91,7 +91,7 @@ for op in WRITE READ; do
   log "### ferry-bench tcp $op, CPU -> CPU, two processes"
   log '```'
   "$build/bin/ferry-bench" --backend tcp --no-progress --op $op --start-block-size 4KiB \
-    --max-block-size 64MiB --block-multiplier 16 --num-iter 64 --large-block-iter-factor 2 \
+    --max-block-size 64MiB --block-multiplier 4 --num-iter 64 --large-block-iter-factor 2 \
     --warmup-iter 4 2>&1 | tee -a "$report/report.md" || status=1
   log '```'
 done
