@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/plugin_kit.hpp"
 #include "shm_ring.h"
 #include "socket_util.h"
 
@@ -40,17 +41,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// ferry's one size grammar (4096, 64KiB, 1MiB, ...); 0 for anything else.
 size_t parse_size(const std::string& s) {
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  const std::string u = end ? end : "";
-  if (u == "K" || u == "KiB")
-    v <<= 10;
-  else if (u == "M" || u == "MiB")
-    v <<= 20;
-  else if (!u.empty() && u != "B")
-    return 0;
-  return static_cast<size_t>(v);
+  return static_cast<size_t>(ferry::plugin_kit::ParseSize(s).value_or(0));
 }
 
 void* map(size_t n, bool shared) {

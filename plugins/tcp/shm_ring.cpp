@@ -74,6 +74,12 @@ void Publish(std::atomic<uint64_t>* index, uint64_t value, std::atomic<uint32_t>
   }
 }
 
+// What every index the peer publishes must satisfy: the reader never ahead of
+// the writer, the writer never more than a ring ahead of the reader.
+bool InOrder(uint64_t head, uint64_t tail, uint64_t capacity) {
+  return tail <= head && head - tail <= capacity;
+}
+
 bool PowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
@@ -195,7 +201,7 @@ Ring Ring::Attach(int fd, std::string* why) {
   // Where the ring stands now; from here on each side trusts only its own index.
   r.head_ = r.ctl_->head.load(std::memory_order_acquire);
   r.tail_ = r.ctl_->tail.load(std::memory_order_acquire);
-  if (r.head_ < r.tail_ || r.head_ - r.tail_ > capacity) {
+  if (!InOrder(r.head_, r.tail_, capacity)) {
     *why = "shared ring from the peer refused: corrupt indices";
     return Ring();
   }
@@ -206,8 +212,9 @@ template <typename Ready>
 int Ring::Wait(Ready ready, std::atomic<uint32_t>* seq, std::atomic<uint32_t>* sleeping,
                std::chrono::milliseconds timeout, int liveness_fd) {
   const bool forever = timeout.count() == 0;
-  auto deadline = Clock::now() + timeout;
-  auto spin_until = Clock::now() + waiting.spin;
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  auto spin_until = start + waiting.spin;
   for (;;) {
     if (const int r = ready(); r != kNotYet) return r;
     const auto now = Clock::now();
@@ -247,7 +254,7 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
   uint64_t space = 0;
   auto room = [&]() -> int {
     const uint64_t tail = ctl_->tail.load(std::memory_order_seq_cst);  // pairs with Publish
-    if (tail > head_ || head_ - tail > capacity_) return EPROTO;
+    if (!InOrder(head_, tail, capacity_)) return EPROTO;
     if (ctl_->closed.load(std::memory_order_acquire) != 0) return EPIPE;
     space = capacity_ - (head_ - tail);
     return space > 0 ? 0 : kNotYet;
@@ -259,8 +266,9 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
       r = Wait(room, &ctl_->space_seq, &ctl_->writer_sleeping, timeout, liveness_fd);
     }
     if (r != 0) return r;
-    uint64_t k = std::min(space, kPublishBytes);
-    for (uint64_t done = 0; done < k && idx < n;) {
+    const uint64_t k = std::min(space, kPublishBytes);
+    uint64_t done = 0;
+    while (done < k && idx < n) {
       const uint64_t pos = (head_ + done) & mask;
       const uint64_t take =
           std::min({k - done, static_cast<uint64_t>(iov[idx].iov_len - off), capacity_ - pos});
@@ -271,10 +279,9 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
         ++idx;
         off = 0;
       }
-      if (idx == n) k = done;
     }
-    head_ += k;
-    *progress += k;
+    head_ += done;
+    *progress += done;
     Publish(&ctl_->head, head_, &ctl_->reader_sleeping, &ctl_->data_seq);
   }
   return 0;
@@ -283,7 +290,7 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
 uint64_t Ring::Readable() const {
   if (ctl_ == nullptr) return 0;
   const uint64_t head = ctl_->head.load(std::memory_order_acquire);
-  return head < tail_ || head - tail_ > capacity_ ? 0 : head - tail_;
+  return InOrder(head, tail_, capacity_) ? head - tail_ : 0;
 }
 
 int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds timeout,
@@ -292,16 +299,14 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
   const uint64_t mask = capacity_ - 1;
   uint64_t avail = 0;
   auto bytes = [&]() -> int {
+    // The close first: a head read after it includes every byte written before
+    // it, so "closed and nothing left" is the end, never a lost tail.
+    const bool closed = ctl_->closed.load(std::memory_order_acquire) != 0;
     const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);  // pairs with Publish
-    if (head < tail_ || head - tail_ > capacity_) return EPROTO;
+    if (!InOrder(head, tail_, capacity_)) return EPROTO;
     avail = head - tail_;
     if (avail > 0) return 0;
-    if (ctl_->closed.load(std::memory_order_acquire) == 0) return kNotYet;
-    // Closed: whatever was written before the close is still ours to read.
-    const uint64_t last = ctl_->head.load(std::memory_order_acquire);
-    if (last < tail_ || last - tail_ > capacity_) return EPROTO;
-    avail = last - tail_;
-    return avail > 0 ? 0 : kEof;
+    return closed ? kEof : kNotYet;
   };
   auto* out = static_cast<uint8_t*>(buf);
   *got = 0;
