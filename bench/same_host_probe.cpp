@@ -13,7 +13,7 @@
 //               slots (the initiator copies in, the target copies out, both
 //               polling: two copies, overlapped, no system call)
 //   lane ring   the tcp plugin's same-host byte ring (plugins/tcp/shm_ring.h,
-//               1 MiB, sealed memfd, poll then futex): one writer, one reader
+//               1 MiB, sealed memfd, poll then sleep on an eventfd bell): one writer, one reader
 // Only the copy is timed: a request's round trip is not (ferry-bench has it).
 //   usage: same_host_probe [--threads 1,4] [--slot 256KiB] [--slots 4]
 //                          [--reps 30] [SIZE...]
@@ -249,7 +249,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "same_host_probe: %s\n", why.c_str());
     return 1;
   }
-  const int lane_fd = dup(lane.fd());
+  ferry_tcp::shm::Handover lane_fds = lane.Duplicate();
   const pid_t child = fork();
   if (child < 0) {
     std::perror("same_host_probe: fork");
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   }
   if (child == 0) {
     auto* dst = static_cast<uint8_t*>(map(cfg.max_bytes, false));
-    ferry_tcp::shm::Ring reader = ferry_tcp::shm::Ring::Attach(lane_fd, &why);
+    ferry_tcp::shm::Ring reader = ferry_tcp::shm::Ring::Attach(lane_fds, &why);
     if (!reader.ok()) _exit(3);
     g_lane = &reader;
     std::vector<std::thread> th;
@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
     _exit(0);
   }
 
-  ::close(lane_fd);
+  lane_fds.Close();
   g_lane = &lane;
   auto* local_dst = static_cast<uint8_t*>(map(cfg.max_bytes, false));
   std::printf("# same_host_probe: median GB/s (1e9 B/s) of %d reps; ring slots %d x %zu B\n", reps,

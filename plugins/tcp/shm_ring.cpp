@@ -2,16 +2,16 @@
 #include "shm_ring.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -24,7 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x46525347;  // "FRSG"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: bells (eventfds) instead of futex words
 // The control block's share of the segment; the ring's bytes follow it.
 constexpr size_t kControlBytes = 4096;
 // Each copy publishes at most this much, so the peer starts on a large write
@@ -41,37 +41,41 @@ inline void CpuRelax() {
 #endif
 }
 
-// Shared (not FUTEX_PRIVATE): the other process waits on the same word.
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds d) {
-  timespec ts{static_cast<time_t>(d.count() / 1000000000),
-              static_cast<long>(d.count() % 1000000000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+// Wakes the other end's sleep. A full counter already means "rung".
+void RingBell(int bell) {
+  const uint64_t one = 1;
+  while (::write(bell, &one, sizeof one) < 0 && errno == EINTR) {
+  }
 }
 
-void FutexWake(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+// Resets our own bell after a wake-up (non-blocking: nothing to read is fine).
+void Quiet(int bell) {
+  uint64_t v;
+  while (::read(bell, &v, sizeof v) < 0 && errno == EINTR) {
+  }
 }
 
-// The lane's socket carries nothing once the lane is up: anything to read, a
-// hang-up or an error on it all mean the peer has gone.
-bool PeerGone(int liveness_fd) {
-  if (liveness_fd < 0) return false;
-  pollfd p{liveness_fd, POLLIN | POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
-// Makes a new index visible, then wakes the peer if it announced a sleep.
-// Both this store and load and the sleeper's flag store and index load
+// Makes a new index visible, then rings the peer's bell if it announced a
+// sleep. Both this store and load and the sleeper's flag store and index load
 // (Ring::Wait) are seq_cst, so they fall in one order: either the sleeper sees
 // the index or this side sees its flag. (Operations, not fences: GCC's TSan
 // does not model atomic_thread_fence and refuses to build it.)
 void Publish(std::atomic<uint64_t>* index, uint64_t value, std::atomic<uint32_t>* sleeping,
-             std::atomic<uint32_t>* seq) {
+             int bell) {
   index->store(value, std::memory_order_seq_cst);
-  if (sleeping->load(std::memory_order_seq_cst) != 0) {
-    seq->fetch_add(1, std::memory_order_relaxed);
-    FutexWake(seq);
-  }
+  if (sleeping->load(std::memory_order_seq_cst) != 0) RingBell(bell);
+}
+
+// A descriptor the peer says is a bell: an eventfd, non-blocking (we never
+// want a read or write of it to block; the flag lives in the open file the
+// peer made, so it is checked, not set).
+bool IsBell(int fd) {
+  char path[64], link[64] = {};
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  const ssize_t n = ::readlink(path, link, sizeof link - 1);
+  if (n <= 0 || std::string(link, static_cast<size_t>(n)) != "anon_inode:[eventfd]") return false;
+  const int fl = fcntl(fd, F_GETFL);
+  return fl >= 0 && (fl & O_NONBLOCK) != 0;
 }
 
 // What every index the peer publishes must satisfy: the reader never ahead of
@@ -86,6 +90,8 @@ std::string Errno(const char* what) { return std::string(what) + ": " + std::str
 
 }  // namespace
 
+enum : uint32_t { kOpen = 0, kClosed = 1, kAborted = 2 };
+
 // At offset 0 of the segment. Each index is written by one side only and
 // lives on its own cache line, so the two ends do not share a written line.
 struct Ring::Control {
@@ -93,19 +99,25 @@ struct Ring::Control {
   uint32_t version = kVersion;
   uint64_t capacity = 0;
   alignas(64) std::atomic<uint64_t> head{0};  // bytes ever written (the producer's)
-  std::atomic<uint32_t> data_seq{0};          // futex: bumped when bytes arrive for a sleeper
   std::atomic<uint32_t> reader_sleeping{0};
   alignas(64) std::atomic<uint64_t> tail{0};  // bytes ever read (the consumer's)
-  std::atomic<uint32_t> space_seq{0};         // futex: bumped when room appears for a sleeper
   std::atomic<uint32_t> writer_sleeping{0};
+  // kOpen, kClosed (the bytes before it are still read) or kAborted (they are not).
   alignas(64) std::atomic<uint32_t> closed{0};
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free,
               "the ring's indices are shared between processes: they must be lock-free");
 
-Ring::Ring(int fd, void* map, size_t map_bytes, uint64_t capacity)
-    : fd_(fd),
+void Handover::Close() {
+  for (int* fd : {&memfd, &data_bell, &space_bell}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+}
+
+Ring::Ring(Handover h, void* map, size_t map_bytes, uint64_t capacity)
+    : h_(h),
       map_(map),
       map_bytes_(map_bytes),
       ctl_(static_cast<Control*>(map)),
@@ -120,7 +132,7 @@ Ring& Ring::operator=(Ring&& o) noexcept {
   if (this == &o) return *this;
   Release();
   waiting = o.waiting;
-  fd_ = std::exchange(o.fd_, -1);
+  h_ = std::exchange(o.h_, Handover{});
   map_ = std::exchange(o.map_, nullptr);
   map_bytes_ = std::exchange(o.map_bytes_, 0);
   ctl_ = std::exchange(o.ctl_, nullptr);
@@ -133,11 +145,18 @@ Ring& Ring::operator=(Ring&& o) noexcept {
 
 void Ring::Release() {
   if (map_ != nullptr) munmap(map_, map_bytes_);
-  if (fd_ >= 0) ::close(fd_);
+  h_.Close();
   map_ = nullptr;
   ctl_ = nullptr;
   data_ = nullptr;
-  fd_ = -1;
+}
+
+Handover Ring::Duplicate() const {
+  Handover d;
+  d.memfd = fcntl(h_.memfd, F_DUPFD_CLOEXEC, 0);
+  d.data_bell = fcntl(h_.data_bell, F_DUPFD_CLOEXEC, 0);
+  d.space_bell = fcntl(h_.space_bell, F_DUPFD_CLOEXEC, 0);
+  return d;
 }
 
 Ring Ring::Create(uint64_t capacity, std::string* why) {
@@ -146,36 +165,49 @@ Ring Ring::Create(uint64_t capacity, std::string* why) {
     *why = "shared ring: capacity must be a power of two in 64KiB..64MiB";
     return {};
   }
-  const int fd = memfd_create("ferry-tcp-lane", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) {
+  Handover h;
+  h.memfd = memfd_create("ferry-tcp-lane", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (h.memfd < 0) {
     *why = Errno("shared ring: memfd_create");
+    return {};
+  }
+  h.data_bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  h.space_bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (h.data_bell < 0 || h.space_bell < 0) {
+    *why = Errno("shared ring: eventfd");
+    h.Close();
     return {};
   }
   const size_t bytes = kControlBytes + capacity;
   // Sealed before the peer sees it: neither side can shrink what the other mapped.
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+  if (ftruncate(h.memfd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(h.memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     *why = Errno("shared ring: sizing and sealing the segment");
-    ::close(fd);
+    h.Close();
     return {};
   }
-  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, h.memfd, 0);
   if (map == MAP_FAILED) {
     *why = Errno("shared ring: mmap");
-    ::close(fd);
+    h.Close();
     return {};
   }
   auto* ctl = new (map) Control();
   ctl->capacity = capacity;
-  return Ring(fd, map, bytes, capacity);
+  return Ring(h, map, bytes, capacity);
 }
 
-Ring Ring::Attach(int fd, std::string* why) {
+Ring Ring::Attach(Handover h, std::string* why) {
   auto refuse = [&](std::string msg) {
     *why = "shared ring from the peer refused: " + std::move(msg);
-    if (fd >= 0) ::close(fd);
+    h.Close();
     return Ring();
   };
+  const int fd = h.memfd;
+  if (fd < 0) return refuse("no segment");
+  if (!IsBell(h.data_bell) || !IsBell(h.space_bell)) {
+    return refuse("its bells are not non-blocking eventfds");
+  }
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0)
     return refuse("not a sealable memory file (" + std::string(std::strerror(errno)) + ")");
@@ -197,7 +229,7 @@ Ring Ring::Attach(int fd, std::string* why) {
     munmap(map, size);
     return refuse("bad magic, version or capacity in its control block");
   }
-  Ring r(fd, map, size, capacity);
+  Ring r(h, map, size, capacity);
   // Where the ring stands now; from here on each side trusts only its own index.
   r.head_ = r.ctl_->head.load(std::memory_order_acquire);
   r.tail_ = r.ctl_->tail.load(std::memory_order_acquire);
@@ -209,14 +241,16 @@ Ring Ring::Attach(int fd, std::string* why) {
 }
 
 template <typename Ready>
-int Ring::Wait(Ready ready, std::atomic<uint32_t>* seq, std::atomic<uint32_t>* sleeping,
+int Ring::Wait(Ready ready, int bell, std::atomic<uint32_t>* sleeping,
                std::chrono::milliseconds timeout, int liveness_fd) {
   const bool forever = timeout.count() == 0;
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   auto spin_until = start + waiting.spin;
+  bool gone = false;  // the liveness descriptor fired: one last look, then EPIPE
   for (;;) {
     if (const int r = ready(); r != kNotYet) return r;
+    if (gone) return EPIPE;
     const auto now = Clock::now();
     if (!forever && now >= deadline) return ETIMEDOUT;
     if (now < spin_until) {
@@ -224,23 +258,28 @@ int Ring::Wait(Ready ready, std::atomic<uint32_t>* seq, std::atomic<uint32_t>* s
       continue;
     }
     // Announce the sleep, then look once more: the peer either sees the flag
-    // (and wakes us) or published before we looked (and we do not sleep).
+    // (and rings) or published before we looked (and we do not sleep).
     sleeping->store(1, std::memory_order_seq_cst);
-    const uint32_t s = seq->load(std::memory_order_seq_cst);
     if (const int r = ready(); r != kNotYet) {
       sleeping->store(0, std::memory_order_relaxed);
       return r;
     }
-    std::chrono::nanoseconds slice = waiting.liveness_every;
-    if (!forever) slice = std::min<std::chrono::nanoseconds>(slice, deadline - now);
-    FutexWait(seq, s, slice);
+    int ms = -1;
+    if (!forever) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+      ms = static_cast<int>(std::min<int64_t>(left.count(), INT_MAX));
+    }
+    pollfd p[2] = {{bell, POLLIN, 0}, {liveness_fd, POLLIN | POLLRDHUP, 0}};
+    const int n = ::poll(p, liveness_fd >= 0 ? 2 : 1, ms);
     sleeping->store(0, std::memory_order_relaxed);
-    if (seq->load(std::memory_order_relaxed) != s) {
+    if (n < 0 && errno != EINTR) return errno;
+    if (n <= 0) continue;
+    if (p[0].revents & POLLIN) {
+      Quiet(bell);
       // Woken by the peer: a burst usually follows, so poll again first.
       spin_until = Clock::now() + waiting.spin;
-    } else if (PeerGone(liveness_fd)) {
-      return EPIPE;
     }
+    if (liveness_fd >= 0 && p[1].revents != 0) gone = true;
   }
 }
 
@@ -263,7 +302,7 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
     int r = room();
     if (r == kNotYet) {
       if (timeout.count() == 0) return EAGAIN;
-      r = Wait(room, &ctl_->space_seq, &ctl_->writer_sleeping, timeout, liveness_fd);
+      r = Wait(room, h_.space_bell, &ctl_->writer_sleeping, timeout, liveness_fd);
     }
     if (r != 0) return r;
     const uint64_t k = std::min(space, kPublishBytes);
@@ -282,7 +321,7 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
     }
     head_ += done;
     *progress += done;
-    Publish(&ctl_->head, head_, &ctl_->reader_sleeping, &ctl_->data_seq);
+    Publish(&ctl_->head, head_, &ctl_->reader_sleeping, h_.data_bell);
   }
   return 0;
 }
@@ -301,19 +340,20 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
   auto bytes = [&]() -> int {
     // The close first: a head read after it includes every byte written before
     // it, so "closed and nothing left" is the end, never a lost tail.
-    const bool closed = ctl_->closed.load(std::memory_order_acquire) != 0;
+    const uint32_t closed = ctl_->closed.load(std::memory_order_acquire);
+    if (closed == kAborted) return ECONNRESET;
     const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);  // pairs with Publish
     if (!InOrder(head, tail_, capacity_)) return EPROTO;
     avail = head - tail_;
     if (avail > 0) return 0;
-    return closed ? kEof : kNotYet;
+    return closed != kOpen ? kEof : kNotYet;
   };
   auto* out = static_cast<uint8_t*>(buf);
   *got = 0;
   while (*got < len) {
     int r = bytes();
     if (r == kNotYet)
-      r = Wait(bytes, &ctl_->data_seq, &ctl_->reader_sleeping, timeout, liveness_fd);
+      r = Wait(bytes, h_.data_bell, &ctl_->reader_sleeping, timeout, liveness_fd);
     if (r != 0) return r;
     const uint64_t k = std::min({avail, static_cast<uint64_t>(len - *got), kPublishBytes});
     const uint64_t pos = tail_ & mask;
@@ -322,18 +362,24 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
     std::memcpy(out + *got + first, data_, k - first);
     tail_ += k;
     *got += k;
-    Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, &ctl_->space_seq);
+    Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, h_.space_bell);
   }
   return 0;
 }
 
 void Ring::Close() {
   if (ctl_ == nullptr) return;
-  ctl_->closed.store(1, std::memory_order_release);
-  ctl_->data_seq.fetch_add(1, std::memory_order_acq_rel);
-  ctl_->space_seq.fetch_add(1, std::memory_order_acq_rel);
-  FutexWake(&ctl_->data_seq);
-  FutexWake(&ctl_->space_seq);
+  uint32_t open = kOpen;
+  ctl_->closed.compare_exchange_strong(open, kClosed, std::memory_order_acq_rel);
+  RingBell(h_.data_bell);
+  RingBell(h_.space_bell);
+}
+
+void Ring::Abort() {
+  if (ctl_ == nullptr) return;
+  ctl_->closed.store(kAborted, std::memory_order_release);
+  RingBell(h_.data_bell);
+  RingBell(h_.space_bell);
 }
 
 }  // namespace ferry_tcp::shm

@@ -3,18 +3,20 @@
 // direction of a same-host lane (docs/benchmarks.md, "Same-host CPU -> CPU":
 // on the GPU host a loopback frame's round trips cost 47-435 us where copying
 // its bytes costs 60-100 us, and a polled ring has no system call per frame).
-// The lanes do not use it yet: this is the byte stream they will run over
-// when both engines share a host (issue 19, item 4); same_host_probe measures it.
+// Same-host lanes run over two of them (channel.h); same_host_probe measures one.
 //
 // A Ring is a single-producer, single-consumer byte ring in a memfd that its
 // creator sealed against shrinking and growing before sharing it, so the peer
 // can never make a mapped page vanish under us (no SIGBUS). Both ends poll
-// while busy and sleep on a futex in the segment when idle: an idle lane
-// costs no CPU. The peer is not trusted: every index it publishes is checked
-// (a corrupt one is EPROTO, never an access outside the ring), and a peer that
-// dies without closing is noticed through a liveness descriptor - the lane's
-// socket, which carries nothing once the lane is up, so any readable event or
-// hang-up on it means the peer is gone.
+// while busy; an idle end sleeps in poll() on its bell - an eventfd that comes
+// with the segment, rung by the other end only when the sleeper announced its
+// sleep - and on a liveness descriptor: the lane's socket, which carries
+// nothing once the lane is up, so any readable event or hang-up on it means
+// the peer is gone, or that a thread of ours shut the socket down to cut the
+// lane (a fence, a revocation, a stop): every wait ends at once, as a blocked
+// recv() on a socket lane does. An idle lane costs no CPU. The peer is not
+// trusted: every index it publishes is checked (a corrupt one is EPROTO, never
+// an access outside the ring), and what it hands over is checked by Attach.
 //
 // Errors follow socket_util.h: 0 = done, kEof = the peer closed its end and
 // every byte it wrote has been read, otherwise an errno value (EAGAIN,
@@ -36,23 +38,32 @@ inline constexpr uint64_t kMinCapacity = 64 << 10;
 inline constexpr uint64_t kMaxCapacity = 64ull << 20;
 
 struct Waiting {
-  // Poll this long before sleeping on the futex.
+  // Poll this long before sleeping on the bell.
   std::chrono::microseconds spin{50};
-  // While asleep, look at the liveness descriptor this often.
-  std::chrono::milliseconds liveness_every{100};
+};
+
+// What one end hands the other (SCM_RIGHTS, or inheritance): the segment and
+// the two bells. Whoever holds a Handover owns its descriptors.
+struct Handover {
+  int memfd = -1;
+  int data_bell = -1;   // rung by the producer for a sleeping consumer
+  int space_bell = -1;  // rung by the consumer for a sleeping producer
+  void Close();
 };
 
 class Ring {
  public:
-  // A new sealed segment of `capacity` bytes (plus its control block), mapped.
-  // Invalid (ok() false) with *why on failure. Share fd() with the peer
-  // (SCM_RIGHTS, or inheritance), which calls Attach.
+  // A new sealed segment of `capacity` bytes (plus its control block), mapped,
+  // and its two bells. Invalid (ok() false) with *why on failure. Share
+  // handover() with the peer (SCM_RIGHTS), or Duplicate() across a fork; the
+  // peer calls Attach.
   static Ring Create(uint64_t capacity, std::string* why);
   // Maps a segment a peer created, after checking what a hostile peer could
   // get wrong: a memfd sealed against shrink and grow, a size that is a
-  // control block plus a power-of-two capacity, the magic and version. Takes
-  // ownership of fd (closed on failure too).
-  static Ring Attach(int fd, std::string* why);
+  // control block plus a power-of-two capacity, the magic and version, and
+  // bells that are non-blocking eventfds. Takes ownership of every descriptor
+  // in h (closed on failure too).
+  static Ring Attach(Handover h, std::string* why);
 
   Ring() = default;
   ~Ring();
@@ -62,7 +73,11 @@ class Ring {
   Ring& operator=(const Ring&) = delete;
 
   bool ok() const { return ctl_ != nullptr; }
-  int fd() const { return fd_; }
+  int fd() const { return h_.memfd; }
+  // This ring's descriptors, still owned by it (to send with SCM_RIGHTS).
+  const Handover& handover() const { return h_; }
+  // Copies of them (CLOEXEC), owned by the caller.
+  Handover Duplicate() const;
   uint64_t capacity() const { return capacity_; }
 
   // The producer's end. Writes iov[0..n) from `*progress` bytes in, advancing
@@ -81,19 +96,22 @@ class Ring {
 
   // Either end: no more bytes from this side; wakes the peer. Idempotent.
   void Close();
+  // The producer gives up on what it wrote: the consumer's next Read fails
+  // (ECONNRESET) without the bytes still in the ring - a socket's RST.
+  void Abort();
 
   Waiting waiting;
 
  private:
   struct Control;
-  Ring(int fd, void* map, size_t map_bytes, uint64_t capacity);
-  // Until ready() or the deadline or the peer's end: polls, then sleeps on *seq.
+  Ring(Handover h, void* map, size_t map_bytes, uint64_t capacity);
+  // Until ready() or the deadline or the peer's end: polls, then sleeps on bell.
   template <typename Ready>
-  int Wait(Ready ready, std::atomic<uint32_t>* seq, std::atomic<uint32_t>* sleeping,
+  int Wait(Ready ready, int bell, std::atomic<uint32_t>* sleeping,
            std::chrono::milliseconds timeout, int liveness_fd);
   void Release();
 
-  int fd_ = -1;
+  Handover h_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   Control* ctl_ = nullptr;

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -50,16 +51,17 @@ Ring MustCreate(uint64_t cap = kCap) {
 
 Ring MustAttach(const Ring& r) {
   std::string why;
-  Ring a = Ring::Attach(fcntl(r.fd(), F_DUPFD_CLOEXEC, 0), &why);
+  Ring a = Ring::Attach(r.Duplicate(), &why);
   EXPECT_TRUE(a.ok()) << why;
   return a;
 }
 
 // The child's half of StreamsAcrossProcesses: reads `total` bytes from `in`,
 // checks them and echoes them to `out`. Exit status 0 = every byte right.
-[[noreturn]] void EchoChild(int in_fd, int out_fd, uint64_t total, std::chrono::microseconds spin) {
+[[noreturn]] void EchoChild(Handover in_h, Handover out_h, uint64_t total,
+                            std::chrono::microseconds spin) {
   std::string why;
-  Ring in = Ring::Attach(in_fd, &why), out = Ring::Attach(out_fd, &why);
+  Ring in = Ring::Attach(in_h, &why), out = Ring::Attach(out_h, &why);
   if (!in.ok() || !out.ok()) _exit(10);
   in.waiting.spin = out.waiting.spin = spin;
   Sizes sz{7};
@@ -86,13 +88,12 @@ void StreamBothWays(std::chrono::microseconds spin) {
   Ring a2b = MustCreate(), b2a = MustCreate();
   ASSERT_TRUE(a2b.ok() && b2a.ok());
   a2b.waiting.spin = b2a.waiting.spin = spin;
-  const int in_fd = fcntl(a2b.fd(), F_DUPFD_CLOEXEC, 0),
-            out_fd = fcntl(b2a.fd(), F_DUPFD_CLOEXEC, 0);
+  Handover in_h = a2b.Duplicate(), out_h = b2a.Duplicate();
   const pid_t child = fork();
   ASSERT_GE(child, 0);
-  if (child == 0) EchoChild(in_fd, out_fd, total, spin);
-  ::close(in_fd);
-  ::close(out_fd);
+  if (child == 0) EchoChild(in_h, out_h, total, spin);
+  in_h.Close();
+  out_h.Close();
   std::atomic<bool> echo_ok{false};
   std::thread reader([&] {
     Sizes sz{11};
@@ -142,7 +143,7 @@ void StreamBothWays(std::chrono::microseconds spin) {
 
 TEST(ShmRing, StreamsAcrossProcessesBothWaysPolling) { StreamBothWays(50us); }
 
-// No polling at all: every wait sleeps on the futex, so every wake-up path runs.
+// No polling at all: every wait sleeps on its bell, so every wake-up path runs.
 TEST(ShmRing, StreamsAcrossProcessesBothWaysSleeping) { StreamBothWays(0us); }
 
 TEST(ShmRing, IdleReaderTimesOutAsleepNotSpinning) {
@@ -230,31 +231,48 @@ TEST(ShmRing, CorruptIndicesFromThePeerAreEprotoNotAnOutOfBoundsAccess) {
   }
 }
 
+// A segment with good bells: only the memfd is under test.
+Handover WithBells(int memfd) {
+  return {memfd, eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+}
+
 TEST(ShmRing, AttachRefusesWhatAHostilePeerCouldHandOver) {
   std::string why;
   // Not sealed: the peer could shrink it under our mapping (SIGBUS).
   int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(fd, 4096 + kCap), 0);
-  EXPECT_FALSE(Ring::Attach(fd, &why).ok());
+  EXPECT_FALSE(Ring::Attach(WithBells(fd), &why).ok());
   EXPECT_NE(why.find("sealed"), std::string::npos) << why;
   // Sealed, but not a control block plus a power-of-two ring.
   fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(fd, 4096 + kCap + 1), 0);
   ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
-  EXPECT_FALSE(Ring::Attach(fd, &why).ok());
+  EXPECT_FALSE(Ring::Attach(WithBells(fd), &why).ok());
   EXPECT_NE(why.find("size"), std::string::npos) << why;
   // Right shape, no control block in it.
   fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(fd, 4096 + kCap), 0);
   ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
-  EXPECT_FALSE(Ring::Attach(fd, &why).ok());
+  EXPECT_FALSE(Ring::Attach(WithBells(fd), &why).ok());
   EXPECT_NE(why.find("magic"), std::string::npos) << why;
   // Not memory at all.
   int p[2];
   ASSERT_EQ(pipe(p), 0);
-  ::close(p[1]);
-  EXPECT_FALSE(Ring::Attach(p[0], &why).ok());
+  EXPECT_FALSE(Ring::Attach(WithBells(p[0]), &why).ok());
   EXPECT_NE(why.find("sealable"), std::string::npos) << why;
+  // A good segment whose bells are not what they claim: a pipe (a write to it
+  // could block), and an eventfd that blocks.
+  Ring good = MustCreate();
+  Handover h = good.Duplicate();
+  ::close(h.data_bell);
+  h.data_bell = p[1];
+  EXPECT_FALSE(Ring::Attach(h, &why).ok());
+  EXPECT_NE(why.find("bells"), std::string::npos) << why;
+  h = good.Duplicate();
+  ::close(h.space_bell);
+  h.space_bell = eventfd(0, EFD_CLOEXEC);
+  EXPECT_FALSE(Ring::Attach(h, &why).ok());
+  EXPECT_NE(why.find("bells"), std::string::npos) << why;
   // And bad capacities at creation.
   EXPECT_FALSE(Ring::Create(kCap + 1, &why).ok());
   EXPECT_FALSE(Ring::Create(kMaxCapacity * 2, &why).ok());
@@ -263,7 +281,6 @@ TEST(ShmRing, AttachRefusesWhatAHostilePeerCouldHandOver) {
 TEST(ShmRing, AReaderNoticesAPeerThatDiedWithoutClosing) {
   Ring w = MustCreate();
   Ring r = MustAttach(w);
-  r.waiting.liveness_every = 20ms;
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   const pid_t child = fork();
@@ -287,6 +304,54 @@ TEST(ShmRing, AReaderNoticesAPeerThatDiedWithoutClosing) {
   ASSERT_EQ(waitpid(child, &st, 0), child);
   EXPECT_TRUE(WIFSIGNALED(st));
   ::close(sv[0]);
+}
+
+TEST(ShmRing, AbortDropsWhatTheReaderHasNotReadYet) {
+  Ring w = MustCreate();
+  Ring r = MustAttach(w);
+  uint8_t data[100] = {}, back[100];
+  iovec v{data, sizeof(data)};
+  size_t progress = 0, got = 0;
+  ASSERT_EQ(w.Write(&v, 1, &progress, 1s, -1), 0);
+  w.Abort();
+  EXPECT_EQ(r.Read(back, 10, &got, 1s, -1), ECONNRESET);
+  EXPECT_EQ(got, 0u);
+  progress = 0;
+  EXPECT_EQ(w.Write(&v, 1, &progress, 1s, -1), EPIPE);
+}
+
+// A fence or a revocation cuts a lane by shutting its socket down: a reader
+// asleep on the ring must end at once, not when its timeout passes.
+TEST(ShmRing, ShuttingTheLivenessSocketDownEndsAWaitAtOnce) {
+  Ring w = MustCreate();
+  Ring r = MustAttach(w);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  int err = 0;
+  size_t got = 0;
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    uint8_t b[8];
+    err = r.Read(b, sizeof(b), &got, 0ms, sv[0]);  // no timeout at all
+    done = true;
+  });
+  // The reader is asleep once it announced it (the flag lives in the segment).
+  for (int i = 0; i < 5000 && !done; ++i) {
+    uint32_t sleeping = 0;
+    void* m = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, w.fd(), 0);
+    ASSERT_NE(m, MAP_FAILED);
+    std::memcpy(&sleeping, static_cast<uint8_t*>(m) + 72, sizeof sleeping);
+    munmap(m, 4096);
+    if (sleeping != 0) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  const auto cut = std::chrono::steady_clock::now();
+  ::shutdown(sv[0], SHUT_RDWR);
+  reader.join();
+  EXPECT_EQ(err, EPIPE);
+  EXPECT_LT(std::chrono::steady_clock::now() - cut, 1s);
+  ::close(sv[0]);
+  ::close(sv[1]);
 }
 
 }  // namespace
