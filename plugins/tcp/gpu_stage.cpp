@@ -5,6 +5,7 @@
 #include <chrono>
 #include <new>
 
+#include "channel.h"
 #include "log.h"
 #include "socket_util.h"
 
@@ -128,7 +129,7 @@ bool Stage::Copy(const Piece& p, bool to_device, int slot) {
   return true;
 }
 
-int Stage::Send(int fd, const iovec* iov, size_t n, int last_flags, uint8_t* held_last) {
+int Stage::Send(Channel& out, const iovec* iov, size_t n, int last_flags, uint8_t* held_last) {
   void* ctx = gpu_->gpu_ctx;
   if (gpu_->set_device(ctx, device_) != FERRY_OK) {
     Fail("selecting the device");
@@ -156,7 +157,7 @@ int Stage::Send(int fd, const iovec* iov, size_t n, int last_flags, uint8_t* hel
     if (last && held_last != nullptr) *held_last = data[--len];
     iovec v{const_cast<uint8_t*>(data), len};
     size_t sent = 0;
-    err = len == 0 ? 0 : SendIov(fd, &v, 1, &sent, last ? last_flags : 0);
+    err = len == 0 ? 0 : out.Send(&v, 1, &sent, last ? last_flags : 0);
   }
   // Nothing may still read the region once the caller lets go of it. Done
   // already when every piece went out; after an error, a copy may be queued.
@@ -164,7 +165,7 @@ int Stage::Send(int fd, const iovec* iov, size_t n, int last_flags, uint8_t* hel
   return err;
 }
 
-int Stage::Recv(SocketReader& in, const iovec* iov, size_t n) {
+int Stage::Recv(ByteReader& in, const iovec* iov, size_t n) {
   void* ctx = gpu_->gpu_ctx;
   if (gpu_->set_device(ctx, device_) != FERRY_OK) {
     Fail("selecting the device");

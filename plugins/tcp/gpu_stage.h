@@ -29,7 +29,8 @@
 
 namespace ferry_tcp {
 
-class SocketReader;
+class ByteReader;
+class Channel;
 
 // A Stage's answer when the GPU runtime failed; Stage::error() says why. Distinct
 // from kEof and every errno value of socket_util.h.
@@ -48,13 +49,13 @@ class Stage {
   bool pinned() const { return pinned_; }
   uint64_t host_bytes() const { return 2 * piece_; }
 
-  // Sends the device bytes iov[0..n) on fd, in order. With held_last, the final
+  // Sends the device bytes iov[0..n) on the lane's channel, in order. With held_last, the final
   // byte is not sent but stored there (a notify READ sends it once counted).
   // `last_flags` go with the final piece (e.g. MSG_MORE). Returns 0, a socket
   // error (socket_util.h) or kGpuError. No copy is running when it returns.
-  int Send(int fd, const iovec* iov, size_t n, int last_flags, uint8_t* held_last);
+  int Send(Channel& out, const iovec* iov, size_t n, int last_flags, uint8_t* held_last);
   // Receives into the device bytes iov[0..n); same returns.
-  int Recv(SocketReader& in, const iovec* iov, size_t n);
+  int Recv(ByteReader& in, const iovec* iov, size_t n);
   const std::string& error() const { return error_; }
 
  private:

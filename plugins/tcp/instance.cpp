@@ -84,6 +84,7 @@ int Instance::ConnInfo(void* buf, size_t* len) {
   ci.host = settings_.advertise_host.empty() ? settings_.listen_host : settings_.advertise_host;
   // A wildcard address is not somewhere to dial: let peers use the core's host.
   if (IsWildcard(ci.host)) ci.host.clear();
+  ci.unix_name = target_.unix_name();
   const std::vector<uint8_t> blob = wire::EncodeConnBlob(ci);
   if (*len < blob.size()) return FERRY_ERR_INVALID_ARGS;
   std::memcpy(buf, blob.data(), blob.size());
@@ -118,6 +119,12 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.connect_timeout_ms = settings_.connect_timeout_ms;
   info.keepalive_s = settings_.keepalive_s;
   info.stages = &stages_;
+  // Same node id: the target's unix socket, and then shared rings, if it has one
+  // (another network namespace of this host falls back to TCP on the first lane).
+  if (p->same_host != 0 && settings_.same_host_rings) info.unix_name = ci.unix_name;
+  info.ring_bytes = settings_.ring_bytes;
+  info.ring_spin_us = RingSpinUs(settings_);
+  info.ring_lanes_opened = &ring_lanes_opened_;
 
   if (!target_.AddPeer(info.key, p->same_host != 0)) {
     Log(host_, FERRY_LOG_WARN, "peer %s is already added", p->key);
@@ -269,6 +276,10 @@ int Instance::Describe(char* buf, size_t len) {
          " gpu_pinned=" + FormatBytes(stages_.pinned_bytes()) + "/" +
          FormatBytes(settings_.gpu_pinned_bytes);
   }
+  s += target_.unix_name().empty()
+           ? std::string(" same_host=tcp")
+           : " same_host=rings(@" + target_.unix_name() + ", " + FormatBytes(settings_.ring_bytes) +
+                 " x2 per lane, spin " + std::to_string(RingSpinUs(settings_)) + "us)";
   s += std::string(" auth=") + (LinkAuthAvailable(host_) ? "descriptor" : "off") +
        " rejected_lanes=" + std::to_string(target_.rejected());
   std::snprintf(buf, len, "%s", s.c_str());
@@ -285,9 +296,12 @@ int Instance::Counters(char* buf, size_t len) {
   }
   std::snprintf(buf, len,
                 "{\"peers\":%zu,\"local_regions\":%zu,\"remote_regions\":%zu,"
-                "\"rejected_lanes\":%llu,\"gpu_pinned_bytes\":%llu}",
+                "\"rejected_lanes\":%llu,\"gpu_pinned_bytes\":%llu,"
+                "\"ring_lanes_opened\":%llu,\"ring_lanes_served\":%llu}",
                 peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
-                static_cast<unsigned long long>(stages_.pinned_bytes()));
+                static_cast<unsigned long long>(stages_.pinned_bytes()),
+                static_cast<unsigned long long>(ring_lanes_opened_.load()),
+                static_cast<unsigned long long>(target_.ring_lanes()));
   return FERRY_OK;
 }
 

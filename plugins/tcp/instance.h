@@ -5,6 +5,7 @@
 // entry points (tcp_plugin.cpp) catch.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,7 @@ class Instance {
   const std::string engine_key_;
   const Settings settings_;
   RegionTable regions_;
+  std::atomic<uint64_t> ring_lanes_opened_{0};  // same-host lanes we opened over rings
   StagePool stages_;  // GPU staging; outlives the lanes and the target server that lease from it
   DeadlineWatcher watcher_;
   TargetServer target_;

@@ -10,6 +10,7 @@
 
 #include "handshake.h"
 #include "log.h"
+#include "ring_handover.h"
 #include "wire.h"
 
 namespace ferry_tcp {
@@ -57,22 +58,16 @@ void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool 
     reason_status_ = status;
     reason_msg_ = msg;
     // With frames on the wire, abort the connection now, before any of them is
-    // reported failed: otherwise the kernel keeps sending the queued WRITE
-    // payload after the transfers on this lane were failed (and perhaps re-run
-    // on another backend), and it lands on top of newer data (tests/faults).
-    // connect() with AF_UNSPEC is Linux's abortive disconnect for TCP: RST to
-    // the peer and the unsent queue dropped at once, while the descriptor stays
-    // valid for the threads still using it (they see ECONNRESET or EOF); the
-    // sender thread closes it once both are done, with linger 0 (RST again, in
-    // case the disconnect could not be made). An idle lane closes gracefully,
-    // so an ordinary shutdown is not a "connection reset" at the target.
-    if (!inflight_.empty() || partial_) {
-      sockaddr unspec{};
-      unspec.sa_family = AF_UNSPEC;
-      ::connect(fd_, &unspec, sizeof unspec);
-      linger abort{1, 0};
-      ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
-    }
+    // reported failed: otherwise the kernel (or the ring) keeps delivering the
+    // queued WRITE payload after the transfers on this lane were failed (and
+    // perhaps re-run on another backend), and it lands on top of newer data
+    // (tests/faults). The descriptor stays valid for the threads still using
+    // it; the sender thread closes it once both are done. An idle lane closes
+    // gracefully, so an ordinary shutdown is not a "connection reset" at the target.
+    if (!inflight_.empty() || partial_)
+      chan_->AbortOutgoing();
+    else
+      chan_->CloseOutgoing();
     ::shutdown(fd_, SHUT_RDWR);
   } else if (state_ == State::kConnecting) {
     abort_connect_ = true;
@@ -121,7 +116,7 @@ int Lane::SendOne(Frame& f, int flags) {
   }
   std::vector<iovec> iov = f.WireIov();
   f.xfer->MarkLeft();
-  return SendIov(fd_, iov.data(), iov.size(), &f.sent, flags);
+  return chan_->Send(iov.data(), iov.size(), &f.sent, flags);
 }
 
 int Lane::SendStaged(Frame& f) {
@@ -130,9 +125,9 @@ int Lane::SendStaged(Frame& f) {
   if (!stage) return kNoStage;
   iovec head{f.head.data(), f.head.size()};
   f.xfer->MarkLeft();
-  int err = SendIov(fd_, &head, 1, &f.sent);
+  int err = chan_->Send(&head, 1, &f.sent);
   if (err != 0) return err;
-  err = stage->Send(fd_, f.local.data(), f.local.size(), 0, nullptr);
+  err = stage->Send(*chan_, f.local.data(), f.local.size(), 0, nullptr);
   if (err == kGpuError) gpu_error_ = stage->error();
   if (err == 0) f.sent += f.payload_bytes;
   return err;
@@ -204,6 +199,60 @@ void Lane::Submit(FramePtr f, bool try_direct) {
   f->Resolve(FERRY_ERR_BAD_STATE, "tcp lane to " + info_->label + " is shut down");
 }
 
+int Lane::Open(int* out_fd, std::unique_ptr<Channel>* chan, std::string* err) {
+  InitiatorHello hello;
+  hello.host = info_->host;
+  hello.my_key = info_->my_key;
+  hello.peer_key = info_->key;
+  hello.label = info_->label;
+  hello.timeout_ms = info_->connect_timeout_ms;
+  hello.abort_fd = waker_.fd();
+  int fd = -1;
+  if (!info_->unix_name.empty()) {
+    std::string why;
+    if (ConnectUnix(info_->unix_name, info_->connect_timeout_ms, &fd, &why) == 0) {
+      shm::Ring out, in;
+      int status = InitiatorHandshake(fd, hello, err);
+      if (status == FERRY_OK) {
+        status = OfferRings(fd, info_->ring_bytes, waker_.fd(), info_->connect_timeout_ms,
+                            info_->label, &out, &in, err);
+      }
+      if (status == FERRY_OK) {
+        // No stall limit of our own, as on a TCP lane: a broken lane is shut down.
+        *chan = std::make_unique<Channel>(fd, std::move(out), std::move(in),
+                                          std::chrono::milliseconds(0));
+        (*chan)->SetSpin(std::chrono::microseconds(info_->ring_spin_us));
+        *out_fd = fd;
+        if (info_->ring_lanes_opened != nullptr) info_->ring_lanes_opened->fetch_add(1);
+        return FERRY_OK;
+      }
+      ::close(fd);
+      fd = -1;
+      // Only our own lack of rings makes TCP the answer; the target's word stands.
+      if (status != FERRY_ERR_NO_MEMORY) return status;
+      Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: no shared rings (%s), using TCP", index_,
+          info_->label.c_str(), err->c_str());
+    } else {
+      // Same node id, other network namespace (or the target is gone): TCP says which.
+      Log(info_->host, FERRY_LOG_DEBUG, "lane %d to %s: %s, using TCP", index_,
+          info_->label.c_str(), why.c_str());
+    }
+  }
+  if (ConnectTcp(info_->addr, info_->port, info_->connect_timeout_ms, waker_.fd(), &fd, err) != 0) {
+    return FERRY_ERR_TRANSPORT;
+  }
+  SetNoDelay(fd);
+  SetKeepAlive(fd, info_->keepalive_s);
+  const int status = InitiatorHandshake(fd, hello, err);
+  if (status != FERRY_OK) {
+    ::close(fd);
+    return status;
+  }
+  *chan = std::make_unique<Channel>(fd);
+  *out_fd = fd;
+  return FERRY_OK;
+}
+
 bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
   state_ = State::kConnecting;
   abort_connect_ = false;
@@ -211,31 +260,18 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
   lk.unlock();
 
   int fd = -1;
+  std::unique_ptr<Channel> chan;
   std::string err;
-  int fail_status = FERRY_ERR_TRANSPORT;
-  int rc = ConnectTcp(info_->addr, info_->port, info_->connect_timeout_ms, waker_.fd(), &fd, &err);
-  if (rc == 0) {
-    SetNoDelay(fd);
-    SetKeepAlive(fd, info_->keepalive_s);
-    InitiatorHello hello;
-    hello.host = info_->host;
-    hello.my_key = info_->my_key;
-    hello.peer_key = info_->key;
-    hello.label = info_->label;
-    hello.timeout_ms = info_->connect_timeout_ms;
-    hello.abort_fd = waker_.fd();
-    const int status = InitiatorHandshake(fd, hello, &err);
-    if (status != FERRY_OK) {
-      fail_status = status;
-      rc = ECONNABORTED;
-    }
-  }
+  const int fail_status = Open(&fd, &chan, &err);
+  int rc = fail_status == FERRY_OK ? 0 : ECONNABORTED;
   lk.lock();
   if (rc == 0 && !abort_connect_ && !stopping_) {
     try {
       receiver_done_ = false;
-      receiver_ = std::thread([this, fd] { ReceiverMain(fd); });
+      Channel* c = chan.get();
+      receiver_ = std::thread([this, c] { ReceiverMain(c); });
       fd_ = fd;
+      chan_ = std::move(chan);
       state_ = State::kUp;
       return true;
     } catch (const std::exception& e) {
@@ -243,12 +279,14 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
       err = std::string("cannot start a receiver thread: ") + e.what();
     }
   }
+  chan.reset();
   if (fd >= 0) ::close(fd);
   state_ = State::kDown;
   // An abort already failed what was queued then; anything newer gets a fresh try.
   if (abort_connect_ || stopping_) return false;
   Doomed doomed;
-  for (auto& f : queue_) doomed.emplace_back(f, fail_status, err);
+  const int status = fail_status == FERRY_OK ? FERRY_ERR_TRANSPORT : fail_status;
+  for (auto& f : queue_) doomed.emplace_back(f, status, err);
   queue_.clear();
   lk.unlock();
   Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: %s", index_, info_->label.c_str(), err.c_str());
@@ -290,6 +328,7 @@ void Lane::SenderMain() {
       {
         std::lock_guard s(send_mu_);
         std::lock_guard l2(mu_);
+        chan_.reset();
         ::close(fd_);
         fd_ = -1;
         for (auto& [id, f] : inflight_) doomed.emplace_back(f, reason_status_, reason_msg_);
@@ -338,7 +377,7 @@ void Lane::SenderMain() {
   }
 }
 
-int Lane::ReceiveStaged(SocketReader& in, Frame& f, int* status, std::string* msg) {
+int Lane::ReceiveStaged(ByteReader& in, Frame& f, int* status, std::string* msg) {
   std::string why;
   StagePool::Lease stage = info_->stages->Acquire(f.xfer->local->device(), &why);
   int err = stage ? stage->Recv(in, f.local.data(), f.local.size()) : kGpuError;
@@ -352,14 +391,16 @@ int Lane::ReceiveStaged(SocketReader& in, Frame& f, int* status, std::string* ms
   return err;
 }
 
-void Lane::ReceiverMain(int fd) {
+void Lane::ReceiverMain(Channel* chan) {
   int status = FERRY_ERR_TRANSPORT;
   std::string msg;
   FramePtr current;  // taken out of inflight_ while its payload arrives
   uint8_t hb[wire::kHeaderSize];
   std::string text;
-  // Read-ahead: a response header and a small READ's data in one recv().
-  SocketReader in(fd);
+  // On a socket, with read-ahead: a response header and a small READ's data in one recv().
+  const std::unique_ptr<ByteReader> reader = chan->Reader();
+  ByteReader& in = *reader;
+  const int fd = chan->fd();
   for (;;) {
     int err = in.Read(hb, sizeof(hb));
     if (err != 0) {

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // One initiator-side data connection to a peer.
 //
-// The lane's sender thread connects lazily (never inside post()), says HELLO
-// (authenticating both ways when the host has a secret, handshake.h), then
-// writes frames from its queue; its receiver thread matches responses to
+// The lane's sender thread connects lazily (never inside post()) - over the
+// peer's unix socket and then shared rings when it is on this host, else TCP
+// (channel.h) - says HELLO (authenticating both ways when the host has a
+// secret, handshake.h), then writes frames from its queue; its receiver thread matches responses to
 // frames in flight and completes them. A broken connection fails every frame
 // queued or in flight on it, and the next frame submitted reconnects.
 //
@@ -11,6 +12,7 @@
 // else). Frames are resolved - which may call host->complete - with no lock held.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -21,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "channel.h"
 #include "ferry/plugin.h"
 #include "gpu_stage.h"
 #include "socket_util.h"
@@ -39,6 +42,12 @@ struct PeerInfo {
   int connect_timeout_ms = 5000;
   int keepalive_s = 10;
   StagePool* stages = nullptr;  // for frames whose local memory is on a GPU
+  // Same host: the target's unix socket (empty: TCP only) and the size of
+  // each of a lane's two rings.
+  std::string unix_name;
+  uint64_t ring_bytes = 1 << 20;
+  int ring_spin_us = 0;
+  std::atomic<uint64_t>* ring_lanes_opened = nullptr;  // counted for describe/counters
 };
 
 class Lane {
@@ -71,13 +80,16 @@ class Lane {
   enum class State { kDown, kConnecting, kUp, kBroken };
 
   void SenderMain();
-  void ReceiverMain(int fd);
+  void ReceiverMain(Channel* chan);
   bool ConnectLocked(std::unique_lock<std::mutex>& lk);
+  // Connects and says HELLO: over the unix socket with rings when the peer is
+  // on this host and reachable so, else over TCP. FERRY_OK with *fd and *chan.
+  int Open(int* fd, std::unique_ptr<Channel>* chan, std::string* err);
   int SendOne(Frame& f, int flags);
   // A WRITE from GPU memory: the head, then the payload through a stage.
   int SendStaged(Frame& f);
   // A READ's payload into GPU memory; on failure *status/*msg say why the lane breaks.
-  int ReceiveStaged(SocketReader& in, Frame& f, int* status, std::string* msg);
+  int ReceiveStaged(ByteReader& in, Frame& f, int* status, std::string* msg);
   void AfterSendLocked(const FramePtr& f, int err, Doomed* doomed);
   // Breaks the connection and fails what is queued. reset: an explicit Reset or
   // Stop, which also fails frames queued after an earlier break.
@@ -93,7 +105,8 @@ class Lane {
   std::mutex mu_;
   std::condition_variable cv_;
   State state_ = State::kDown;
-  int fd_ = -1;  // written by the sender thread only, under both locks
+  int fd_ = -1;                    // written by the sender thread only, under both locks
+  std::unique_ptr<Channel> chan_;  // fd_'s byte stream; same rules
   bool started_ = false;
   bool stopping_ = false;
   bool abort_connect_ = false;

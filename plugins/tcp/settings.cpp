@@ -2,14 +2,17 @@
 #include "settings.h"
 
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "ferry/plugin_kit.hpp"
+#include "ring_handover.h"
 #include "wire.h"
 
 namespace ferry_tcp {
 namespace {
 
 using json = nlohmann::json;
+using ferry::plugin_kit::GetBool;
 using ferry::plugin_kit::GetBytes;
 using ferry::plugin_kit::GetInt;
 using ferry::plugin_kit::ParseObject;
@@ -74,11 +77,24 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
       if (!GetPayloadBytes(v, "gpu_chunk_bytes", &s.gpu_chunk_bytes, err)) return false;
     } else if (key == "gpu_pinned_bytes") {
       if (!GetBytes(v, "gpu_pinned_bytes", &s.gpu_pinned_bytes, err)) return false;
+    } else if (key == "same_host_rings") {
+      if (!GetBool(v, "same_host_rings", &s.same_host_rings, err)) return false;
+    } else if (key == "ring_bytes") {
+      if (!GetBytes(v, "ring_bytes", &s.ring_bytes, err)) return false;
+      if (s.ring_bytes < (64 << 10) || s.ring_bytes > kMaxAcceptedRing ||
+          (s.ring_bytes & (s.ring_bytes - 1)) != 0) {
+        *err = "setting 'ring_bytes' must be a power of two in 64KiB.." +
+               FormatBytes(kMaxAcceptedRing);
+        return false;
+      }
+    } else if (key == "ring_spin_us") {
+      if (!GetInt(v, "ring_spin_us", -1, 10000, &n, err)) return false;
+      s.ring_spin_us = static_cast<int>(n);
     } else {
       *err = "unknown tcp setting '" + key +
              "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
              "connect_timeout_ms, io_timeout_ms, keepalive_s, gpu_stage_bytes, gpu_chunk_bytes, "
-             "gpu_pinned_bytes)";
+             "gpu_pinned_bytes, same_host_rings, ring_bytes, ring_spin_us)";
       return false;
     }
   }
@@ -90,6 +106,11 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
   }
   *out = std::move(s);
   return true;
+}
+
+int RingSpinUs(const Settings& s) {
+  if (s.ring_spin_us >= 0) return s.ring_spin_us;
+  return std::thread::hardware_concurrency() >= 8 ? 50 : 0;
 }
 
 }  // namespace ferry_tcp

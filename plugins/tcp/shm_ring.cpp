@@ -24,7 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x46525347;  // "FRSG"
-constexpr uint32_t kVersion = 2;  // 2: bells (eventfds) instead of futex words
+constexpr uint32_t kVersion = 2;         // 2: bells (eventfds) instead of futex words
 // The control block's share of the segment; the ring's bytes follow it.
 constexpr size_t kControlBytes = 4096;
 // Each copy publishes at most this much, so the peer starts on a large write
@@ -151,6 +151,11 @@ void Ring::Release() {
   data_ = nullptr;
 }
 
+void Ring::CloseSegmentFd() {
+  if (h_.memfd >= 0) ::close(h_.memfd);
+  h_.memfd = -1;
+}
+
 Handover Ring::Duplicate() const {
   Handover d;
   d.memfd = fcntl(h_.memfd, F_DUPFD_CLOEXEC, 0);
@@ -230,6 +235,7 @@ Ring Ring::Attach(Handover h, std::string* why) {
     return refuse("bad magic, version or capacity in its control block");
   }
   Ring r(h, map, size, capacity);
+  r.CloseSegmentFd();
   // Where the ring stands now; from here on each side trusts only its own index.
   r.head_ = r.ctl_->head.load(std::memory_order_acquire);
   r.tail_ = r.ctl_->tail.load(std::memory_order_acquire);
@@ -352,8 +358,7 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
   *got = 0;
   while (*got < len) {
     int r = bytes();
-    if (r == kNotYet)
-      r = Wait(bytes, h_.data_bell, &ctl_->reader_sleeping, timeout, liveness_fd);
+    if (r == kNotYet) r = Wait(bytes, h_.data_bell, &ctl_->reader_sleeping, timeout, liveness_fd);
     if (r != 0) return r;
     const uint64_t k = std::min({avail, static_cast<uint64_t>(len - *got), kPublishBytes});
     const uint64_t pos = tail_ & mask;

@@ -62,7 +62,7 @@ class Ring {
   // get wrong: a memfd sealed against shrink and grow, a size that is a
   // control block plus a power-of-two capacity, the magic and version, and
   // bells that are non-blocking eventfds. Takes ownership of every descriptor
-  // in h (closed on failure too).
+  // in h (closed on failure too; the segment's once it is mapped).
   static Ring Attach(Handover h, std::string* why);
 
   Ring() = default;
@@ -78,6 +78,9 @@ class Ring {
   const Handover& handover() const { return h_; }
   // Copies of them (CLOEXEC), owned by the caller.
   Handover Duplicate() const;
+  // Closes the segment's descriptor once the peer has it: the mapping keeps
+  // the memory, and a lane then holds one descriptor less per ring.
+  void CloseSegmentFd();
   uint64_t capacity() const { return capacity_; }
 
   // The producer's end. Writes iov[0..n) from `*progress` bytes in, advancing

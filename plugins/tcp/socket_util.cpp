@@ -8,13 +8,17 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -203,11 +207,6 @@ int SocketReader::ReadIov(const iovec* iov, size_t n, bool idle_ok) {
   }
 }
 
-int SocketReader::Read(void* buf, size_t len, bool idle_ok) {
-  iovec iov{buf, len};
-  return ReadIov(&iov, 1, idle_ok);
-}
-
 int SocketReader::Discard(uint64_t len) {
   const uint64_t from_buf = std::min<uint64_t>(len, end_ - pos_);
   pos_ += static_cast<size_t>(from_buf);
@@ -335,6 +334,142 @@ int ListenTcp(const std::string& host, uint16_t port, int* out_fd, uint16_t* bou
   freeaddrinfo(res);
   *err = "cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(last);
   return last;
+}
+
+namespace {
+
+// An abstract-namespace address: sun_path starts with a NUL, no file exists.
+socklen_t AbstractAddress(const std::string& name, sockaddr_un* a) {
+  *a = {};
+  a->sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof(a->sun_path) - 1);
+  std::memcpy(a->sun_path + 1, name.data(), n);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+}  // namespace
+
+int ListenUnix(int* out_fd, std::string* name, std::string* err) {
+  uint8_t r[8];
+  if (getrandom(r, sizeof r, 0) != static_cast<ssize_t>(sizeof r)) {
+    *err = "no random bytes for a unix socket name";
+    return EIO;
+  }
+  char hex[17];
+  for (size_t i = 0; i < sizeof r; ++i) std::snprintf(hex + 2 * i, 3, "%02x", r[i]);
+  const std::string n = std::string("ferry-tcp-") + hex;
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *err = std::string("unix socket: ") + std::strerror(errno);
+    return errno;
+  }
+  sockaddr_un a;
+  const socklen_t len = AbstractAddress(n, &a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd, 128) != 0) {
+    const int e = errno;
+    *err = "cannot listen on unix socket @" + n + ": " + std::strerror(e);
+    close(fd);
+    return e;
+  }
+  *out_fd = fd;
+  *name = n;
+  return 0;
+}
+
+int ConnectUnix(const std::string& name, int timeout_ms, int* out_fd, std::string* err) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *err = std::string("unix socket: ") + std::strerror(errno);
+    return errno;
+  }
+  // A full backlog makes connect() wait; SO_SNDTIMEO bounds that wait.
+  SetIoTimeout(fd, timeout_ms);
+  sockaddr_un a;
+  const socklen_t len = AbstractAddress(name, &a);
+  int rc;
+  do {
+    rc = connect(fd, reinterpret_cast<sockaddr*>(&a), len);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int e = errno == EAGAIN || errno == EINPROGRESS ? ETIMEDOUT : errno;
+    *err = "cannot connect to unix socket @" + name + ": " + std::strerror(e);
+    close(fd);
+    return e;
+  }
+  SetIoTimeout(fd, 0);
+  *out_fd = fd;
+  return 0;
+}
+
+int SendWithFds(int fd, const void* buf, size_t len, const int* fds, size_t n_fds) {
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * n_fds));
+  iovec v{const_cast<void*>(buf), len};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = control.data();
+  m.msg_controllen = control.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
+  std::memcpy(CMSG_DATA(c), fds, sizeof(int) * n_fds);
+  ssize_t r;
+  do {
+    r = sendmsg(fd, &m, MSG_NOSIGNAL);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) return errno;
+  // The descriptors went with the first byte; the rest, if any, follows plainly.
+  const size_t sent = static_cast<size_t>(r);
+  return sent == len ? 0 : SendAll(fd, static_cast<const uint8_t*>(buf) + sent, len - sent);
+}
+
+int RecvWithFds(int fd, void* buf, size_t len, int* fds, size_t max_fds, size_t* n_fds,
+                bool* truncated, std::chrono::steady_clock::time_point deadline, int abort_fd) {
+  *n_fds = 0;
+  *truncated = false;
+  auto* p = static_cast<uint8_t*>(buf);
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * max_fds));
+  while (len > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return ETIMEDOUT;
+    pollfd pf[2] = {{fd, POLLIN, 0}, {abort_fd, POLLIN, 0}};
+    const int n = ::poll(pf, abort_fd >= 0 ? 2 : 1, static_cast<int>(left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return ETIMEDOUT;
+    if (abort_fd >= 0 && (pf[1].revents & POLLIN)) return ECANCELED;
+    iovec v{p, len};
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = control.data();
+    m.msg_controllen = control.size();
+    const ssize_t r = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (r < 0) return errno;
+    if (m.msg_flags & MSG_CTRUNC) *truncated = true;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; ++i) {
+        int got;
+        std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
+        if (*n_fds < max_fds) {
+          fds[(*n_fds)++] = got;
+        } else {
+          close(got);
+          *truncated = true;
+        }
+      }
+    }
+    if (r == 0) return kEof;
+    p += r;
+    len -= static_cast<size_t>(r);
+  }
+  return 0;
 }
 
 void SetNoDelay(int fd) {

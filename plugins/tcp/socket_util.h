@@ -37,18 +37,32 @@ int RecvAllBy(int fd, void* buf, size_t len, std::chrono::steady_clock::time_poi
 // Reads and discards len bytes, keeping the stream in step after a refused frame.
 int Discard(int fd, uint64_t len);
 
-// The receiving side of a data connection, with a small read-ahead buffer: one
+// The receiving side of a lane's byte stream (channel.h: a socket or a ring).
+// Same error convention and idle_ok meaning as RecvIov: with idle_ok, a stall
+// before the first byte is not an error (an idle lane is fine, a stalled frame
+// is not).
+class ByteReader {
+ public:
+  virtual ~ByteReader() = default;
+  virtual int ReadIov(const iovec* iov, size_t n, bool idle_ok = false) = 0;
+  int Read(void* buf, size_t len, bool idle_ok = false) {
+    iovec iov{buf, len};
+    return ReadIov(&iov, 1, idle_ok);
+  }
+  // Reads and discards len bytes, keeping the stream in step after a refused frame.
+  virtual int Discard(uint64_t len) = 0;
+};
+
+// The receiving side of a socket, with a small read-ahead buffer: one
 // recv() takes a whole small frame (header, items and payload, or a response
 // and the next one) instead of one call per piece. Large payloads still go
 // straight from the socket into their destination (only a tail shorter than the
 // buffer passes through it), so there is no staging copy of bulk data.
-// Same error convention and idle_ok meaning as RecvIov.
-class SocketReader {
+class SocketReader final : public ByteReader {
  public:
   explicit SocketReader(int fd, size_t buffer_bytes = 16 * 1024);
-  int ReadIov(const iovec* iov, size_t n, bool idle_ok = false);
-  int Read(void* buf, size_t len, bool idle_ok = false);
-  int Discard(uint64_t len);
+  int ReadIov(const iovec* iov, size_t n, bool idle_ok = false) override;
+  int Discard(uint64_t len) override;
 
  private:
   // Copies buffered bytes into v from *first on; true when v is complete.
@@ -65,6 +79,21 @@ int ConnectTcp(const std::string& host, uint16_t port, int timeout_ms, int abort
                std::string* err);
 int ListenTcp(const std::string& host, uint16_t port, int* out_fd, uint16_t* bound_port,
               std::string* err);
+
+// Same-host lanes (channel.h): a unix stream socket in the abstract namespace
+// (no file to clean up; reachable only from this network namespace). ListenUnix
+// binds a fresh random name ("ferry-tcp-" and 16 hex digits) and says it.
+int ListenUnix(int* out_fd, std::string* name, std::string* err);
+// Connects within timeout_ms. ECONNREFUSED: nobody listens under that name
+// here (the target is in another network namespace, or gone).
+int ConnectUnix(const std::string& name, int timeout_ms, int* out_fd, std::string* err);
+// One message of len bytes with descriptors attached (SCM_RIGHTS).
+int SendWithFds(int fd, const void* buf, size_t len, const int* fds, size_t n_fds);
+// Exactly len bytes by `deadline` (or ECANCELED once abort_fd fires), and the
+// descriptors that came with them: at most max_fds, the rest closed and
+// *truncated set. Received descriptors are CLOEXEC and owned by the caller.
+int RecvWithFds(int fd, void* buf, size_t len, int* fds, size_t max_fds, size_t* n_fds,
+                bool* truncated, std::chrono::steady_clock::time_point deadline, int abort_fd = -1);
 
 void SetNoDelay(int fd);
 // SO_RCVTIMEO and SO_SNDTIMEO; 0 = block forever.

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "target.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 
 #include "handshake.h"
 #include "log.h"
+#include "ring_handover.h"
 #include "socket_util.h"
 
 namespace ferry_tcp {
@@ -41,6 +43,16 @@ TargetServer::~TargetServer() { Stop(); }
 bool TargetServer::Start(std::string* err) {
   if (ListenTcp(settings_.listen_host, settings_.listen_port, &listen_fd_, &port_, err) != 0) {
     return false;
+  }
+  if (!stop_waker_.ok()) {
+    *err = std::string("eventfd: ") + std::strerror(errno);
+    return false;
+  }
+  if (settings_.same_host_rings) {
+    std::string why;
+    // Without it, peers on this host use TCP: said, not fatal.
+    if (ListenUnix(&unix_fd_, &unix_name_, &why) != 0)
+      Log(host_, FERRY_LOG_WARN, "same-host lanes over shared rings are off: %s", why.c_str());
   }
   accept_thread_ = std::thread([this] { AcceptMain(); });
   return true;
@@ -74,7 +86,7 @@ void TargetServer::Stop() {
     if (stopping_) return;
     stopping_ = true;
     // shutdown (not close) wakes accept() and every blocked recv; the owners close.
-    if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+    stop_waker_.Signal();
     for (auto& c : conns_) {
       if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
     }
@@ -83,6 +95,8 @@ void TargetServer::Stop() {
   if (accept_thread_.joinable()) accept_thread_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;
+  if (unix_fd_ >= 0) ::close(unix_fd_);
+  unix_fd_ = -1;
   // No new connections now; the list is ours.
   for (auto& c : conns_) {
     if (c->thread.joinable()) c->thread.join();
@@ -102,9 +116,28 @@ void TargetServer::ReapLocked() {
   }
 }
 
+int TargetServer::AcceptOne(bool* local) {
+  for (;;) {
+    pollfd p[3] = {{stop_waker_.fd(), POLLIN, 0}, {listen_fd_, POLLIN, 0}, {unix_fd_, POLLIN, 0}};
+    const int n = ::poll(p, unix_fd_ >= 0 ? 3 : 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    if (p[0].revents != 0) {
+      errno = ECANCELED;
+      return -1;
+    }
+    // Both listeners ready: take TCP first this time, the unix one next poll.
+    *local = p[1].revents == 0;
+    const int fd = accept4(*local ? unix_fd_ : listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    return fd;
+  }
+}
+
 void TargetServer::AcceptMain() {
   for (;;) {
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    bool local = false;
+    const int fd = AcceptOne(&local);
     std::unique_lock lk(mu_);
     if (stopping_) {
       if (fd >= 0) ::close(fd);
@@ -140,7 +173,8 @@ void TargetServer::AcceptMain() {
     // A flood of connections that never finish the handshake must not pin a
     // thread each: past the limit, the oldest of the source with the most of
     // them is cut (a flood from one address evicts its own, not a good peer's).
-    std::string source = PeerAddress(fd);
+    // Every same-host lane shares one source: "local".
+    std::string source = local ? "local:" : PeerAddress(fd);
     source = source.substr(0, source.rfind(':'));
     size_t pending = 0;
     std::map<std::string, size_t> by_source;
@@ -178,6 +212,7 @@ void TargetServer::AcceptMain() {
       conns_.push_back(std::make_unique<Conn>());
       Conn* c = conns_.back().get();
       c->fd = fd;
+      c->local = local;
       c->source = source;
       c->thread = std::thread([this, c] { Serve(c); });
     } catch (const std::exception& e) {
@@ -198,7 +233,7 @@ void TargetServer::Serve(Conn* c) {
     fd = c->fd;
   }
   try {
-    ServeLane(c, fd, PeerAddress(fd));
+    ServeLane(c, fd, c->local ? "this host (unix socket)" : PeerAddress(fd));
   } catch (const std::exception& e) {
     Log(host_, FERRY_LOG_ERROR, "lane thread failed: %s", e.what());
   }
@@ -208,7 +243,7 @@ void TargetServer::Serve(Conn* c) {
   c->done = true;
 }
 
-int TargetServer::SendError(int fd, uint64_t req_id, int status, const std::string& msg) {
+int TargetServer::SendError(Channel& ch, uint64_t req_id, int status, const std::string& msg) {
   wire::Header h;
   h.type = wire::Type::kError;
   h.req_id = req_id;
@@ -217,7 +252,7 @@ int TargetServer::SendError(int fd, uint64_t req_id, int status, const std::stri
   h.payload_len = text.size();
   std::vector<uint8_t> out = wire::EncodeFrameHead(h, {});
   out.insert(out.end(), text.begin(), text.end());
-  return SendAll(fd, out.data(), out.size());
+  return ch.SendAll(out.data(), out.size());
 }
 
 void TargetServer::WarnFrom(const char* what, const std::string& from, const std::string& msg) {
@@ -233,7 +268,8 @@ void TargetServer::WarnFrom(const char* what, const std::string& from, const std
 void TargetServer::Refuse(int fd, const std::string& from, const std::string& why) {
   ++rejected_;
   WarnFrom("refused", from, "refusing lane from " + from + ": " + why);
-  if (SendError(fd, 0, FERRY_ERR_REMOTE, why) == 0) {
+  Channel socket(fd);  // a refusal is always said on the socket, before any ring
+  if (SendError(socket, 0, FERRY_ERR_REMOTE, why) == 0) {
     // Closing with the initiator's frames unread would reset the connection and
     // could destroy the refusal before it is read; let the initiator close first.
     ::shutdown(fd, SHUT_WR);
@@ -352,8 +388,10 @@ std::shared_ptr<TargetPeer> TargetServer::PeerForLane(const std::string& key, bo
 }
 
 void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
-  SetNoDelay(fd);
-  SetKeepAlive(fd, settings_.keepalive_s);
+  if (!c->local) {
+    SetNoDelay(fd);
+    SetKeepAlive(fd, settings_.keepalive_s);
+  }
   // The whole handshake (HELLO, key, auth) must finish within the connect
   // timeout, however its bytes trickle in; after it, a frame that stops moving
   // for io_timeout_ms is given up on.
@@ -407,6 +445,24 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     Refuse(fd, from, why);
     return;
   }
+  // A same-host lane switches to the rings its initiator hands over; the
+  // socket stays as the lane's identity (fences and revocations shut it down)
+  // and its liveness signal.
+  std::optional<Channel> ch;
+  if (c->local) {
+    shm::Ring out, in;
+    if (!AcceptRings(fd, deadline, &out, &in, &why)) {
+      tp->Detach(fd);
+      Refuse(fd, from, why);
+      return;
+    }
+    ch.emplace(fd, std::move(out), std::move(in),
+               std::chrono::milliseconds(settings_.io_timeout_ms));
+    ch->SetSpin(std::chrono::microseconds(RingSpinUs(settings_)));
+    ++ring_lanes_;
+  } else {
+    ch.emplace(fd);
+  }
   // Request expiries are compared on our clock. An initiator on this kernel
   // shares it (steady_clock is CLOCK_MONOTONIC). Another host's is mapped by the
   // clock its HELLO carried: the HELLO's transit time, or our being stopped
@@ -429,7 +485,8 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   std::string close_why;
   // From here on the lane carries frames only: read them with read-ahead, so a
   // small request costs one recv() rather than three.
-  SocketReader in(fd);
+  const std::unique_ptr<ByteReader> reader = ch->Reader();
+  ByteReader& in = *reader;
   for (;;) {
     err = in.Read(hb, sizeof(hb), /*idle_ok=*/true);
     if (err != 0) {
@@ -486,20 +543,20 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     int status = FERRY_OK;
     std::string reason;
     const Outcome out =
-        ServeRequest(fd, in, *tp, h, items, count, clock_offset, &status, &reason, &close_why);
+        ServeRequest(*ch, in, *tp, h, items, count, clock_offset, &status, &reason, &close_why);
     if (out == Outcome::kCloseLane) break;
     err = 0;
     if (out == Outcome::kRefused) {
       Log(host_, FERRY_LOG_INFO, "refused %s from %s: %s", wire::TypeName(h.type), who.c_str(),
           reason.c_str());
-      err = SendError(fd, h.req_id, status, reason);
+      err = SendError(*ch, h.req_id, status, reason);
     } else if (h.type == wire::Type::kWrite) {
       wire::Header ack;
       ack.type = wire::Type::kWriteAck;
       ack.req_id = h.req_id;
       uint8_t ab[wire::kHeaderSize];
       wire::EncodeHeader(ack, ab);
-      err = SendAll(fd, ab, sizeof(ab));
+      err = ch->SendAll(ab, sizeof(ab));
     }
     if (err != 0) {
       close_why = "cannot answer: " + IoErrorString(err);
@@ -512,13 +569,14 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   tp->Detach(fd);
 }
 
-TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, TargetPeer& tp,
+TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, TargetPeer& tp,
                                                  const wire::Header& h,
                                                  const std::vector<wire::Item>& items,
                                                  const std::function<bool(int)>& count,
                                                  int64_t clock_offset, int* status,
                                                  std::string* reason, std::string* close_why) {
   const bool is_write = h.type == wire::Type::kWrite;
+  const int fd = ch.fd();  // the lane's identity for fences and revocation
   std::shared_ptr<Region> r;
   if (tp.removed()) {
     *status = FERRY_ERR_NOT_FOUND;
@@ -574,7 +632,7 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
       *status = FERRY_ERR_GPU;
       *reason = "cannot stage GPU memory " + std::to_string(h.region_id) + ": " + *reason;
     } else if (r->on_gpu()) {
-      const Outcome out = ServeStaged(fd, in, *r, h, items, *stage, count, close_why);
+      const Outcome out = ServeStaged(ch, in, *r, h, items, *stage, count, close_why);
       use.reset();
       apply_end.whole = out == Outcome::kServed;
       return out;
@@ -620,11 +678,11 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
       // MSG_MORE: the held-back byte follows at once, so the tail of the data waits
       // for it in the socket and leaves in the same segment - one wake-up of the
       // initiator, not two.
-      int err = SendIov(fd, iov.data(), iov.size(), &progress, notify ? MSG_MORE : 0);
+      int err = ch.Send(iov.data(), iov.size(), &progress, notify ? MSG_MORE : 0);
       use.reset();
       if (err == 0 && notify) {
         if (!count(FERRY_OK)) return Outcome::kCloseLane;
-        err = SendAll(fd, &last, 1);
+        err = ch.SendAll(&last, 1);
       }
       if (err != 0) {
         *close_why = IoErrorString(err);
@@ -645,7 +703,7 @@ TargetServer::Outcome TargetServer::ServeRequest(int fd, SocketReader& in, Targe
   return count(*status) ? Outcome::kRefused : Outcome::kCloseLane;
 }
 
-TargetServer::Outcome TargetServer::ServeStaged(int fd, SocketReader& in, const Region& r,
+TargetServer::Outcome TargetServer::ServeStaged(Channel& ch, ByteReader& in, const Region& r,
                                                 const wire::Header& h,
                                                 const std::vector<wire::Item>& items, Stage& stage,
                                                 const std::function<bool(int)>& count,
@@ -678,14 +736,14 @@ TargetServer::Outcome TargetServer::ServeStaged(int fd, SocketReader& in, const 
   wire::EncodeHeader(resp, rb);
   iovec head{rb, sizeof(rb)};
   size_t progress = 0;
-  int err = SendIov(fd, &head, 1, &progress, MSG_MORE);
+  int err = ch.Send(&head, 1, &progress, MSG_MORE);
   uint8_t last = 0;
   if (err == 0)
-    err = stage.Send(fd, mem.data(), mem.size(), notify ? MSG_MORE : 0, notify ? &last : nullptr);
+    err = stage.Send(ch, mem.data(), mem.size(), notify ? MSG_MORE : 0, notify ? &last : nullptr);
   if (err != 0) return lost(err);
   if (notify) {
     if (!count(FERRY_OK)) return Outcome::kCloseLane;
-    err = SendAll(fd, &last, 1);
+    err = ch.SendAll(&last, 1);
     if (err != 0) return lost(err);
     return Outcome::kServed;
   }

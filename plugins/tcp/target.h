@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The target side: the data-lane listener and one thread per accepted lane that
-// serves READ and WRITE requests against registered memory.
+// The target side: the data-lane listeners (TCP, and a unix socket for lanes
+// from engines on this host, which then run over shared rings: channel.h) and
+// one thread per accepted lane that serves READ and WRITE requests against
+// registered memory.
 //
 // A lane is admitted only after HELLO names an added peer and, when the host
 // has a secret, the peer proved it (handshake.h); refused lanes are logged and
@@ -25,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "channel.h"
 #include "ferry/plugin.h"
 #include "gpu_stage.h"
 #include "log_gate.h"
@@ -49,6 +52,10 @@ class TargetServer {
 
   bool Start(std::string* err);
   uint16_t port() const { return port_; }
+  // The abstract unix socket same-host lanes connect to; empty when off.
+  const std::string& unix_name() const { return unix_name_; }
+  // Lanes admitted over shared rings since the start.
+  uint64_t ring_lanes() const { return ring_lanes_.load(); }
   // False when the key is already added. same_host: it runs on this kernel, so
   // its clock (steady_clock) is ours and request expiries need no mapping.
   bool AddPeer(const std::string& key, bool same_host = false);
@@ -67,12 +74,16 @@ class TargetServer {
     bool done = false;
     bool admitted = false;  // past the handshake (guarded by mu_)
     bool evicted = false;
+    bool local = false;  // came in on the unix socket: a same-host ring lane
     std::string source;  // the peer's address without the port
   };
   // What serving one request frame decided.
   enum class Outcome { kServed, kRefused, kCloseLane };
 
   void AcceptMain();
+  // Blocks until a lane comes in on either listener (or Stop): its fd, or -1
+  // with errno; *local says which listener.
+  int AcceptOne(bool* local);
   void Serve(Conn* c);
   void ServeLane(Conn* c, int fd, const std::string& from);
   // What a lane proved in its handshake, kept to check again when the peer is
@@ -104,26 +115,30 @@ class TargetServer {
   std::shared_ptr<TargetPeer> PeerForLane(const std::string& key, bool authenticated,
                                           std::string* why);
   void WarnFrom(const char* what, const std::string& from, const std::string& msg);
-  Outcome ServeRequest(int fd, SocketReader& in, TargetPeer& tp, const wire::Header& h,
+  Outcome ServeRequest(Channel& ch, ByteReader& in, TargetPeer& tp, const wire::Header& h,
                        const std::vector<wire::Item>& items, const std::function<bool(int)>& count,
                        int64_t clock_offset, int* status, std::string* reason,
                        std::string* close_why);
   // ServeRequest for a checked request on a GPU region, through `stage`.
-  Outcome ServeStaged(int fd, SocketReader& in, const Region& r, const wire::Header& h,
+  Outcome ServeStaged(Channel& ch, ByteReader& in, const Region& r, const wire::Header& h,
                       const std::vector<wire::Item>& items, Stage& stage,
                       const std::function<bool(int)>& count, std::string* close_why);
-  int SendError(int fd, uint64_t req_id, int status, const std::string& msg);
+  static int SendError(Channel& ch, uint64_t req_id, int status, const std::string& msg);
   void ReapLocked();
 
   const ferry_host_v1* host_;
   const std::string engine_key_;
   const Settings settings_;
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> ring_lanes_{0};
   std::atomic<uint64_t> registrations_{0};  // AddPeer calls so far (LaneStillProven)
   RegionTable* regions_;
   StagePool* stages_;  // for requests on GPU regions
   int listen_fd_ = -1;
   uint16_t port_ = 0;
+  int unix_fd_ = -1;
+  std::string unix_name_;
+  Waker stop_waker_;  // ends AcceptOne's poll at Stop
   std::thread accept_thread_;
 
   std::mutex mu_;

@@ -208,28 +208,49 @@ std::vector<uint8_t> AuthTranscript(std::string_view label, const uint8_t* initi
 }
 
 std::vector<uint8_t> EncodeConnBlob(const ConnInfo& info) {
-  std::vector<uint8_t> out(4 + info.host.size());
-  out[0] = kConnBlobVersion;
+  // Without a socket name, version 1: what every ferry reads.
+  const bool v2 = !info.unix_name.empty();
+  std::vector<uint8_t> out(4 + info.host.size() + (v2 ? 1 + info.unix_name.size() : 0));
+  out[0] = v2 ? kConnBlobVersion : 1;
   Put16(out.data() + 1, info.port);
   out[3] = static_cast<uint8_t>(info.host.size());
   std::memcpy(out.data() + 4, info.host.data(), info.host.size());
+  if (v2) {
+    uint8_t* p = out.data() + 4 + info.host.size();
+    p[0] = static_cast<uint8_t>(info.unix_name.size());
+    std::memcpy(p + 1, info.unix_name.data(), info.unix_name.size());
+  }
   return out;
 }
 
 bool DecodeConnBlob(const void* blob, size_t len, ConnInfo* info, std::string* why) {
   const auto* p = static_cast<const uint8_t*>(blob);
   if (p == nullptr || len < 4) return Fail(why, "tcp connection blob too short");
-  if (p[0] != kConnBlobVersion) {
+  if (p[0] != 1 && p[0] != kConnBlobVersion) {
     return Fail(why, "tcp connection blob version " + std::to_string(p[0]) + " unsupported");
   }
   const size_t host_len = p[3];
-  if (len != 4 + host_len) return Fail(why, "tcp connection blob length mismatch");
+  size_t want = 4 + host_len;
+  size_t name_len = 0;
+  if (p[0] == 2) {
+    if (len < want + 1) return Fail(why, "tcp connection blob length mismatch");
+    name_len = p[want];
+    want += 1 + name_len;
+  }
+  if (len != want) return Fail(why, "tcp connection blob length mismatch");
   info->port = Get16(p + 1);
   if (info->port == 0) return Fail(why, "tcp connection blob has port 0");
   info->host.assign(reinterpret_cast<const char*>(p + 4), host_len);
   for (char c : info->host) {
     // Hostnames and IPv4/IPv6 literals only: no spaces, controls or non-ASCII.
     if (c <= 0x20 || c >= 0x7f) return Fail(why, "tcp connection blob has a bad host name");
+  }
+  info->unix_name.assign(reinterpret_cast<const char*>(p + 5 + host_len), name_len);
+  if (name_len > kMaxUnixName) return Fail(why, "tcp connection blob has a bad unix socket name");
+  for (char c : info->unix_name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_';
+    if (!ok) return Fail(why, "tcp connection blob has a bad unix socket name");
   }
   return true;
 }

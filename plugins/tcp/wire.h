@@ -96,11 +96,19 @@ std::vector<uint8_t> EncodeFrameHead(const Header& h, const std::vector<Item>& i
 
 // Connection info: version, port, host. An empty host means "use the host the
 // core knows the peer by" (set when listening on a wildcard address).
+//
+// Version 2 appends the name of the target's abstract unix socket for lanes
+// from engines on its host (channel.h): one length byte (0: none) and up to
+// kMaxUnixName characters of [A-Za-z0-9_-]. Version 1 blobs still decode (no
+// socket); a version-1 reader refuses a version-2 blob, so an engine whose
+// peers run an older ferry turns same_host_rings off (settings.h).
 struct ConnInfo {
   std::string host;
   uint16_t port = 0;
+  std::string unix_name;
 };
-inline constexpr uint8_t kConnBlobVersion = 1;
+inline constexpr uint8_t kConnBlobVersion = 2;
+inline constexpr size_t kMaxUnixName = 64;
 std::vector<uint8_t> EncodeConnBlob(const ConnInfo& info);
 bool DecodeConnBlob(const void* blob, size_t len, ConnInfo* info, std::string* why);
 

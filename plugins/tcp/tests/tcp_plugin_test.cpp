@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,6 +29,7 @@
 #include "fake_gpu.h"
 #include "ferry/plugin.h"
 #include "planner.h"
+#include "shm_ring.h"
 #include "socket_util.h"
 #include "target_peer.h"
 #include "testing/plugin_harness.h"
@@ -39,6 +42,7 @@ namespace {
 using namespace std::chrono_literals;
 using namespace ferry_plugin_test;
 namespace wire = ferry_tcp::wire;
+namespace shm = ferry_tcp::shm;
 const ferry_plugin_ops_v1& ops = ferry_plugin_v1;
 
 // An instance as tcp's tests make it: no control channel (tcp has none, so
@@ -277,9 +281,38 @@ TEST(TcpPlanner, CoalescesPacksAndSplits) {
 
 // ---- two engines ----------------------------------------------------------------
 
-class TcpPair : public PairTest<> {
+// The byte stream a pair's lanes run over: TCP, or - the peers on one host -
+// shared rings behind a unix socket (channel.h). Each pair suite runs on both.
+enum class Stream { kTcp, kRings };
+std::string StreamName(const ::testing::TestParamInfo<Stream>& p) {
+  return p.param == Stream::kTcp ? "tcp" : "rings";
+}
+uint32_t SameHost(Stream s) { return s == Stream::kRings ? 1 : 0; }
+
+// A counter from the instance's counters() JSON (tcp's: instance.cpp).
+uint64_t Counter(Instance& e, const char* name) {
+  char buf[1024] = {};
+  EXPECT_EQ(ops.counters(e.ctx(), buf, sizeof buf), FERRY_OK);
+  return nlohmann::json::parse(buf).value(name, uint64_t{0});
+}
+
+class TcpPair : public PairTest<::testing::TestWithParam<Stream>> {
  protected:
-  TcpPair() : PairTest(ops, {.key_a = "engine-a", .key_b = "engine-b"}) {}
+  TcpPair()
+      : PairTest(ops, {.key_a = "engine-a",
+                       .key_b = "engine-b",
+                       .instance = {.same_host = SameHost(GetParam())}}) {}
+  void TearDown() override {
+    // What the suite ran over is what it says it ran over: a same-host pair
+    // whose lanes quietly took TCP would test nothing new.
+    if (a_ && b_ && Counter(*a_, "ring_lanes_opened") + Counter(*b_, "ring_lanes_opened") > 0) {
+      EXPECT_EQ(GetParam(), Stream::kRings) << "ring lanes opened between hosts";
+    }
+    if (GetParam() == Stream::kRings && a_ && Counter(*a_, "ring_lanes_opened") > 0) {
+      EXPECT_GT(Counter(*b_, "ring_lanes_served"), 0u);
+    }
+    PairTest::TearDown();
+  }
   void SetUp() override { Connect("{}"); }
 
   // WRITE a -> b then READ b -> a of `n` bytes, checking the data both times.
@@ -300,15 +333,18 @@ class TcpPair : public PairTest<> {
     ASSERT_EQ(r.status, FERRY_OK) << r.msg;
     EXPECT_TRUE(SameBytes(back->data.data() + local_off, dst->data.data() + remote_off, n));
     ops.mem_release(a_->ctx(), remote);
+    if (GetParam() == Stream::kRings) {
+      EXPECT_GT(Counter(*a_, "ring_lanes_opened"), 0u);
+    }
   }
 };
 
-TEST_F(TcpPair, WriteReadOneByte) { RoundTrip(1, 3, 5, 10); }
-TEST_F(TcpPair, WriteRead4KiB) { RoundTrip(4096, 0, 4096, 20); }
-TEST_F(TcpPair, WriteRead1MiB) { RoundTrip(1 << 20, 17, 0, 30); }
-TEST_F(TcpPair, WriteRead64MiBPlusOne) { RoundTrip((64u << 20) + 1, 1, 4095, 40); }
+TEST_P(TcpPair, WriteReadOneByte) { RoundTrip(1, 3, 5, 10); }
+TEST_P(TcpPair, WriteRead4KiB) { RoundTrip(4096, 0, 4096, 20); }
+TEST_P(TcpPair, WriteRead1MiB) { RoundTrip(1 << 20, 17, 0, 30); }
+TEST_P(TcpPair, WriteRead64MiBPlusOne) { RoundTrip((64u << 20) + 1, 1, 4095, 40); }
 
-TEST_F(TcpPair, BatchOfNonContiguousSmallItems) {
+TEST_P(TcpPair, BatchOfNonContiguousSmallItems) {
   Mem* src = a_->Register(1, 128 * 8192);
   Mem* back = a_->Register(2, 128 * 8192);
   Mem* dst = b_->Register(1, 128 * 12288);
@@ -330,7 +366,7 @@ TEST_F(TcpPair, BatchOfNonContiguousSmallItems) {
   ops.mem_release(a_->ctx(), remote);
 }
 
-TEST_F(TcpPair, BatchOfContiguousItems) {
+TEST_P(TcpPair, BatchOfContiguousItems) {
   Mem* src = a_->Register(1, 128 * 4096);
   Mem* back = a_->Register(2, 128 * 4096);
   Mem* dst = b_->Register(1, 129 * 4096);
@@ -345,7 +381,7 @@ TEST_F(TcpPair, BatchOfContiguousItems) {
   ops.mem_release(a_->ctx(), remote);
 }
 
-TEST_F(TcpPair, ManyFramesOverSmallChunksAndItemLimit) {
+TEST_P(TcpPair, ManyFramesOverSmallChunksAndItemLimit) {
   TearDown();
   Connect(R"({"lanes": 3, "chunk_bytes": "64KiB"})");
   // 10000 scattered 8-byte items (more than one frame's item limit) plus a
@@ -375,7 +411,7 @@ TEST_F(TcpPair, ManyFramesOverSmallChunksAndItemLimit) {
   ops.mem_release(a_->ctx(), remote);
 }
 
-TEST_F(TcpPair, NotifyExactlyOnceAndOnlyWhenAsked) {
+TEST_P(TcpPair, NotifyExactlyOnceAndOnlyWhenAsked) {
   Mem* src = a_->Register(1, 8 << 20);
   Mem* dst = b_->Register(1, 8 << 20);
   void* remote = a_->Import(a_peer_b_, *dst);
@@ -422,7 +458,7 @@ TEST_F(TcpPair, NotifyExactlyOnceAndOnlyWhenAsked) {
   ops.mem_release(a_->ctx(), remote);
 }
 
-TEST_F(TcpPair, OutOfRangeRemoteIsRefusedByTarget) {
+TEST_P(TcpPair, OutOfRangeRemoteIsRefusedByTarget) {
   Mem* src = a_->Register(1, 1 << 20);
   Mem* dst = b_->Register(1, 4096);
   void* remote = a_->Import(a_peer_b_, *dst);
@@ -451,7 +487,7 @@ TEST_F(TcpPair, OutOfRangeRemoteIsRefusedByTarget) {
   ops.mem_release(a_->ctx(), remote);
 }
 
-TEST_F(TcpPair, LocalOutOfRangeIsRefusedAtPost) {
+TEST_P(TcpPair, LocalOutOfRangeIsRefusedAtPost) {
   Mem* src = a_->Register(1, 4096);
   Mem* dst = b_->Register(1, 4096);
   void* remote = a_->Import(a_peer_b_, *dst);
@@ -461,7 +497,7 @@ TEST_F(TcpPair, LocalOutOfRangeIsRefusedAtPost) {
   ops.mem_release(a_->ctx(), remote);
 }
 
-TEST_F(TcpPair, DeregisteredRemoteRegionIsRefused) {
+TEST_P(TcpPair, DeregisteredRemoteRegionIsRefused) {
   Mem* src = a_->Register(1, 4096);
   Mem* dst = b_->Register(1, 4096);
   void* remote = a_->Import(a_peer_b_, *dst);
@@ -479,7 +515,7 @@ TEST_F(TcpPair, DeregisteredRemoteRegionIsRefused) {
 // one never seen is NONE, and a frame of a fenced attempt that arrives later is
 // refused unread (its bytes do not land). A flood of fenced ids keeps the table
 // bounded.
-TEST_F(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
+TEST_P(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
   Mem* src = a_->Register(1, 1 << 20);
   Mem* dst = b_->Register(1, 1 << 20);
   void* remote = a_->Import(a_peer_b_, *dst);
@@ -532,14 +568,14 @@ TEST_F(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
   ops.mem_release(a_->ctx(), remote);
 }
 
-TEST_F(TcpPair, UnknownPeerHelloIsRejected) {
+TEST_P(TcpPair, UnknownPeerHelloIsRejected) {
   const int fd = RawConnect(PortOf(b_->ConnBlob()));
   RawSend(fd, Hello("stranger"));
   EXPECT_TRUE(ClosedByPeer(fd));
   close(fd);
 }
 
-TEST_F(TcpPair, RemovedPeerCannotReconnect) {
+TEST_P(TcpPair, RemovedPeerCannotReconnect) {
   Mem* src = a_->Register(1, 4096);
   Mem* dst = b_->Register(1, 4096);
   void* remote = a_->Import(a_peer_b_, *dst);
@@ -555,7 +591,7 @@ TEST_F(TcpPair, RemovedPeerCannotReconnect) {
   ops.mem_release(a_->ctx(), remote);
 }
 
-TEST_F(TcpPair, MalformedFramesCloseOnlyThatLane) {
+TEST_P(TcpPair, MalformedFramesCloseOnlyThatLane) {
   Mem* src = a_->Register(1, 4096);
   Mem* dst = b_->Register(1, 4096);
   void* remote = a_->Import(a_peer_b_, *dst);
@@ -620,7 +656,7 @@ TEST_F(TcpPair, MalformedFramesCloseOnlyThatLane) {
   ops.mem_release(a_->ctx(), remote);
 }
 
-TEST_F(TcpPair, ConcurrentPostsFromManyThreads) {
+TEST_P(TcpPair, ConcurrentPostsFromManyThreads) {
   constexpr int kThreads = 4, kPerThread = 300;
   std::vector<Mem*> srcs, dsts;
   std::vector<void*> remotes;
@@ -660,7 +696,7 @@ TEST_F(TcpPair, ConcurrentPostsFromManyThreads) {
   EXPECT_EQ(b_->host().inbound().size(), static_cast<size_t>(kThreads * kPerThread / 5));
 }
 
-TEST_F(TcpPair, DeregisterStopsWritesAtOnce) {
+TEST_P(TcpPair, DeregisterStopsWritesAtOnce) {
   Mem* src = a_->Register(1, 1 << 20);
   Mem* dst = b_->Register(1, 1 << 20);
   void* remote = a_->Import(a_peer_b_, *dst);
@@ -707,7 +743,7 @@ TEST_F(TcpPair, DeregisterStopsWritesAtOnce) {
 // Requests that already sit in the target's socket when the memory is
 // deregistered (the target is blocked sending acks nobody reads) must find the
 // memory gone: none of them lands after mem_deregister returns.
-TEST_F(TcpPair, DeregisterRevokesRequestsAlreadyQueued) {
+TEST_P(TcpPair, DeregisterRevokesRequestsAlreadyQueued) {
   constexpr size_t kSize = 64 * 1024;
   Mem* dst = b_->Register(7, kSize);
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -792,10 +828,16 @@ TEST_F(TcpPair, DeregisterRevokesRequestsAlreadyQueued) {
 // GPU memory through host staging (gpu_stage.h), with the fake runtime of
 // fake_gpu.h: its copies run only when waited for, so a stager that touches a
 // staging buffer too early moves stale bytes and these tests see it.
-class TcpGpuStaging : public PairTest<> {
+INSTANTIATE_TEST_SUITE_P(Streams, TcpPair, ::testing::Values(Stream::kTcp, Stream::kRings),
+                         StreamName);
+
+class TcpGpuStaging : public PairTest<::testing::TestWithParam<Stream>> {
  protected:
   TcpGpuStaging()
-      : PairTest(ops, {.key_a = "engine-a", .key_b = "engine-b", .fini_a_first = false}) {}
+      : PairTest(ops, {.key_a = "engine-a",
+                       .key_b = "engine-b",
+                       .instance = {.same_host = SameHost(GetParam())},
+                       .fini_a_first = false}) {}
   // Small pieces so a transfer is many pieces deep in the pipeline; two lanes.
   static constexpr const char* kSettings =
       R"({"lanes": 2, "chunk_bytes": "256KiB", "gpu_chunk_bytes": "256KiB",
@@ -841,7 +883,7 @@ class TcpGpuStaging : public PairTest<> {
   ferry_test::FakeGpu gpu_a_, gpu_b_;
 };
 
-TEST_F(TcpGpuStaging, GpuToGpuOddSizesThroughManyPieces) {
+TEST_P(TcpGpuStaging, GpuToGpuOddSizesThroughManyPieces) {
   RoundTrip({{0, 0, 1}}, 0, 1, 10);
   RoundTrip({{3, 5, 4097}}, 0, 1, 20);
   // 3 MiB + 5: 12 frames over 2 lanes, 16 KiB pieces, both ends staged.
@@ -851,7 +893,7 @@ TEST_F(TcpGpuStaging, GpuToGpuOddSizesThroughManyPieces) {
   EXPECT_GE(gpu_b_.copied.load(), 2 * ((3u << 20) + 5));
 }
 
-TEST_F(TcpGpuStaging, ScatteredSmallBlocksGpuToGpu) {
+TEST_P(TcpGpuStaging, ScatteredSmallBlocksGpuToGpu) {
   // A KV layout: 300 blocks of 3000 bytes, scattered on both sides, so one
   // staging piece gathers several blocks and blocks straddle pieces.
   std::vector<ferry_iov_v1> iov;
@@ -859,14 +901,14 @@ TEST_F(TcpGpuStaging, ScatteredSmallBlocksGpuToGpu) {
   RoundTrip(iov, 0, 1, 40);
 }
 
-TEST_F(TcpGpuStaging, GpuToCpuAndCpuToGpu) {
+TEST_P(TcpGpuStaging, GpuToCpuAndCpuToGpu) {
   RoundTrip({{7, 9, (1u << 20) + 3}}, 0, -1, 50);  // staged here only
   const uint64_t copied_b = gpu_b_.copied.load();
   RoundTrip({{7, 9, (1u << 20) + 3}}, -1, 1, 60);  // staged at the target only
   EXPECT_GT(gpu_b_.copied.load(), copied_b);
 }
 
-TEST_F(TcpGpuStaging, PinnedMemoryStaysUnderTheCap) {
+TEST_P(TcpGpuStaging, PinnedMemoryStaysUnderTheCap) {
   // Room for one stage only (2 x 16 KiB) with 4 lanes: the other frames are staged
   // through unpinned buffers, still correctly.
   Connect(R"({"lanes": 4, "chunk_bytes": "64KiB", "gpu_stage_bytes": "16KiB",
@@ -876,7 +918,7 @@ TEST_F(TcpGpuStaging, PinnedMemoryStaysUnderTheCap) {
   EXPECT_LE(gpu_b_.pinned_allocs.load(), 1);
 }
 
-TEST_F(TcpGpuStaging, CopyFailureFailsTheTransferWithGpuErrorThenRecovers) {
+TEST_P(TcpGpuStaging, CopyFailureFailsTheTransferWithGpuErrorThenRecovers) {
   Mem* src = a_->Register(1, 1 << 20, 0);
   Mem* dst = b_->Register(1, 1 << 20, 1);
   Fill(src->data, 3);
@@ -896,6 +938,9 @@ TEST_F(TcpGpuStaging, CopyFailureFailsTheTransferWithGpuErrorThenRecovers) {
   EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 1 << 20));
   ops.mem_release(a_->ctx(), remote);
 }
+
+INSTANTIATE_TEST_SUITE_P(Streams, TcpGpuStaging, ::testing::Values(Stream::kTcp, Stream::kRings),
+                         StreamName);
 
 TEST(TcpGpuSettings, StageAndPinnedBoundsAreChecked) {
   Engine ok("ok", R"({"gpu_stage_bytes": "4MiB", "gpu_pinned_bytes": "8MiB"})");
@@ -933,30 +978,183 @@ TEST(TcpTarget, StalledFrameIsDroppedAfterIoTimeout) {
   close(fd);
 }
 
+// Both byte streams: a ring lane holds its socket and four bells per side, all
+// returned at fini, and sleeps on them when idle.
 TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
-  const size_t fds = CountEntries("/proc/self/fd");
-  const size_t threads = CountEntries("/proc/self/task");
-  {
-    Engine a("a"), b("b");
-    void* pb = a.AddPeer("b", b.ConnBlob());
-    b.AddPeer("a", a.ConnBlob());
-    Mem* src = a.Register(1, 4 << 20);
-    Mem* dst = b.Register(1, 4 << 20);
-    void* remote = a.Import(pb, *dst);
-    ASSERT_EQ(Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4 << 20}}).status, FERRY_OK);
-    ASSERT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}},
-                       {.flags = FERRY_XFER_NOTIFY, .uid = 1})
-                  .status,
-              FERRY_OK);
-    EXPECT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 1 << 30, 8}}).status,
-              FERRY_ERR_INVALID_ARGS);
-    // Every plugin thread now blocks: a quiet stretch must cost (almost) no CPU.
-    const double cpu_ms = CpuMsOver(300ms);
-    EXPECT_LT(cpu_ms, 30.0) << "idle plugin threads are burning CPU";
-    ops.mem_release(a.ctx(), remote);
+  for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
+    SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
+    const size_t fds = CountEntries("/proc/self/fd");
+    const size_t threads = CountEntries("/proc/self/task");
+    {
+      const InstanceOptions o{.same_host = SameHost(stream)};
+      Instance a(ops, "a", o), b(ops, "b", o);
+      void* pb = a.AddPeer("b", b.ConnBlob());
+      b.AddPeer("a", a.ConnBlob());
+      Mem* src = a.Register(1, 4 << 20);
+      Mem* dst = b.Register(1, 4 << 20);
+      void* remote = a.Import(pb, *dst);
+      ASSERT_EQ(Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4 << 20}}).status, FERRY_OK);
+      ASSERT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}},
+                         {.flags = FERRY_XFER_NOTIFY, .uid = 1})
+                    .status,
+                FERRY_OK);
+      EXPECT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 1 << 30, 8}}).status,
+                FERRY_ERR_INVALID_ARGS);
+      EXPECT_EQ(Counter(a, "ring_lanes_opened") > 0, stream == Stream::kRings);
+      // Every plugin thread now blocks: a quiet stretch must cost (almost) no CPU.
+      const double cpu_ms = CpuMsOver(300ms);
+      EXPECT_LT(cpu_ms, 30.0) << "idle plugin threads are burning CPU";
+      ops.mem_release(a.ctx(), remote);
+    }
+    EXPECT_EQ(CountEntries("/proc/self/fd"), fds);
+    EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads), threads);
   }
-  EXPECT_EQ(CountEntries("/proc/self/fd"), fds);
-  EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads), threads);
+}
+
+// ---- same-host lanes over shared rings (channel.h) -------------------------
+
+wire::ConnInfo InfoOf(const std::vector<uint8_t>& blob) {
+  wire::ConnInfo ci;
+  std::string why;
+  EXPECT_TRUE(wire::DecodeConnBlob(blob.data(), blob.size(), &ci, &why)) << why;
+  return ci;
+}
+
+// One WRITE of 64 KiB a -> b over a fresh pair whose blobs and same-host flag
+// the caller chooses; returns a's ring lanes opened.
+uint64_t RingLanesOfOneWrite(const std::string& settings, uint32_t same_host,
+                             std::vector<uint8_t> (*blob_of)(Instance&)) {
+  const InstanceOptions o{.settings = settings, .same_host = same_host};
+  Instance a(ops, "a", o), b(ops, "b", o);
+  void* pb = a.AddPeer("b", blob_of(b));
+  b.AddPeer("a", a.ConnBlob());
+  Mem* src = a.Register(1, 64 << 10);
+  Mem* dst = b.Register(1, 64 << 10);
+  Fill(src->data, 7);
+  void* remote = a.Import(pb, *dst);
+  Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 64 << 10}});
+  EXPECT_EQ(w.status, FERRY_OK) << w.msg;
+  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 64 << 10));
+  ops.mem_release(a.ctx(), remote);
+  return Counter(a, "ring_lanes_opened");
+}
+
+TEST(TcpRings, OnlyPeersOnThisHostUseThem) {
+  auto plain = [](Instance& e) { return e.ConnBlob(); };
+  EXPECT_GT(RingLanesOfOneWrite("{}", 1, plain), 0u);
+  EXPECT_EQ(RingLanesOfOneWrite("{}", 0, plain), 0u) << "a peer on another host";
+}
+
+TEST(TcpRings, OffMeansNoSocketAdvertisedAndTcpLanes) {
+  Instance off(ops, "off", {.settings = R"({"same_host_rings": false})"});
+  EXPECT_TRUE(InfoOf(off.ConnBlob()).unix_name.empty());
+  EXPECT_EQ(off.ConnBlob()[0], 1) << "without a socket the blob stays version 1";
+  Instance on(ops, "on");
+  EXPECT_EQ(InfoOf(on.ConnBlob()).unix_name.rfind("ferry-tcp-", 0), 0u);
+  auto plain = [](Instance& e) { return e.ConnBlob(); };
+  EXPECT_EQ(RingLanesOfOneWrite(R"({"same_host_rings": false})", 1, plain), 0u);
+}
+
+// Same node id, but the socket is not there (another network namespace of the
+// host, say): the lane falls back to TCP and the transfer goes through.
+TEST(TcpRings, AnUnreachableSocketFallsBackToTcp) {
+  auto elsewhere = [](Instance& e) {
+    wire::ConnInfo ci = InfoOf(e.ConnBlob());
+    ci.unix_name = "ferry-tcp-nobody-listens-here";
+    return wire::EncodeConnBlob(ci);
+  };
+  EXPECT_EQ(RingLanesOfOneWrite("{}", 1, elsewhere), 0u);
+}
+
+TEST(TcpRings, SettingsAreChecked) {
+  std::string err = InitError(R"({"ring_bytes": "100KiB"})");
+  EXPECT_NE(err.find("ring_bytes"), std::string::npos) << err;
+  err = InitError(R"({"ring_bytes": "32MiB"})");
+  EXPECT_NE(err.find("ring_bytes"), std::string::npos) << err;
+  err = InitError(R"({"same_host_rings": 1})");
+  EXPECT_NE(err.find("same_host_rings"), std::string::npos) << err;
+}
+
+// A raw client on the target's unix socket: HELLO (the test host has no link
+// auth, so requests could follow at once), then whatever the test hands over.
+int RawUnixLane(const std::string& name, const std::string& key) {
+  int fd = -1;
+  std::string err;
+  EXPECT_EQ(ferry_tcp::ConnectUnix(name, 2000, &fd, &err), 0) << err;
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  RawSend(fd, Hello(key));
+  return fd;
+}
+
+// What the target said before closing: the ERROR frame's text.
+std::string RefusalText(int fd) {
+  uint8_t hb[wire::kHeaderSize];
+  if (ferry_tcp::RecvAll(fd, hb, sizeof hb) != 0) return "(no answer)";
+  wire::Header h;
+  std::string why;
+  if (!wire::DecodeHeader(hb, &h, &why) || h.type != wire::Type::kError) return "(not an ERROR)";
+  std::string text(h.payload_len, '\0');
+  if (ferry_tcp::RecvAll(fd, text.data(), text.size()) != 0) return "(cut short)";
+  return text;
+}
+
+TEST(TcpRings, AHostileHandoverIsRefusedAndOthersAreServed) {
+  const InstanceOptions o{.same_host = 1};
+  Instance a(ops, "a", o), b(ops, "b", o);
+  void* pb = a.AddPeer("b", b.ConnBlob());
+  b.AddPeer("a", a.ConnBlob());
+  const std::string name = InfoOf(b.ConnBlob()).unix_name;
+  const uint8_t tag[16] = {'F', 'R', 'R', 'Y', 'R', 'I', 'N', 'G', 1, 0, 0, 0, 0, 0, 0, 0};
+  std::string why;
+  {  // Six descriptors, but plain eventfds where the segments should be.
+    int fds[6];
+    for (int& f : fds) f = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    const int fd = RawUnixLane(name, "a");
+    ASSERT_EQ(ferry_tcp::SendWithFds(fd, tag, sizeof tag, fds, 6), 0);
+    EXPECT_NE(RefusalText(fd).find("sealable"), std::string::npos);
+    for (int f : fds) close(f);
+    close(fd);
+  }
+  {  // Good rings, too few descriptors.
+    shm::Ring r = shm::Ring::Create(64 << 10, &why);
+    const shm::Handover& h = r.handover();
+    const int fds[3] = {h.memfd, h.data_bell, h.space_bell};
+    const int fd = RawUnixLane(name, "a");
+    ASSERT_EQ(ferry_tcp::SendWithFds(fd, tag, sizeof tag, fds, 3), 0);
+    EXPECT_NE(RefusalText(fd).find("descriptors"), std::string::npos);
+    close(fd);
+  }
+  {  // Rings larger than a target maps for a peer.
+    shm::Ring big = shm::Ring::Create(32 << 20, &why), other = shm::Ring::Create(64 << 10, &why);
+    ASSERT_TRUE(big.ok() && other.ok()) << why;
+    const shm::Handover &x = big.handover(), &y = other.handover();
+    const int fds[6] = {x.memfd, x.data_bell, x.space_bell, y.memfd, y.data_bell, y.space_bell};
+    const int fd = RawUnixLane(name, "a");
+    ASSERT_EQ(ferry_tcp::SendWithFds(fd, tag, sizeof tag, fds, 6), 0);
+    EXPECT_NE(RefusalText(fd).find("larger"), std::string::npos);
+    close(fd);
+  }
+  {  // Something else where the handover should be, and a stranger's HELLO.
+    const int fd = RawUnixLane(name, "a");
+    RawSend(fd, std::vector<uint8_t>(16, 0x41));
+    EXPECT_NE(RefusalText(fd).find("something else"), std::string::npos);
+    close(fd);
+    const int stranger = RawUnixLane(name, "nobody");
+    EXPECT_NE(RefusalText(stranger).find("not a registered peer"), std::string::npos);
+    close(stranger);
+  }
+  EXPECT_GE(Counter(b, "rejected_lanes"), 5u);
+  // The real peer's lanes are unaffected.
+  Mem* src = a.Register(1, 4096);
+  Mem* dst = b.Register(1, 4096);
+  Fill(src->data, 3);
+  void* remote = a.Import(pb, *dst);
+  Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4096}});
+  EXPECT_EQ(w.status, FERRY_OK) << w.msg;
+  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
+  EXPECT_GT(Counter(b, "ring_lanes_served"), 0u);
+  ops.mem_release(a.ctx(), remote);
 }
 
 TEST(TcpPerf, DISABLED_Bandwidth) {
@@ -1007,7 +1205,7 @@ void* ImportFake(Engine& e, void* peer) {
 TEST(TcpFailure, ClosedPortFailsWithNotSentQuickly) {
   RefusingPort closed;
   Engine a("a");
-  void* peer = a.AddPeer("ghost", wire::EncodeConnBlob({"127.0.0.1", closed.port()}));
+  void* peer = a.AddPeer("ghost", wire::EncodeConnBlob({"127.0.0.1", closed.port(), ""}));
   Mem* src = a.Register(1, 4096);
   void* remote = ImportFake(a, peer);
   const auto t0 = std::chrono::steady_clock::now();
@@ -1051,7 +1249,7 @@ struct MuteListener : LoopbackPort {
 TEST(TcpFailure, SilentTargetTimesOutAtDeadline) {
   MuteListener mute;
   Engine a("a");
-  void* peer = a.AddPeer("mute", wire::EncodeConnBlob({"127.0.0.1", mute.port()}));
+  void* peer = a.AddPeer("mute", wire::EncodeConnBlob({"127.0.0.1", mute.port(), ""}));
   Mem* src = a.Register(1, 1 << 20);
   void* remote = ImportFake(a, peer);
   for (int round = 0; round < 2; ++round) {  // the second round reconnects after the reset
@@ -1074,7 +1272,7 @@ TEST(TcpFailure, TimedOutLaneIsAbortedSoNoQueuedBytesFollow) {
   // than shut down gracefully with the queue still draining.
   MuteListener mute;  // accepts, never reads: the payload piles up in the socket buffers
   Engine a("a", R"({"lanes": 1, "chunk_bytes": "64MiB"})");
-  void* peer = a.AddPeer("mute", wire::EncodeConnBlob({"127.0.0.1", mute.port()}));
+  void* peer = a.AddPeer("mute", wire::EncodeConnBlob({"127.0.0.1", mute.port(), ""}));
   Mem* src = a.Register(1, 32u << 20);
   void* remote = ImportFake(a, peer);
   int conn = -1;
@@ -1118,7 +1316,7 @@ TEST(TcpFailure, MalformedResponsesFailWithProtocol) {
   for (const auto& reply : {garbage, stray}) {
     MuteListener target;  // we accept on it ourselves
     Engine a("a");
-    void* peer = a.AddPeer("evil", wire::EncodeConnBlob({"127.0.0.1", target.port()}));
+    void* peer = a.AddPeer("evil", wire::EncodeConnBlob({"127.0.0.1", target.port(), ""}));
     Mem* dst = a.Register(1, 4096);
     void* remote = ImportFake(a, peer);
     std::thread server([&] {
@@ -1143,7 +1341,7 @@ TEST(TcpFailure, MalformedResponsesFailWithProtocol) {
 TEST(TcpFailure, PeerRemoveAndFiniFailPendingWithBadState) {
   MuteListener mute;
   auto a = std::make_unique<Engine>("a");
-  void* peer = a->AddPeer("mute", wire::EncodeConnBlob({"127.0.0.1", mute.port()}));
+  void* peer = a->AddPeer("mute", wire::EncodeConnBlob({"127.0.0.1", mute.port(), ""}));
   Mem* src = a->Register(1, 1 << 20);
   void* remote = ImportFake(*a, peer);
 
@@ -1168,7 +1366,7 @@ TEST(TcpFailure, PeerRemoveAndFiniFailPendingWithBadState) {
   EXPECT_EQ(c1.status, FERRY_ERR_BAD_STATE);
   EXPECT_EQ(c1.calls, 1);
 
-  void* peer2 = a->AddPeer("mute", wire::EncodeConnBlob({"127.0.0.1", mute.port()}));
+  void* peer2 = a->AddPeer("mute", wire::EncodeConnBlob({"127.0.0.1", mute.port(), ""}));
   void* remote2 = ImportFake(*a, peer2);
   Completion c2, c3;
   ASSERT_EQ(post(peer2, remote2, &c2), FERRY_OK);

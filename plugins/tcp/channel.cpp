@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "channel.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace ferry_tcp {
+namespace {
+
+// "As long as the peer lives" for a ring write, whose timeout of 0 means "do
+// not wait" (shm_ring.h).
+constexpr std::chrono::milliseconds kNoStallLimit = std::chrono::hours(24 * 365);
+
+// Reads a ring lane: straight from the shared ring into the destination, so
+// no read-ahead buffer is needed (no system call per read to save).
+class RingReader final : public ByteReader {
+ public:
+  RingReader(shm::Ring* ring, int liveness_fd, std::chrono::milliseconds timeout)
+      : ring_(ring), fd_(liveness_fd), timeout_(timeout) {}
+
+  int ReadIov(const iovec* iov, size_t n, bool idle_ok) override {
+    bool any = false;
+    for (size_t i = 0; i < n; ++i) {
+      auto* p = static_cast<uint8_t*>(iov[i].iov_base);
+      size_t left = iov[i].iov_len;
+      while (left > 0) {
+        size_t got = 0;
+        const int err = ring_->Read(p, left, &got, timeout_, fd_);
+        p += got;
+        left -= got;
+        any = any || got > 0;
+        if (err == ETIMEDOUT && idle_ok && !any) continue;
+        // The socket's end (the peer gone, or ours shut down) reads as a socket
+        // lane's recv() does: end of stream.
+        if (err == EPIPE) return kEof;
+        if (err != 0) return err;
+      }
+    }
+    return 0;
+  }
+
+  int Discard(uint64_t len) override {
+    uint8_t scratch[16 * 1024];
+    while (len > 0) {
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(len, sizeof scratch));
+      const int err = Read(scratch, k);
+      if (err != 0) return err;
+      len -= k;
+    }
+    return 0;
+  }
+
+ private:
+  shm::Ring* ring_;
+  const int fd_;
+  const std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+Channel::Channel(int fd, shm::Ring out, shm::Ring in, std::chrono::milliseconds io_timeout)
+    : fd_(fd), out_(std::move(out)), in_(std::move(in)), io_timeout_(io_timeout) {}
+
+void Channel::SetSpin(std::chrono::microseconds spin) {
+  out_.waiting.spin = in_.waiting.spin = spin;
+}
+
+int Channel::Send(const iovec* iov, size_t n, size_t* progress, int flags) {
+  if (!on_rings()) return SendIov(fd_, iov, n, progress, flags);
+  std::chrono::milliseconds wait = io_timeout_.count() == 0 ? kNoStallLimit : io_timeout_;
+  if (flags & MSG_DONTWAIT) wait = std::chrono::milliseconds(0);
+  return out_.Write(iov, n, progress, wait, fd_);
+}
+
+int Channel::SendAll(const void* buf, size_t len) {
+  if (!on_rings()) return ferry_tcp::SendAll(fd_, buf, len);
+  iovec v{const_cast<void*>(buf), len};
+  size_t progress = 0;
+  return Send(&v, 1, &progress);
+}
+
+std::unique_ptr<ByteReader> Channel::Reader() {
+  if (!on_rings()) return std::make_unique<SocketReader>(fd_);
+  return std::make_unique<RingReader>(&in_, fd_, io_timeout_);
+}
+
+void Channel::AbortOutgoing() {
+  if (on_rings()) {
+    out_.Abort();
+    return;
+  }
+  // connect() with AF_UNSPEC is Linux's abortive disconnect for TCP: RST to the
+  // peer and the unsent queue dropped at once, while the descriptor stays valid
+  // for the threads still using it (they see ECONNRESET or EOF); linger 0 makes
+  // the final close a RST too, in case the disconnect could not be made.
+  sockaddr unspec{};
+  unspec.sa_family = AF_UNSPEC;
+  ::connect(fd_, &unspec, sizeof unspec);
+  linger abort{1, 0};
+  ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
+}
+
+void Channel::CloseOutgoing() {
+  if (on_rings()) out_.Close();
+}
+
+}  // namespace ferry_tcp

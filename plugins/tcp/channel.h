@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// The byte stream one data lane runs over.
+//
+// Across hosts that is the lane's TCP socket. When both engines share a host
+// (the peer's node id is ours and it advertised a unix socket, wire.h
+// ConnInfo) the lane connects over that unix socket, runs the same HELLO and
+// auth on it, and then hands over two shared-memory rings (ring_handover.h):
+// from there on frames travel through the rings - no system call per frame
+// while both ends are busy - and the socket carries nothing. It stays the
+// lane's identity and liveness signal: every wait on a ring also watches it,
+// so a peer that dies, or a shutdown() of it by a thread of ours (a fence
+// cutting the lane, a region's revocation, a stop), ends the wait at once,
+// exactly as it ends a blocked recv() on a socket lane. Everything above the
+// byte stream - the frame protocol, the target's checks, the fence,
+// ack-after-store - is the same on both.
+//
+// Errors follow socket_util.h: 0, kEof or an errno value.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "shm_ring.h"
+#include "socket_util.h"
+
+namespace ferry_tcp {
+
+class Channel {
+ public:
+  // A socket lane. The channel never closes fd: its owner does, after every
+  // thread using the channel is done.
+  explicit Channel(int fd) : fd_(fd) {}
+  // A ring lane: `out` carries our frames, `in` the peer's. io_timeout bounds
+  // a stall of one write or read (as SO_SNDTIMEO / SO_RCVTIMEO do on a socket
+  // lane); 0 = wait as long as the peer lives and the socket is not shut down.
+  Channel(int fd, shm::Ring out, shm::Ring in, std::chrono::milliseconds io_timeout);
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  int fd() const { return fd_; }
+  bool on_rings() const { return out_.ok(); }
+  // How long a ring wait polls before it sleeps (settings.h, ring_spin_us).
+  void SetSpin(std::chrono::microseconds spin);
+
+  // SendIov's contract (socket_util.h): iov[0..n) from *progress on; with
+  // MSG_DONTWAIT in flags it may stop part-way with EAGAIN. MSG_MORE is a
+  // socket's hint and means nothing on rings.
+  int Send(const iovec* iov, size_t n, size_t* progress, int flags = 0);
+  int SendAll(const void* buf, size_t len);
+
+  // A reader for the one thread that receives on this channel.
+  std::unique_ptr<ByteReader> Reader();
+
+  // The lane breaks while frames are on their way: the peer must not apply
+  // what it has not read yet (a socket lane's abortive close does the same
+  // with a RST). Then shut the socket down as always.
+  void AbortOutgoing();
+  // The lane closes cleanly: the peer reads what was sent, then end of stream.
+  void CloseOutgoing();
+
+ private:
+  const int fd_;
+  shm::Ring out_, in_;
+  std::chrono::milliseconds io_timeout_{0};
+};
+
+}  // namespace ferry_tcp

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ring_handover.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ferry/plugin.h"
+#include "socket_util.h"
+#include "wire.h"
+
+namespace ferry_tcp {
+namespace {
+
+constexpr char kTag[8] = {'F', 'R', 'R', 'Y', 'R', 'I', 'N', 'G'};
+constexpr uint32_t kHandoverVersion = 1;
+constexpr size_t kMessageSize = 16;
+constexpr size_t kFds = 6;
+
+void Encode(uint8_t out[kMessageSize]) {
+  std::memcpy(out, kTag, sizeof kTag);
+  const uint32_t v = kHandoverVersion, zero = 0;  // little-endian hosts only (wire.h)
+  std::memcpy(out + 8, &v, 4);
+  std::memcpy(out + 12, &zero, 4);
+}
+
+bool IsOurs(const uint8_t m[kMessageSize]) {
+  uint32_t v = 0;
+  std::memcpy(&v, m + 8, 4);
+  return std::memcmp(m, kTag, sizeof kTag) == 0 && v == kHandoverVersion;
+}
+
+}  // namespace
+
+int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const std::string& label,
+               shm::Ring* out, shm::Ring* in, std::string* err) {
+  std::string why;
+  shm::Ring req = shm::Ring::Create(capacity, &why);
+  shm::Ring resp = req.ok() ? shm::Ring::Create(capacity, &why) : shm::Ring();
+  if (!req.ok() || !resp.ok()) {
+    *err = why;
+    return FERRY_ERR_NO_MEMORY;
+  }
+  uint8_t msg[kMessageSize];
+  Encode(msg);
+  const shm::Handover& a = req.handover();
+  const shm::Handover& b = resp.handover();
+  const int fds[kFds] = {a.memfd, a.data_bell, a.space_bell, b.memfd, b.data_bell, b.space_bell};
+  int rc = SendWithFds(fd, msg, sizeof msg, fds, kFds);
+  auto lost = [&](int e) {
+    *err = "handing shared rings to " + label + ": " + IoErrorString(e);
+    return FERRY_ERR_TRANSPORT;
+  };
+  if (rc != 0) return lost(rc);
+  req.CloseSegmentFd();
+  resp.CloseSegmentFd();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  uint8_t answer[wire::kHeaderSize];
+  size_t n_fds = 0;
+  bool truncated = false;
+  int none[1];
+  rc = RecvWithFds(fd, answer, kMessageSize, none, 0, &n_fds, &truncated, deadline, abort_fd);
+  if (rc != 0) return lost(rc);
+  if (IsOurs(answer)) {
+    *out = std::move(req);
+    *in = std::move(resp);
+    return FERRY_OK;
+  }
+  // Not the tag: an ERROR frame, whose head we have the start of.
+  rc = RecvWithFds(fd, answer + kMessageSize, sizeof answer - kMessageSize, none, 0, &n_fds,
+                   &truncated, deadline, abort_fd);
+  if (rc != 0) return lost(rc);
+  wire::Header h;
+  if (!wire::DecodeHeader(answer, &h, &why) || h.type != wire::Type::kError) {
+    *err = "malformed answer to the shared rings from " + label;
+    return FERRY_ERR_PROTOCOL;
+  }
+  std::string text(std::min<uint64_t>(h.payload_len, wire::kMaxErrorLen), '\0');
+  rc = RecvWithFds(fd, text.data(), text.size(), none, 0, &n_fds, &truncated, deadline, abort_fd);
+  if (rc != 0) return lost(rc);
+  *err = label + " refused the connection: " + text;
+  return FERRY_ERR_REMOTE;
+}
+
+bool AcceptRings(int fd, std::chrono::steady_clock::time_point deadline, shm::Ring* out,
+                 shm::Ring* in, std::string* why) {
+  uint8_t msg[kMessageSize];
+  int fds[kFds];
+  size_t n = 0;
+  bool truncated = false;
+  const int rc = RecvWithFds(fd, msg, sizeof msg, fds, kFds, &n, &truncated, deadline);
+  auto refuse = [&](std::string text) {
+    for (size_t i = 0; i < n; ++i) ::close(fds[i]);
+    *why = std::move(text);
+    return false;
+  };
+  if (rc != 0) return refuse("no shared rings: " + IoErrorString(rc));
+  if (!IsOurs(msg)) return refuse("expected the shared rings, got something else");
+  if (n != kFds || truncated) {
+    return refuse("the shared rings came with " + std::to_string(n) + " descriptors, not " +
+                  std::to_string(kFds));
+  }
+  // Attach owns (and on failure closes) each triple from here on.
+  n = 0;
+  std::string resp_why;
+  shm::Ring req = shm::Ring::Attach({fds[0], fds[1], fds[2]}, why);
+  shm::Ring resp = shm::Ring::Attach({fds[3], fds[4], fds[5]}, &resp_why);
+  if (!req.ok()) return false;
+  if (!resp.ok()) {
+    *why = resp_why;
+    return false;
+  }
+  if (req.capacity() > kMaxAcceptedRing || resp.capacity() > kMaxAcceptedRing) {
+    *why = "shared rings larger than " + std::to_string(kMaxAcceptedRing >> 20) + " MiB";
+    return false;
+  }
+  uint8_t answer[kMessageSize];
+  Encode(answer);
+  const int sent = SendAll(fd, answer, sizeof answer);
+  if (sent != 0) {
+    *why = "cannot answer the shared rings: " + IoErrorString(sent);
+    return false;
+  }
+  *in = std::move(req);
+  *out = std::move(resp);
+  return true;
+}
+
+}  // namespace ferry_tcp

@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+// Turning a same-host lane's unix socket into a ring lane (channel.h), once its
+// HELLO and auth passed on the socket:
+//   initiator -> target  "FRRYRING" u32 version u32 0, with six descriptors
+//                        (SCM_RIGHTS): the request ring's segment, data bell and
+//                        space bell, then the response ring's
+//   target -> initiator  the same 16 bytes once it attached both, or an ERROR
+//                        frame (req_id 0, wire.h) saying why it refused the lane
+// The initiator creates both rings, so the target maps nothing of its own
+// choosing; the target checks what it was handed as it would any peer input
+// (shm_ring.h Attach) and bounds the ring size it accepts.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "shm_ring.h"
+
+namespace ferry_tcp {
+
+// Largest ring a target maps for a peer: two per lane, at most
+// TargetPeer::kMaxLanesPerPeer lanes per peer.
+inline constexpr uint64_t kMaxAcceptedRing = 16ull << 20;
+
+// Initiator side. FERRY_OK with *out (our frames) and *in (the target's), or a
+// FERRY_ERR_* code and *err: FERRY_ERR_NO_MEMORY when the rings could not be
+// made here (the lane may use TCP instead), FERRY_ERR_REMOTE when the target
+// refused them, FERRY_ERR_TRANSPORT when the socket failed.
+int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const std::string& label,
+               shm::Ring* out, shm::Ring* in, std::string* err);
+
+// Target side: receives and checks the rings and answers. False with *why: the
+// lane must be refused (Refuse() sends the ERROR the initiator waits for).
+bool AcceptRings(int fd, std::chrono::steady_clock::time_point deadline, shm::Ring* out,
+                 shm::Ring* in, std::string* why);
+
+}  // namespace ferry_tcp
