@@ -121,8 +121,10 @@ void tcp() {
   e.payload_len = 13;
   put("tcp_wire", "error",
       frame(e, {}, Bytes{'n', 'o', 't', ' ', 'r', 'e', 'g', 'i', 's', 't', 'e', 'r', 'd'}));
-  put("tcp_wire", "conn_blob", wire::EncodeConnBlob({"10.0.0.7", 40000}));
-  put("tcp_wire", "conn_blob_empty_host", wire::EncodeConnBlob({"", 1}));
+  put("tcp_wire", "conn_blob", wire::EncodeConnBlob({"10.0.0.7", 40000, ""}));
+  put("tcp_wire", "conn_blob_empty_host", wire::EncodeConnBlob({"", 1, ""}));
+  put("tcp_wire", "conn_blob_unix",
+      wire::EncodeConnBlob({"127.0.0.1", 40000, "ferry-tcp-0123456789abcdef"}));
   put("tcp_wire", "mem_blob", wire::EncodeMemBlob({3, 1 << 30, 0x1122334455667788ull}));
 }
 

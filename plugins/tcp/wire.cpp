@@ -246,7 +246,9 @@ bool DecodeConnBlob(const void* blob, size_t len, ConnInfo* info, std::string* w
     if (c <= 0x20 || c >= 0x7f) return Fail(why, "tcp connection blob has a bad host name");
   }
   info->unix_name.assign(reinterpret_cast<const char*>(p + 5 + host_len), name_len);
-  if (name_len > kMaxUnixName) return Fail(why, "tcp connection blob has a bad unix socket name");
+  // Version 2 exists to name a socket: one without is written as version 1.
+  if (p[0] == 2 && (name_len == 0 || name_len > kMaxUnixName))
+    return Fail(why, "tcp connection blob has a bad unix socket name");
   for (char c : info->unix_name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '-' || c == '_';

@@ -99,7 +99,8 @@ std::vector<uint8_t> EncodeFrameHead(const Header& h, const std::vector<Item>& i
 //
 // Version 2 appends the name of the target's abstract unix socket for lanes
 // from engines on its host (channel.h): one length byte (0: none) and up to
-// kMaxUnixName characters of [A-Za-z0-9_-]. Version 1 blobs still decode (no
+// kMaxUnixName characters of [A-Za-z0-9_-] (1 at least: a blob without a
+// socket is written as version 1). Version 1 blobs still decode (no
 // socket); a version-1 reader refuses a version-2 blob, so an engine whose
 // peers run an older ferry turns same_host_rings off (settings.h).
 struct ConnInfo {

@@ -87,14 +87,30 @@ log '```'
 log "## same-host CPU -> CPU: the raw references beside tcp (issue 19, item 4)"
 log "same_host_probe: memcpy one thread; process_vm_readv pulled by the target; a polled shared ring"
 log '```'; "$build/bin/same_host_probe" --threads 1,4 2>&1 | tee -a "$report/report.md"; log '```'
-for op in WRITE READ; do
-  log "### ferry-bench tcp $op, CPU -> CPU, two processes"
-  log '```'
-  "$build/bin/ferry-bench" --backend tcp --no-progress --op $op --start-block-size 4KiB \
-    --max-block-size 64MiB --block-multiplier 4 --num-iter 64 --large-block-iter-factor 2 \
-    --warmup-iter 4 2>&1 | tee -a "$report/report.md" || status=1
-  log '```'
+# Both engines on this host: tcp's lanes run over shared rings (channel.h);
+# the same sweep with same_host_rings off is TCP over loopback, for the ratio.
+for stream in rings tcp; do
+  settings='{}'
+  [ "$stream" = tcp ] && settings='{"same_host_rings":false}'
+  for op in WRITE READ; do
+    log "### ferry-bench tcp $op, CPU -> CPU, two processes, lanes over $stream"
+    log '```'
+    "$build/bin/ferry-bench" --backend tcp --no-progress --op $op --start-block-size 4KiB \
+      --max-block-size 64MiB --block-multiplier 4 --num-iter 64 --large-block-iter-factor 2 \
+      --warmup-iter 4 --backend-settings "tcp=$settings" 2>&1 | tee "$report/bench-$stream-$op.txt" |
+      tee -a "$report/report.md" || status=1
+    log '```'
+  done
 done
+log "rings / tcp, same run (GB/s ratio, avg latency us):"
+log '```'
+for op in WRITE READ; do
+  awk -v op=$op 'NR==FNR { if ($1 ~ /^[0-9]+$/) { g[$1] = $3; l[$1] = $4 } next }
+       ($1 ~ /^[0-9]+$/) && ($1 in g) && $3 > 0 {
+         printf "%5s %10s  rings %8.3f GB/s %8.1f us  tcp %8.3f GB/s %8.1f us  ratio %.2f\n", op, $1, g[$1], l[$1], $3, $4, g[$1] / $3 }' \
+    "$report/bench-rings-$op.txt" "$report/bench-tcp-$op.txt" | tee -a "$report/report.md"
+done
+log '```'
 log "## ferry-bench --kv: a KV-cache request (64 regions x 1024 x 16 KiB, 128 blocks) VRAM -> VRAM"
 for b in xgmi tcp; do
   log "### backend $b"

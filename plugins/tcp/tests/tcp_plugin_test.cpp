@@ -214,6 +214,43 @@ TEST(TcpAbi, BlobsAndRegistrationAreChecked) {
   ops.peer_remove(a.ctx(), pb);
 }
 
+TEST(TcpWire, ConnBlobVersions) {
+  wire::ConnInfo ci;
+  std::string why;
+  // Without a socket: version 1, which every ferry reads.
+  std::vector<uint8_t> v1 = wire::EncodeConnBlob({"10.1.2.3", 4000, ""});
+  ASSERT_EQ(v1[0], 1);
+  ASSERT_TRUE(wire::DecodeConnBlob(v1.data(), v1.size(), &ci, &why)) << why;
+  EXPECT_EQ(ci.host, "10.1.2.3");
+  EXPECT_TRUE(ci.unix_name.empty());
+  // With one: version 2, the name after the host.
+  std::vector<uint8_t> v2 = wire::EncodeConnBlob({"h", 4000, "ferry-tcp-00ff"});
+  ASSERT_EQ(v2[0], 2);
+  ASSERT_TRUE(wire::DecodeConnBlob(v2.data(), v2.size(), &ci, &why)) << why;
+  EXPECT_EQ(ci.unix_name, "ferry-tcp-00ff");
+  EXPECT_EQ(ci.port, 4000);
+  // Forged: a name with a path or a NUL in it, an empty one, a length past the end.
+  auto refused = [&](std::vector<uint8_t> b) {
+    return !wire::DecodeConnBlob(b.data(), b.size(), &ci, &why);
+  };
+  std::vector<uint8_t> bad = v2;
+  bad[bad.size() - 3] = '/';
+  EXPECT_TRUE(refused(bad));
+  bad = v2;
+  bad[bad.size() - 3] = 0;
+  EXPECT_TRUE(refused(bad));
+  bad = {2, 0xa0, 0x0f, 1, 'h', 0};
+  EXPECT_TRUE(refused(bad)) << "a version-2 blob names a socket";
+  bad = v2;
+  bad.pop_back();
+  EXPECT_TRUE(refused(bad));
+  bad = v2;
+  bad.push_back('x');
+  EXPECT_TRUE(refused(bad));
+  bad = {2, 0xa0, 0x0f, 1, 'h'};
+  EXPECT_TRUE(refused(bad));
+}
+
 TEST(TcpWire, DecodersSurviveGarbage) {
   std::mt19937 rng(1);
   std::vector<uint8_t> buf(256);
