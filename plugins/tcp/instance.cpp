@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "instance.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "handshake.h"
@@ -123,7 +124,7 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   // (another network namespace of this host falls back to TCP on the first lane).
   if (p->same_host != 0 && settings_.same_host_rings) info.unix_name = ci.unix_name;
   info.ring_bytes = settings_.ring_bytes;
-  info.ring_spin_us = RingSpinUs(settings_);
+  info.ring_spin_us = settings_.ring_spin_us;
   info.ring_lanes_opened = &ring_lanes_opened_;
 
   if (!target_.AddPeer(info.key, p->same_host != 0)) {
@@ -132,7 +133,11 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   }
   try {
     auto h = std::make_unique<PeerHandle>();
-    h->peer = std::make_shared<Peer>(std::move(info), settings_.lanes, settings_.chunk_bytes,
+    // Frames to a same-host peer are smaller: its lanes copy in parallel.
+    const uint64_t chunk = info.unix_name.empty()
+                               ? settings_.chunk_bytes
+                               : std::min(settings_.chunk_bytes, settings_.ring_chunk_bytes);
+    h->peer = std::make_shared<Peer>(std::move(info), settings_.lanes, chunk,
                                      settings_.gpu_chunk_bytes, &watcher_);
     std::lock_guard lk(handles_mu_);
     peers_.insert(h.get());
@@ -279,7 +284,8 @@ int Instance::Describe(char* buf, size_t len) {
   s += target_.unix_name().empty()
            ? std::string(" same_host=tcp")
            : " same_host=rings(@" + target_.unix_name() + ", " + FormatBytes(settings_.ring_bytes) +
-                 " x2 per lane, spin " + std::to_string(RingSpinUs(settings_)) + "us)";
+                 " x2 per lane, chunk " + FormatBytes(settings_.ring_chunk_bytes) + ", spin " +
+                 std::to_string(settings_.ring_spin_us) + "us)";
   s += std::string(" auth=") + (LinkAuthAvailable(host_) ? "descriptor" : "off") +
        " rejected_lanes=" + std::to_string(target_.rejected());
   std::snprintf(buf, len, "%s", s.c_str());

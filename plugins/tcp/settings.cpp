@@ -2,7 +2,6 @@
 #include "settings.h"
 
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "ferry/plugin_kit.hpp"
 #include "ring_handover.h"
@@ -87,14 +86,16 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
                FormatBytes(kMaxAcceptedRing);
         return false;
       }
+    } else if (key == "ring_chunk_bytes") {
+      if (!GetPayloadBytes(v, "ring_chunk_bytes", &s.ring_chunk_bytes, err)) return false;
     } else if (key == "ring_spin_us") {
-      if (!GetInt(v, "ring_spin_us", -1, 10000, &n, err)) return false;
+      if (!GetInt(v, "ring_spin_us", 0, 10000, &n, err)) return false;
       s.ring_spin_us = static_cast<int>(n);
     } else {
       *err = "unknown tcp setting '" + key +
              "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
              "connect_timeout_ms, io_timeout_ms, keepalive_s, gpu_stage_bytes, gpu_chunk_bytes, "
-             "gpu_pinned_bytes, same_host_rings, ring_bytes, ring_spin_us)";
+             "gpu_pinned_bytes, same_host_rings, ring_bytes, ring_chunk_bytes, ring_spin_us)";
       return false;
     }
   }
@@ -106,11 +107,6 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
   }
   *out = std::move(s);
   return true;
-}
-
-int RingSpinUs(const Settings& s) {
-  if (s.ring_spin_us >= 0) return s.ring_spin_us;
-  return std::thread::hardware_concurrency() >= 8 ? 50 : 0;
 }
 
 }  // namespace ferry_tcp

@@ -32,16 +32,16 @@ struct Settings {
   bool same_host_rings = true;
   // Each ring's bytes (a lane has two): a power of two in 64KiB..16MiB.
   uint64_t ring_bytes = 1 << 20;
-  // How long a ring lane's thread polls before it sleeps. -1 = auto: 50 us
-  // with 8 or more CPUs, else 0 - on two vCPUs the lane's three pollers (the
-  // target's thread, our receiver, the application's wait) take the CPU from
-  // the thread that has work (4 KiB WRITE: 82 us polling 50 us, 30 us not;
-  // docs/benchmarks.md).
-  int ring_spin_us = -1;
+  // Largest payload of one frame to a peer whose lanes run over rings: smaller
+  // than chunk_bytes, so a 1 MiB transfer is four frames copied by four lanes
+  // at once (16-core host: READ 1 MiB 3.5-4.0 -> 19-21 GB/s; docs/benchmarks.md).
+  uint64_t ring_chunk_bytes = 256 << 10;
+  // How long a ring lane's waiting thread polls before it sleeps. 0: at once
+  // (measured: on two vCPUs the lane's pollers take the CPU from the thread
+  // that has work, 4 KiB WRITE 82 us at 50 us vs 30 us at 0; on 16 cores 50 us
+  // gained nothing at 4 KiB and lost at 4-16 MiB).
+  int ring_spin_us = 0;
 };
-
-// ring_spin_us with auto resolved for this machine.
-int RingSpinUs(const Settings& s);
 
 // Rejects bad JSON, unknown keys, wrong types and out-of-range values, saying which.
 bool ParseSettings(const char* json, Settings* out, std::string* err);

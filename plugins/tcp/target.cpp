@@ -458,7 +458,7 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     }
     ch.emplace(fd, std::move(out), std::move(in),
                std::chrono::milliseconds(settings_.io_timeout_ms));
-    ch->SetSpin(std::chrono::microseconds(RingSpinUs(settings_)));
+    ch->SetSpin(std::chrono::microseconds(settings_.ring_spin_us));
     ++ring_lanes_;
   } else {
     ch.emplace(fd);

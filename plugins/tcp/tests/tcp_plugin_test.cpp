@@ -1110,6 +1110,10 @@ TEST(TcpRings, SettingsAreChecked) {
   EXPECT_NE(err.find("ring_bytes"), std::string::npos) << err;
   err = InitError(R"({"same_host_rings": 1})");
   EXPECT_NE(err.find("same_host_rings"), std::string::npos) << err;
+  err = InitError(R"({"ring_spin_us": -1})");
+  EXPECT_NE(err.find("ring_spin_us"), std::string::npos) << err;
+  err = InitError(R"({"ring_chunk_bytes": "1KiB"})");
+  EXPECT_NE(err.find("ring_chunk_bytes"), std::string::npos) << err;
 }
 
 // A raw client on the target's unix socket: HELLO (the test host has no link
