@@ -119,6 +119,7 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.my_key = engine_key_;
   info.connect_timeout_ms = settings_.connect_timeout_ms;
   info.keepalive_s = settings_.keepalive_s;
+  info.idle_close_ms = settings_.lane_idle_ms;
   info.stages = &stages_;
   // Same node id: the target's unix socket, and then shared rings, if it has one
   // (another network namespace of this host falls back to TCP on the first lane).
@@ -274,7 +275,8 @@ int Instance::Describe(char* buf, size_t len) {
                   " listen=" + settings_.listen_host + ":" + std::to_string(target_.port());
   if (!settings_.advertise_host.empty()) s += " advertise=" + settings_.advertise_host;
   s += " connect_timeout=" + std::to_string(settings_.connect_timeout_ms) +
-       "ms io_timeout=" + std::to_string(settings_.io_timeout_ms) + "ms";
+       "ms io_timeout=" + std::to_string(settings_.io_timeout_ms) +
+       "ms lane_idle=" + std::to_string(settings_.lane_idle_ms) + "ms";
   if (FERRY_HAS_FIELD(ferry_host_v1, host_, gpu) && host_->gpu != nullptr) {
     s += " gpu_chunk=" + FormatBytes(settings_.gpu_chunk_bytes) +
          " gpu_stage=" + FormatBytes(settings_.gpu_stage_bytes) +

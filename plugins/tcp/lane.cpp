@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -29,10 +30,22 @@ Lane::~Lane() { Stop(FERRY_ERR_BAD_STATE, "lane destroyed"); }
 
 void Lane::EnsureStarted() {
   std::lock_guard lk(mu_);
+  StartLocked();
+}
+
+void Lane::StartLocked() {
   if (started_ || stopping_) return;
   if (!waker_.ok()) throw std::system_error(errno, std::generic_category(), "eventfd");
+  // A sender that ended after an idle close set started_ under mu_ and touches
+  // nothing after releasing it: joining here cannot wait on us.
+  if (sender_.joinable()) sender_.join();
+  last_used_ = std::chrono::steady_clock::now();  // a fresh thread waits for its first frame
   sender_ = std::thread([this] { SenderMain(); });
   started_ = true;
+}
+
+bool Lane::IdleLocked() const {
+  return state_ == State::kUp && queue_.empty() && !partial_ && inflight_.empty();
 }
 
 std::string Lane::Lost(int err) const {
@@ -170,6 +183,7 @@ void Lane::Submit(FramePtr f, bool try_direct) {
     // already sent and awaiting their responses do not matter to the socket.
     if (state_ == State::kUp && !stopping_ && queue_.empty() && !partial_) {
       f->sending = true;
+      last_used_ = std::chrono::steady_clock::now();
       inflight_.emplace(f->req_id, f);
       lk.unlock();
       // MSG_DONTWAIT: post() must not block on a slow peer.
@@ -191,6 +205,9 @@ void Lane::Submit(FramePtr f, bool try_direct) {
   {
     std::lock_guard lk(mu_);
     if (!stopping_) {
+      // The sender may have ended after an idle close since Post's EnsureStarted.
+      StartLocked();
+      last_used_ = std::chrono::steady_clock::now();
       queue_.push_back(std::move(f));
       cv_.notify_all();
       return;
@@ -297,12 +314,39 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
 
 void Lane::SenderMain() {
   std::unique_lock lk(mu_);
+  const auto idle_for = std::chrono::milliseconds(info_->idle_close_ms);
   for (;;) {
-    cv_.wait(lk, [&] {
+    auto ready = [&] {
       if (partial_) return true;
       if (state_ == State::kBroken) return receiver_done_;
       return stopping_ || !queue_.empty();
-    });
+    };
+    if (idle_for.count() > 0 && (state_ == State::kUp || state_ == State::kDown)) {
+      // Close the connection once it has been idle long enough (responses
+      // move last_used_ without waking us: we look again when it would have
+      // expired), and end this thread once it is closed; a frame queued
+      // meanwhile restarts it.
+      auto wake_at = last_used_ + idle_for;
+      const bool quiet = IdleLocked() || (state_ == State::kDown && queue_.empty() && !partial_);
+      // Busy (frames in flight, a long one maybe): look again an idle period
+      // from now, never in a loop.
+      if (!quiet) wake_at = std::max(wake_at, std::chrono::steady_clock::now() + idle_for);
+      if (!cv_.wait_until(lk, wake_at, ready)) {
+        if (IdleLocked() && std::chrono::steady_clock::now() >= last_used_ + idle_for) {
+          Doomed none;  // idle: nothing queued or in flight to fail
+          BreakLocked(FERRY_ERR_TRANSPORT,
+                      "closed after " + std::to_string(info_->idle_close_ms) + " ms idle", &none);
+          continue;
+        }
+        if (state_ == State::kDown && queue_.empty() && !partial_) {
+          started_ = false;
+          return;
+        }
+        continue;
+      }
+    } else {
+      cv_.wait(lk, ready);
+    }
 
     if (partial_) {
       FramePtr f = std::move(partial_);
@@ -438,6 +482,7 @@ void Lane::ReceiverMain(Channel* chan) {
         current = std::move(it->second);
         inflight_.erase(it);
       }
+      last_used_ = std::chrono::steady_clock::now();
     }
     if (!current) {
       status = FERRY_ERR_PROTOCOL;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -47,6 +48,10 @@ struct PeerInfo {
   std::string unix_name;
   uint64_t ring_bytes = 1 << 20;
   int ring_spin_us = 0;
+  // A lane with nothing queued or in flight for this long closes, and its
+  // threads end (the target's lane thread with it); the next frame reopens it.
+  // 0: never.
+  int idle_close_ms = 0;
   std::atomic<uint64_t>* ring_lanes_opened = nullptr;  // counted for describe/counters
 };
 
@@ -57,7 +62,8 @@ class Lane {
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
-  // Starts the sender thread on first use; throws std::system_error.
+  // Starts the sender thread on first use (again after an idle close); throws
+  // std::system_error.
   void EnsureStarted();
   // With try_direct, a connected lane with nothing queued sends from the
   // calling thread (without blocking) instead of waking the sender thread.
@@ -82,6 +88,9 @@ class Lane {
   void SenderMain();
   void ReceiverMain(Channel* chan);
   bool ConnectLocked(std::unique_lock<std::mutex>& lk);
+  void StartLocked();
+  // Up and nothing queued, half-sent or awaiting a response.
+  bool IdleLocked() const;
   // Connects and says HELLO: over the unix socket with rings when the peer is
   // on this host and reachable so, else over TCP. FERRY_OK with *fd and *chan.
   int Open(int* fd, std::unique_ptr<Channel>* chan, std::string* err);
@@ -108,6 +117,7 @@ class Lane {
   int fd_ = -1;                    // written by the sender thread only, under both locks
   std::unique_ptr<Channel> chan_;  // fd_'s byte stream; same rules
   bool started_ = false;
+  std::chrono::steady_clock::time_point last_used_;  // a frame queued or answered
   bool stopping_ = false;
   bool abort_connect_ = false;
   bool receiver_done_ = false;

@@ -18,6 +18,9 @@ struct Settings {
   int connect_timeout_ms = 5000;
   int io_timeout_ms = 30000;  // a frame that stops moving for this long is dropped
   int keepalive_s = 10;       // idle lanes probed after this long (0 = off): SetKeepAlive
+  // A lane with nothing queued or in flight for this long is closed and its
+  // threads end, at both ends; the next transfer reopens it. 0 = never.
+  int lane_idle_ms = 60000;
   // GPU memory is staged through host buffers (gpu_stage.h): the piece size of
   // the copy/network pipeline, and the most pinned host memory held for it.
   uint64_t gpu_stage_bytes = 1 << 20;

@@ -1048,6 +1048,54 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
   }
 }
 
+// Idle lanes close, at both ends, and their threads and descriptors go; the
+// next transfer reopens them. Both byte streams.
+TEST(TcpIdle, IdleLanesCloseEverywhereAndReopenOnTheNextTransfer) {
+  for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
+    SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
+    const InstanceOptions o{.settings = R"({"lane_idle_ms": 150})", .same_host = SameHost(stream)};
+    Instance a(ops, "a", o), b(ops, "b", o);
+    void* pb = a.AddPeer("b", b.ConnBlob());
+    b.AddPeer("a", a.ConnBlob());
+    Mem* src = a.Register(1, 1 << 20);
+    Mem* dst = b.Register(1, 1 << 20);
+    void* remote = a.Import(pb, *dst);
+    // Both engines up, no lane yet: what an idle pair costs.
+    const size_t threads = CountEntries("/proc/self/task");
+    const size_t fds = CountEntries("/proc/self/fd");
+    for (uint32_t round = 1; round <= 2; ++round) {
+      Fill(src->data, round);
+      // 1 MiB over several lanes, then a READ back.
+      Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 1 << 20}});
+      ASSERT_EQ(w.status, FERRY_OK) << w.msg;
+      EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 1 << 20));
+      ASSERT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4096}}).status, FERRY_OK);
+      EXPECT_GT(CountEntries("/proc/self/task"), threads) << "lanes have threads while open";
+      // Then nothing: every lane thread (sender, receiver, the target's) ends.
+      EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads, 10s), threads) << "round " << round;
+      EXPECT_EQ(CountEntriesSettled("/proc/self/fd", fds, 5s), fds) << "round " << round;
+    }
+    // Busy lanes stay: transfers back to back for several idle periods.
+    const uint64_t opened = Counter(a, "ring_lanes_opened");
+    const auto until = std::chrono::steady_clock::now() + 600ms;
+    int n = 0;
+    while (std::chrono::steady_clock::now() < until) {
+      ASSERT_EQ(Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4096}}).status, FERRY_OK);
+      ++n;
+    }
+    EXPECT_GT(n, 10);
+    if (stream == Stream::kRings) {
+      EXPECT_LE(Counter(a, "ring_lanes_opened"), opened + 4) << "busy lanes were closed";
+    }
+    ops.mem_release(a.ctx(), remote);
+  }
+}
+
+TEST(TcpIdle, SettingIsChecked) {
+  EXPECT_NE(InitError(R"({"lane_idle_ms": -1})").find("lane_idle_ms"), std::string::npos);
+  EXPECT_NE(InitError(R"({"lane_idle_ms": "1s"})").find("lane_idle_ms"), std::string::npos);
+}
+
 // ---- same-host lanes over shared rings (channel.h) -------------------------
 
 wire::ConnInfo InfoOf(const std::vector<uint8_t>& blob) {
