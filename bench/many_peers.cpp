@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: Apache-2.0
+// many_peers: one engine serving many peer engines (issue 20 item 3). The
+// central engine ("central", this process) registers one region; --procs child
+// processes (this binary again, by exec) start --peers engines between them,
+// each registers the central engine only (one-way, as vLLM does), WRITEs its
+// own --bytes slice of the region once and then idles. The central engine's
+// threads, descriptors and RSS are read from /proc/self before any peer, once
+// every peer has written, and again once its idle lanes are reaped (tcp
+// `lane_idle_ms`); every slice is then checked byte for byte.
+//
+//   many_peers [--peers 1024] [--procs 8] [--bytes 4096] [--idle-ms 2000]
+//              [--settings JSON] [--max-threads N --max-fds N]
+//
+// Prints one RESULT line per phase. Exit 0 when every transfer succeeded, the
+// data is right and, with --max-threads/--max-fds, the central engine's counts
+// after reaping are within those bounds above its count before any peer.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int peers = 1024;
+  int procs = 8;
+  size_t bytes = 4096;
+  int idle_ms = 2000;
+  std::string settings;  // tcp settings; lane_idle_ms is added from --idle-ms
+  long max_threads = -1, max_fds = -1;
+};
+
+size_t Entries(const char* dir) {
+  size_t n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n - 2;  // . and ..
+}
+
+long RssKib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+  }
+  return -1;
+}
+
+struct Sample {
+  size_t threads, fds;
+  long rss_kib;
+};
+Sample Now() { return {Entries("/proc/self/task"), Entries("/proc/self/fd"), RssKib()}; }
+
+void Print(const char* phase, const Sample& s, const Sample& base, int peers) {
+  std::printf(
+      "RESULT %-8s threads %5zu (%+5ld)  fds %6zu (%+6ld)  rss %8ld KiB (%+8ld, %+.1f KiB per "
+      "peer)\n",
+      phase, s.threads, static_cast<long>(s.threads) - static_cast<long>(base.threads), s.fds,
+      static_cast<long>(s.fds) - static_cast<long>(base.fds), s.rss_kib, s.rss_kib - base.rss_kib,
+      static_cast<double>(s.rss_kib - base.rss_kib) / peers);
+  std::fflush(stdout);
+}
+
+// Many engines need many descriptors: take the hard limit.
+void RaiseFdLimit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+uint8_t PatternByte(int peer, size_t i) { return static_cast<uint8_t>(peer * 131 + i * 7 + 1); }
+
+std::string TcpSettings(const Options& o) {
+  std::string s = o.settings.empty() ? "{}" : o.settings;
+  const std::string idle = "\"lane_idle_ms\":" + std::to_string(o.idle_ms);
+  return s == "{}" ? "{" + idle + "}" : "{" + idle + "," + s.substr(1);
+}
+
+std::vector<uint8_t> ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// A child: peers [first, first + count) of the central engine described in
+// `desc_file`. Writes one byte to `done_fd` once every peer wrote (1: all
+// succeeded, 0: one failed), then idles until `quit_fd` reaches end of file.
+int Child(const Options& o, int first, int count, const std::string& desc_file, int done_fd,
+          int quit_fd) {
+  RaiseFdLimit();
+  const std::vector<uint8_t> blob = ReadFile(desc_file);
+  // The file: u32 length of the packed EngineDesc, it, then the packed MemoryDesc.
+  uint32_t n = 0;
+  std::memcpy(&n, blob.data(), sizeof n);
+  const ferry::EngineDesc central = ferry::EngineDesc::unpack(
+      std::vector<uint8_t>(blob.begin() + sizeof n, blob.begin() + sizeof n + n));
+  const ferry::MemoryDesc region =
+      ferry::MemoryDesc::unpack(std::vector<uint8_t>(blob.begin() + sizeof n + n, blob.end()));
+  std::vector<std::unique_ptr<ferry::Engine>> engines;
+  std::vector<std::vector<uint8_t>> bufs;
+  bool ok = true;
+  for (int p = first; p < first + count && ok; ++p) {
+    auto e = std::make_unique<ferry::Engine>("peer-" + std::to_string(p));
+    ferry::Result r = e->add_backend("tcp", TcpSettings(o));
+    if (r) r = e->register_remote_engine(central);
+    if (!r) {
+      std::fprintf(stderr, "many_peers: peer %d: %s\n", p, r.message.c_str());
+      ok = false;
+      break;
+    }
+    std::vector<uint8_t> buf(o.bytes);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = PatternByte(p, i);
+    const ferry::MemoryDesc local = e->register_memory(buf.data(), buf.size());
+    ferry::TransferStatus st =
+        e->write(local, 0, region, static_cast<size_t>(p) * o.bytes, o.bytes, p + 1);
+    if (st.Wait() != ferry::StatusCode::SUCCESS) {
+      std::fprintf(stderr, "many_peers: peer %d: %s\n", p, st.Message().c_str());
+      ok = false;
+    }
+    engines.push_back(std::move(e));
+    bufs.push_back(std::move(buf));
+  }
+  const uint8_t done = ok ? 1 : 0;
+  if (write(done_fd, &done, 1) != 1) return 1;
+  char c;
+  while (read(quit_fd, &c, 1) > 0) {
+  }
+  return ok ? 0 : 1;
+}
+
+bool ParseArgs(int argc, char** argv, Options* o, std::vector<std::string>* child) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (a == "--child") {
+      for (int k = 0; k < 5 && i + 1 < argc; ++k) child->push_back(argv[++i]);
+      continue;
+    }
+    if (!(v = next())) return false;
+    if (a == "--peers")
+      o->peers = std::atoi(v);
+    else if (a == "--procs")
+      o->procs = std::atoi(v);
+    else if (a == "--bytes")
+      o->bytes = std::strtoull(v, nullptr, 10);
+    else if (a == "--idle-ms")
+      o->idle_ms = std::atoi(v);
+    else if (a == "--settings")
+      o->settings = v;
+    else if (a == "--max-threads")
+      o->max_threads = std::atol(v);
+    else if (a == "--max-fds")
+      o->max_fds = std::atol(v);
+    else
+      return false;
+  }
+  return o->peers > 0 && o->procs > 0 && o->procs <= o->peers && o->bytes > 0 && o->idle_ms > 0 &&
+         (o->settings.empty() || (o->settings.front() == '{' && o->settings.back() == '}'));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> child;
+  if (!ParseArgs(argc, argv, &o, &child)) {
+    std::fprintf(stderr,
+                 "usage: many_peers [--peers 1024] [--procs 8] [--bytes 4096] [--idle-ms 2000] "
+                 "[--settings JSON] [--max-threads N] [--max-fds N]\n");
+    return 2;
+  }
+  if (child.size() == 5) {
+    return Child(o, std::atoi(child[0].c_str()), std::atoi(child[1].c_str()), child[2],
+                 std::atoi(child[3].c_str()), std::atoi(child[4].c_str()));
+  }
+  RaiseFdLimit();
+  ferry::Engine central("central");
+  if (ferry::Result r = central.add_backend("tcp", TcpSettings(o)); !r) {
+    std::fprintf(stderr, "many_peers: %s\n", r.message.c_str());
+    return 1;
+  }
+  std::vector<uint8_t> region(static_cast<size_t>(o.peers) * o.bytes, 0);
+  const ferry::MemoryDesc mem = central.register_memory(region.data(), region.size());
+  char desc_file[] = "/tmp/many_peers.XXXXXX";
+  const int dfd = mkstemp(desc_file);
+  if (dfd < 0) return 1;
+  {
+    const std::vector<uint8_t> d = central.desc().pack(), m = mem.pack();
+    const auto n = static_cast<uint32_t>(d.size());
+    if (write(dfd, &n, sizeof n) != sizeof n ||
+        write(dfd, d.data(), d.size()) != static_cast<ssize_t>(d.size()) ||
+        write(dfd, m.data(), m.size()) != static_cast<ssize_t>(m.size())) {
+      return 1;
+    }
+    close(dfd);
+  }
+  std::printf("# many_peers: %d peers in %d processes, %zu B each, tcp %s\n", o.peers, o.procs,
+              o.bytes, TcpSettings(o).c_str());
+  const Sample base = Now();
+  Print("before", base, base, o.peers);
+
+  int done[2], quit[2];
+  if (pipe2(done, O_CLOEXEC) != 0 || pipe2(quit, O_CLOEXEC) != 0) return 1;
+  const auto start = Clock::now();
+  std::vector<pid_t> pids;
+  for (int c = 0; c < o.procs; ++c) {
+    const int first = o.peers * c / o.procs, last = o.peers * (c + 1) / o.procs;
+    const pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+      // exec: the child starts its own engines with nothing of ours inherited.
+      const int d = dup(done[1]), q = dup(quit[0]);  // without CLOEXEC
+      std::vector<std::string> args = {argv[0],
+                                       "--peers",
+                                       std::to_string(o.peers),
+                                       "--bytes",
+                                       std::to_string(o.bytes),
+                                       "--idle-ms",
+                                       std::to_string(o.idle_ms),
+                                       "--child",
+                                       std::to_string(first),
+                                       std::to_string(last - first),
+                                       desc_file,
+                                       std::to_string(d),
+                                       std::to_string(q)};
+      if (!o.settings.empty()) {
+        args.insert(args.begin() + 1, o.settings);
+        args.insert(args.begin() + 1, "--settings");
+      }
+      std::vector<char*> cargs;
+      for (auto& s : args) cargs.push_back(s.data());
+      cargs.push_back(nullptr);
+      execv("/proc/self/exe", cargs.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  close(done[1]);
+  close(quit[0]);
+  bool ok = true;
+  for (int c = 0; c < o.procs; ++c) {
+    uint8_t b = 0;
+    if (read(done[0], &b, 1) != 1 || b != 1) ok = false;
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  const Sample busy = Now();
+  std::printf("# every peer wrote once: %s, %.1f s\n", ok ? "all succeeded" : "FAILURES", secs);
+  Print("active", busy, base, o.peers);
+
+  // Reaping: the central engine's lane threads end once the peers' lanes close.
+  const auto limit =
+      Clock::now() + std::chrono::milliseconds(3 * o.idle_ms) + std::chrono::seconds(30);
+  Sample after = Now();
+  const auto settled = [&](const Sample& s) {
+    return (o.max_threads < 0 ||
+            static_cast<long>(s.threads) <= static_cast<long>(base.threads) + o.max_threads) &&
+           (o.max_fds < 0 || static_cast<long>(s.fds) <= static_cast<long>(base.fds) + o.max_fds);
+  };
+  const auto reap_start = Clock::now();
+  bool reaped = false;
+  while (!reaped && Clock::now() < limit) {
+    after = Now();
+    reaped = after.threads <= base.threads + 2 && after.fds <= base.fds + 2;
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a bounded poll
+  }
+  std::printf("# idle lanes %s after %.1f s (lane_idle_ms %d)\n",
+              reaped ? "reaped" : "NOT reaped (threads or fds above before + 2)",
+              std::chrono::duration<double>(Clock::now() - reap_start).count(), o.idle_ms);
+  Print("reaped", after, base, o.peers);
+
+  size_t wrong = 0;
+  for (int p = 0; p < o.peers; ++p) {
+    for (size_t i = 0; i < o.bytes; ++i) {
+      if (region[static_cast<size_t>(p) * o.bytes + i] != PatternByte(p, i)) {
+        ++wrong;
+        break;
+      }
+    }
+  }
+  std::printf("# data: %zu of %d slices wrong\n", wrong, o.peers);
+  close(quit[1]);  // the children end
+  for (pid_t pid : pids) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = false;
+  }
+  unlink(desc_file);
+  const bool bounded = settled(after);
+  if (!bounded) std::printf("# the central engine did not come back within the bounds given\n");
+  return ok && wrong == 0 && bounded ? 0 : 1;
+}
