@@ -177,8 +177,12 @@ bool looks_dead(int fd) {
 }  // namespace
 
 ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16_t port,
-                           Handlers handlers, const LinkAuth* auth)
-    : self_key_(std::move(self_key)), handlers_(std::move(handlers)), auth_(auth) {
+                           Handlers handlers, const LinkAuth* auth,
+                           std::chrono::milliseconds idle_close)
+    : self_key_(std::move(self_key)),
+      handlers_(std::move(handlers)),
+      auth_(auth),
+      idle_close_(idle_close) {
   sockaddr_storage ss{};
   socklen_t len = 0;
   if (!resolve(host, port, ss, len))
@@ -231,8 +235,11 @@ ControlPlane::~ControlPlane() {
 void ControlPlane::io_loop() {
   epoll_event evs[32];
   while (!stop_) {
-    // Blocks without a timeout when no handshake is pending: an idle engine costs no CPU.
+    // Blocks without a timeout when no handshake is pending and no outbound
+    // connection is open: an idle engine costs no CPU.
     int timeout = expire_handshakes();
+    if (const int reap = reap_outbound(); reap >= 0)
+      timeout = timeout < 0 ? reap : std::min(timeout, reap);
     if (!listen_armed_) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= accept_paused_until_) {
@@ -253,7 +260,11 @@ void ControlPlane::io_loop() {
     if (n < 0 && errno == EINTR) continue;
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
-      if (fd == wake_fd_) continue;
+      if (fd == wake_fd_) {
+        uint64_t v;
+        [[maybe_unused]] auto r = ::read(wake_fd_, &v, sizeof v);  // level-triggered: drain
+        continue;
+      }
       if (fd == listen_fd_)
         accept_all();
       else
@@ -761,6 +772,7 @@ ControlPlane::OutboundUse::~OutboundUse() {
   {
     std::lock_guard<std::mutex> lk(o_.mu);
     o_.busy = false;
+    o_.last_used = Clock::now();
   }
   o_.free.notify_one();
 }
@@ -793,8 +805,49 @@ bool ControlPlane::connected(Outbound& o, const std::string& peer_key, const std
     ::close(o.fd);
     o.fd = -1;
   }
-  if (o.fd < 0) o.fd = connect_and_hello(peer_key, host, port, deadline, err, status);
+  if (o.fd < 0) {
+    o.fd = connect_and_hello(peer_key, host, port, deadline, err, status);
+    if (o.fd >= 0) arm_reaper();
+  }
   return o.fd >= 0;
+}
+
+void ControlPlane::arm_reaper() {
+  if (idle_close_.count() <= 0 || reaper_armed_.exchange(true)) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] auto k = ::write(wake_fd_, &one, sizeof one);
+}
+
+int ControlPlane::reap_outbound() {
+  if (idle_close_.count() <= 0) return -1;
+  // Disarmed before the scan: a connection made after it wakes us (arm_reaper).
+  reaper_armed_.store(false);
+  std::vector<std::shared_ptr<Outbound>> slots;
+  {
+    std::lock_guard<std::mutex> lk(out_mu_);
+    for (auto& [key, o] : outbound_) slots.push_back(o);
+  }
+  const auto now = Clock::now();
+  auto next = Clock::time_point::max();
+  for (auto& o : slots) {
+    std::lock_guard<std::mutex> lk(o->mu);
+    // The fd belongs to whoever holds `busy`: read only when nobody does.
+    if (o->busy) {
+      next = std::min(next, now + idle_close_);  // in use (or connecting): look again later
+    } else if (o->fd < 0) {
+      continue;
+    } else if (now - o->last_used >= idle_close_) {
+      ::close(o->fd);  // nobody holds `busy`, so nobody uses the fd: ours to close
+      o->fd = -1;
+    } else {
+      next = std::min(next, o->last_used + idle_close_);
+    }
+  }
+  if (next == Clock::time_point::max()) return -1;
+  reaper_armed_.store(true);
+  return static_cast<int>(
+             std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) +
+         1;
 }
 
 int ControlPlane::send(const std::string& peer_key, const std::string& host, uint16_t port,

@@ -9,7 +9,10 @@
 // connections may be in the handshake at once (a flood evicts its own source's
 // first), so idle sockets cannot pin memory or lock out a good peer. Outbound
 // connections are made lazily, one per peer, re-made when the peer went away,
-// and check the server's proof before sending anything.
+// and check the server's proof before sending anything; one unused for
+// `idle_close` is closed by the I/O thread (the server then closes its end), so
+// a peer that once needed a fence or a message does not hold a descriptor at
+// each end for good.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -65,8 +68,10 @@ class ControlPlane {
 
   // Binds host:port (0 = any free port) and starts the I/O thread. Throws
   // ferry::Error. `auth` (borrowed, outlives this) proves and checks connections.
+  // idle_close: an outbound connection unused this long is closed; 0 = never.
   ControlPlane(std::string self_key, const std::string& host, uint16_t port, Handlers handlers,
-               const LinkAuth* auth);
+               const LinkAuth* auth,
+               std::chrono::milliseconds idle_close = std::chrono::seconds(60));
   ~ControlPlane();
 
   uint16_t port() const { return port_; }
@@ -119,8 +124,9 @@ class ControlPlane {
     ~Outbound();
     std::mutex mu;
     std::condition_variable free;
-    bool busy = false;  // guarded by mu
-    int fd = -1;        // used by the sender holding `busy`
+    bool busy = false;              // guarded by mu
+    int fd = -1;                    // used by the sender holding `busy`
+    Clock::time_point last_used{};  // when `busy` was last released; guarded by mu
   };
   // Holds an Outbound's `busy` for its lifetime once acquired.
   class OutboundUse {
@@ -154,6 +160,9 @@ class ControlPlane {
   void warn_from(const char* what, const std::string& from, const std::string& msg);
   bool reject(Inbound& c, const std::string& why, bool answer);
   int expire_handshakes();  // closes overdue handshakes; ms until the next is due, or -1
+  int reap_outbound();      // closes idle outbound connections; ms until the next is due, or -1
+  // A new outbound connection: make sure the I/O thread's wait ends in time to reap it.
+  void arm_reaper();
   void evict_oldest_pending();
   // A connected, admitted fd, or -1 with *err and *status (NOT_SENT, TIMEOUT, TRANSPORT).
   int connect_and_hello(const std::string& peer_key, const std::string& host, uint16_t port,
@@ -180,6 +189,10 @@ class ControlPlane {
   std::chrono::steady_clock::time_point accept_warned_{};
   int wake_fd_ = -1;
   uint16_t port_ = 0;
+  const std::chrono::milliseconds idle_close_;
+  // True while the I/O thread's wait is bounded by an outbound connection's
+  // expiry; a new connection wakes it only when it is not (arm_reaper).
+  std::atomic<bool> reaper_armed_{false};
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> rejected_{0};
   LogLimiter refusal_log_{std::chrono::seconds(10), /*burst=*/20};

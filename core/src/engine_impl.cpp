@@ -116,8 +116,8 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   };
   h.self_desc = [this] { return desc().pack(); };
   h.on_peer_desc = [this](const EngineDesc& d) { learn_peer(d); };
-  control_ =
-      std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &link_auth_);
+  control_ = std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h),
+                                            &link_auth_, config_.control_idle_close);
   transfers_ = std::make_unique<Transfers>(
       Transfers::Parts{key_, policy_, *health_, backends_, registry_, *control_}, instance_);
   if (creds_.has_token())

@@ -980,6 +980,15 @@ PYBIND11_MODULE(_ferry, m) {
             c.inbound_max_age = milliseconds(static_cast<int64_t>(to_u64(v, "inbound_max_age_ms")));
           },
           "Un-popped inbound statuses older than this are dropped (0: no limit).")
+      .def_property(
+          "control_idle_close_ms",
+          [](const EngineConfig& c) { return c.control_idle_close.count(); },
+          [](EngineConfig& c, py::handle v) {
+            c.control_idle_close =
+                milliseconds(static_cast<int64_t>(to_u64(v, "control_idle_close_ms")));
+          },
+          "A control-plane connection to a peer unused this long is closed at both ends "
+          "(reconnected on its next use; 0: never).")
       .def_readwrite("notify", &EngineConfig::notify,
                      "Whether transfers notify their target when a call leaves notify=None: "
                      "True/False, or None for the policy file's `notify:` (else True).")

@@ -189,6 +189,10 @@ struct EngineConfig {
   // Whether a transfer tells its target (for pop_inbound_transfer_status) when
   // its call leaves `notify` unset. Unset: the policy file's `notify:`, else true.
   std::optional<bool> notify;
+  // A control-plane connection to a peer (fences, notification messages,
+  // plugin handshakes) unused this long is closed at both ends; the next use
+  // reconnects. 0: never.
+  std::chrono::milliseconds control_idle_close{std::chrono::seconds(60)};
 };
 
 struct BackendStats {
