@@ -245,8 +245,9 @@ int Lane::Open(int* out_fd, std::unique_ptr<Channel>* chan, std::string* err) {
       }
       ::close(fd);
       fd = -1;
-      // Only our own lack of rings makes TCP the answer; the target's word stands.
-      if (status != FERRY_ERR_NO_MEMORY) return status;
+      // Rings that cannot be made here or taken there make TCP the answer; a
+      // refusal of us (not a registered peer, failed auth) stands.
+      if (status != FERRY_ERR_NO_MEMORY && status != FERRY_ERR_UNSUPPORTED) return status;
       Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: no shared rings (%s), using TCP", index_,
           info_->label.c_str(), err->c_str());
     } else {

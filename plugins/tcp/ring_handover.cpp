@@ -79,6 +79,10 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
   std::string text(std::min<uint64_t>(h.payload_len, wire::kMaxErrorLen), '\0');
   rc = RecvWithFds(fd, text.data(), text.size(), none, 0, &n_fds, &truncated, deadline, abort_fd);
   if (rc != 0) return lost(rc);
+  if (h.status == FERRY_ERR_UNSUPPORTED) {
+    *err = label + " cannot take shared rings: " + text;
+    return FERRY_ERR_UNSUPPORTED;
+  }
   *err = label + " refused the connection: " + text;
   return FERRY_ERR_REMOTE;
 }

@@ -5,7 +5,10 @@
 //                        (SCM_RIGHTS): the request ring's segment, data bell and
 //                        space bell, then the response ring's
 //   target -> initiator  the same 16 bytes once it attached both, or an ERROR
-//                        frame (req_id 0, wire.h) saying why it refused the lane
+//                        frame (req_id 0, wire.h) saying why it refused the lane:
+//                        status FERRY_ERR_UNSUPPORTED when it refused the rings
+//                        themselves (the lane may use TCP instead), any other
+//                        when it refused the initiator
 // The initiator creates both rings, so the target maps nothing of its own
 // choosing; the target checks what it was handed as it would any peer input
 // (shm_ring.h Attach) and bounds the ring size it accepts.
@@ -25,8 +28,9 @@ inline constexpr uint64_t kMaxAcceptedRing = 16ull << 20;
 
 // Initiator side. FERRY_OK with *out (our frames) and *in (the target's), or a
 // FERRY_ERR_* code and *err: FERRY_ERR_NO_MEMORY when the rings could not be
-// made here (the lane may use TCP instead), FERRY_ERR_REMOTE when the target
-// refused them, FERRY_ERR_TRANSPORT when the socket failed.
+// made here, FERRY_ERR_UNSUPPORTED when the target could not take them (in
+// both cases the lane may use TCP instead), FERRY_ERR_REMOTE when the target
+// refused the initiator, FERRY_ERR_TRANSPORT when the socket failed.
 int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const std::string& label,
                shm::Ring* out, shm::Ring* in, std::string* err);
 

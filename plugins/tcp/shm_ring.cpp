@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,14 +69,18 @@ void Publish(std::atomic<uint64_t>* index, uint64_t value, std::atomic<uint32_t>
 
 // A descriptor the peer says is a bell: an eventfd, non-blocking (we never
 // want a read or write of it to block; the flag lives in the open file the
-// peer made, so it is checked, not set).
+// peer made, so it is checked, not set). /proc names it; without /proc, an
+// anonymous inode (eventfd's kind: no pipe, socket or file) is accepted.
 bool IsBell(int fd) {
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || (fl & O_NONBLOCK) == 0) return false;
   char path[64], link[64] = {};
   std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
   const ssize_t n = ::readlink(path, link, sizeof link - 1);
-  if (n <= 0 || std::string(link, static_cast<size_t>(n)) != "anon_inode:[eventfd]") return false;
-  const int fl = fcntl(fd, F_GETFL);
-  return fl >= 0 && (fl & O_NONBLOCK) != 0;
+  if (n > 0) return std::string(link, static_cast<size_t>(n)) == "anon_inode:[eventfd]";
+  constexpr long kAnonInodeFsMagic = 0x09041934;
+  struct statfs fs {};
+  return errno == ENOENT && fstatfs(fd, &fs) == 0 && fs.f_type == kAnonInodeFsMagic;
 }
 
 // What every index the peer publishes must satisfy: the reader never ahead of

@@ -265,11 +265,11 @@ void TargetServer::WarnFrom(const char* what, const std::string& from, const std
         static_cast<unsigned long long>(held));
 }
 
-void TargetServer::Refuse(int fd, const std::string& from, const std::string& why) {
+void TargetServer::Refuse(int fd, const std::string& from, const std::string& why, int status) {
   ++rejected_;
   WarnFrom("refused", from, "refusing lane from " + from + ": " + why);
   Channel socket(fd);  // a refusal is always said on the socket, before any ring
-  if (SendError(socket, 0, FERRY_ERR_REMOTE, why) == 0) {
+  if (SendError(socket, 0, status, why) == 0) {
     // Closing with the initiator's frames unread would reset the connection and
     // could destroy the refusal before it is read; let the initiator close first.
     ::shutdown(fd, SHUT_WR);
@@ -453,7 +453,7 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     shm::Ring out, in;
     if (!AcceptRings(fd, deadline, &out, &in, &why)) {
       tp->Detach(fd);
-      Refuse(fd, from, why);
+      Refuse(fd, from, why, FERRY_ERR_UNSUPPORTED);
       return;
     }
     ch.emplace(fd, std::move(out), std::move(in),

@@ -106,7 +106,10 @@ class TargetServer {
   // initiator's transfer, whose lanes beat its hello to this engine, goes on.
   bool LaneStillProven(const std::string& key, const LaneProof& kept, uint64_t* seen,
                        std::string* why);
-  void Refuse(int fd, const std::string& from, const std::string& why);
+  // status: the ERROR's code (FERRY_ERR_UNSUPPORTED: the shared rings were
+  // refused, so the initiator may use TCP instead; ring_handover.h).
+  void Refuse(int fd, const std::string& from, const std::string& why,
+              int status = FERRY_ERR_REMOTE);
   // A WARN about a connection from `from` (address:port), through refusal_log_:
   // 20 per 10 s per (kind `what`, address).
   // The peer state a lane that passed Authenticate() serves: the registered

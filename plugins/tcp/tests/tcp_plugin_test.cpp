@@ -1151,6 +1151,66 @@ TEST(TcpRings, AnUnreachableSocketFallsBackToTcp) {
   EXPECT_EQ(RingLanesOfOneWrite("{}", 1, elsewhere), 0u);
 }
 
+// A target that cannot take shared rings (its ERROR says UNSUPPORTED): the
+// lane uses TCP instead, and the transfer goes through.
+TEST(TcpRings, RingsTheTargetCannotTakeFallBackToTcp) {
+  const InstanceOptions o{.same_host = 1};
+  Instance a(ops, "a", o), b(ops, "b", o);
+  // A stand-in for b's unix socket that refuses every ring handover.
+  int lfd = -1;
+  std::string name, err;
+  ASSERT_EQ(ferry_tcp::ListenUnix(&lfd, &name, &err), 0) << err;
+  std::atomic<int> refused{0};
+  std::thread fake([&] {
+    for (;;) {
+      const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      uint8_t hb[wire::kHeaderSize];
+      wire::Header h;
+      std::string why;
+      if (ferry_tcp::RecvAll(fd, hb, sizeof hb) == 0 && wire::DecodeHeader(hb, &h, &why)) {
+        std::string key(h.payload_len, '\0');
+        uint8_t msg[16];
+        int fds[8];
+        size_t n = 0;
+        bool trunc = false;
+        if (ferry_tcp::RecvAll(fd, key.data(), key.size()) == 0 &&
+            ferry_tcp::RecvWithFds(fd, msg, sizeof msg, fds, 8, &n, &trunc,
+                                   std::chrono::steady_clock::now() + 5s) == 0) {
+          for (size_t i = 0; i < n; ++i) close(fds[i]);
+          wire::Header e;
+          e.type = wire::Type::kError;
+          e.status = FERRY_ERR_UNSUPPORTED;
+          const std::string text = "this target takes no rings";
+          e.payload_len = text.size();
+          std::vector<uint8_t> out = wire::EncodeFrameHead(e, {});
+          out.insert(out.end(), text.begin(), text.end());
+          RawSend(fd, out);
+          ++refused;
+        }
+      }
+      close(fd);
+    }
+  });
+  wire::ConnInfo ci = InfoOf(b.ConnBlob());
+  ci.unix_name = name;
+  void* pb = a.AddPeer("b", wire::EncodeConnBlob(ci));
+  b.AddPeer("a", a.ConnBlob());
+  Mem* src = a.Register(1, 4096);
+  Mem* dst = b.Register(1, 4096);
+  Fill(src->data, 9);
+  void* remote = a.Import(pb, *dst);
+  Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4096}});
+  EXPECT_EQ(w.status, FERRY_OK) << w.msg;
+  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
+  EXPECT_GE(refused.load(), 1);
+  EXPECT_EQ(Counter(a, "ring_lanes_opened"), 0u);
+  ops.mem_release(a.ctx(), remote);
+  shutdown(lfd, SHUT_RDWR);
+  fake.join();
+  close(lfd);
+}
+
 TEST(TcpRings, SettingsAreChecked) {
   std::string err = InitError(R"({"ring_bytes": "100KiB"})");
   EXPECT_NE(err.find("ring_bytes"), std::string::npos) << err;
