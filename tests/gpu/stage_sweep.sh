@@ -21,9 +21,9 @@ for spec in "$@"; do
   FERRY_POLICY="$out/policy.yaml" "$b/bin/ferry-gpu-bench" tcp > "$out/gpu.txt" 2>&1
   FERRY_POLICY="$out/policy.yaml" "$b/bin/ferry-gpu-bench" tcp -1 -1 > "$out/cpu.txt" 2>&1
   echo "== gpu_stage_bytes=$piece gpu_chunk_bytes=$chunk"
-  awk 'NR==FNR { if ($3 ~ /^[0-9.]+$/) g[$1 " " $2] = $3; next }
-       ($3 ~ /^[0-9.]+$/) && (($1 " " $2) in g) && $3 > 0 {
-         printf "%6s %12s  gpu %6.2f  cpu %6.2f  ratio %.2f\n", $1, $2, g[$1 " " $2], $3, g[$1 " " $2] / $3 }' \
+  awk 'NR==FNR { if ($4 ~ /^[0-9.]+$/) g[$1 " " $2 " " $3] = $4; next }
+       ($4 ~ /^[0-9.]+$/) && (($1 " " $2 " " $3) in g) && $4 > 0 {
+         printf "%6s %12s notify %-3s  gpu %6.2f  cpu %6.2f  ratio %.2f\n", $1, $2, $3, g[$1 " " $2 " " $3], $4, g[$1 " " $2 " " $3] / $4 }' \
     "$out/gpu.txt" "$out/cpu.txt"
 done
 rm -rf "$out"
