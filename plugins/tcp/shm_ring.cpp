@@ -12,6 +12,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -56,13 +59,50 @@ void Quiet(int bell) {
   }
 }
 
+#if defined(__SANITIZE_THREAD__)
+}  // namespace
+}  // namespace ferry_tcp::shm
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+namespace ferry_tcp::shm {
+namespace {
+// Both ends of a ring in one process (tests) map its segment at two
+// addresses, so ThreadSanitizer cannot pair the producer's index store with
+// the consumer's load, and misses that what the producer wrote before (a
+// target's payload into registered memory, then its ack) happens before what
+// the consumer does after. One sync object per segment (by inode), released
+// where an index is published and acquired where the peer's index is read,
+// tells it. Kept for the process's life: TSan builds only, a few bytes a ring.
+uint8_t* SyncFor(int memfd) {
+  struct stat st {};
+  if (memfd < 0 || fstat(memfd, &st) != 0) return nullptr;
+  static std::mutex mu;
+  static std::map<std::pair<dev_t, ino_t>, std::unique_ptr<uint8_t[]>> syncs;
+  std::lock_guard lk(mu);
+  auto& slot = syncs[{st.st_dev, st.st_ino}];
+  if (!slot) slot = std::make_unique<uint8_t[]>(2);
+  return slot.get();
+}
+void SyncRelease(uint8_t* s) {
+  if (s != nullptr) __tsan_release(s);
+}
+void SyncAcquire(uint8_t* s) {
+  if (s != nullptr) __tsan_acquire(s);
+}
+#else
+uint8_t* SyncFor(int) { return nullptr; }
+void SyncRelease(uint8_t*) {}
+void SyncAcquire(uint8_t*) {}
+#endif
+
 // Makes a new index visible, then rings the peer's bell if it announced a
 // sleep. Both this store and load and the sleeper's flag store and index load
 // (Ring::Wait) are seq_cst, so they fall in one order: either the sleeper sees
 // the index or this side sees its flag. (Operations, not fences: GCC's TSan
 // does not model atomic_thread_fence and refuses to build it.)
 void Publish(std::atomic<uint64_t>* index, uint64_t value, std::atomic<uint32_t>* sleeping,
-             int bell) {
+             int bell, uint8_t* sync) {
+  SyncRelease(sync);
   index->store(value, std::memory_order_seq_cst);
   if (sleeping->load(std::memory_order_seq_cst) != 0) RingBell(bell);
 }
@@ -122,7 +162,8 @@ void Handover::Close() {
 }
 
 Ring::Ring(Handover h, void* map, size_t map_bytes, uint64_t capacity)
-    : h_(h),
+    : sync_(SyncFor(h.memfd)),
+      h_(h),
       map_(map),
       map_bytes_(map_bytes),
       ctl_(static_cast<Control*>(map)),
@@ -138,6 +179,7 @@ Ring& Ring::operator=(Ring&& o) noexcept {
   Release();
   waiting = o.waiting;
   h_ = std::exchange(o.h_, Handover{});
+  sync_ = std::exchange(o.sync_, nullptr);
   map_ = std::exchange(o.map_, nullptr);
   map_bytes_ = std::exchange(o.map_bytes_, 0);
   ctl_ = std::exchange(o.ctl_, nullptr);
@@ -304,6 +346,7 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
   uint64_t space = 0;
   auto room = [&]() -> int {
     const uint64_t tail = ctl_->tail.load(std::memory_order_seq_cst);  // pairs with Publish
+    SyncAcquire(sync_ == nullptr ? nullptr : sync_ + 1);
     if (!InOrder(head_, tail, capacity_)) return EPROTO;
     if (ctl_->closed.load(std::memory_order_acquire) != 0) return EPIPE;
     space = capacity_ - (head_ - tail);
@@ -332,7 +375,7 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
     }
     head_ += done;
     *progress += done;
-    Publish(&ctl_->head, head_, &ctl_->reader_sleeping, h_.data_bell);
+    Publish(&ctl_->head, head_, &ctl_->reader_sleeping, h_.data_bell, sync_);
   }
   return 0;
 }
@@ -354,6 +397,7 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
     const uint32_t closed = ctl_->closed.load(std::memory_order_acquire);
     if (closed == kAborted) return ECONNRESET;
     const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);  // pairs with Publish
+    SyncAcquire(sync_);
     if (!InOrder(head, tail_, capacity_)) return EPROTO;
     avail = head - tail_;
     if (avail > 0) return 0;
@@ -372,7 +416,8 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
     std::memcpy(out + *got + first, data_, k - first);
     tail_ += k;
     *got += k;
-    Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, h_.space_bell);
+    Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, h_.space_bell,
+            sync_ == nullptr ? nullptr : sync_ + 1);
   }
   return 0;
 }

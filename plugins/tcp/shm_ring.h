@@ -114,6 +114,7 @@ class Ring {
            std::chrono::milliseconds timeout, int liveness_fd);
   void Release();
 
+  uint8_t* sync_ = nullptr;  // ThreadSanitizer builds: the segment's sync object (shm_ring.cpp)
   Handover h_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
