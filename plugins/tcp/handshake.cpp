@@ -20,25 +20,9 @@ using Clock = std::chrono::steady_clock;
 
 // Receives exactly len bytes by `deadline`, giving up early when abort_fd fires.
 int RecvBy(int fd, int abort_fd, void* buf, size_t len, Clock::time_point deadline) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (len > 0) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return ETIMEDOUT;
-    pollfd pf[2] = {{fd, POLLIN, 0}, {abort_fd, POLLIN, 0}};
-    const int n = ::poll(pf, abort_fd >= 0 ? 2 : 1, static_cast<int>(left));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return errno;
-    if (n == 0) return ETIMEDOUT;
-    if (abort_fd >= 0 && (pf[1].revents & POLLIN)) return ECANCELED;
-    const ssize_t r = ::recv(fd, p, len, MSG_DONTWAIT);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (r < 0) return errno;
-    if (r == 0) return kEof;
-    p += r;
-    len -= static_cast<size_t>(r);
-  }
-  return 0;
+  size_t n_fds = 0;
+  bool truncated = false;  // a descriptor sent along here is closed, not kept
+  return RecvWithFds(fd, buf, len, nullptr, 0, &n_fds, &truncated, deadline, abort_fd);
 }
 
 std::vector<uint8_t> Frame(wire::Type type, uint16_t flags, const void* payload, size_t n,

@@ -1015,6 +1015,16 @@ TEST(TcpTarget, StalledFrameIsDroppedAfterIoTimeout) {
   close(fd);
 }
 
+// Two instances added to each other; a is the initiator, pb its handle for b.
+struct Pair {
+  explicit Pair(const InstanceOptions& o) : a(ops, "a", o), b(ops, "b", o) {
+    pb = a.AddPeer("b", b.ConnBlob());
+    b.AddPeer("a", a.ConnBlob());
+  }
+  Instance a, b;
+  void* pb = nullptr;
+};
+
 // Both byte streams: a ring lane holds its socket and four bells per side, all
 // returned at fini, and sleeps on them when idle.
 TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
@@ -1023,12 +1033,11 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
     const size_t fds = CountEntries("/proc/self/fd");
     const size_t threads = CountEntries("/proc/self/task");
     {
-      const InstanceOptions o{.same_host = SameHost(stream)};
-      Instance a(ops, "a", o), b(ops, "b", o);
-      void* pb = a.AddPeer("b", b.ConnBlob());
-      b.AddPeer("a", a.ConnBlob());
+      Pair p({.same_host = SameHost(stream)});
+      Instance& a = p.a;
+      void* pb = p.pb;
       Mem* src = a.Register(1, 4 << 20);
-      Mem* dst = b.Register(1, 4 << 20);
+      Mem* dst = p.b.Register(1, 4 << 20);
       void* remote = a.Import(pb, *dst);
       ASSERT_EQ(Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4 << 20}}).status, FERRY_OK);
       ASSERT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4 << 20}},
@@ -1053,10 +1062,9 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
 TEST(TcpIdle, IdleLanesCloseEverywhereAndReopenOnTheNextTransfer) {
   for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
     SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
-    const InstanceOptions o{.settings = R"({"lane_idle_ms": 150})", .same_host = SameHost(stream)};
-    Instance a(ops, "a", o), b(ops, "b", o);
-    void* pb = a.AddPeer("b", b.ConnBlob());
-    b.AddPeer("a", a.ConnBlob());
+    Pair p({.settings = R"({"lane_idle_ms": 150})", .same_host = SameHost(stream)});
+    Instance &a = p.a, &b = p.b;
+    void* pb = p.pb;
     Mem* src = a.Register(1, 1 << 20);
     Mem* dst = b.Register(1, 1 << 20);
     void* remote = a.Import(pb, *dst);
@@ -1103,6 +1111,18 @@ wire::ConnInfo InfoOf(const std::vector<uint8_t>& blob) {
   std::string why;
   EXPECT_TRUE(wire::DecodeConnBlob(blob.data(), blob.size(), &ci, &why)) << why;
   return ci;
+}
+
+// One 4 KiB WRITE a -> b, its bytes checked at b.
+void WriteChecked(Instance& a, void* pb, Instance& b, uint32_t seed) {
+  Mem* src = a.Register(seed, 4096);
+  Mem* dst = b.Register(seed, 4096);
+  Fill(src->data, seed);
+  void* remote = a.Import(pb, *dst);
+  Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4096}});
+  EXPECT_EQ(w.status, FERRY_OK) << w.msg;
+  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
+  ops.mem_release(a.ctx(), remote);
 }
 
 // One WRITE of 64 KiB a -> b over a fresh pair whose blobs and same-host flag
@@ -1196,16 +1216,9 @@ TEST(TcpRings, RingsTheTargetCannotTakeFallBackToTcp) {
   ci.unix_name = name;
   void* pb = a.AddPeer("b", wire::EncodeConnBlob(ci));
   b.AddPeer("a", a.ConnBlob());
-  Mem* src = a.Register(1, 4096);
-  Mem* dst = b.Register(1, 4096);
-  Fill(src->data, 9);
-  void* remote = a.Import(pb, *dst);
-  Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4096}});
-  EXPECT_EQ(w.status, FERRY_OK) << w.msg;
-  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
+  WriteChecked(a, pb, b, 9);
   EXPECT_GE(refused.load(), 1);
   EXPECT_EQ(Counter(a, "ring_lanes_opened"), 0u);
-  ops.mem_release(a.ctx(), remote);
   shutdown(lfd, SHUT_RDWR);
   fake.join();
   close(lfd);
@@ -1249,10 +1262,9 @@ std::string RefusalText(int fd) {
 }
 
 TEST(TcpRings, AHostileHandoverIsRefusedAndOthersAreServed) {
-  const InstanceOptions o{.same_host = 1};
-  Instance a(ops, "a", o), b(ops, "b", o);
-  void* pb = a.AddPeer("b", b.ConnBlob());
-  b.AddPeer("a", a.ConnBlob());
+  Pair p({.same_host = 1});
+  Instance &a = p.a, &b = p.b;
+  void* pb = p.pb;
   const std::string name = InfoOf(b.ConnBlob()).unix_name;
   const uint8_t tag[16] = {'F', 'R', 'R', 'Y', 'R', 'I', 'N', 'G', 1, 0, 0, 0, 0, 0, 0, 0};
   std::string why;
@@ -1295,15 +1307,8 @@ TEST(TcpRings, AHostileHandoverIsRefusedAndOthersAreServed) {
   }
   EXPECT_GE(Counter(b, "rejected_lanes"), 5u);
   // The real peer's lanes are unaffected.
-  Mem* src = a.Register(1, 4096);
-  Mem* dst = b.Register(1, 4096);
-  Fill(src->data, 3);
-  void* remote = a.Import(pb, *dst);
-  Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4096}});
-  EXPECT_EQ(w.status, FERRY_OK) << w.msg;
-  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
+  WriteChecked(a, pb, b, 3);
   EXPECT_GT(Counter(b, "ring_lanes_served"), 0u);
-  ops.mem_release(a.ctx(), remote);
 }
 
 TEST(TcpPerf, DISABLED_Bandwidth) {
