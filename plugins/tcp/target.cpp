@@ -85,6 +85,7 @@ void TargetServer::Stop() {
     std::lock_guard lk(mu_);
     if (stopping_) return;
     stopping_ = true;
+    stopped_.store(true);
     // shutdown (not close) wakes accept() and every blocked recv; the owners close.
     stop_waker_.Signal();
     for (auto& c : conns_) {
@@ -505,6 +506,15 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
       close_why = std::string("unexpected ") + wire::TypeName(h.type) + " frame";
       break;
     }
+    // The peer was removed or this engine is stopping: both shut the lane's
+    // socket down, which ends a TCP lane's next read. A ring lane may still
+    // hold frames in its ring; it ends here the same way (the initiator sees
+    // the lane lost and may fail over), rather than refusing them one by one.
+    if (tp->removed() || stopped_.load(std::memory_order_relaxed)) {
+      Log(host_, FERRY_LOG_DEBUG, "lane from %s closed: %s", who.c_str(),
+          tp->removed() ? "peer removed" : "stopping");
+      break;
+    }
     if (!LaneStillProven(key, proven, &registrations_seen, &why)) {
       close_why = why;
       break;
@@ -579,9 +589,11 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
   const int fd = ch.fd();  // the lane's identity for fences and revocation
   std::shared_ptr<Region> r;
   if (tp.removed()) {
-    *status = FERRY_ERR_NOT_FOUND;
-    *reason = "peer '" + tp.key() + "' is not registered here";
-  } else if (!(r = regions_->Find(h.region_id)) || !r->KeyIs(h.region_key)) {
+    // Removed since the loop looked (ServeLane): the lane ends as its cut
+    // socket would end it, so the initiator sees it lost, not a refusal.
+    return Outcome::kCloseLane;
+  }
+  if (!(r = regions_->Find(h.region_id)) || !r->KeyIs(h.region_key)) {
     // One answer for both: a wrong key must not tell a prober the id exists.
     r.reset();
     *status = FERRY_ERR_NOT_FOUND;

@@ -147,6 +147,9 @@ class TargetServer {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  // Stop() began: lanes stop serving at their next frame (a ring lane with
+  // frames waiting in its ring would otherwise go on after its socket was cut).
+  std::atomic<bool> stopped_{false};
   // Warnings about refused or closed connections (WarnFrom).
   ferry::plugin_kit::LogGate refusal_log_;
   uint64_t accept_failures_ = 0;   // accept() out of descriptors since the last warning
