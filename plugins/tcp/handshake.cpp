@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "handshake.h"
 
-#include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 
@@ -17,13 +16,6 @@ namespace ferry_tcp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Receives exactly len bytes by `deadline`, giving up early when abort_fd fires.
-int RecvBy(int fd, int abort_fd, void* buf, size_t len, Clock::time_point deadline) {
-  size_t n_fds = 0;
-  bool truncated = false;  // a descriptor sent along here is closed, not kept
-  return RecvWithFds(fd, buf, len, nullptr, 0, &n_fds, &truncated, deadline, abort_fd);
-}
 
 std::vector<uint8_t> Frame(wire::Type type, uint16_t flags, const void* payload, size_t n,
                            uint64_t clock_ns = 0) {
@@ -86,7 +78,7 @@ int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
     return FERRY_ERR_TRANSPORT;
   };
   uint8_t hb[wire::kHeaderSize];
-  if ((rc = RecvBy(fd, h.abort_fd, hb, sizeof(hb), deadline)) != 0) return lost(rc);
+  if ((rc = RecvAllBy(fd, hb, sizeof(hb), deadline, h.abort_fd)) != 0) return lost(rc);
   wire::Header resp;
   std::string why;
   if (!wire::DecodeHeader(hb, &resp, &why)) {
@@ -95,7 +87,7 @@ int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
   }
   if (resp.type == wire::Type::kError) {
     std::string text(std::min<uint64_t>(resp.payload_len, wire::kMaxErrorLen), '\0');
-    if ((rc = RecvBy(fd, h.abort_fd, text.data(), text.size(), deadline)) != 0) return lost(rc);
+    if ((rc = RecvAllBy(fd, text.data(), text.size(), deadline, h.abort_fd)) != 0) return lost(rc);
     *err = h.label + " refused the connection: " + text;
     return FERRY_ERR_REMOTE;
   }
@@ -106,7 +98,7 @@ int InitiatorHandshake(int fd, const InitiatorHello& h, std::string* err) {
     return FERRY_ERR_PROTOCOL;
   }
   uint8_t nt_proof[wire::kAuthNonceSize + wire::kAuthProofSize];
-  if ((rc = RecvBy(fd, h.abort_fd, nt_proof, sizeof(nt_proof), deadline)) != 0) return lost(rc);
+  if ((rc = RecvAllBy(fd, nt_proof, sizeof(nt_proof), deadline, h.abort_fd)) != 0) return lost(rc);
   const uint8_t* nt = nt_proof;
   std::vector<uint8_t> t =
       wire::AuthTranscript(wire::kAuthTargetLabel, ni, nt, h.my_key, h.peer_key);

@@ -44,9 +44,7 @@ void Lane::StartLocked() {
   started_ = true;
 }
 
-bool Lane::IdleLocked() const {
-  return state_ == State::kUp && queue_.empty() && !partial_ && inflight_.empty();
-}
+bool Lane::QuietLocked() const { return queue_.empty() && !partial_ && inflight_.empty(); }
 
 std::string Lane::Lost(int err) const {
   return "connection to " + info_->label + " lost: " + IoErrorString(err);
@@ -216,7 +214,7 @@ void Lane::Submit(FramePtr f, bool try_direct) {
   f->Resolve(FERRY_ERR_BAD_STATE, "tcp lane to " + info_->label + " is shut down");
 }
 
-int Lane::Open(int* out_fd, std::unique_ptr<Channel>* chan, std::string* err) {
+int Lane::Open(std::unique_ptr<Channel>* chan, std::string* err) {
   InitiatorHello hello;
   hello.host = info_->host;
   hello.my_key = info_->my_key;
@@ -239,7 +237,6 @@ int Lane::Open(int* out_fd, std::unique_ptr<Channel>* chan, std::string* err) {
         *chan = std::make_unique<Channel>(fd, std::move(out), std::move(in),
                                           std::chrono::milliseconds(0));
         (*chan)->SetSpin(std::chrono::microseconds(info_->ring_spin_us));
-        *out_fd = fd;
         if (info_->ring_lanes_opened != nullptr) info_->ring_lanes_opened->fetch_add(1);
         return FERRY_OK;
       }
@@ -267,7 +264,6 @@ int Lane::Open(int* out_fd, std::unique_ptr<Channel>* chan, std::string* err) {
     return status;
   }
   *chan = std::make_unique<Channel>(fd);
-  *out_fd = fd;
   return FERRY_OK;
 }
 
@@ -277,10 +273,10 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
   waker_.Clear();
   lk.unlock();
 
-  int fd = -1;
   std::unique_ptr<Channel> chan;
   std::string err;
-  const int fail_status = Open(&fd, &chan, &err);
+  const int fail_status = Open(&chan, &err);
+  const int fd = chan ? chan->fd() : -1;
   int rc = fail_status == FERRY_OK ? 0 : ECONNABORTED;
   lk.lock();
   if (rc == 0 && !abort_connect_ && !stopping_) {
@@ -328,20 +324,18 @@ void Lane::SenderMain() {
       // expired), and end this thread once it is closed; a frame queued
       // meanwhile restarts it.
       auto wake_at = last_used_ + idle_for;
-      const bool quiet = IdleLocked() || (state_ == State::kDown && queue_.empty() && !partial_);
       // Busy (frames in flight, a long one maybe): look again an idle period
       // from now, never in a loop.
-      if (!quiet) wake_at = std::max(wake_at, std::chrono::steady_clock::now() + idle_for);
+      if (!QuietLocked()) wake_at = std::max(wake_at, std::chrono::steady_clock::now() + idle_for);
       if (!cv_.wait_until(lk, wake_at, ready)) {
-        if (IdleLocked() && std::chrono::steady_clock::now() >= last_used_ + idle_for) {
-          Doomed none;  // idle: nothing queued or in flight to fail
-          BreakLocked(FERRY_ERR_TRANSPORT,
-                      "closed after " + std::to_string(info_->idle_close_ms) + " ms idle", &none);
-          continue;
-        }
-        if (state_ == State::kDown && queue_.empty() && !partial_) {
+        if (QuietLocked() && state_ == State::kDown) {  // down, nothing to send: end
           started_ = false;
           return;
+        }
+        if (QuietLocked() && std::chrono::steady_clock::now() >= last_used_ + idle_for) {
+          Doomed none;  // up and idle: nothing queued or in flight to fail
+          BreakLocked(FERRY_ERR_TRANSPORT,
+                      "closed after " + std::to_string(info_->idle_close_ms) + " ms idle", &none);
         }
         continue;
       }

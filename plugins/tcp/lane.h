@@ -89,11 +89,12 @@ class Lane {
   void ReceiverMain(Channel* chan);
   bool ConnectLocked(std::unique_lock<std::mutex>& lk);
   void StartLocked();
-  // Up and nothing queued, half-sent or awaiting a response.
-  bool IdleLocked() const;
+  // Nothing queued, half-sent or awaiting a response.
+  bool QuietLocked() const;
   // Connects and says HELLO: over the unix socket with rings when the peer is
-  // on this host and reachable so, else over TCP. FERRY_OK with *fd and *chan.
-  int Open(int* fd, std::unique_ptr<Channel>* chan, std::string* err);
+  // on this host and reachable so, else over TCP. FERRY_OK with *chan (whose
+  // fd() the lane then owns).
+  int Open(std::unique_ptr<Channel>* chan, std::string* err);
   int SendOne(Frame& f, int flags);
   // A WRITE from GPU memory: the head, then the payload through a stage.
   int SendStaged(Frame& f);

@@ -57,10 +57,7 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
   resp.CloseSegmentFd();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   uint8_t answer[wire::kHeaderSize];
-  size_t n_fds = 0;
-  bool truncated = false;
-  int none[1];
-  rc = RecvWithFds(fd, answer, kMessageSize, none, 0, &n_fds, &truncated, deadline, abort_fd);
+  rc = RecvAllBy(fd, answer, kMessageSize, deadline, abort_fd);
   if (rc != 0) return lost(rc);
   if (IsOurs(answer)) {
     *out = std::move(req);
@@ -68,8 +65,7 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
     return FERRY_OK;
   }
   // Not the tag: an ERROR frame, whose head we have the start of.
-  rc = RecvWithFds(fd, answer + kMessageSize, sizeof answer - kMessageSize, none, 0, &n_fds,
-                   &truncated, deadline, abort_fd);
+  rc = RecvAllBy(fd, answer + kMessageSize, sizeof answer - kMessageSize, deadline, abort_fd);
   if (rc != 0) return lost(rc);
   wire::Header h;
   if (!wire::DecodeHeader(answer, &h, &why) || h.type != wire::Type::kError) {
@@ -77,7 +73,7 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
     return FERRY_ERR_PROTOCOL;
   }
   std::string text(std::min<uint64_t>(h.payload_len, wire::kMaxErrorLen), '\0');
-  rc = RecvWithFds(fd, text.data(), text.size(), none, 0, &n_fds, &truncated, deadline, abort_fd);
+  rc = RecvAllBy(fd, text.data(), text.size(), deadline, abort_fd);
   if (rc != 0) return lost(rc);
   if (h.status == FERRY_ERR_UNSUPPORTED) {
     *err = label + " cannot take shared rings: " + text;

@@ -83,7 +83,7 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
       if (!GetBool(v, "same_host_rings", &s.same_host_rings, err)) return false;
     } else if (key == "ring_bytes") {
       if (!GetBytes(v, "ring_bytes", &s.ring_bytes, err)) return false;
-      if (s.ring_bytes < (64 << 10) || s.ring_bytes > kMaxAcceptedRing ||
+      if (s.ring_bytes < shm::kMinCapacity || s.ring_bytes > kMaxAcceptedRing ||
           (s.ring_bytes & (s.ring_bytes - 1)) != 0) {
         *err = "setting 'ring_bytes' must be a power of two in 64KiB.." +
                FormatBytes(kMaxAcceptedRing);

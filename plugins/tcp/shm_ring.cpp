@@ -12,11 +12,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <cstdio>
-#include <cstring>
 #include <new>
 #include <utility>
 

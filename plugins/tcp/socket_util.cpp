@@ -121,27 +121,11 @@ int RecvAll(int fd, void* buf, size_t len, bool idle_ok) {
   return RecvIov(fd, &iov, 1, idle_ok);
 }
 
-int RecvAllBy(int fd, void* buf, size_t len, std::chrono::steady_clock::time_point deadline) {
-  auto* p = static_cast<char*>(buf);
-  while (len > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return ETIMEDOUT;
-    pollfd pf{fd, POLLIN, 0};
-    const int n = poll(&pf, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, INT_MAX)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return errno;
-    if (n == 0) return ETIMEDOUT;
-    const ssize_t r = recv(fd, p, len, MSG_DONTWAIT);
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return errno;
-    }
-    if (r == 0) return kEof;
-    p += r;
-    len -= static_cast<size_t>(r);
-  }
-  return 0;
+int RecvAllBy(int fd, void* buf, size_t len, std::chrono::steady_clock::time_point deadline,
+              int abort_fd) {
+  size_t n_fds = 0;
+  bool truncated = false;  // a descriptor sent along here is closed, not kept
+  return RecvWithFds(fd, buf, len, nullptr, 0, &n_fds, &truncated, deadline, abort_fd);
 }
 
 int Discard(int fd, uint64_t len) {
@@ -432,11 +416,11 @@ int RecvWithFds(int fd, void* buf, size_t len, int* fds, size_t max_fds, size_t*
   std::vector<char> control(CMSG_SPACE(sizeof(int) * max_fds));
   while (len > 0) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now())
-                          .count();
-    if (left <= 0) return ETIMEDOUT;
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return ETIMEDOUT;
     pollfd pf[2] = {{fd, POLLIN, 0}, {abort_fd, POLLIN, 0}};
-    const int n = ::poll(pf, abort_fd >= 0 ? 2 : 1, static_cast<int>(left));
+    const int n = ::poll(pf, abort_fd >= 0 ? 2 : 1,
+                         static_cast<int>(std::min<int64_t>(left.count() + 1, INT_MAX)));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return errno;
     if (n == 0) return ETIMEDOUT;

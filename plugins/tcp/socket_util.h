@@ -32,8 +32,10 @@ int SendAll(int fd, const void* buf, size_t len);
 int RecvIov(int fd, const iovec* iov, size_t n, bool idle_ok = false);
 int RecvAll(int fd, void* buf, size_t len, bool idle_ok = false);
 // RecvAll with one deadline for the whole read, however the bytes trickle in
-// (a handshake sent a byte at a time must still end by its deadline).
-int RecvAllBy(int fd, void* buf, size_t len, std::chrono::steady_clock::time_point deadline);
+// (a handshake sent a byte at a time must still end by its deadline); gives up
+// with ECANCELED once abort_fd (an eventfd) fires. RecvWithFds taking none.
+int RecvAllBy(int fd, void* buf, size_t len, std::chrono::steady_clock::time_point deadline,
+              int abort_fd = -1);
 // Reads and discards len bytes, keeping the stream in step after a refused frame.
 int Discard(int fd, uint64_t len);
 

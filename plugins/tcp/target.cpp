@@ -506,15 +506,6 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
       close_why = std::string("unexpected ") + wire::TypeName(h.type) + " frame";
       break;
     }
-    // The peer was removed or this engine is stopping: both shut the lane's
-    // socket down, which ends a TCP lane's next read. A ring lane may still
-    // hold frames in its ring; it ends here the same way (the initiator sees
-    // the lane lost and may fail over), rather than refusing them one by one.
-    if (tp->removed() || stopped_.load(std::memory_order_relaxed)) {
-      Log(host_, FERRY_LOG_DEBUG, "lane from %s closed: %s", who.c_str(),
-          tp->removed() ? "peer removed" : "stopping");
-      break;
-    }
     if (!LaneStillProven(key, proven, &registrations_seen, &why)) {
       close_why = why;
       break;
@@ -588,9 +579,11 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
   const bool is_write = h.type == wire::Type::kWrite;
   const int fd = ch.fd();  // the lane's identity for fences and revocation
   std::shared_ptr<Region> r;
-  if (tp.removed()) {
-    // Removed since the loop looked (ServeLane): the lane ends as its cut
-    // socket would end it, so the initiator sees it lost, not a refusal.
+  if (tp.removed() || stopped_.load(std::memory_order_relaxed)) {
+    // The peer was removed or this engine is stopping: both shut the lane's
+    // socket down, which ends a TCP lane's next read. A ring lane may still
+    // hold frames in its ring; it ends here the same way (the initiator sees
+    // the lane lost and may fail over), rather than refusing them one by one.
     return Outcome::kCloseLane;
   }
   if (!(r = regions_->Find(h.region_id)) || !r->KeyIs(h.region_key)) {
