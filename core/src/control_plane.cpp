@@ -820,6 +820,13 @@ void ControlPlane::arm_reaper() {
 
 int ControlPlane::reap_outbound() {
   if (idle_close_.count() <= 0) return -1;
+  auto ms_until = [](Clock::duration d) {
+    return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + 1;
+  };
+  // Every connection has the same idle period, and one used or made since the
+  // last scan expires after what that scan found: nothing is due before
+  // next_reap_, so an I/O wake-up (every inbound frame) scans nothing.
+  if (reaper_armed_.load() && Clock::now() < next_reap_) return ms_until(next_reap_ - Clock::now());
   // Disarmed before the scan: a connection made after it wakes us (arm_reaper).
   reaper_armed_.store(false);
   std::vector<std::shared_ptr<Outbound>> slots;
@@ -843,11 +850,13 @@ int ControlPlane::reap_outbound() {
       next = std::min(next, o->last_used + idle_close_);
     }
   }
-  if (next == Clock::time_point::max()) return -1;
+  if (next == Clock::time_point::max()) {
+    next_reap_ = {};  // nothing open: the next arm_reaper() wake scans
+    return -1;
+  }
+  next_reap_ = next;
   reaper_armed_.store(true);
-  return static_cast<int>(
-             std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) +
-         1;
+  return ms_until(next - now);
 }
 
 int ControlPlane::send(const std::string& peer_key, const std::string& host, uint16_t port,

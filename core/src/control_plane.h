@@ -193,6 +193,7 @@ class ControlPlane {
   // True while the I/O thread's wait is bounded by an outbound connection's
   // expiry; a new connection wakes it only when it is not (arm_reaper).
   std::atomic<bool> reaper_armed_{false};
+  Clock::time_point next_reap_{};  // the earliest expiry the last scan found; I/O thread only
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> rejected_{0};
   LogLimiter refusal_log_{std::chrono::seconds(10), /*burst=*/20};
