@@ -8,7 +8,10 @@
 //   read:  the client sends an 8-byte request, the server answers SIZE bytes
 //          (a ferry READ)
 //   usage: tcp_pingpong [--op write|read] [--size BYTES (8)] [--iters N (20000)]
-//                       [--warmup N (1000)]
+//                       [--warmup N (1000)] [--unix]
+// --unix: the same over a unix stream socket pair (what a same-host control
+// connection could use instead of loopback TCP: on the gVisor GPU host the
+// loopback TCP stack is the sandbox's own, and costlier).
 // Prints one line: op, size, iterations, p50 / avg / p99 / min round trip in us.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -52,11 +55,9 @@ void NoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-// The server: answers round trips until the client closes.
-[[noreturn]] void Serve(int ls, bool write_op, size_t size) {
-  const int fd = accept(ls, nullptr, nullptr);
+// The server: answers round trips on fd until the client closes.
+[[noreturn]] void Serve(int fd, bool write_op, size_t size) {
   if (fd < 0) _exit(1);
-  NoDelay(fd);
   std::vector<char> buf(std::max<size_t>(size, 8), 1);
   for (;;) {
     if (write_op) {
@@ -74,8 +75,13 @@ int main(int argc, char** argv) {
   std::string op = "write";
   size_t size = 8;
   long iters = 20000, warmup = 1000;
+  bool unix_pair = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--unix") {
+      unix_pair = true;
+      continue;
+    }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "tcp_pingpong: %s needs a value\n", a.c_str());
       return 2;
@@ -90,35 +96,57 @@ int main(int argc, char** argv) {
     else if (a == "--warmup")
       warmup = std::atol(v);
     else {
-      std::fprintf(
-          stderr,
-          "usage: tcp_pingpong [--op write|read] [--size BYTES] [--iters N] [--warmup N]\n");
+      std::fprintf(stderr,
+                   "usage: tcp_pingpong [--op write|read] [--size BYTES] [--iters N] [--warmup N] "
+                   "[--unix]\n");
       return 2;
     }
   }
   if ((op != "write" && op != "read") || size == 0 || iters <= 0 || warmup < 0) return 2;
   const bool write_op = op == "write";
 
-  const int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t al = sizeof addr;
-  if (bind(ls, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(ls, 1) != 0 ||
-      getsockname(ls, reinterpret_cast<sockaddr*>(&addr), &al) != 0) {
-    std::perror("tcp_pingpong: listen");
-    return 1;
+  int fd = -1;
+  pid_t pid = -1;
+  if (unix_pair) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      std::perror("tcp_pingpong: socketpair");
+      return 1;
+    }
+    pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+      close(sv[0]);
+      Serve(sv[1], write_op, size);
+    }
+    close(sv[1]);
+    fd = sv[0];
+  } else {
+    const int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof addr;
+    if (bind(ls, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(ls, 1) != 0 ||
+        getsockname(ls, reinterpret_cast<sockaddr*>(&addr), &al) != 0) {
+      std::perror("tcp_pingpong: listen");
+      return 1;
+    }
+    pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+      const int conn = accept(ls, nullptr, nullptr);
+      if (conn >= 0) NoDelay(conn);
+      Serve(conn, write_op, size);
+    }
+    close(ls);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      std::perror("tcp_pingpong: connect");
+      return 1;
+    }
+    NoDelay(fd);
   }
-  const pid_t pid = fork();
-  if (pid < 0) return 1;
-  if (pid == 0) Serve(ls, write_op, size);
-  close(ls);
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    std::perror("tcp_pingpong: connect");
-    return 1;
-  }
-  NoDelay(fd);
   std::vector<char> buf(std::max<size_t>(size, 8), 2);
   std::vector<double> us;
   us.reserve(static_cast<size_t>(iters));
@@ -144,8 +172,9 @@ int main(int argc, char** argv) {
     return us[std::min(us.size() - 1, static_cast<size_t>(p * us.size()))];
   };
   std::printf(
-      "tcp_pingpong op=%s size=%zu iters=%ld p50_us=%.2f avg_us=%.2f p99_us=%.2f min_us=%.2f\n",
-      op.c_str(), size, iters, pct(0.5), sum / static_cast<double>(us.size()), pct(0.99),
-      us.front());
+      "tcp_pingpong op=%s size=%zu iters=%ld socket=%s p50_us=%.2f avg_us=%.2f p99_us=%.2f "
+      "min_us=%.2f\n",
+      op.c_str(), size, iters, unix_pair ? "unix" : "tcp", pct(0.5),
+      sum / static_cast<double>(us.size()), pct(0.99), us.front());
   return 0;
 }

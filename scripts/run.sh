@@ -157,7 +157,7 @@ tsan_tests() {
   # moved a moment before: with those accesses checked, every byte takes TSan's
   # suppression slow path and the test runs past its timeout (seen in CI once
   # the suppressions matched GCC's interceptor names). They run with the heavy ones.
-  local strict='inbound_table_test|notif_inbox_test|auth_test|shm_ring_test'
+  local strict='inbound_table_test|notif_inbox_test|auth_test|shm_ring_test|progress_test'
   local heavy='failover_test|engine_process_test|notification_process_test|cancel_process_test|multi_region_test|tcp_plugin_test|hostile_peer_test'
   cmake --build build-tsan -j "$jobs" --target ${strict//|/ } ${heavy//|/ } \
     ferry-test-peer ferry-tcp ferry-cma ferry-fault

@@ -32,6 +32,7 @@ struct Backend {
   const ferry_plugin_ops_v1* ops = nullptr;
   void* ctx = nullptr;
   uint64_t caps = 0;
+  bool has_progress = false;  // ABI 1.6 progress(): waiters drive its completions
   std::vector<uint8_t> conn_blob;
   ferry_host_v1 host{};  // host_ctx points at this Backend
   EngineImpl* engine = nullptr;

@@ -184,6 +184,7 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   blob.resize(len);
   b->conn_blob = std::move(blob);
   b->counters = backends_.counters_for(name);
+  b->has_progress = FERRY_HAS_FIELD(ferry_plugin_ops_v1, b->ops, progress) && b->ops->progress;
   registry_.attach(b);  // what exists already: peers and local memory
   backends_.add(b);
   FERRY_LOG(INFO, key_, "backend '" + name + "' loaded from " + load.lib->path);

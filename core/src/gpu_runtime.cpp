@@ -51,6 +51,7 @@ struct Runtime {
   Err (*stream_create)(void**, unsigned) = nullptr;
   Err (*stream_destroy)(void*) = nullptr;
   Err (*stream_sync)(void*) = nullptr;
+  Err (*stream_query)(void*) = nullptr;
   Err (*memcpy_async)(void*, const void*, size_t, int, void*) = nullptr;
   Err (*event_create)(void**, unsigned) = nullptr;
   Err (*event_destroy)(void*) = nullptr;
@@ -180,6 +181,12 @@ int g_event_query(void*, void* e) {
   Err r = g_rt.event_query(e);
   if (r == kNotReady) return 1;
   if (r != 0) return fail(r, "event query");
+  return FERRY_OK;
+}
+int g_stream_query(void*, void* s) {
+  Err r = g_rt.stream_query(s);
+  if (r == kNotReady) return 1;
+  if (r != 0) return fail(r, "stream query");
   return FERRY_OK;
 }
 int g_event_sync(void*, void* e) {
@@ -513,7 +520,8 @@ bool load_cuda() {
       sym(h, "cudaGetErrorString", r.error_string) && sym(h, "cudaSetDevice", r.set_device) &&
       sym(h, "cudaStreamCreateWithFlags", r.stream_create) &&
       sym(h, "cudaStreamDestroy", r.stream_destroy) &&
-      sym(h, "cudaStreamSynchronize", r.stream_sync) && sym(h, "cudaMemcpyAsync", r.memcpy_async) &&
+      sym(h, "cudaStreamSynchronize", r.stream_sync) && sym(h, "cudaStreamQuery", r.stream_query) &&
+      sym(h, "cudaMemcpyAsync", r.memcpy_async) &&
       sym(h, "cudaEventCreateWithFlags", r.event_create) &&
       sym(h, "cudaEventDestroy", r.event_destroy) && sym(h, "cudaEventRecord", r.event_record) &&
       sym(h, "cudaEventQuery", r.event_query) && sym(h, "cudaEventSynchronize", r.event_sync) &&
@@ -557,24 +565,25 @@ bool load_hip() {
   if (!h) return false;
   Runtime& r = g_rt;
   r.lib = h;
-  bool ok =
-      sym(h, "hipGetDeviceCount", r.get_device_count) &&
-      sym(h, "hipPointerGetAttributes", r.pointer_attributes) &&
-      sym(h, "hipGetErrorString", r.error_string) && sym(h, "hipSetDevice", r.set_device) &&
-      sym(h, "hipStreamCreateWithFlags", r.stream_create) &&
-      sym(h, "hipStreamDestroy", r.stream_destroy) &&
-      sym(h, "hipStreamSynchronize", r.stream_sync) && sym(h, "hipMemcpyAsync", r.memcpy_async) &&
-      sym(h, "hipEventCreateWithFlags", r.event_create) &&
-      sym(h, "hipEventDestroy", r.event_destroy) && sym(h, "hipEventRecord", r.event_record) &&
-      sym(h, "hipEventQuery", r.event_query) && sym(h, "hipEventSynchronize", r.event_sync) &&
-      sym(h, "hipIpcGetMemHandle", r.ipc_get) && sym(h, "hipIpcOpenMemHandle", r.ipc_open) &&
-      sym(h, "hipIpcCloseMemHandle", r.ipc_close) &&
-      sym(h, "hipDeviceEnablePeerAccess", r.enable_peer) &&
-      sym(h, "hipHostMalloc", r.host_alloc_hip) && sym(h, "hipHostFree", r.host_free) &&
-      sym(h, "hipDeviceGetPCIBusId", r.bus_id) &&
-      sym(h, "hipMemGetAddressRange", r.mem_range_hip) &&
-      sym(h, "hipGetLastError", r.get_last_error) && sym(h, "hipMalloc", r.dev_malloc) &&
-      sym(h, "hipFree", r.dev_free) && sym(h, "hipMemcpy", r.memcpy_sync);
+  bool ok = sym(h, "hipGetDeviceCount", r.get_device_count) &&
+            sym(h, "hipPointerGetAttributes", r.pointer_attributes) &&
+            sym(h, "hipGetErrorString", r.error_string) && sym(h, "hipSetDevice", r.set_device) &&
+            sym(h, "hipStreamCreateWithFlags", r.stream_create) &&
+            sym(h, "hipStreamDestroy", r.stream_destroy) &&
+            sym(h, "hipStreamSynchronize", r.stream_sync) &&
+            sym(h, "hipStreamQuery", r.stream_query) && sym(h, "hipMemcpyAsync", r.memcpy_async) &&
+            sym(h, "hipEventCreateWithFlags", r.event_create) &&
+            sym(h, "hipEventDestroy", r.event_destroy) &&
+            sym(h, "hipEventRecord", r.event_record) && sym(h, "hipEventQuery", r.event_query) &&
+            sym(h, "hipEventSynchronize", r.event_sync) &&
+            sym(h, "hipIpcGetMemHandle", r.ipc_get) && sym(h, "hipIpcOpenMemHandle", r.ipc_open) &&
+            sym(h, "hipIpcCloseMemHandle", r.ipc_close) &&
+            sym(h, "hipDeviceEnablePeerAccess", r.enable_peer) &&
+            sym(h, "hipHostMalloc", r.host_alloc_hip) && sym(h, "hipHostFree", r.host_free) &&
+            sym(h, "hipDeviceGetPCIBusId", r.bus_id) &&
+            sym(h, "hipMemGetAddressRange", r.mem_range_hip) &&
+            sym(h, "hipGetLastError", r.get_last_error) && sym(h, "hipMalloc", r.dev_malloc) &&
+            sym(h, "hipFree", r.dev_free) && sym(h, "hipMemcpy", r.memcpy_sync);
   if (!ok) return false;
   r.vendor = FERRY_GPU_HIP;
   return true;
@@ -617,6 +626,7 @@ const ferry_gpu_v1* load() {
   t.last_error = g_last_error;
   t.memcpy_batch_async = g_memcpy_batch;
   t.device_bus_id = g_bus_id;
+  t.stream_query = g_stream_query;
   FERRY_LOG(INFO, "gpu",
             std::string(g_rt.vendor == FERRY_GPU_CUDA ? "CUDA" : "HIP") + " runtime loaded, " +
                 std::to_string(n) + " device(s), version " + std::to_string(g_rt.version) +

@@ -18,7 +18,10 @@ struct TransferStatus::State {
   mutable std::condition_variable cv;
   std::string message;              // guarded by mu; written once, with the final code
   std::function<void()> canceller;  // guarded by mu; taken by the first Cancel()
-  bool cancel_asked = false;        // guarded by mu
+  // Drives the backend's completions on the waiting thread (plugin ABI 1.6
+  // progress()); guarded by mu, set before the status is handed out.
+  std::function<void()> progress;
+  bool cancel_asked = false;  // guarded by mu
   // When the status was made (a transfer's: when it was posted) and when it
   // ended; ended is written under mu with the final code.
   const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
@@ -54,14 +57,25 @@ std::chrono::microseconds wait_spin() {
   return spin;
 }
 
-// True when the code became final within `limit` (and the wait spin).
-bool spin_until_final(const std::atomic<int>& code, std::chrono::microseconds limit) {
+// True when the code became final within `limit` (and the wait spin). Each
+// round also runs `progress` (when set), so a backend that can report a finished
+// transfer on this thread does so without a hand-off; it runs at least once,
+// also when the spin is 0.
+bool spin_until_final(const std::atomic<int>& code, std::chrono::microseconds limit,
+                      const std::function<void()>& progress) {
   const auto spin = std::min(wait_spin(), limit);
+  if (progress) {
+    progress();
+    if (is_final(code.load(std::memory_order_acquire))) return true;
+  }
   if (spin.count() <= 0) return false;
   const auto until = std::chrono::steady_clock::now() + spin;
   for (unsigned i = 1;; ++i) {
     if (is_final(code.load(std::memory_order_acquire))) return true;
-    cpu_relax();
+    if (progress)
+      progress();
+    else
+      cpu_relax();
     if (i % 64 == 0) {
       if (std::chrono::steady_clock::now() >= until) return false;
       std::this_thread::yield();  // a waiter on a busy core gives the completer its turn
@@ -156,6 +170,21 @@ bool TransferStatus::Finish(StatusCode code, std::string message) {
   return true;
 }
 
+void TransferStatus::SetProgress(std::function<void()> progress) {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  state_->progress = std::move(progress);
+}
+
+std::function<void()> TransferStatus::progress_hook() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->progress;
+}
+
+void TransferStatus::Progress() const {
+  if (!InProgress()) return;
+  if (auto hook = progress_hook()) hook();
+}
+
 void TransferStatus::SetCanceller(std::function<void()> cancel) {
   std::lock_guard<std::mutex> lk(state_->mu);
   state_->canceller = std::move(cancel);
@@ -189,7 +218,8 @@ bool TransferStatus::Cancel(std::string* why) const {
 
 StatusCode TransferStatus::Wait() const {
   if (!InProgress()) return Code();
-  if (spin_until_final(state_->code, std::chrono::microseconds::max())) return Code();
+  if (spin_until_final(state_->code, std::chrono::microseconds::max(), progress_hook()))
+    return Code();
   std::unique_lock<std::mutex> lk(state_->mu);
   state_->cv.wait(lk, [&] { return is_final(state_->code.load(std::memory_order_acquire)); });
   return Code();
@@ -197,10 +227,14 @@ StatusCode TransferStatus::Wait() const {
 
 bool TransferStatus::WaitFor(std::chrono::milliseconds timeout) const {
   if (!InProgress()) return true;
-  if (timeout.count() <= 0) return !InProgress();
-  if (spin_until_final(state_->code, timeout >= std::chrono::hours(1)
-                                         ? std::chrono::microseconds::max()
-                                         : std::chrono::microseconds(timeout)))
+  if (timeout.count() <= 0) {  // a poll: one round of the backend's progress
+    Progress();
+    return !InProgress();
+  }
+  if (spin_until_final(state_->code,
+                       timeout >= std::chrono::hours(1) ? std::chrono::microseconds::max()
+                                                        : std::chrono::microseconds(timeout),
+                       progress_hook()))
     return true;
   std::unique_lock<std::mutex> lk(state_->mu);
   auto done = [&] { return is_final(state_->code.load(std::memory_order_acquire)); };

@@ -215,9 +215,30 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t) {
   t->status.SetCanceller([this, weak] {
     if (auto live = weak.lock()) cancel(live);
   });
+  // Only where a backend of the route can report completions on a waiter's
+  // thread; otherwise a wait just polls the code.
+  if (std::any_of(t->route.begin(), t->route.end(),
+                  [](const BackendPtr& b) { return b->has_progress; }))
+    t->status.SetProgress([weak] {
+      if (auto live = weak.lock()) drive_progress(live);
+    });
   TransferStatus status = t->status;
   start_next(t);
   return status;
+}
+
+void Transfers::drive_progress(const TransferPtr& t) {
+  std::shared_ptr<Attempt> a;
+  {
+    std::lock_guard<std::mutex> lk(t->current_mu);
+    a = t->current.lock();
+  }
+  if (!a || a->settled.load(std::memory_order_acquire) || !a->backend->has_progress) return;
+  Backend& b = *a->backend;
+  // Removal holds `life` exclusively around fini(): then the waiter just polls.
+  std::shared_lock life(b.life, std::try_to_lock);
+  if (!life.owns_lock() || b.removed) return;
+  b.ops->progress(b.ctx);
 }
 
 void Transfers::cancel(const TransferPtr& t) {

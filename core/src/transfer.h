@@ -138,6 +138,10 @@ class Transfers {
   // Routes a built, checked transfer and posts its first attempt.
   TransferStatus start(const MemPair& pair, const TransferPtr& t);
   void start_next(const TransferPtr& t);
+  // A waiter's progress hook: the attempt in flight's backend reports what has
+  // finished, on the waiting thread (plugin ABI 1.6). Touches only the transfer
+  // and what it keeps alive, never the engine: a status may outlive it.
+  static void drive_progress(const TransferPtr& t);
   int post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why);
   void attempt_done(const std::shared_ptr<Attempt>& a, int status, const std::string& msg);
   void finish(const TransferPtr& t, StatusCode code, std::string msg);

@@ -148,6 +148,13 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
     // Refused before it started (no route, peer gone): finish() never ran for it.
     if (!s.InProgress() && !t->pair.local) (*shared_end)(name, s.Code(), s.Message());
   }
+  // A wait for the call drives the backend of the first part still in flight
+  // (ABI 1.6, where it can): parts end about in order, and one progress() call
+  // reports whatever of that backend's work has finished, other parts' too.
+  call->status.SetProgress([parts] {
+    for (const auto& p : *parts)
+      if (p.InProgress()) return p.Progress();
+  });
   return call->status;
 }
 

@@ -17,10 +17,15 @@ namespace {
 // is short, so poll it for up to this long before blocking.
 constexpr std::chrono::microseconds kSpin{300};
 
+using Clock = std::chrono::steady_clock;
+uint64_t ns_since(Clock::time_point t) {
+  return static_cast<uint64_t>(std::chrono::nanoseconds(Clock::now() - t).count());
+}
+
 }  // namespace
 
-Stage::Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned)
-    : gpu_(gpu), piece_(piece_bytes), pinned_(pinned) {}
+Stage::Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned, StageTimes* times)
+    : gpu_(gpu), piece_(piece_bytes), pinned_(pinned), times_(times) {}
 
 Stage::~Stage() {
   Release();
@@ -135,6 +140,8 @@ int Stage::Send(Channel& out, const iovec* iov, size_t n, int last_flags, uint8_
     Fail("selecting the device");
     return kGpuError;
   }
+  const auto started = Clock::now();
+  uint64_t wait_ns = 0;
   size_t idx = 0, off = 0;
   Piece piece[2];
   int err = 0;
@@ -147,7 +154,10 @@ int Stage::Send(Channel& out, const iovec* iov, size_t n, int last_flags, uint8_
       err = kGpuError;
       break;
     }
-    if (!Wait(s, "device-to-host copy")) {
+    const auto waited = Clock::now();
+    const bool copied = Wait(s, "device-to-host copy");
+    wait_ns += ns_since(waited);
+    if (!copied) {
       err = kGpuError;
       break;
     }
@@ -162,6 +172,9 @@ int Stage::Send(Channel& out, const iovec* iov, size_t n, int last_flags, uint8_
   // Nothing may still read the region once the caller lets go of it. Done
   // already when every piece went out; after an error, a copy may be queued.
   if (err != 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK) Fail("device-to-host copy");
+  ++times_->frames_sent;
+  times_->send_ns += ns_since(started);
+  times_->send_wait_ns += wait_ns;
   return err;
 }
 
@@ -171,6 +184,26 @@ int Stage::Recv(ByteReader& in, const iovec* iov, size_t n) {
     Fail("selecting the device");
     return kGpuError;
   }
+  const auto started = Clock::now();
+  uint64_t read_ns = 0, wait_ns = 0;
+  // Accounts the frame's times when Recv returns, whichever way.
+  struct Account {
+    StageTimes* t;
+    Clock::time_point started;
+    uint64_t *read_ns, *wait_ns;
+    ~Account() {
+      ++t->frames_received;
+      t->recv_ns += ns_since(started);
+      t->recv_read_ns += *read_ns;
+      t->recv_wait_ns += *wait_ns;
+    }
+  } account{times_, started, &read_ns, &wait_ns};
+  auto wait = [&](int slot) {
+    const auto t = Clock::now();
+    const bool ok = Wait(slot, "host-to-device copy");
+    wait_ns += ns_since(t);
+    return ok;
+  };
   size_t idx = 0, off = 0;
   Piece piece;
   bool busy[2] = {false, false};
@@ -179,12 +212,14 @@ int Stage::Recv(ByteReader& in, const iovec* iov, size_t n) {
     NextPiece(iov, n, &idx, &off, s, &piece);
     if (piece.bytes == 0) break;
     // The slot's previous piece must have reached the device before it is reused.
-    if (busy[s] && !Wait(s, "host-to-device copy")) {
+    if (busy[s] && !wait(s)) {
       err = kGpuError;
       break;
     }
     busy[s] = false;
+    const auto reading = Clock::now();
     err = in.Read(buf_ + static_cast<size_t>(s) * piece_, piece.bytes);
+    read_ns += ns_since(reading);
     if (err != 0) break;
     if (!Copy(piece, true, s)) {
       err = kGpuError;
@@ -198,7 +233,7 @@ int Stage::Recv(ByteReader& in, const iovec* iov, size_t n) {
     return err;
   }
   for (int s = 0; s < 2; ++s) {
-    if (busy[s] && !Wait(s, "host-to-device copy")) return kGpuError;
+    if (busy[s] && !wait(s)) return kGpuError;
   }
   return 0;
 }
@@ -215,6 +250,7 @@ StagePool::Lease StagePool::Acquire(int device, std::string* why) {
     *why = "no GPU runtime is loaded in this process";
     return {};
   }
+  const auto started = Clock::now();
   std::unique_ptr<Stage> s;
   bool warn = false;
   {
@@ -228,10 +264,10 @@ StagePool::Lease StagePool::Acquire(int device, std::string* why) {
       s = std::move(*it);
       idle_.erase(it);
     } else if (pinned_ + 2 * piece_ <= cap_) {
-      s = std::make_unique<Stage>(gpu, piece_, true);
+      s = std::make_unique<Stage>(gpu, piece_, true, &times_);
       pinned_ += 2 * piece_;
     } else {
-      s = std::make_unique<Stage>(gpu, piece_, false);
+      s = std::make_unique<Stage>(gpu, piece_, false, &times_);
       warn = !warned_;
       warned_ = true;
     }
@@ -247,6 +283,8 @@ StagePool::Lease StagePool::Acquire(int device, std::string* why) {
     Return(std::move(s));
     return {};
   }
+  ++times_.acquires;
+  times_.acquire_ns += ns_since(started);
   return Lease(this, std::move(s));
 }
 

@@ -18,6 +18,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -36,9 +37,22 @@ class Channel;
 // from kEof and every errno value of socket_util.h.
 inline constexpr int kGpuError = -1000;
 
+// Where staged frames spend their time (issue 19 item 3: ~400 us per 1 MiB
+// frame, unexplained), summed over every frame of the pool's stages; the
+// plugin's counters() shows them. Nanoseconds.
+struct StageTimes {
+  std::atomic<uint64_t> frames_sent{0}, frames_received{0};
+  std::atomic<uint64_t> send_ns{0};       // whole Send(): first copy queued -> last byte out
+  std::atomic<uint64_t> send_wait_ns{0};  //   of which waiting for device->host copies
+  std::atomic<uint64_t> recv_ns{0};       // whole Recv(): first byte read -> last copy done
+  std::atomic<uint64_t> recv_read_ns{0};  //   of which reading the channel into the stage
+  std::atomic<uint64_t> recv_wait_ns{0};  //   of which waiting for host->device copies
+  std::atomic<uint64_t> acquires{0}, acquire_ns{0};  // leasing (and binding) a stage
+};
+
 class Stage {
  public:
-  Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned);
+  Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned, StageTimes* times);
   ~Stage();
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
@@ -76,6 +90,7 @@ class Stage {
   const ferry_gpu_v1* gpu_;
   const uint64_t piece_;
   const bool pinned_;
+  StageTimes* const times_;  // the pool's
   int device_ = -1;
   uint8_t* buf_ = nullptr;  // 2 * piece_ bytes: slot s starts at buf_ + s * piece_
   void* stream_ = nullptr;
@@ -112,6 +127,7 @@ class StagePool {
   // could not provide one (no GPU runtime, out of memory).
   Lease Acquire(int device, std::string* why);
   uint64_t pinned_bytes() const;
+  const StageTimes& times() const { return times_; }
 
  private:
   void Return(std::unique_ptr<Stage> s);
@@ -123,6 +139,7 @@ class StagePool {
   std::vector<std::unique_ptr<Stage>> idle_;
   uint64_t pinned_ = 0;  // held by idle and leased pinned stages
   bool warned_ = false;
+  StageTimes times_;
 };
 
 }  // namespace ferry_tcp

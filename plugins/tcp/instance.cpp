@@ -302,14 +302,21 @@ int Instance::Counters(char* buf, size_t len) {
     locals = locals_.size();
     remotes = remotes_.size();
   }
+  const StageTimes& t = stages_.times();
+  auto u = [](const std::atomic<uint64_t>& v) { return static_cast<unsigned long long>(v.load()); };
   std::snprintf(buf, len,
                 "{\"peers\":%zu,\"local_regions\":%zu,\"remote_regions\":%zu,"
                 "\"rejected_lanes\":%llu,\"gpu_pinned_bytes\":%llu,"
-                "\"ring_lanes_opened\":%llu,\"ring_lanes_served\":%llu}",
+                "\"ring_lanes_opened\":%llu,\"ring_lanes_served\":%llu,"
+                "\"gpu_frames_sent\":%llu,\"gpu_send_ns\":%llu,\"gpu_send_wait_ns\":%llu,"
+                "\"gpu_frames_received\":%llu,\"gpu_recv_ns\":%llu,\"gpu_recv_read_ns\":%llu,"
+                "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu}",
                 peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
                 static_cast<unsigned long long>(stages_.pinned_bytes()),
                 static_cast<unsigned long long>(ring_lanes_opened_.load()),
-                static_cast<unsigned long long>(target_.ring_lanes()));
+                static_cast<unsigned long long>(target_.ring_lanes()), u(t.frames_sent),
+                u(t.send_ns), u(t.send_wait_ns), u(t.frames_received), u(t.recv_ns),
+                u(t.recv_read_ns), u(t.recv_wait_ns), u(t.acquires), u(t.acquire_ns));
   return FERRY_OK;
 }
 

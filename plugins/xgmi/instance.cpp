@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -47,6 +48,7 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
 Instance::Instance(const ferry_host_v1* host) : host_(host), gpu_(host->gpu) {
   const size_t n = static_cast<size_t>(gpu_->device_count);
   streams_.resize(n);
+  stream_copies_.resize(n);
   next_stream_.resize(n);
   free_events_.resize(n);
 }
@@ -120,49 +122,107 @@ bool Instance::NextPending(std::unique_lock<std::mutex>& lk) {
   return !pending_.empty();  // empty here: stop requested and nothing left
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+// A waiter that ran progress() this recently is polling the events itself.
+constexpr int64_t kWaiterActiveNs = 20000;
+
 // Poll briefly (a copy of a few MiB ends within microseconds and a sleeping
 // thread's wake-up costs tens of them), then block: events are created with
 // blocking sync, so a slow wait does not burn a core. Spin for the copy's
 // expected duration (at ~300 GB/s) plus spin_us, so a large copy is not waited
-// for through a sleep/wake-up cycle.
+// for through a sleep/wake-up cycle. Ends early (kTaken) when a waiter's
+// progress() reported p; leaves the event to a waiter that is polling it.
 int Instance::WaitCopies(const Pending& p) {
   int rc = 1;
   auto expected = std::chrono::nanoseconds(p.bytes / 300);
-  if (poll_until(Clock::now() + spin_ + expected,
-                 [&] { return (rc = gpu_->event_query(gpu_->gpu_ctx, p.event)) != 1; }))
-    return rc;
+  auto seen = [&] {
+    if (front_seq_.load(std::memory_order_acquire) != p.seq) {
+      rc = kTaken;
+      return true;
+    }
+    if (now_ns() - driven_at_ns_.load(std::memory_order_relaxed) < kWaiterActiveNs) return false;
+    return (rc = QueryCopies(p)) != 1;
+  };
+  if (poll_until(Clock::now() + spin_ + expected, seen)) return rc;
   {
     std::lock_guard<std::mutex> lk(mu_);
     ++stages_.event_blocks;
   }
-  return gpu_->event_sync(gpu_->gpu_ctx, p.event);
+  // (A stream that another copy joined meanwhile is waited for with it: the
+  // same answer, later.)
+  return p.event ? gpu_->event_sync(gpu_->gpu_ctx, p.event)
+                 : gpu_->stream_sync(gpu_->gpu_ctx, p.stream);
+}
+
+int Instance::QueryCopies(const Pending& p) {
+  return p.event ? gpu_->event_query(gpu_->gpu_ctx, p.event)
+                 : gpu_->stream_query(gpu_->gpu_ctx, p.stream);
+}
+
+void Instance::PublishFrontLocked() {
+  pending_count_.store(pending_.size(), std::memory_order_release);
+  front_seq_.store(pending_.empty() ? 0 : pending_.front().seq, std::memory_order_release);
+}
+
+bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc,
+                      Clock::time_point watched, Clock::time_point done, bool by_waiter) {
+  if (pending_.empty() || pending_.front().seq != p.seq) return false;
+  pending_.pop_front();
+  PublishFrontLocked();
+  const auto d = static_cast<size_t>(p.device);
+  if (p.event) free_events_[d].push_back(p.event);
+  --stream_copies_[d][p.stream_index];
+  --p.peer->inflight;
+  lk.unlock();
+  std::string why = rc == FERRY_OK ? std::string() : "GPU copy failed: " + GpuError();
+  host_->complete(host_->host_ctx, p.xfer_ctx, rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU,
+                  why.empty() ? nullptr : why.c_str());
+  const auto reported = Clock::now();
+  lk.lock();
+  ++stages_.transfers;
+  stages_.by_waiter += by_waiter;
+  stages_.pickup_ns += ns_between(p.posted, watched);
+  stages_.gpu_ns += ns_between(watched, done);
+  stages_.complete_ns += ns_between(done, reported);
+  drained_.notify_all();
+  return true;
 }
 
 void Instance::CompleteLoop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (NextPending(lk)) {
-    Pending p = pending_.front();
+    const Pending p = pending_.front();
     lk.unlock();
     const auto watched = Clock::now();
     const int rc = WaitCopies(p);
     const auto done = Clock::now();
-    std::string why = rc == FERRY_OK ? std::string() : "GPU copy failed: " + GpuError();
     lk.lock();
-    pending_.pop_front();
-    pending_count_.store(pending_.size(), std::memory_order_release);
-    free_events_[static_cast<size_t>(p.device)].push_back(p.event);
-    --p.peer->inflight;
-    lk.unlock();
-    host_->complete(host_->host_ctx, p.xfer_ctx, rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU,
-                    why.empty() ? nullptr : why.c_str());
-    const auto reported = Clock::now();
-    lk.lock();
-    ++stages_.transfers;
-    stages_.pickup_ns += ns_between(p.posted, watched);
-    stages_.gpu_ns += ns_between(watched, done);
-    stages_.complete_ns += ns_between(done, reported);
-    drained_.notify_all();
+    if (rc != kTaken) Report(lk, p, rc, watched, done, false);
   }
+}
+
+// A waiting thread's turn: report, in order, the front copies that are done.
+// Never waits for mu_ (post() and the completion thread hold it briefly).
+int Instance::Progress() {
+  driven_at_ns_.store(now_ns(), std::memory_order_relaxed);
+  if (pending_count_.load(std::memory_order_acquire) == 0) return 0;
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return 0;
+  int reported = 0;
+  while (!pending_.empty()) {
+    const Pending p = pending_.front();
+    lk.unlock();
+    const int rc = QueryCopies(p);
+    const auto done = Clock::now();
+    lk.lock();
+    if (rc == 1) break;  // not finished (or p was reported and its event reused: next time)
+    if (Report(lk, p, rc, p.posted, done, true)) ++reported;
+  }
+  return reported;
 }
 
 int Instance::ConnInfo(void* buf, size_t* len) {
@@ -348,40 +408,54 @@ int Instance::Post(const ferry_xfer_v1* x) {
     TellRefusal(x, why.c_str());
     return FERRY_ERR_GPU;
   }
-  auto& pool = streams_[static_cast<size_t>(dev)];
+  const auto d = static_cast<size_t>(dev);
+  auto& pool = streams_[d];
+  auto& copies = stream_copies_[d];
   if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK) return FERRY_ERR_GPU;
-  if (pool.size() < static_cast<size_t>(streams_per_device_)) {
+  // An idle stream, a new one while fewer than num_streams, else round robin.
+  size_t si = std::find(copies.begin(), copies.end(), 0) - copies.begin();
+  if (si == pool.size() && pool.size() < static_cast<size_t>(streams_per_device_)) {
     void* s = nullptr;
     if (gpu_->stream_create(gpu_->gpu_ctx, &s) != FERRY_OK) return FERRY_ERR_GPU;
     pool.push_back(s);
+    copies.push_back(0);
   }
-  void* stream = pool[next_stream_[static_cast<size_t>(dev)]++ % pool.size()];
+  if (si == pool.size()) si = next_stream_[d]++ % pool.size();
+  void* stream = pool[si];
+  // Alone on its stream: querying the stream says when it is done, no event
+  // needed. (A copy queued behind it later makes that answer come later only:
+  // beyond num_streams copies in flight.)
+  const bool alone = copies[si] == 0 && FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, stream_query) &&
+                     gpu_->stream_query != nullptr;
   void* event = nullptr;
-  auto& evs = free_events_[static_cast<size_t>(dev)];
-  if (!evs.empty()) {
+  auto& evs = free_events_[d];
+  if (!alone && !evs.empty()) {
     event = evs.back();
     evs.pop_back();
-  } else if (gpu_->event_create(gpu_->gpu_ctx, &event) != FERRY_OK) {
+  } else if (!alone && gpu_->event_create(gpu_->gpu_ctx, &event) != FERRY_OK) {
     return FERRY_ERR_GPU;
   }
+  ++copies[si];
   lk.unlock();
 
   const auto ready = Clock::now();
   auto merged = ready;
   int rc = Enqueue(x, *local, rbase, stream, &merged);
   const auto enqueued = Clock::now();
-  if (rc == FERRY_OK) rc = gpu_->event_record(gpu_->gpu_ctx, event, stream);
+  if (rc == FERRY_OK && event) rc = gpu_->event_record(gpu_->gpu_ctx, event, stream);
   const auto recorded = Clock::now();
   lk.lock();
   if (rc != FERRY_OK) {
-    evs.push_back(event);
+    if (event) evs.push_back(event);
+    --copies[si];
     lk.unlock();
     LogLine(FERRY_LOG_WARN, "enqueueing the copy failed: " + GpuError());
     return FERRY_ERR_GPU;
   }
   ++peer->inflight;
-  pending_.push_back({event, dev, x->xfer_ctx, peer, x->total_bytes, recorded});
-  pending_count_.store(pending_.size(), std::memory_order_release);
+  pending_.push_back(
+      {next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes, recorded});
+  PublishFrontLocked();
   stages_.post_ns += ns_between(entered, recorded);
   stages_.setup_ns += ns_between(entered, ready);
   stages_.enqueue_ns += ns_between(ready, enqueued);
@@ -417,7 +491,8 @@ int Instance::Counters(char* buf, size_t len) {
       {"stage_setup_ns", st.setup_ns},   {"stage_enqueue_ns", st.enqueue_ns},
       {"stage_merge_ns", st.merge_ns},   {"stage_pickup_ns", st.pickup_ns},
       {"stage_gpu_ns", st.gpu_ns},       {"stage_complete_ns", st.complete_ns},
-      {"completer_sleeps", st.sleeps},   {"event_blocks", st.event_blocks}};
+      {"completer_sleeps", st.sleeps},   {"event_blocks", st.event_blocks},
+      {"stage_by_waiter", st.by_waiter}};
   std::string out = "{";
   for (const auto& [k, v] : fields)
     out += (out.size() > 1 ? ",\"" : "\"") + std::string(k) + "\":" + std::to_string(v);

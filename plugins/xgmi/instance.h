@@ -8,12 +8,18 @@
 // inside it; the importer opens each handle once per local device and caches it.
 // A transfer's pieces are merged where contiguous and enqueued on one stream of
 // the local device (one batched copy call where the runtime has one, so 1024
-// small blocks are not 1024 launches), then an event; a completion thread waits
-// on the events in order and reports completion. Its hand-offs are where a
+// small blocks are not 1024 launches), an idle stream where there is one; a
+// copy that shares its stream also records an event (a copy alone on its
+// stream is waited for by querying the stream: the record cost ~1.4 us of a
+// 64 KiB transfer's ~14). A completion thread waits on them in order and
+// reports completion. Its hand-offs are where a
 // small transfer's time went (issue 19: ~20 us per transfer against ~9 us for
 // the raw copy), so it polls a finishing copy and, after a completion, polls
-// for the next post for a while (idle_spin_us) before it blocks; each stage's
-// time is summed in the counters (stage_*_ns), which ferry-gpu-bench prints.
+// for the next post for a while (idle_spin_us) before it blocks. A thread that
+// waits for a transfer (Wait(), ABI 1.6 progress()) reports finished copies
+// itself, in the same order: whichever of the two sees the front copy done
+// first reports it, once (its sequence number decides). Each stage's time is
+// summed in the counters (stage_*_ns), which ferry-gpu-bench prints.
 // No native notification: the core tells the target over its control plane.
 // Methods may throw (std::bad_alloc, std::system_error); the plugin kit's entry
 // points (xgmi_plugin.cpp) catch.
@@ -72,11 +78,15 @@ class Instance {
   int Post(const ferry_xfer_v1* x);
   int Describe(char* buf, size_t len);
   int Counters(char* buf, size_t len);  // ABI 1.5: copies in flight, IPC handles open
+  int Progress();                       // ABI 1.6: report finished copies on this thread
 
  private:
   using Clock = std::chrono::steady_clock;
   struct Pending {
-    void* event;
+    uint64_t seq;  // reported only while it is the front's (front_seq_)
+    void* event;   // nullptr: alone on its stream, which is queried instead
+    void* stream;
+    size_t stream_index;  // in streams_[device]
     int device;
     void* xfer_ctx;
     Peer* peer;
@@ -93,6 +103,8 @@ class Instance {
     uint64_t pickup_ns = 0;     // event recorded -> the completion thread watches it
     uint64_t gpu_ns = 0;        // watched -> the event says the copies are done
     uint64_t complete_ns = 0;   // the core's complete() (status, notification) returned
+    uint64_t by_waiter = 0;     // reported by a waiting thread's progress() (its pickup is 0,
+                                // recorded -> seen done counts as gpu)
     uint64_t sleeps = 0;        // times the completion thread blocked waiting for work
     uint64_t event_blocks = 0;  // copies not done within the poll: waited blocking
   };
@@ -102,8 +114,15 @@ class Instance {
   };
 
   void CompleteLoop();
-  bool NextPending(std::unique_lock<std::mutex>& lk);         // false: stop and nothing left
-  int WaitCopies(const Pending& p);                           // FERRY_OK or FERRY_ERR_GPU code
+  bool NextPending(std::unique_lock<std::mutex>& lk);  // false: stop and nothing left
+  // FERRY_OK or a FERRY_ERR_GPU code; kTaken when another thread reported p meanwhile.
+  static constexpr int kTaken = 2;
+  int WaitCopies(const Pending& p);
+  int QueryCopies(const Pending& p);  // FERRY_OK done, 1 not yet, else FERRY_ERR_GPU
+  // mu_ held: report p if it is still the front (else false: reported already).
+  bool Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc, Clock::time_point watched,
+              Clock::time_point done, bool by_waiter);
+  void PublishFrontLocked();                                  // front_seq_, pending_count_
   char* RemoteBase(Remote& r, int device, std::string* why);  // mu_ held
   int Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, void* stream,
               Clock::time_point* merged);  // *merged: when the pieces were merged
@@ -118,15 +137,21 @@ class Instance {
   std::chrono::microseconds idle_spin_{200};  // poll for the next post this long before blocking
 
   std::mutex mu_;
-  std::condition_variable cv_;               // pending work for the completion thread
-  std::condition_variable drained_;          // a transfer finished (peer_remove waits on it)
-  std::vector<std::vector<void*>> streams_;  // per device
+  std::condition_variable cv_;                   // pending work for the completion thread
+  std::condition_variable drained_;              // a transfer finished (peer_remove waits on it)
+  std::vector<std::vector<void*>> streams_;      // per device
+  std::vector<std::vector<int>> stream_copies_;  // per device and stream: copies pending on it
   std::vector<size_t> next_stream_;
   std::vector<std::vector<void*>> free_events_;           // per device
   std::map<std::pair<std::string, int>, Opened> opened_;  // (handle bytes, device)
   std::deque<Pending> pending_;
   std::atomic<size_t> pending_count_{0};  // pending_.size(), read without mu_ while polling
-  bool completer_sleeping_ = false;       // guarded by mu_: post() notifies only then
+  std::atomic<uint64_t> front_seq_{0};    // pending_.front().seq, 0 when empty
+  uint64_t next_seq_ = 1;                 // guarded by mu_
+  // When a waiter last ran progress(): while waiters poll the events, the
+  // completion thread does not query them too (both would take the runtime's lock).
+  std::atomic<int64_t> driven_at_ns_{0};
+  bool completer_sleeping_ = false;  // guarded by mu_: post() notifies only then
   Stages stages_;
   bool stop_ = false;
   std::thread completer_;

@@ -19,12 +19,15 @@
 // mean per transfer of each stage is printed: post (entry -> copies enqueued),
 // pickup (-> the completion thread watches the event), gpu (-> the event
 // fired), complete (the core's completion and notification), wake (status
-// final -> Wait() returned in this thread). Data of the last iteration of each
+// final -> Wait() returned in this thread), and the share of transfers the
+// waiting thread reported itself (plugin ABI 1.6 progress(); for those, pickup
+// is 0 and gpu runs from the event's record). Data of the last iteration of each
 // WRITE row is verified (hash of the target's region vs ours).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -205,6 +208,7 @@ int main(int argc, char** argv) {
     auto it = st.backends.find(first_backend);
     std::vector<const char*> keys{"stage_transfers"};
     keys.insert(keys.end(), kStages, kStages + kNumStages);
+    keys.push_back("stage_by_waiter");
     for (const char* k : keys) {
       uint64_t x = 0;
       if (it != st.backends.end())
@@ -212,6 +216,15 @@ int main(int argc, char** argv) {
       v.push_back(x);
     }
     return v;
+  };
+  // tcp's staging counters (gpu_*): where a staged frame's time goes, per frame.
+  auto staging = [&] {
+    std::map<std::string, uint64_t> out;
+    const auto st = engine.stats();
+    if (auto it = st.backends.find(first_backend); it != st.backends.end())
+      for (const auto& [k, v] : it->second.plugin)
+        if (k.rfind("gpu_", 0) == 0) out[k] = v;
+    return out;
   };
   // One run: `iters` transfers, each waited for; GB/s, and the waiter's wake-up ns summed.
   auto run_once = [&](Op op, const Pieces& p, bool notify, int iters, double* wake_ns) {
@@ -252,6 +265,7 @@ int main(int argc, char** argv) {
     std::vector<double> ferry_gbs, raw_gbs;
     double wake = 0;
     const auto before = stage_totals();
+    const auto staged_before = staging();
     for (int r = 0; r < runs; ++r) {
       // Alternate the reference and ferry, so both see the same machine state.
       if (raw) raw_gbs.push_back(raw->measure(op, p, iters));
@@ -277,7 +291,26 @@ int main(int argc, char** argv) {
     } else {
       for (size_t k = 0; k < kNumStages; ++k) std::printf(" %6s", "-");
     }
-    std::printf(" %6.1f\n", wake / n / 1e3);
+    std::printf(" %6.1f", wake / n / 1e3);
+    if (counted > 0)
+      std::printf(" %5.0f%%\n", 100.0 * static_cast<double>(after.back() - before.back()) /
+                                    static_cast<double>(counted));
+    else
+      std::printf(" %6s\n", "-");
+    auto staged = staging();
+    for (auto& [k, v] : staged) v -= staged_before.count(k) ? staged_before.at(k) : 0;
+    auto per = [&](const char* k, const char* frames) {
+      return staged[frames] ? static_cast<double>(staged[k]) / staged[frames] / 1e3 : 0.0;
+    };
+    if (staged["gpu_frames_sent"] + staged["gpu_frames_received"] > 0)
+      std::printf(
+          "       staged here: %llu frames sent, %.1f us each (copy wait %.1f); %llu received, "
+          "%.1f us each (read %.1f, copy wait %.1f); lease %.1f us\n",
+          static_cast<unsigned long long>(staged["gpu_frames_sent"]),
+          per("gpu_send_ns", "gpu_frames_sent"), per("gpu_send_wait_ns", "gpu_frames_sent"),
+          static_cast<unsigned long long>(staged["gpu_frames_received"]),
+          per("gpu_recv_ns", "gpu_frames_received"), per("gpu_recv_read_ns", "gpu_frames_received"),
+          per("gpu_recv_wait_ns", "gpu_frames_received"), per("gpu_acquire_ns", "gpu_acquires"));
     std::fflush(stdout);
     return ok;
   };
@@ -287,9 +320,9 @@ int main(int argc, char** argv) {
       "batch method %s, settings %s\n",
       backends.c_str(), idev, tdev, runs, method.c_str(),
       settings.empty() ? "{}" : settings.c_str());
-  std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %6s %6s %6s %6s %6s %6s %6s %6s\n", "op",
-              "bytes", "notify", "GB/s", "min", "max", "raw GB/s", "ratio", "ok", "post", "setup",
-              "enq", "merge", "pickup", "gpu", "compl", "wake");
+  std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %6s %6s %6s %6s %6s %6s %6s %6s %6s\n",
+              "op", "bytes", "notify", "GB/s", "min", "max", "raw GB/s", "ratio", "ok", "post",
+              "setup", "enq", "merge", "pickup", "gpu", "compl", "wake", "waiter");
   std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %55s\n", "", "", "", "(median)", "", "",
               "(median)", "", "", "us per transfer, mean");
   bool all_ok = true;

@@ -14,6 +14,10 @@
 //   drop               accept, complete with "connection dropped" from another thread
 //   fail_first_n       the first N transfers fail at completion, later ones succeed
 //   notify_then_fail   copy, tell the target it landed, then report failure
+//   deferred           copy in post(), but report success only from progress()
+//                      (ABI 1.6, a waiting thread) - or fail it at fini: no
+//                      thread of its own, so a transfer ends only if a waiter
+//                      drives it
 // On success it notifies the target itself AND lacks FERRY_CAP_NATIVE_NOTIFY, so
 // the core notifies too: the target must still see each transfer once.
 #include <unistd.h>
@@ -31,7 +35,24 @@
 
 namespace {
 
-enum class Mode { OK, FAIL_SUBMIT, FAIL_COMPLETE, HANG, DROP, FAIL_FIRST_N, NOTIFY_THEN_FAIL };
+enum class Mode {
+  OK,
+  FAIL_SUBMIT,
+  FAIL_COMPLETE,
+  HANG,
+  DROP,
+  FAIL_FIRST_N,
+  NOTIFY_THEN_FAIL,
+  DEFERRED
+};
+
+// A deferred transfer: copied, its success not reported yet.
+struct Deferred {
+  void* xfer_ctx;
+  bool notify;
+  std::string peer;
+  uint64_t uid;
+};
 
 struct Instance {
   const ferry_host_v1* host;
@@ -40,7 +61,9 @@ struct Instance {
   int n = 0;
   std::atomic<int> seen{0};
   std::mutex mu;
-  std::vector<void*> hung;  // xfer_ctx of hung transfers, completed at fini
+  std::vector<void*> hung;         // xfer_ctx of hung transfers, completed at fini
+  std::vector<Deferred> deferred;  // guarded by mu: reported by progress()
+  std::atomic<uint64_t> progress_calls{0}, by_progress{0};
   std::vector<std::thread> threads;
 };
 
@@ -65,14 +88,14 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
   auto j = nlohmann::json::parse(settings, nullptr, false);
   std::string mode = j.is_object() ? j.value("mode", "ok") : "?";
   in->n = j.is_object() ? j.value("n", 0) : 0;
-  static const std::pair<const char*, Mode> modes[] = {
-      {"ok", Mode::OK},
-      {"fail_submit", Mode::FAIL_SUBMIT},
-      {"fail_complete", Mode::FAIL_COMPLETE},
-      {"hang", Mode::HANG},
-      {"drop", Mode::DROP},
-      {"fail_first_n", Mode::FAIL_FIRST_N},
-      {"notify_then_fail", Mode::NOTIFY_THEN_FAIL}};
+  static const std::pair<const char*, Mode> modes[] = {{"ok", Mode::OK},
+                                                       {"fail_submit", Mode::FAIL_SUBMIT},
+                                                       {"fail_complete", Mode::FAIL_COMPLETE},
+                                                       {"hang", Mode::HANG},
+                                                       {"drop", Mode::DROP},
+                                                       {"fail_first_n", Mode::FAIL_FIRST_N},
+                                                       {"notify_then_fail", Mode::NOTIFY_THEN_FAIL},
+                                                       {"deferred", Mode::DEFERRED}};
   bool found = false;
   for (const auto& [name, m] : modes)
     if (mode == name) {
@@ -93,6 +116,9 @@ void f_fini(void* ctx) {
   for (auto& t : in->threads) t.join();
   for (void* x : in->hung)
     in->host->complete(in->host->host_ctx, x, FERRY_ERR_BAD_STATE, "fault: shut down");
+  for (const Deferred& d : in->deferred)
+    in->host->complete(in->host->host_ctx, d.xfer_ctx, FERRY_ERR_BAD_STATE,
+                       "fault: shut down before a waiter reported it");
   delete in;
 }
 
@@ -189,6 +215,15 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       notify_target(in, x);
       in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT, "fault: failed after notifying");
       return FERRY_OK;
+    case Mode::DEFERRED:
+      if (!static_cast<Peer*>(x->peer)->same_process) break;  // refused below
+      copy(x);
+      {
+        std::lock_guard<std::mutex> lk(in->mu);
+        in->deferred.push_back({x->xfer_ctx, (x->flags & FERRY_XFER_NOTIFY) != 0,
+                                static_cast<Peer*>(x->peer)->key, x->uid});
+      }
+      return FERRY_OK;
     case Mode::OK:
       break;
   }
@@ -200,6 +235,31 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
   copy(x);
   notify_target(in, x);
   in->host->complete(hc, x->xfer_ctx, FERRY_OK, nullptr);
+  return FERRY_OK;
+}
+
+// ABI 1.6: a waiting thread reports the deferred transfers, each once.
+int f_progress(void* ctx) {
+  auto* in = static_cast<Instance*>(ctx);
+  ++in->progress_calls;
+  std::vector<Deferred> mine;
+  {
+    std::lock_guard<std::mutex> lk(in->mu);
+    mine.swap(in->deferred);
+  }
+  for (const Deferred& d : mine) {
+    if (d.notify) in->host->ctrl_send(in->host->host_ctx, d.peer.c_str(), &d.uid, sizeof d.uid);
+    in->host->complete(in->host->host_ctx, d.xfer_ctx, FERRY_OK, nullptr);
+  }
+  in->by_progress += mine.size();
+  return static_cast<int>(mine.size());
+}
+
+int f_counters(void* ctx, char* buf, size_t len) {
+  auto* in = static_cast<Instance*>(ctx);
+  std::snprintf(buf, len, "{\"progress_calls\":%llu,\"by_progress\":%llu}",
+                static_cast<unsigned long long>(in->progress_calls.load()),
+                static_cast<unsigned long long>(in->by_progress.load()));
   return FERRY_OK;
 }
 
@@ -234,5 +294,6 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     .on_ctrl = f_on_ctrl,
     .describe = nullptr,
     .fence = nullptr,  // a memcpy in post() is the whole transfer
-    .counters = nullptr,
+    .counters = f_counters,
+    .progress = f_progress,
 };

@@ -91,9 +91,11 @@ bool run_abi_rules(const std::string& path, const std::string& settings_json, Re
   // A table longer than its minor says means a field was added out of order.
   const bool covers_fence = FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, fence);
   const bool covers_counters = FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, counters);
+  const bool covers_progress = FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, progress);
   std::string size_vs_minor;
   if (covers_fence && ops->abi_minor < 2) size_vs_minor = "covers fence (1.2) but says 1.";
   if (covers_counters && ops->abi_minor < 5) size_vs_minor = "covers counters (1.5) but says 1.";
+  if (covers_progress && ops->abi_minor < 6) size_vs_minor = "covers progress (1.6) but says 1.";
   r.check(size_vs_minor.empty(), "abi: struct_size matches abi_minor",
           size_vs_minor.empty() ? "yes" : size_vs_minor + std::to_string(ops->abi_minor));
   const std::string expected = plugin_kit::PluginNameFromFile(path);
@@ -131,8 +133,10 @@ bool run_abi_rules(const std::string& path, const std::string& settings_json, Re
   facts->has_describe = ops->describe != nullptr;
   facts->has_fence = covers_fence && ops->fence != nullptr;
   facts->has_counters = covers_counters && ops->counters != nullptr;
+  facts->has_progress = covers_progress && ops->progress != nullptr;
   r.note("optional: describe " + std::string(facts->has_describe ? "yes" : "no") + ", fence " +
-         (facts->has_fence ? "yes" : "no") + ", counters " + (facts->has_counters ? "yes" : "no"));
+         (facts->has_fence ? "yes" : "no") + ", counters " + (facts->has_counters ? "yes" : "no") +
+         ", progress " + (facts->has_progress ? "yes" : "no"));
 
   const int old = init_with_oldest_host(ops, settings_json);
   if (old == 0)

@@ -13,7 +13,7 @@ struct PluginFacts {
   std::string name;
   uint64_t caps = 0;
   uint32_t abi_minor = 0;
-  bool has_describe = false, has_fence = false, has_counters = false;
+  bool has_describe = false, has_fence = false, has_counters = false, has_progress = false;
 };
 
 // Loads `path`, checks the table, runs init/fini in a child process against a

@@ -126,9 +126,12 @@ class TransferStatus {
   bool Failed() const;
   // Block until the transfer ends; returns its code. Both waits first poll the
   // code for up to FERRY_WAIT_SPIN_US microseconds (default 100; 0: block at
-  // once), so a short transfer's end is seen without a thread wake-up.
+  // once), so a short transfer's end is seen without a thread wake-up; while
+  // they poll, a backend that can (plugin ABI 1.6 progress(), e.g. xgmi)
+  // reports a finished transfer on this thread.
   StatusCode Wait() const;
   // Block at most `timeout`; returns true when the transfer has ended.
+  // WaitFor(0) is a poll that also drives the backend's progress once.
   bool WaitFor(std::chrono::milliseconds timeout) const;
   // Ask the transfer to end as ERR_CANCELLED. It ends only once nothing more
   // of it can land: an attempt in flight is fenced at its target (a WRITE on a
@@ -148,11 +151,18 @@ class TransferStatus {
   bool Finish(StatusCode code, std::string message = {});
   // What Cancel() calls, once (the transfer lifecycle sets it).
   void SetCanceller(std::function<void()> cancel);
+  // What a wait runs while it polls: reports finished work of the backend the
+  // transfer is on, on the waiting thread (the transfer lifecycle sets it when
+  // a backend offers progress()). Must not block.
+  void SetProgress(std::function<void()> progress);
+  // Runs that hook once, if the status is still in progress (never blocks).
+  void Progress() const;
 
   struct State;
   const std::shared_ptr<State>& state() const { return state_; }
 
  private:
+  std::function<void()> progress_hook() const;
   std::shared_ptr<State> state_;
 };
 

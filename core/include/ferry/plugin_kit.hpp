@@ -9,7 +9,7 @@
 //    never crosses the C ABI (std::bad_alloc -> FERRY_ERR_NO_MEMORY, anything
 //    else -> FERRY_ERR_INTERNAL, logged with the entry's name), init checks the
 //    host table and its arguments, and optional operations (on_ctrl, describe,
-//    fence, counters) are filled in only when Instance has them.
+//    fence, counters, progress) are filled in only when Instance has them.
 //  - Log(), TellRefusal(): the host's log and the ABI 1.3 refusal reason.
 //  - ParseSize(), FormatBytes(): the one size grammar of ferry (the policy YAML
 //    uses it too): 4096, 4096B, 64K / 64KiB, 1M / 1MiB, 1G / 1GiB, 1KB / 1MB / 1GB
@@ -50,6 +50,7 @@
 //   int Fence(const char* peer_key, const uint64_t* ids, size_t n, uint64_t deadline_ns,
 //             ferry_fence_result_v1* results);
 //   int Counters(char* buf, size_t len);
+//   int Progress();  // ABI 1.6: report finished transfers on the calling thread
 #ifndef FERRY_PLUGIN_KIT_HPP
 #define FERRY_PLUGIN_KIT_HPP
 
@@ -316,6 +317,10 @@ concept HasCounters = requires(I& i, char* b, size_t n) {
   { i.Counters(b, n) } -> std::same_as<int>;
 };
 template <typename I>
+concept HasProgress = requires(I& i) {
+  { i.Progress() } -> std::same_as<int>;
+};
+template <typename I>
 concept HasFence = requires(I& i, const char* k, const uint64_t* ids, size_t n, uint64_t d,
                             ferry_fence_result_v1* r) {
   { i.Fence(k, ids, n, d, r) } -> std::same_as<int>;
@@ -452,6 +457,13 @@ struct Entry {
     return IntoBuffer<HasCounters<I>>(ctx, "counters", buf, len,
                                       [&](auto* self) { return self->Counters(buf, len); });
   }
+  static int Progress(void* ctx) noexcept {
+    if constexpr (HasProgress<I>) {
+      return Guard(ctx, "progress", [&] { return Self(ctx)->Progress(); });
+    } else {
+      return FERRY_ERR_UNSUPPORTED;
+    }
+  }
   static int Fence(void* ctx, const char* peer_key, const uint64_t* ids, size_t n,
                    uint64_t deadline_ns, ferry_fence_result_v1* results) noexcept {
     if (peer_key == nullptr || (n > 0 && (ids == nullptr || results == nullptr)))
@@ -494,6 +506,7 @@ constexpr ferry_plugin_ops_v1 MakeOps() {
       .describe = detail::HasDescribe<I> ? &E::Describe : nullptr,
       .fence = detail::HasFence<I> ? &E::Fence : nullptr,
       .counters = detail::HasCounters<I> ? &E::Counters : nullptr,
+      .progress = detail::HasProgress<I> ? &E::Progress : nullptr,
   };
 }
 
