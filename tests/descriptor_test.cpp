@@ -49,6 +49,20 @@ TEST(Descriptors, InstanceIsOptionalOnTheWire) {
   EXPECT_EQ(MemoryDesc::unpack(m.pack()).engine_instance, 0u);
 }
 
+// The control plane's unix socket name is optional: absent (an older ferry,
+// or no socket) it decodes as empty; present it must look like ours.
+TEST(Descriptors, ControlSocketNameIsOptionalAndChecked) {
+  EngineDesc d = sample_engine();
+  EXPECT_EQ(EngineDesc::unpack(d.pack()).control_unix, "");
+  d.control_unix = "ferry-ctrl-0123456789abcdef";
+  EXPECT_EQ(EngineDesc::unpack(d.pack()), d);
+  for (std::string bad :
+       {std::string("../etc"), std::string("a b"), std::string(101, 'a'), std::string("x\x01")}) {
+    d.control_unix = bad;
+    EXPECT_THROW(EngineDesc::unpack(d.pack()), Error) << bad;
+  }
+}
+
 TEST(Descriptors, EngineRoundTrip) {
   EngineDesc d = sample_engine();
   EXPECT_EQ(EngineDesc::unpack(d.pack()), d);

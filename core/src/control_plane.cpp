@@ -10,6 +10,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -63,8 +64,69 @@ std::string address_of(int fd) {
     auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
     inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
     port = ntohs(a->sin6_port);
+  } else if (ss.ss_family == AF_UNIX) {
+    // A peer on this host: its process is the source (a flood's handshakes
+    // evict its own), as an address is over TCP.
+    ucred cred{};
+    socklen_t cl = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
+      return "unix pid " + std::to_string(cred.pid);
+    return "unix";
   }
   return std::string(host) + ":" + std::to_string(port);
+}
+
+// The abstract unix address `name` (no leading NUL); false when it is too long.
+bool unix_address(const std::string& name, sockaddr_un& a, socklen_t& len) {
+  a = sockaddr_un{};
+  a.sun_family = AF_UNIX;
+  if (name.empty() || name.size() + 1 > sizeof a.sun_path) return false;
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return true;
+}
+
+// A non-blocking abstract unix listener under a random name; -1 when none.
+int listen_unix(std::string* name) {
+  uint8_t r[8];
+  if (!auth::random_bytes(r, sizeof r)) return -1;
+  static const char* hex = "0123456789abcdef";
+  std::string n = "ferry-ctrl-";
+  for (uint8_t c : r) {
+    n += hex[c >> 4];
+    n += hex[c & 15];
+  }
+  sockaddr_un a{};
+  socklen_t len = 0;
+  unix_address(n, a, len);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd, 128) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  *name = n;
+  return fd;
+}
+
+// A connected, blocking unix socket to the abstract `name`, or -1 with *err.
+// Never waits: a listener that is absent (another network namespace) refuses
+// at once, and a full backlog counts as a failure (the caller uses TCP).
+int connect_unix(const std::string& name, std::string* err) {
+  sockaddr_un a{};
+  socklen_t len = 0;
+  if (!unix_address(name, a, len)) {
+    *err = "bad unix name";
+    return -1;
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    *err = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
 }
 
 bool resolve(const std::string& host, uint16_t port, sockaddr_storage& ss, socklen_t& len) {
@@ -208,6 +270,11 @@ ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16
   ev.events = EPOLLIN;
   ev.data.fd = listen_fd_;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  unix_fd_ = listen_unix(&unix_name_);
+  if (unix_fd_ >= 0) {
+    ev.data.fd = unix_fd_;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, unix_fd_, &ev);
+  }
   ev.data.fd = wake_fd_;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
   thread_ = std::thread([this] { io_loop(); });
@@ -228,6 +295,7 @@ ControlPlane::~ControlPlane() {
   for (auto& [fd, c] : inbound_) ::close(fd);
   outbound_.clear();  // each Outbound closes its connection
   ::close(listen_fd_);
+  if (unix_fd_ >= 0) ::close(unix_fd_);
   ::close(epoll_fd_);
   ::close(wake_fd_);
 }
@@ -243,11 +311,7 @@ void ControlPlane::io_loop() {
     if (!listen_armed_) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= accept_paused_until_) {
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.fd = listen_fd_;
-        epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
-        listen_armed_ = true;
+        arm_listeners(true);
       } else {
         const int left = static_cast<int>(
             std::chrono::duration_cast<std::chrono::milliseconds>(accept_paused_until_ - now)
@@ -265,25 +329,35 @@ void ControlPlane::io_loop() {
         [[maybe_unused]] auto r = ::read(wake_fd_, &v, sizeof v);  // level-triggered: drain
         continue;
       }
-      if (fd == listen_fd_)
-        accept_all();
+      if (fd == listen_fd_ || fd == unix_fd_)
+        accept_all(fd);
       else
         read_from(fd);
     }
   }
 }
 
-void ControlPlane::accept_all() {
+void ControlPlane::arm_listeners(bool on) {
+  for (int lfd : {listen_fd_, unix_fd_}) {
+    if (lfd < 0) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = lfd;
+    epoll_ctl(epoll_fd_, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, lfd, on ? &ev : nullptr);
+  }
+  listen_armed_ = on;
+}
+
+void ControlPlane::accept_all(int listen_fd) {
   for (;;) {
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       const int err = errno;
       if (err == EINTR || err == ECONNABORTED) continue;
       if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
         // The connection stays in the backlog. Try again in 100 ms, not at once:
         // until a descriptor is freed every try fails the same way.
-        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
-        listen_armed_ = false;
+        arm_listeners(false);
         const auto now = std::chrono::steady_clock::now();
         accept_paused_until_ = now + std::chrono::milliseconds(100);
         ++accept_failures_;
@@ -659,10 +733,45 @@ void ControlPlane::fence_loop() {
   }
 }
 
+void ControlPlane::set_same_host_path(const std::string& peer_key, const std::string& name) {
+  std::lock_guard<std::mutex> lk(paths_mu_);
+  if (name.empty())
+    same_host_paths_.erase(peer_key);
+  else
+    same_host_paths_[peer_key] = name;
+}
+
+std::string ControlPlane::same_host_path(const std::string& peer_key) {
+  std::lock_guard<std::mutex> lk(paths_mu_);
+  auto it = same_host_paths_.find(peer_key);
+  return it == same_host_paths_.end() ? std::string() : it->second;
+}
+
 int ControlPlane::connect_and_hello(const std::string& peer_key, const std::string& host,
                                     uint16_t port, Clock::time_point deadline, std::string* err,
                                     int* status) {
   *status = FERRY_ERR_NOT_SENT;
+  if (const std::string name = same_host_path(peer_key); !name.empty()) {
+    std::string why;
+    if (const int ufd = connect_unix(name, &why); ufd >= 0) {
+      const int fd =
+          hello(ufd, peer_key, "'" + peer_key + "' (unix @" + name + ")", deadline, &why, status);
+      if (fd >= 0) {
+        ++unix_connects_;
+        return fd;
+      }
+    }
+    // Another network namespace (the name is not bound there), or nothing
+    // answered on it: TCP, as to any peer.
+    FERRY_LOG(DEBUG, "control",
+              "same-host control connection to '" + peer_key + "' over unix: " + why + "; TCP");
+    *status = FERRY_ERR_NOT_SENT;
+    if (Clock::now() >= deadline) {
+      *err = why;
+      *status = FERRY_ERR_TIMEOUT;
+      return -1;
+    }
+  }
   sockaddr_storage ss{};
   socklen_t len = 0;
   if (!resolve(host, port, ss, len)) {
@@ -692,17 +801,21 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
     ::close(fd);
     return -1;
   }
-  int flags = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-  int one = 1;
+  const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return hello(fd, peer_key, "'" + peer_key + "' (" + host + ":" + std::to_string(port) + ")",
+               deadline, err, status);
+}
+
+int ControlPlane::hello(int fd, const std::string& peer_key, const std::string& where,
+                        Clock::time_point deadline, std::string* err, int* status) {
   auth::Nonce nc{};
   if (!auth::random_bytes(nc.data(), nc.size())) {
     *err = "no random bytes for an auth challenge";
     ::close(fd);
     return -1;
   }
-  const std::string where = "'" + peer_key + "' (" + host + ":" + std::to_string(port) + ")";
   auto fail = [&](std::string why, bool count) {
     *err = std::move(why);
     if (count) {
@@ -982,6 +1095,7 @@ ControlPlane::Outbound::~Outbound() {
 }
 
 void ControlPlane::forget_peer(const std::string& key) {
+  set_same_host_path(key, "");
   std::shared_ptr<Outbound> o;
   {
     std::lock_guard<std::mutex> lk(out_mu_);

@@ -210,6 +210,7 @@ std::vector<uint8_t> EngineDesc::pack() const {
             {"b", backends_to_json(backends)},
             {"s", json::binary(secret)}};
   if (instance != 0) o["inst"] = instance;
+  if (!control_unix.empty()) o["u"] = control_unix;
   return json::to_msgpack(o);
 }
 
@@ -225,6 +226,15 @@ EngineDesc EngineDesc::unpack(const std::vector<uint8_t>& bytes) {
   if (o.contains("inst")) d.instance = get_uint(o, "inst", UINT64_MAX);
   d.secret = get_secret(o);
   d.backends = get_backends(o);
+  if (o.contains("u")) {
+    // Optional (this ferry's engines write it): an abstract socket name we
+    // would connect to, so only the characters ours has.
+    d.control_unix = get_string(o, "u");
+    if (d.control_unix.empty() || d.control_unix.size() > 100 ||
+        d.control_unix.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") !=
+            std::string::npos)
+      bad("engine: malformed control socket name");
+  }
   return d;
 }
 

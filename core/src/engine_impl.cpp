@@ -216,8 +216,15 @@ EngineDesc EngineImpl::desc() const {
   d.pid = static_cast<uint32_t>(::getpid());
   d.instance = instance_;
   d.secret = creds_.own();
+  d.control_unix = control_->unix_name();
   for (const auto& b : backends_.snapshot()) d.backends[b->name] = b->conn_blob;
   return d;
+}
+
+void EngineImpl::route_control(const EngineDesc& d) {
+  // Same host: its control plane's unix socket (ControlPlane::set_same_host_path).
+  if (d.node_id == node_id_ && !d.control_unix.empty())
+    control_->set_same_host_path(d.key, d.control_unix);
 }
 
 // ---- peers --------------------------------------------------------------------
@@ -231,7 +238,9 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   // A restarted peer: start afresh (its fence state too, when it is a new life).
   if (auto old = registry_.peer_instance(d.key))
     deregister_peer(d.key, /*keep_fence=*/*old == d.instance);
-  return registry_.add_peer(d);
+  Result r = registry_.add_peer(d);
+  if (r.ok()) route_control(d);
+  return r;
 }
 
 void EngineImpl::learn_peer(const EngineDesc& d) {
@@ -255,11 +264,13 @@ void EngineImpl::learn_peer(const EngineDesc& d) {
                    (held ? " (" + std::to_string(held) + " more since the last report)" : ""));
     return;
   }
-  if (registry_.add_peer(d, /*learned=*/true).ok())
+  if (registry_.add_peer(d, /*learned=*/true).ok()) {
+    route_control(d);
     FERRY_LOG(INFO, key_,
               "learned engine '" + d.key +
                   "' from its authenticated hello (it holds our "
                   "descriptor; one-way registration)");
+  }
 }
 
 Result EngineImpl::deregister_remote_engine(const std::string& key) {
@@ -303,6 +314,7 @@ EngineStats EngineImpl::stats() const {
   s.notifications_refused = n.refused;
   s.notifications_unread = n.unread;
   s.ctrl_rejected = control_->rejected();
+  s.ctrl_unix_connections = control_->unix_connections();
   auto f = transfers_->fence_counts();
   s.fences = f.fences;
   s.fence_unknown = f.unknown;

@@ -62,6 +62,8 @@ class EngineImpl {
  private:
   // keep_fence: the same instance registered again keeps its fence state.
   Result deregister_peer(const std::string& key, bool keep_fence);
+  // A peer on this host is reached over its control plane's unix socket.
+  void route_control(const EngineDesc& d);
   // A peer that proved our descriptor and presented its own (one-way
   // registration): known from now on, so backends can answer it and connect
   // back; at most kMaxLearnedPeers; never replaces a known one (registered or

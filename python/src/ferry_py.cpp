@@ -778,6 +778,7 @@ class PyEngine {
     out["notifications_refused"] = s.notifications_refused;
     out["notifications_unread"] = s.notifications_unread;
     out["ctrl_rejected"] = s.ctrl_rejected;
+    out["ctrl_unix_connections"] = s.ctrl_unix_connections;
     out["fences"] = s.fences;
     out["fence_unknown"] = s.fence_unknown;
     out["fenced_peers"] = s.fenced_peers;
@@ -1279,12 +1280,12 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("timeout_ms") = py::none(),
            "As pop_inbound_transfer_status, waiting up to timeout_ms (None: no limit) for it to "
            "land. Releases the GIL.")
-      .def(
-          "stats", &PyEngine::stats,
-          "Counters: {'backends': {name: {bytes, transfers, failures, failovers, quarantines}}, "
-          "'inbound_notifications', 'inbound_dropped', 'ctrl_rejected', 'fences', 'fence_unknown', "
-          "'fenced_peers', 'notifications_received', 'notifications_refused', "
-          "'notifications_unread'}.")
+      .def("stats", &PyEngine::stats,
+           "Counters: {'backends': {name: {bytes, transfers, failures, failovers, quarantines}}, "
+           "'inbound_notifications', 'inbound_dropped', 'ctrl_rejected', 'ctrl_unix_connections', "
+           "'fences', 'fence_unknown', "
+           "'fenced_peers', 'notifications_received', 'notifications_refused', "
+           "'notifications_unread'}.")
       .def("policy_source", &PyEngine::policy_source,
            "Where the routing policy came from ('built-in' or a file name).")
       .def_static("wait_all", &wait_all_py, py::arg("statuses"), py::arg("timeout_ms") = py::none(),

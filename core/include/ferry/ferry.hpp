@@ -84,6 +84,9 @@ struct EngineDesc {
   // not print it.
   std::vector<uint8_t> secret;
   std::map<std::string, std::vector<uint8_t>> backends;  // plugin name -> conn blob
+  // The abstract unix socket the control plane also listens on (engines with
+  // this node_id connect there first); empty: none, or an older ferry.
+  std::string control_unix;
 
   std::vector<uint8_t> pack() const;
   // Throws ferry::Error(ERR_INVALID_ARGS) on a truncated, oversized or forged blob.
@@ -224,6 +227,7 @@ struct EngineStats {
   uint64_t notifications_refused = 0;   // refused: too much unread from their sender
   uint64_t notifications_unread = 0;    // in the inbox now
   uint64_t ctrl_rejected = 0;           // control connections refused
+  uint64_t ctrl_unix_connections = 0;   // made to same-host peers over their unix socket
   uint64_t fences = 0;                  // FENCE requests sent after attempts with unknown outcome
   uint64_t fence_unknown = 0;           // attempts whose fence got no answer by their deadline
   uint64_t fenced_peers = 0;  // peers no transfer may start to now (a fence pending or unanswered)
