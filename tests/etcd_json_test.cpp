@@ -23,6 +23,8 @@ TEST(EtcdJson, Base64RoundTripAndStrictness) {
   EXPECT_FALSE(etcd::base64_decode("a==="));      // too much padding
   EXPECT_FALSE(etcd::base64_decode("ab$d"));      // not the alphabet
   EXPECT_FALSE(etcd::base64_decode("ab==ab=="));  // padding before the end
+  EXPECT_FALSE(etcd::base64_decode("ev=="));  // non-zero bits under the padding (fuzz_etcd_json)
+  EXPECT_FALSE(etcd::base64_decode("ewt="));
 }
 
 TEST(EtcdJson, SplitterFindsObjectsAcrossChunks) {

@@ -129,6 +129,8 @@ std::optional<std::string> base64_decode(const std::string& in) {
       v[k] = b64_value(c);
       if (v[k] < 0) return std::nullopt;
     }
+    // Bits below the last byte must be zero: one spelling per value.
+    if ((pad == 2 && (v[1] & 0xf) != 0) || (pad == 1 && (v[2] & 0x3) != 0)) return std::nullopt;
     const uint32_t w = (v[0] << 18) | (v[1] << 12) | (v[2] << 6) | v[3];
     out += static_cast<char>(w >> 16);
     if (pad < 2) out += static_cast<char>((w >> 8) & 0xff);
