@@ -116,11 +116,14 @@ int rendezvous_accept(const EtcdRendezvous& r, const std::string& host,
 int rendezvous_connect(const EtcdRendezvous& r, std::chrono::milliseconds wait, std::string* why) {
   etcd::Client c(r.endpoints);
   const auto deadline = Clock::now() + wait;
+  // The target may start later (wait for it); the store itself down is
+  // reported after a short grace instead of after the whole wait.
+  const auto unreachable_deadline = Clock::now() + std::chrono::seconds(10);
   for (;;) {
     std::optional<etcd::KeyValue> kv;
     Result res = c.get(key_of(r), kv);
     if (res && kv) return connect_to(kv->value, why);
-    if (Clock::now() > deadline) {
+    if (Clock::now() > deadline || (!res && Clock::now() > unreachable_deadline)) {
       *why = res ? "no target published " + key_of(r) + " in etcd within " +
                        std::to_string(wait.count() / 1000) + " s"
                  : res.message;
