@@ -417,14 +417,14 @@ void MetadataSync::watcher() {
     for (auto& a : actions) a();
     bool log_it = note(r);
     if (r) {
-      backoff = std::chrono::milliseconds(100);  // the store answers: retry a broken stream soon
-      bool resync = false;
-      r = watch_client_.watch(config_.ns + "/", revision + 1,
-                              [&](const etcd::WatchMessage& m) { return on_watch(m, resync); });
-      if (r && resync) {
-        backoff = std::chrono::milliseconds(100);
-        continue;
-      }
+      bool resync = false, streamed = false;
+      r = watch_client_.watch(config_.ns + "/", revision + 1, [&](const etcd::WatchMessage& m) {
+        streamed = true;
+        return on_watch(m, resync);
+      });
+      // A stream that ran (or asked for a resync) is retried soon; one refused
+      // at once backs off like an unreachable store, never a tight loop.
+      if (streamed) backoff = std::chrono::milliseconds(100);
       if (!r) log_it = note(r) || log_it;
     }
     if (!r && log_it)
