@@ -5,6 +5,7 @@
 // instance picked up, and etcd down: clear errors while engines that know
 // each other keep transferring.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <sstream>
@@ -172,6 +173,8 @@ TEST_F(MetadataEtcd, KilledPeerDeregisteredWithinLeasePlusOneSecond) {
   const auto took = Clock::now() - killed;
   EXPECT_TRUE(queued.WaitFor(100ms)) << "a transfer to the dead peer outlived its deregistration";
   EXPECT_TRUE(queued.Failed());
+  std::printf("the transfer posted after the kill ended: %s: %s\n", to_string(queued.Code()),
+              queued.Message().c_str());
   TransferStatus after = session->write(0, 0, 4096, session->allocate_transfer_uid());
   EXPECT_EQ(after.Code(), StatusCode::ERR_NOT_FOUND);
   EXPECT_NE(after.Message().find("etcd lease"), std::string::npos) << after.Message();
@@ -244,6 +247,86 @@ TEST_F(MetadataEtcd, StoreDownKnownPeersGoOn) {
   ASSERT_TRUE(again);
   TransferStatus s = ini->write(im, 0, *again, 0, 4096, ini->allocate_transfer_uid());
   EXPECT_EQ(s.Wait(), StatusCode::SUCCESS) << s.Message();
+}
+
+// Partitioned rather than dead: a SIGSTOPped peer keeps its sockets but stops
+// answering (and keeping its lease alive). A transfer in flight to it would
+// wait for its 20 s deadline; the lease expiring ends it instead.
+TEST_F(MetadataEtcd, StoppedPeerInFlightTransferEndsWhenLeaseExpires) {
+  ::setenv("FERRY_ETCD_ENDPOINTS", etcd->endpoint().c_str(), 1);
+  ::setenv("FERRY_ETCD_NAMESPACE", ns.c_str(), 1);
+  ::setenv("FERRY_ETCD_LEASE", "2s", 1);
+  test::ChildProcess child({FERRY_TEST_PEER, "peer", "tcp", std::to_string(kRegion), "20000"});
+  ::unsetenv("FERRY_ETCD_ENDPOINTS");
+  ::unsetenv("FERRY_ETCD_NAMESPACE");
+  ::unsetenv("FERRY_ETCD_LEASE");
+  std::istringstream in(child.read_line(60000));
+  std::string word;
+  in >> word;
+  ASSERT_EQ(word, "READY");
+  ASSERT_EQ(child.ask("publish buf"), "OK");
+  EngineConfig c = config();
+  c.timeout = 20s;
+  Engine ini("initiator", c);
+  ASSERT_TRUE(ini.add_backend("tcp").ok());
+  std::vector<uint8_t> src(kRegion, 4);
+  MemoryDesc im = ini.register_memory(src.data(), src.size());
+  ASSERT_TRUE(ini.fetch_remote_engine("peer", 5s).ok());
+  Result why;
+  auto remote = ini.fetch_memory("peer", "buf", 5s, &why);
+  ASSERT_TRUE(remote) << why.message;
+  ASSERT_EQ(ini.write(im, 0, *remote, 0, kRegion, ini.allocate_transfer_uid()).Wait(),
+            StatusCode::SUCCESS);
+
+  const auto stopped = Clock::now();
+  ASSERT_EQ(::kill(child.pid(), SIGSTOP), 0);
+  TransferStatus inflight = ini.write(im, 0, *remote, 0, kRegion, ini.allocate_transfer_uid());
+  Result gone;
+  ASSERT_TRUE(eventually(stopped + 2s + 1s, [&] {
+    return !ini.create_session(im, *remote, &gone) && gone.code == StatusCode::ERR_NOT_FOUND;
+  })) << "the stopped peer was not deregistered within lease + 1 s";
+  const auto deregistered = Clock::now();
+  EXPECT_TRUE(inflight.WaitFor(1s)) << "the transfer in flight outlived the deregistration";
+  const auto ended = Clock::now();
+  EXPECT_TRUE(inflight.Failed());
+  std::printf(
+      "in flight to the stopped peer: ended %lld ms after its deregistration: %s: %s\n",
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(ended - deregistered).count()),
+      to_string(inflight.Code()), inflight.Message().c_str());
+  ::kill(child.pid(), SIGCONT);
+}
+
+// The peer dies while the store is down: nothing is deregistered while etcd
+// cannot say; once it is back and the dead engine's lease has run out there,
+// the peer is deregistered (the watch re-reads what it follows on reconnecting).
+TEST_F(MetadataEtcd, PeerDiedWhileStoreDownGoesWhenStoreSaysSo) {
+  auto target = engine("target");
+  auto ini = engine("initiator");
+  std::vector<uint8_t> dst(kRegion, 0), src(kRegion, 9);
+  MemoryDesc tm = target->register_memory(dst.data(), dst.size());
+  MemoryDesc im = ini->register_memory(src.data(), src.size());
+  ASSERT_TRUE(ini->fetch_remote_engine("target", 5s).ok());
+  ASSERT_EQ(ini->write(im, 0, tm, 0, 4096, ini->allocate_transfer_uid()).Wait(),
+            StatusCode::SUCCESS);
+
+  etcd->kill_now();
+  target.reset();  // cannot revoke its lease: the store is down
+  // Longer than the lease: still registered here (create_session resolves it).
+  const auto until = Clock::now() + 3s;
+  while (Clock::now() < until) {
+    Result why;
+    ASSERT_TRUE(ini->create_session(im, tm, &why)) << why.message;
+    std::this_thread::sleep_for(50ms);  // sampling a state that must not change
+  }
+  etcd->start();
+  wait_ready();
+  // etcd restores the lease with a fresh TTL (2 s); nobody keeps it alive now.
+  Result gone;
+  ASSERT_TRUE(eventually(Clock::now() + 10s, [&] {
+    return !ini->create_session(im, tm, &gone) && gone.code == StatusCode::ERR_NOT_FOUND;
+  })) << "the dead peer was never deregistered after the store came back";
+  EXPECT_NE(gone.message.find("etcd lease"), std::string::npos) << gone.message;
 }
 
 TEST_F(MetadataEtcd, ConfigFromPolicyFile) {
