@@ -4,9 +4,13 @@
 // killed with SIGKILL deregistered within lease + 1 s and its restarted
 // instance picked up, and etcd down: clear errors while engines that know
 // each other keep transferring.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <sstream>
 #include <thread>
@@ -353,6 +357,46 @@ TEST_F(MetadataEtcd, ConfigFromPolicyFile) {
   EngineConfig bad;
   bad.metadata.etcd = {"127.0.0.1:2379"};
   EXPECT_THROW(Engine("x", bad), Error);
+}
+
+}  // namespace
+
+namespace {
+
+// No etcd at all (a port nothing listens on): the engine still starts, and
+// every metadata call says plainly that the store is unreachable.
+TEST(MetadataNoStore, EngineStartsAndCallsSayTheStoreIsUnreachable) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);  // bound once, never listened on: connections are refused
+  const std::string ep = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  EngineConfig c;
+  c.metadata.etcd = {ep};
+  c.metadata.lease = 2s;
+  c.metrics_address = "127.0.0.1:0";
+  const auto t0 = Clock::now();
+  Engine e("lonely", c);
+  EXPECT_LT(Clock::now() - t0, 2s) << "an unreachable store must not hold up the engine";
+  ASSERT_TRUE(e.has_metadata_store());
+  std::vector<uint8_t> buf(4096);
+  Result r = e.publish_memory("buf", e.register_memory(buf.data(), buf.size()));
+  EXPECT_EQ(r.code, StatusCode::ERR_TRANSPORT);
+  EXPECT_NE(r.message.find(ep), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("unreachable"), std::string::npos) << r.message;
+  r = e.fetch_remote_engine("other", 1s);
+  EXPECT_EQ(r.code, StatusCode::ERR_TRANSPORT) << r.message;
+  Result why;
+  EXPECT_FALSE(e.fetch_memory("other", "x", 0ms, &why));
+  EXPECT_EQ(why.code, StatusCode::ERR_TRANSPORT) << why.message;
+  // Without a store the calls say so, differently.
+  Engine plain("plain");
+  EXPECT_FALSE(plain.has_metadata_store());
+  EXPECT_EQ(plain.fetch_remote_engine("x").code, StatusCode::ERR_BAD_STATE);
 }
 
 }  // namespace
