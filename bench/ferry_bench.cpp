@@ -8,6 +8,9 @@
 //   host B: ferry-bench --rank 1 --listen 0.0.0.0:7000 --host B_ADDR
 //             --backend-settings 'tcp={"listen_host":"0.0.0.0"}' ...
 //   host A: ferry-bench --rank 0 --peer B_ADDR:7000 --host A_ADDR ...
+// Or through etcd, as nixlbench: the same command on both hosts, ranks numbered
+// by etcd (docs/operations.md):
+//   ferry-bench --etcd-endpoints http://ETCD:2379 --host THIS_ADDR ...
 // Every figure comes from real transfers; --check-consistency verifies every
 // byte against a pattern that changes per iteration.
 //
@@ -212,7 +215,9 @@ Options parse_args(int argc, char** argv) {
       "Two hosts (give both ranks the same size/thread/queue flags: they size the region):\n"
       "  host B: ferry-bench --rank 1 --listen 0.0.0.0:7000 --host B_ADDR \\\n"
       "            --backend-settings 'tcp={\"listen_host\":\"0.0.0.0\"}' ...\n"
-      "  host A: ferry-bench --rank 0 --peer B_ADDR:7000 --host A_ADDR ...");
+      "  host A: ferry-bench --rank 0 --peer B_ADDR:7000 --host A_ADDR ...\n"
+      "Or through etcd (nixlbench-style; the first started is rank 0), on both hosts:\n"
+      "  ferry-bench --etcd-endpoints http://ETCD:2379 --host THIS_ADDR ...");
 
   const char* backends = "Backends";
   app.add_option("--backend", o.backend,
@@ -341,7 +346,8 @@ Options parse_args(int argc, char** argv) {
       ->group(hosts);
   app.add_option("--etcd-endpoints", o.etcd_endpoints,
                  "meet the other rank through etcd (nixlbench-style; no --peer/--listen): "
-                 "the rendezvous and both engines' descriptors go through it")
+                 "the rendezvous and both engines' descriptors go through it; without "
+                 "--rank, the first process started is rank 0, the second rank 1")
       ->type_name("URL")
       ->delimiter(',')
       ->group(hosts);
@@ -1074,9 +1080,14 @@ int main(int argc, char** argv) {
   }
   Options o = parse_args(argc, argv);
   signal(SIGPIPE, SIG_IGN);
-  if (!o.etcd_endpoints.empty() && o.rank >= 0) {
-    const bench::EtcdRendezvous rv{o.etcd_endpoints, o.etcd_ns};
+  if (!o.etcd_endpoints.empty()) {
+    bench::EtcdRendezvous rv{o.etcd_endpoints, o.etcd_ns};
     std::string why;
+    // No --rank: numbered through etcd, as nixlbench's ranks are.
+    if (o.rank < 0 && (o.rank = bench::claim_rank(rv, &why)) < 0) {
+      std::fprintf(stderr, "ferry-bench: etcd: %s\n", why.c_str());
+      return 1;
+    }
     const int fd = o.rank == 1 ? bench::rendezvous_accept(rv, o.host, std::chrono::minutes(5), &why)
                                : bench::rendezvous_connect(rv, std::chrono::minutes(5), &why);
     if (fd < 0) {

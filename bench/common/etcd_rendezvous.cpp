@@ -73,7 +73,48 @@ int connect_to(const std::string& address, std::string* why) {
   return fd;
 }
 
+// Keeps the rank claim alive (every 3 s at most), and lets it go at the end.
+void refresh_claim(etcd::Client& c, const EtcdRendezvous& r, Clock::time_point& last) {
+  if (r.claim_lease == 0 || Clock::now() - last < std::chrono::seconds(3)) return;
+  int64_t ttl = 0;
+  c.keepalive(r.claim_lease, ttl);
+  last = Clock::now();
+}
+
+void release_claim(etcd::Client& c, const EtcdRendezvous& r) {
+  if (r.claim_lease != 0) c.revoke(r.claim_lease);
+}
+
 }  // namespace
+
+int claim_rank(EtcdRendezvous& r, std::string* why) {
+  etcd::Client c(r.endpoints);
+  int64_t lease = 0;
+  if (Result res = c.grant(kLease, lease); !res) {
+    *why = res.message;
+    return -1;
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    bool created = false;
+    Result res = c.create_if_absent(r.ns + "/rank/" + std::to_string(rank),
+                                    std::to_string(::getpid()), lease, created);
+    if (!res) {
+      c.revoke(lease);
+      *why = res.message;
+      return -1;
+    }
+    if (created) {
+      r.claim_lease = lease;
+      std::fprintf(stderr, "ferry-bench: rank %d (claimed %s/rank/%d in etcd)\n", rank,
+                   r.ns.c_str(), rank);
+      return rank;
+    }
+  }
+  c.revoke(lease);
+  *why = "ranks 0 and 1 are both taken in etcd namespace '" + r.ns +
+         "' (another run? use --etcd-namespace, or wait 10 s for a crashed run's claims to expire)";
+  return -1;
+}
 
 int rendezvous_accept(const EtcdRendezvous& r, const std::string& host,
                       std::chrono::milliseconds wait, std::string* why) {
@@ -93,8 +134,10 @@ int rendezvous_accept(const EtcdRendezvous& r, const std::string& host,
                bound.c_str(), key_of(r).c_str());
   std::fflush(stderr);
   const auto deadline = Clock::now() + wait;
+  auto last_claim = Clock::now();
   int fd = -1;
   while (fd < 0) {
+    refresh_claim(c, r, last_claim);
     pollfd p{ls, POLLIN, 0};
     // Wake every lease/3 to keep the published address alive.
     if (poll(&p, 1, 3000) > 0) fd = accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
@@ -110,6 +153,7 @@ int rendezvous_accept(const EtcdRendezvous& r, const std::string& host,
   }
   close(ls);
   c.revoke(lease);  // the address is taken: the next run publishes its own
+  release_claim(c, r);
   return fd;
 }
 
@@ -119,10 +163,16 @@ int rendezvous_connect(const EtcdRendezvous& r, std::chrono::milliseconds wait, 
   // The target may start later (wait for it); the store itself down is
   // reported after a short grace instead of after the whole wait.
   const auto unreachable_deadline = Clock::now() + std::chrono::seconds(10);
+  auto last_claim = Clock::now();
   for (;;) {
+    refresh_claim(c, r, last_claim);
     std::optional<etcd::KeyValue> kv;
     Result res = c.get(key_of(r), kv);
-    if (res && kv) return connect_to(kv->value, why);
+    if (res && kv) {
+      const int fd = connect_to(kv->value, why);
+      release_claim(c, r);
+      return fd;
+    }
     if (Clock::now() > deadline || (!res && Clock::now() > unreachable_deadline)) {
       *why = res ? "no target published " + key_of(r) + " in etcd within " +
                        std::to_string(wait.count() / 1000) + " s"

@@ -7,8 +7,11 @@
 # While rank 0 runs, its Prometheus /metrics is scraped and each scrape must
 # pass `promtool check metrics` (Debian's prometheus package).
 #   usage: etcd_two_rank.sh BENCH_BINARY [loopback|netns]
+# loopback: no --rank at all - etcd numbers the ranks, as nixlbench's (the one
+# started first, with the output flags, claims rank 0).
 # netns: run inside tests/netns/netns_pair.sh: etcd and rank 0 in namespace A
-# (etcd on A's veth address), rank 1 in namespace B through FERRY_TEST_PEER_WRAPPER.
+# (etcd on A's veth address), rank 1 in namespace B through FERRY_TEST_PEER_WRAPPER
+# (explicit --rank 0 / --rank 1).
 # A missing etcd or promtool skips (77) unless FERRY_REQUIRE_ETCD /
 # FERRY_REQUIRE_PROMTOOL is 1 (scripts/run.sh), then it fails.
 set -euo pipefail
@@ -65,14 +68,24 @@ echo "etcd serving at $ep ($mode)"
 ns="run-$$"
 sizes=(--start-block-size 4KiB --max-block-size 256KiB --max-batch-size 4 --num-iter 400
        --warmup-iter 4 --num-threads 2)
-"${wrap[@]}" "$bench" --rank 1 --etcd-endpoints "$ep" --etcd-namespace "$ns" --host "$host_b" \
-  "${sizes[@]}" 2>"$dir/target.err" &
-target_pid=$!
+rank0=(--rank 0) rank1=(--rank 1)
+[ "$mode" = netns ] || rank0=() rank1=()
 : >"$dir/init.err"
-"$bench" --rank 0 --etcd-endpoints "$ep" --etcd-namespace "$ns" --host "$host_a" --op WRITE \
+"$bench" "${rank0[@]}" --etcd-endpoints "$ep" --etcd-namespace "$ns" --host "$host_a" --op WRITE \
   "${sizes[@]}" --check-consistency --csv "$dir/write.csv" --no-progress \
   --metrics-address "$host_a:0" >"$dir/init.out" 2>"$dir/init.err" &
 init_pid=$!
+if [ "$mode" != netns ]; then  # the first one claims rank 0 before the second starts
+  for _ in $(seq 400); do
+    grep -q "rank 0 (claimed" "$dir/init.err" && break
+    kill -0 "$init_pid" 2>/dev/null || { cat "$dir/init.err"; exit 1; }
+    sleep 0.05
+  done
+  grep -q "rank 0 (claimed" "$dir/init.err" || { echo "no rank claimed"; cat "$dir/init.err"; exit 1; }
+fi
+"${wrap[@]}" "$bench" "${rank1[@]}" --etcd-endpoints "$ep" --etcd-namespace "$ns" --host "$host_b" \
+  "${sizes[@]}" 2>"$dir/target.err" &
+target_pid=$!
 
 # Scrape rank 0's /metrics while it runs, until a scrape shows landed writes.
 addr=
@@ -104,6 +117,9 @@ fi
 [ "$scraped" = 1 ] || { echo "no /metrics scrape during the run showed landed writes"; cat "$dir/init.err"; exit 1; }
 grep -q "descriptors came from etcd" "$dir/init.err" || { echo "rank 0 did not use etcd"; cat "$dir/init.err"; exit 1; }
 grep -q "published in etcd" "$dir/target.err" || { echo "rank 1 did not publish in etcd"; cat "$dir/target.err"; exit 1; }
+if [ "$mode" != netns ]; then
+  grep -q "rank 1 (claimed" "$dir/target.err" || { echo "the second process was not rank 1"; cat "$dir/target.err"; exit 1; }
+fi
 awk -F, 'NR==1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
   $col["verified"] != 1 || $col["bw_gbs"] <= 0 { print "bad row: " $0; bad = 1 }
   END { if (NR < 2) { print "no rows"; bad = 1 } exit bad }' "$dir/write.csv"
@@ -116,4 +132,15 @@ print(r.get("count", "0"))
 PY
 )
 [ "$left" = 0 ] || { echo "the rendezvous key outlived the run"; exit 1; }
+# So are the rank claims (released once the ranks met): the next run starts afresh.
+claims=$(python3 - "$ep" "$ns/rank/" <<'PY'
+import sys, json, base64, urllib.request
+p = sys.argv[2].encode()
+end = p[:-1] + bytes([p[-1] + 1])
+body = {"key": base64.b64encode(p).decode(), "range_end": base64.b64encode(end).decode()}
+r = json.loads(urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v3/kv/range", data=json.dumps(body).encode()), timeout=2).read())
+print(r.get("count", "0"))
+PY
+)
+[ "$claims" = 0 ] || { echo "$claims rank claims outlived the run"; exit 1; }
 echo "etcd two-rank ($mode): OK, /metrics scraped mid-run and accepted by promtool"

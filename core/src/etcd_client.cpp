@@ -186,6 +186,27 @@ Result Client::remove(const std::string& key) {
   return post("/v3/kv/deleterange", json{{"key", base64_encode(key)}}.dump(), a);
 }
 
+Result Client::create_if_absent(const std::string& key, const std::string& value, int64_t lease,
+                                bool& created) {
+  created = false;
+  json put{{"key", base64_encode(key)}, {"value", base64_encode(value)}};
+  if (lease != 0) put["lease"] = std::to_string(lease);
+  // create_revision 0: the key does not exist.
+  json txn{{"compare", json::array({{{"key", base64_encode(key)},
+                                     {"result", "EQUAL"},
+                                     {"target", "CREATE"},
+                                     {"create_revision", "0"}}})},
+           {"success", json::array({{{"request_put", put}}})}};
+  std::string a;
+  if (Result r = post("/v3/kv/txn", txn.dump(), a); !r) return r;
+  json j = json::parse(a, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return {StatusCode::ERR_TRANSPORT, "malformed etcd txn answer"};
+  auto it = j.find("succeeded");
+  created = it != j.end() && it->is_boolean() && it->get<bool>();
+  return {};
+}
+
 namespace {
 
 struct WatchState {

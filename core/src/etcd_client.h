@@ -41,6 +41,10 @@ class Client {
   Result get_prefix(const std::string& prefix, std::vector<KeyValue>& kvs,
                     int64_t* revision = nullptr);
   Result remove(const std::string& key);
+  // Puts `value` only when `key` does not exist (one transaction); *created
+  // says whether this call created it (ferry-bench's rank claims).
+  Result create_if_absent(const std::string& key, const std::string& value, int64_t lease,
+                          bool& created);
 
   // Streams the watch of every key under `prefix` from `start_revision`,
   // calling on_message for each message, until on_message returns false, the
