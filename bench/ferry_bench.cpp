@@ -8,6 +8,9 @@
 //   host B: ferry-bench --rank 1 --listen 0.0.0.0:7000 --host B_ADDR
 //             --backend-settings 'tcp={"listen_host":"0.0.0.0"}' ...
 //   host A: ferry-bench --rank 0 --peer B_ADDR:7000 --host A_ADDR ...
+// Or through etcd, as nixlbench: the same command on both hosts, ranks numbered
+// by etcd (docs/operations.md):
+//   ferry-bench --etcd-endpoints http://ETCD:2379 --host THIS_ADDR ...
 // Every figure comes from real transfers; --check-consistency verifies every
 // byte against a pattern that changes per iteration.
 //
@@ -43,6 +46,7 @@
 #include <vector>
 
 #include "bench_target.h"
+#include "etcd_rendezvous.h"
 #include "ferry/ferry.hpp"
 #include "kv_bench.h"
 #include "line_channel.h"
@@ -77,7 +81,12 @@ struct Options {
   std::string json_file, csv_file;
   int rank = -1;  // -1: both ranks locally
   std::string peer, listen, host = "127.0.0.1";
-  bool kv = false;  // --kv: a KV-cache shipment per request (kv_bench.h)
+  // --etcd-endpoints: the ranks meet through etcd and the engines exchange
+  // descriptors through it (no --peer / --listen).
+  std::vector<std::string> etcd_endpoints;
+  std::string etcd_ns = "ferry-bench";
+  std::string metrics_address;  // the initiator's Prometheus endpoint
+  bool kv = false;              // --kv: a KV-cache shipment per request (kv_bench.h)
   bench::KvOptions kv_opts;
   bool num_iter_given = false, warmup_given = false;
 };
@@ -206,7 +215,9 @@ Options parse_args(int argc, char** argv) {
       "Two hosts (give both ranks the same size/thread/queue flags: they size the region):\n"
       "  host B: ferry-bench --rank 1 --listen 0.0.0.0:7000 --host B_ADDR \\\n"
       "            --backend-settings 'tcp={\"listen_host\":\"0.0.0.0\"}' ...\n"
-      "  host A: ferry-bench --rank 0 --peer B_ADDR:7000 --host A_ADDR ...");
+      "  host A: ferry-bench --rank 0 --peer B_ADDR:7000 --host A_ADDR ...\n"
+      "Or through etcd (nixlbench-style; the first started is rank 0), on both hosts:\n"
+      "  ferry-bench --etcd-endpoints http://ETCD:2379 --host THIS_ADDR ...");
 
   const char* backends = "Backends";
   app.add_option("--backend", o.backend,
@@ -333,6 +344,19 @@ Options parse_args(int argc, char** argv) {
       ->type_name("ADDR")
       ->capture_default_str()
       ->group(hosts);
+  app.add_option("--etcd-endpoints", o.etcd_endpoints,
+                 "meet the other rank through etcd (nixlbench-style; no --peer/--listen): "
+                 "the rendezvous and both engines' descriptors go through it; without "
+                 "--rank, the first process started is rank 0, the second rank 1")
+      ->type_name("URL")
+      ->delimiter(',')
+      ->group(hosts);
+  app.add_option("--etcd-namespace", o.etcd_ns, "etcd key prefix of this run (both ranks)")
+      ->capture_default_str()
+      ->group(hosts);
+  app.add_option("--metrics-address", o.metrics_address,
+                 "serve the initiator's Prometheus /metrics on HOST:PORT (port 0: any)")
+      ->type_name("HOST:PORT");
 
   const char* kv = "KV cache (--kv)";
   app.add_flag("--kv", o.kv, "a KV-cache shipment per request instead of the sweep (below)")
@@ -383,8 +407,13 @@ Options parse_args(int argc, char** argv) {
   if (o.block_mult < 2 || o.batch_mult < 2) bad_usage("multipliers must be at least 2");
   if (o.num_threads > 256) bad_usage("--num-threads is at most 256");
   if (o.queue_depth > 1024) bad_usage("--queue-depth is at most 1024");
-  if (o.rank == 0 && o.peer.empty()) bad_usage("--rank 0 needs --peer HOST:PORT");
-  if (o.rank == 1 && o.listen.empty()) bad_usage("--rank 1 needs --listen ADDR:PORT");
+  const bool etcd = !o.etcd_endpoints.empty();
+  if (etcd && (!o.peer.empty() || !o.listen.empty()))
+    bad_usage("--etcd-endpoints replaces --peer and --listen (the ranks meet through etcd)");
+  if (o.rank == 0 && o.peer.empty() && !etcd)
+    bad_usage("--rank 0 needs --peer HOST:PORT or --etcd-endpoints URL");
+  if (o.rank == 1 && o.listen.empty() && !etcd)
+    bad_usage("--rank 1 needs --listen ADDR:PORT or --etcd-endpoints URL");
   if (o.init_seg == SegType::VRAM && o.init_dev < 0) o.init_dev = 0;
   if (o.target_seg == SegType::VRAM && o.target_dev < 0) o.target_dev = 0;
   return o;
@@ -433,6 +462,8 @@ bench::TargetOptions target_options(const Options& o) {
   t.seg_type = o.target_seg;
   t.device = o.target_dev;
   t.key = "ferry-bench-target";
+  t.metadata.etcd = o.etcd_endpoints;
+  t.metadata.ns = o.etcd_ns;
   return t;
 }
 
@@ -538,8 +569,14 @@ class Initiator {
     cfg.host = o_.host;
     cfg.policy_file = o_.policy_file;
     cfg.stats_socket = o_.stats_socket;
+    cfg.metrics_address = o_.metrics_address;
+    cfg.metadata.etcd = o_.etcd_endpoints;
+    cfg.metadata.ns = o_.etcd_ns;
     try {
       engine_ = std::make_unique<Engine>("ferry-bench-initiator", cfg);
+      if (!o_.metrics_address.empty())
+        std::fprintf(stderr, "ferry-bench: metrics on http://%s/metrics\n",
+                     engine_->metrics_address().c_str());
     } catch (const Error& e) {
       std::fprintf(stderr, "ferry-bench: %s\n", e.what());
       return false;
@@ -560,17 +597,30 @@ class Initiator {
       std::fprintf(stderr, "ferry-bench: no backend loaded\n");
       return false;
     }
-    try {
-      EngineDesc target = EngineDesc::unpack(test::from_hex(ehex));
-      remote_ = MemoryDesc::unpack(test::from_hex(mhex));
-      if (Result r = engine_->register_remote_engine(target); !r) {
-        std::fprintf(stderr, "ferry-bench: %s\n", r.message.c_str());
+    if (!o_.etcd_endpoints.empty()) {
+      // nixlbench's way: the target's descriptors from the store, not the channel.
+      Result r = engine_->fetch_remote_engine("ferry-bench-target", std::chrono::seconds(60));
+      std::optional<MemoryDesc> m;
+      if (r) m = engine_->fetch_memory("ferry-bench-target", "bench", std::chrono::seconds(60), &r);
+      if (!m) {
+        std::fprintf(stderr, "ferry-bench: etcd: %s\n", r.message.c_str());
         return false;
       }
-    } catch (const Error& e) {
-      std::fprintf(stderr, "ferry-bench: bad descriptor from the target: %s\n", e.what());
-      return false;
-    }
+      remote_ = *m;
+      std::fprintf(stderr, "ferry-bench: the target's descriptors came from etcd (%s)\n",
+                   o_.etcd_ns.c_str());
+    } else
+      try {
+        EngineDesc target = EngineDesc::unpack(test::from_hex(ehex));
+        remote_ = MemoryDesc::unpack(test::from_hex(mhex));
+        if (Result r = engine_->register_remote_engine(target); !r) {
+          std::fprintf(stderr, "ferry-bench: %s\n", r.message.c_str());
+          return false;
+        }
+      } catch (const Error& e) {
+        std::fprintf(stderr, "ferry-bench: bad descriptor from the target: %s\n", e.what());
+        return false;
+      }
     if (remote_.size < layout_.region) {
       std::fprintf(stderr,
                    "ferry-bench: the target's region has %llu bytes, this run needs %zu; give "
@@ -1030,6 +1080,30 @@ int main(int argc, char** argv) {
   }
   Options o = parse_args(argc, argv);
   signal(SIGPIPE, SIG_IGN);
+  if (!o.etcd_endpoints.empty()) {
+    bench::EtcdRendezvous rv{o.etcd_endpoints, o.etcd_ns};
+    std::string why;
+    // No --rank: numbered through etcd, as nixlbench's ranks are.
+    if (o.rank < 0 && (o.rank = bench::claim_rank(rv, &why)) < 0) {
+      std::fprintf(stderr, "ferry-bench: etcd: %s\n", why.c_str());
+      return 1;
+    }
+    const int fd = o.rank == 1 ? bench::rendezvous_accept(rv, o.host, std::chrono::minutes(5), &why)
+                               : bench::rendezvous_connect(rv, std::chrono::minutes(5), &why);
+    if (fd < 0) {
+      std::fprintf(stderr, "ferry-bench: etcd rendezvous: %s\n", why.c_str());
+      return 1;
+    }
+    int rc = 0;
+    if (o.rank == 1) {
+      rc = bench::run_target(target_options(o), fd, fd);
+    } else {
+      bench::LineChannel ch(fd, fd);
+      rc = run_initiator(o, ch);
+    }
+    close(fd);
+    return rc;
+  }
   if (o.rank == 1) return serve_over_socket(o);
   if (o.rank == 0) {
     std::string host, port;

@@ -19,7 +19,9 @@ set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # ferry_<version>_<arch>.deb
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "ferry developers <ferry@localhost>")
 set(CPACK_DEBIAN_PACKAGE_SECTION libs)
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "libc6 (>= 2.36), libstdc++6 (>= 12), libyaml-cpp0.7, libssl3")
+# libcurl4: the etcd metadata client; libcpp-httplib0.11: the /metrics endpoint.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS
+  "libc6 (>= 2.36), libstdc++6 (>= 12), libyaml-cpp0.7, libssl3, libcurl4, libcpp-httplib0.11")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libfabric1, libibverbs1, ibverbs-providers")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3 (>= 3.11), python3-numpy")
 set(CPACK_STRIP_FILES OFF)

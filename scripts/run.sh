@@ -12,7 +12,8 @@
 # A backend that is not built, or whose tests did not run, fails `test` unless
 # FERRY_ALLOW_SKIP names it (a comma list of backends: tcp, ofi, rdma, xgmi,
 # cma; rdma-vm for the Soft-RoCE VM stage; torch for the Python tests that
-# register torch tensors). Outside CI (CI unset), xgmi is
+# register torch tensors; etcd for the metadata-store tests; promtool for the
+# /metrics checks). Outside CI (CI unset), xgmi is
 # allowed to skip on a machine without a GPU; under CI=true only the list counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,14 +24,19 @@ jobs=${FERRY_JOBS:-$(nproc)}
 # ---- packages: Debian's only (no PyPI); each installed only when missing.
 # Build: every in-tree backend's dependency (libfabric-dev: ofi, libibverbs-dev:
 # rdma), the Python binding, tests and benchmarks, clang for the fuzzers, dpkg-dev
-# for the .deb, iproute2 for the network-namespace tests.
+# for the .deb, iproute2 for the network-namespace tests, cpp-httplib for the
+# /metrics endpoint and libcurl for the etcd metadata client.
 pkgs=(build-essential cmake ninja-build pkg-config dpkg-dev iproute2
       libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libssl-dev libfabric-dev libibverbs-dev
+      libcpp-httplib-dev libcurl4-openssl-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest
       clang libclang-rt-14-dev)
 # The Python tests register torch CPU tensors (the connectors' memory): test only.
 [[ "$mode" == test ]] && pkgs+=(python3-torch)
+# The metadata-store tests run a real etcd; /metrics is checked by promtool
+# (Debian's prometheus package): test only.
+[[ "$mode" == test ]] && pkgs+=(etcd-server prometheus)
 installed() {  # installed PKG: dpkg knows PKG as installed
   local s
   s=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) || return 1
@@ -55,6 +61,10 @@ fi
 allowed() { [[ "$allow_list" == *",$1,"* ]]; }
 # The torch tests skip only when the list says so (FERRY_ALLOW_SKIP=torch).
 allowed torch || export FERRY_REQUIRE_TORCH=1
+# Likewise etcd (the metadata-store tests) and promtool (the /metrics checks):
+# missing, they fail the run unless FERRY_ALLOW_SKIP names etcd / promtool.
+allowed etcd || export FERRY_REQUIRE_ETCD=1
+allowed promtool || export FERRY_REQUIRE_PROMTOOL=1
 
 build() {  # build DIR [cmake args...]
   local dir=$1; shift
@@ -219,7 +229,7 @@ case "$mode" in
     echo "== fuzzing: each libFuzzer target for ${FERRY_FUZZ_SECONDS:-30}s (clang, ASan + UBSan)"
     t=$SECONDS; rc=0
     FERRY_JOBS=$jobs bash fuzz/run.sh "${FERRY_FUZZ_SECONDS:-30}" || rc=$?
-    record_stage fuzz "$t" "$rc" "4 targets x ${FERRY_FUZZ_SECONDS:-30} s"
+    record_stage fuzz "$t" "$rc" "5 targets x ${FERRY_FUZZ_SECONDS:-30} s"
 
     t=$SECONDS; rc=0
     tsan_tests || rc=$?

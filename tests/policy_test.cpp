@@ -178,6 +178,22 @@ TEST(PolicyParse, NotifyDefault) {
   EXPECT_TRUE(Rejects("notify: maybe\n", "1:", "notify"));
 }
 
+// metadata: the etcd store (issue 21, docs/operations.md).
+TEST(PolicyParse, Metadata) {
+  Policy p = parse_policy(
+      "metadata: {etcd: [http://127.0.0.1:2379, https://e:2379], namespace: prod, lease: 15s}\n",
+      "f.yaml");
+  EXPECT_EQ(p.metadata.etcd, (std::vector<std::string>{"http://127.0.0.1:2379", "https://e:2379"}));
+  EXPECT_EQ(p.metadata.ns, "prod");
+  EXPECT_EQ(p.metadata.lease, std::chrono::seconds(15));
+  EXPECT_EQ(parse_policy("metadata: {etcd: http://h:1}\n", "f.yaml").metadata.etcd.size(), 1u);
+  EXPECT_TRUE(parse_policy("timeout: 1s\n", "f.yaml").metadata.etcd.empty());
+  EXPECT_TRUE(Rejects("metadata: {etcd: [127.0.0.1:2379]}\n", "1:", "http://"));
+  EXPECT_TRUE(Rejects("metadata: {lease: 1s}\n", "1:", "at least 2s"));
+  EXPECT_TRUE(Rejects("metadata: {namespce: x}\n", "1:", "did you mean 'namespace'"));
+  EXPECT_TRUE(Rejects("metadata: {etcd: {a: 1}}\n", "1:", "list of endpoint URLs"));
+}
+
 TEST(PolicyParse, EmptyFileIsTheBuiltinPolicy) {
   Policy builtin = builtin_policy();
   for (const char* text : {"", "\n", "# nothing here\n", "---\n", "~\n"}) {

@@ -17,6 +17,7 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
   cfg.host = opt.host;
   cfg.policy_file = opt.policy_file;
   cfg.timeout = opt.timeout;
+  cfg.metadata = opt.metadata;
   // The region outlives the engine: nothing may land in unmapped memory.
   std::unique_ptr<Segment> seg;
   std::vector<std::unique_ptr<Segment>> kv_segs;  // ferry-bench --kv's regions
@@ -51,6 +52,11 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
     ch.send(std::string("ERR ") + e.what());
     return 1;
   }
+  if (engine->has_metadata_store())
+    if (Result r = engine->publish_memory("bench", mem); !r) {
+      ch.send("ERR " + r.message);
+      return 1;
+    }
   const size_t region_size = seg->size();
   // Ranges "<off> <len>" from the command, checked against the region.
   auto in_region = [&](uint64_t off, uint64_t len) {
@@ -231,6 +237,11 @@ int run_target(const TargetOptions& opt, int in_fd, int out_fd) {
       std::string name;
       in >> name;
       auto r = engine->remove_backend(name);
+      out << (r ? "OK" : "ERR " + r.message);
+    } else if (cmd == "publish") {  // the region in the metadata store (etcd) as <name>
+      std::string name;
+      in >> name;
+      auto r = engine->publish_memory(name, mem);
       out << (r ? "OK" : "ERR " + r.message);
     } else if (cmd == "quit") {
       ch.send("BYE");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/ferry.hpp"
 #include "segment.h"
 
 namespace ferry::bench {
@@ -22,6 +23,9 @@ struct TargetOptions {
   SegType seg_type = SegType::DRAM;                     // where the region lives
   int device = -1;                                      // GPU ordinal for VRAM
   std::map<std::string, std::string> backend_settings;  // plugin name -> JSON
+  // A metadata store (etcd): the engine publishes its descriptor there and
+  // the region as "bench" (ferry-bench --etcd-endpoints).
+  MetadataConfig metadata;
 };
 
 // Serves commands read from in_fd, answering on out_fd, until "quit" or EOF.
@@ -45,6 +49,8 @@ struct TargetOptions {
 //                                      through hash after it is dropped)
 //   dropsub <i>                     -> OK | ERR <why>  (deregisters subregion i)
 //   remove_backend <name>           -> OK | ERR <why>  (cuts that backend's connections)
+//   publish <name>                  -> OK | ERR <why>  (the region in the metadata
+//                                      store: needs FERRY_ETCD_ENDPOINTS or the policy's)
 //   quit                            -> BYE, and returns
 // Returns an exit code.
 int run_target(const TargetOptions& opt, int in_fd, int out_fd);

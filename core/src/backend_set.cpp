@@ -53,6 +53,11 @@ std::map<std::string, BackendStats> BackendSet::counter_values() const {
   return out;
 }
 
+std::map<std::string, std::shared_ptr<BackendCounters>> BackendSet::all_counters() const {
+  std::shared_lock lk(mu_);
+  return counters_;
+}
+
 void BackendSet::add(const BackendPtr& b) {
   std::unique_lock lk(mu_);
   retired_.erase(b->name);

@@ -15,6 +15,7 @@
 
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
+#include "latency_histogram.h"
 #include "plugin_loader.h"
 
 namespace ferry {
@@ -23,6 +24,7 @@ class EngineImpl;
 
 struct BackendCounters {
   std::atomic<uint64_t> bytes{0}, transfers{0}, failures{0}, failovers{0}, quarantines{0};
+  TransferMetrics metrics;  // by op and size class, for /metrics
 };
 
 // One loaded plugin instance in this engine.
@@ -58,6 +60,8 @@ class BackendSet {
   // The counters kept for a name across its loads.
   std::shared_ptr<BackendCounters> counters_for(const std::string& name);
   std::map<std::string, BackendStats> counter_values() const;
+  // Every name's counters (for /metrics, which also reads the histograms).
+  std::map<std::string, std::shared_ptr<BackendCounters>> all_counters() const;
   void add(const BackendPtr& b);
   // Takes it out of the set and keeps it as retired; nullptr when not loaded.
   BackendPtr remove(const std::string& name);

@@ -132,11 +132,14 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
                                                   [this] { return stats_to_json(key_, stats()); });
     FERRY_LOG(INFO, key_, "stats on unix socket " + stats_server_->path() + " (ferry stats PATH)");
   }
+  start_cluster_services();
 }
 
 EngineImpl::~EngineImpl() {
+  metadata_.reset();  // its threads call into the parts below; leaves the store first
   transfers_->shut_down();
   stats_server_.reset();
+  metrics_server_.reset();
   // Backends first: a plugin's fini may still send control messages (ctrl_send
   // uses control_), and control traffic arriving meanwhile finds them marked
   // removed and is dropped. Then the lifecycle (its notifications and fences use
@@ -188,6 +191,7 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   registry_.attach(b);  // what exists already: peers and local memory
   backends_.add(b);
   FERRY_LOG(INFO, key_, "backend '" + name + "' loaded from " + load.lib->path);
+  if (metadata_) metadata_->republish_self();  // the descriptor now carries it
   return {};
 }
 
@@ -198,6 +202,7 @@ Result EngineImpl::remove_backend(const std::string& name) {
   registry_.detach(b);
   b->ops->fini(b->ctx);  // completes whatever was still pending
   b->removed = true;
+  if (metadata_) metadata_->republish_self();
   return {};
 }
 
@@ -278,8 +283,9 @@ Result EngineImpl::deregister_remote_engine(const std::string& key) {
   return deregister_peer(key, /*keep_fence=*/false);
 }
 
-Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence) {
-  if (!registry_.remove_peer(key))
+Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence,
+                                   const std::string& why) {
+  if (!registry_.remove_peer(key, why))
     return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
   control_->forget_peer(key);
   if (!keep_fence) transfers_->forget_fences(key);

@@ -20,6 +20,8 @@
 #include "inbound_table.h"
 #include "link_auth.h"
 #include "log.h"
+#include "metadata_sync.h"
+#include "metrics_server.h"
 #include "notif_inbox.h"
 #include "policy.h"
 #include "registry.h"
@@ -59,9 +61,17 @@ class EngineImpl {
 
   const std::string key_;
 
+  // /metrics and the metadata store (issue 21; engine_cluster.cpp).
+  std::string metrics_address() const;
+  std::string render_metrics() const;
+  MetadataSync* metadata() { return metadata_.get(); }
+  // Deregister because the store says the peer is gone; `why` names the lease.
+  void deregister_gone_peer(const std::string& key, const std::string& why);
+
  private:
+  void start_cluster_services();  // engine_cluster.cpp, from the constructor
   // keep_fence: the same instance registered again keeps its fence state.
-  Result deregister_peer(const std::string& key, bool keep_fence);
+  Result deregister_peer(const std::string& key, bool keep_fence, const std::string& why = {});
   // A peer on this host is reached over its control plane's unix socket.
   void route_control(const EngineDesc& d);
   // A peer that proved our descriptor and presented its own (one-way
@@ -93,9 +103,11 @@ class EngineImpl {
                             [this](const std::string& k, auth::InstanceSecret* s, bool* learned) {
                               return registry_.peer_secret(k, s, learned);
                             }};
-  std::unique_ptr<ControlPlane> control_;      // its thread calls into the parts above
-  std::unique_ptr<Transfers> transfers_;       // uses control_; ended before it
-  std::unique_ptr<StatsServer> stats_server_;  // its thread reads stats()
+  std::unique_ptr<ControlPlane> control_;          // its thread calls into the parts above
+  std::unique_ptr<Transfers> transfers_;           // uses control_; ended before it
+  std::unique_ptr<StatsServer> stats_server_;      // its thread reads stats()
+  std::unique_ptr<MetricsServer> metrics_server_;  // its thread reads stats() and counters
+  std::unique_ptr<MetadataSync> metadata_;         // its threads (de)register peers
 };
 
 // host_services.cpp: fills b.host with the core's callbacks for that backend.

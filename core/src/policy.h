@@ -60,6 +60,9 @@ struct Policy {
   // (`notify:` in the file; EngineConfig::notify wins). A client that never pops
   // inbound statuses turns it off once.
   bool notify = true;
+  // `metadata:` (etcd endpoints, namespace, lease); EngineConfig::metadata and
+  // FERRY_ETCD_* win (metadata_sync.h).
+  MetadataConfig metadata;
 
   // Index of the first rule that matches, or -1.
   int match(const RouteQuery& q) const;

@@ -71,8 +71,9 @@ class EventBudget : public YAML::EventHandler {
   YAML::Mark mark_ = YAML::Mark::null_mark();
 };
 
-const std::vector<std::string> kTopKeys = {"plugin_dirs", "backends", "rules",
-                                           "failover",    "timeout",  "notify"};
+const std::vector<std::string> kTopKeys = {"plugin_dirs", "backends", "rules",   "failover",
+                                           "timeout",     "notify",   "metadata"};
+const std::vector<std::string> kMetadataKeys = {"etcd", "namespace", "lease"};
 const std::vector<std::string> kRuleKeys = {"match", "prefer", "trust_descriptors"};
 const std::vector<std::string> kMatchKeys = {"peer",   "host",      "same_host", "local",
                                              "remote", "min_bytes", "max_bytes", "op"};
@@ -91,6 +92,7 @@ const Section kSections[] = {
     {&kMatchKeys, "'match:'"},
     {&kFailoverKeys, "'failover:'"},
     {&kQuarantineKeys, "'failover: quarantine:'"},
+    {&kMetadataKeys, "'metadata:'"},
 };
 
 // Optimal string alignment distance: a swapped pair ("tpc") counts as one edit.
@@ -594,6 +596,35 @@ class Parser {
     }
   }
 
+  // metadata: {etcd: [http://127.0.0.1:2379], namespace: ferry, lease: 10s}
+  void parse_metadata(const Field& f, Policy& p) {
+    for (const auto& fe : entries("", f, &kMetadataKeys)) {
+      Field e = qualified(fe, "metadata.");
+      if (fe.name == "etcd") {
+        std::vector<std::string> eps;
+        if (e.value.IsScalar()) {
+          eps.push_back(string_value("", e, "an endpoint URL or a list of them"));
+        } else if (e.value.IsSequence()) {
+          for (const auto& item : e.value)
+            eps.push_back(string_value("", Field{e.name, e.key_mark, item}, "an endpoint URL"));
+        } else {
+          wrong_type("", e, "a list of endpoint URLs such as [http://127.0.0.1:2379]");
+        }
+        for (const auto& ep : eps)
+          if (ep.rfind("http://", 0) != 0 && ep.rfind("https://", 0) != 0)
+            fail(e.where(),
+                 "'metadata.etcd' endpoint '" + ep + "' must start with http:// or https://");
+        p.metadata.etcd = std::move(eps);
+      } else if (fe.name == "namespace") {
+        p.metadata.ns = string_value("", e, "a key prefix such as ferry");
+      } else {
+        p.metadata.lease = duration_value("", e);
+        if (p.metadata.lease < std::chrono::seconds(2))
+          fail(e.where(), "'metadata.lease' must be at least 2s (etcd's minimum TTL)");
+      }
+    }
+  }
+
   const std::string& source_;
 };
 
@@ -654,6 +685,7 @@ Policy Parser::parse(const std::string& text) {
   if (auto it = top.find("failover"); it != top.end()) parse_failover(it->second, p);
   if (auto it = top.find("timeout"); it != top.end()) p.timeout = duration_value("", it->second);
   if (auto it = top.find("notify"); it != top.end()) p.notify = bool_value("", it->second);
+  if (auto it = top.find("metadata"); it != top.end()) parse_metadata(it->second, p);
   return p;
 }
 

@@ -105,6 +105,7 @@ Result Registry::add_peer(const EngineDesc& d, bool learned) {
     } else {
       raced = slot;
       slot = p;
+      gone_why_.erase(d.key);  // registered again: the old reason no longer applies
     }
   }
   // Two registrations of one key at once: the later one stays. The one it
@@ -179,7 +180,7 @@ bool Registry::peer_address(const std::string& key, std::string& host, uint16_t&
   return true;
 }
 
-bool Registry::remove_peer(const std::string& key) {
+bool Registry::remove_peer(const std::string& key, const std::string& why) {
   std::shared_ptr<PeerEntry> p;
   std::vector<std::shared_ptr<RemoteMem>> mems;
   {
@@ -187,7 +188,12 @@ bool Registry::remove_peer(const std::string& key) {
     auto it = peers_.find(key);
     if (it == peers_.end()) return false;
     p = it->second;
+    p->gone_why = why;
     p->gone = true;
+    if (!why.empty()) {
+      if (gone_why_.size() >= kMaxGoneReasons) gone_why_.erase(gone_why_.begin());
+      gone_why_[key] = why;
+    }
     peers_.erase(it);
     for (auto r = remote_mems_.begin(); r != remote_mems_.end();) {
       if (r->first.first == key) {
@@ -351,6 +357,8 @@ StatusCode Registry::resolve(const MemoryDesc& local, const MemoryDesc& remote, 
     if (p == peers_.end()) {
       why = "remote engine '" + remote.engine_key + "' is not registered with engine '" +
             self_key_ + "'";
+      if (auto g = gone_why_.find(remote.engine_key); g != gone_why_.end())
+        why += " (" + g->second + ")";
       return StatusCode::ERR_NOT_FOUND;
     }
     out.peer = p->second;

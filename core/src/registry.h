@@ -35,6 +35,9 @@ struct PeerEntry {
   // Learned from the peer's authenticated hello (one-way registration), not
   // registered by the application: a later hello of a new life may replace it.
   std::atomic<bool> learned{false};
+  // Why it went, when a reason was given (written before `gone` is set): a
+  // session's transfers fail with it (metadata store: its lease expired).
+  std::string gone_why;
 
  private:
   friend class Registry;
@@ -117,7 +120,8 @@ class Registry {
   // Host and port of a registered peer's control plane.
   bool peer_address(const std::string& key, std::string& host, uint16_t& port) const;
   // Takes the peer, its imports and their plugin handles away; false when unknown.
-  bool remove_peer(const std::string& key);
+  // `why` (optional): the reason later transfers to the key are told.
+  bool remove_peer(const std::string& key, const std::string& why = {});
 
   // ---- local memory
   MemoryDesc register_memory(void* addr, size_t size, int device, MemoryLocation loc);
@@ -167,6 +171,9 @@ class Registry {
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<RemoteMem>> remote_mems_;
   // Imports replaced by a newer descriptor, kept until their peer goes away.
   std::multimap<std::string, std::shared_ptr<RemoteMem>> retired_remote_mems_;
+  // Why keys removed with a reason went (until registered again); bounded.
+  std::map<std::string, std::string> gone_why_;
+  static constexpr size_t kMaxGoneReasons = 1024;
 };
 
 // What a plugin is told about a peer and about a local region (pointers borrowed

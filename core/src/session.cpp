@@ -15,14 +15,27 @@ Session::~Session() = default;
 
 TransferUid Session::allocate_transfer_uid() { return impl_->engine->allocate_uid(); }
 
+namespace {
+// The peer went with a reason (its metadata-store lease expired): say it,
+// rather than the lifecycle's generic "deregistered or registered again".
+std::optional<TransferStatus> gone_with_reason(const MemPair& pair) {
+  if (!pair.peer->gone.load() || pair.peer->gone_why.empty()) return std::nullopt;
+  TransferStatus s;
+  s.Finish(StatusCode::ERR_NOT_FOUND, pair.peer->gone_why + "; create a new session");
+  return s;
+}
+}  // namespace
+
 TransferStatus Session::read(size_t loff, size_t roff, size_t size, TransferUid uid,
                              std::optional<bool> notify, std::optional<std::string> message) {
+  if (auto s = gone_with_reason(impl_->pair)) return *s;
   return impl_->engine->transfers().submit(impl_->pair, Op::READ, &loff, &roff, &size, 1, uid,
                                            notify, std::move(message));
 }
 
 TransferStatus Session::write(size_t loff, size_t roff, size_t size, TransferUid uid,
                               std::optional<bool> notify, std::optional<std::string> message) {
+  if (auto s = gone_with_reason(impl_->pair)) return *s;
   return impl_->engine->transfers().submit(impl_->pair, Op::WRITE, &loff, &roff, &size, 1, uid,
                                            notify, std::move(message));
 }
@@ -40,6 +53,7 @@ TransferStatus Session::batch_read(const std::vector<size_t>& loffs,
                                    const std::vector<size_t>& sizes, TransferUid uid,
                                    std::optional<bool> notify, std::optional<std::string> message) {
   if (loffs.size() != sizes.size() || roffs.size() != sizes.size()) return length_mismatch();
+  if (auto s = gone_with_reason(impl_->pair)) return *s;
   return impl_->engine->transfers().submit(impl_->pair, Op::READ, loffs.data(), roffs.data(),
                                            sizes.data(), sizes.size(), uid, notify,
                                            std::move(message));
@@ -51,6 +65,7 @@ TransferStatus Session::batch_write(const std::vector<size_t>& loffs,
                                     std::optional<bool> notify,
                                     std::optional<std::string> message) {
   if (loffs.size() != sizes.size() || roffs.size() != sizes.size()) return length_mismatch();
+  if (auto s = gone_with_reason(impl_->pair)) return *s;
   return impl_->engine->transfers().submit(impl_->pair, Op::WRITE, loffs.data(), roffs.data(),
                                            sizes.data(), sizes.size(), uid, notify,
                                            std::move(message));

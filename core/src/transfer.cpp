@@ -560,6 +560,9 @@ void Transfers::landed(const std::shared_ptr<Attempt>& a, const std::string& not
   }
   b.counters->bytes += t->total;
   ++b.counters->transfers;
+  // Submitted at deadline - timeout (Transfers::start): no lock on this path.
+  b.counters->metrics.record(t->op == FERRY_OP_READ ? Op::READ : Op::WRITE, t->total,
+                             std::chrono::steady_clock::now() - (t->deadline - policy_.timeout));
   health_.succeed(t->pair.peer->desc.key, b.name);
   std::string after = t->history.empty() ? std::string() : "after: " + t->history;
   if (!t->message) {

@@ -88,6 +88,10 @@ class IOEngineConfig:
     plugin_dirs: List[str]
     timeout_ms: int
     auth_token: str
+    metrics_address: str
+    etcd_endpoints: List[str]
+    etcd_namespace: str
+    etcd_lease_ms: int
     def __init__(
         self,
         host: str = "127.0.0.1",
@@ -97,6 +101,11 @@ class IOEngineConfig:
         plugin_dirs: List[str] = ...,
         timeout_ms: _Int = 0,
         auth_token: str = "",
+        stats_socket: str = "",
+        metrics_address: str = "",
+        etcd_endpoints: List[str] = ...,
+        etcd_namespace: str = "",
+        etcd_lease_ms: _Int = 0,
     ) -> None: ...
 
 class EngineDesc:
@@ -269,6 +278,11 @@ class IOEngine:
     def notification_fd(self) -> int: ...
     def stats(self) -> Dict[str, Any]: ...
     def policy_source(self) -> str: ...
+    def metrics_address(self) -> str: ...
+    def publish_memory(self, name: str, mem: MemoryDesc) -> None: ...
+    def unpublish_memory(self, name: str) -> None: ...
+    def fetch_remote_engine(self, key: str, wait_ms: _Int = 0) -> None: ...
+    def fetch_memory(self, key: str, name: str, wait_ms: _Int = 0) -> MemoryDesc: ...
     @staticmethod
     def wait_all(statuses: Sequence[TransferStatus], timeout_ms: _Timeout = None) -> bool: ...
 

@@ -789,6 +789,28 @@ class PyEngine {
     return h_->with_engine([](Engine& e) { return e.policy_source(); });
   }
 
+  // ---- running in a cluster (issue 21): /metrics and the metadata store ----
+  std::string metrics_address() {
+    return h_->with_engine([](Engine& e) { return e.metrics_address(); });
+  }
+  void publish_memory(const std::string& name, const MemoryDesc& mem) {
+    check(h_->with_engine([&](Engine& e) { return e.publish_memory(name, mem); }));
+  }
+  void unpublish_memory(const std::string& name) {
+    check(h_->with_engine([&](Engine& e) { return e.unpublish_memory(name); }));
+  }
+  void fetch_remote_engine(const std::string& key, py::handle wait_ms) {
+    const milliseconds w(static_cast<int64_t>(to_u64(wait_ms, "wait_ms")));
+    check(h_->with_engine([&](Engine& e) { return e.fetch_remote_engine(key, w); }));
+  }
+  MemoryDesc fetch_memory(const std::string& key, const std::string& name, py::handle wait_ms) {
+    const milliseconds w(static_cast<int64_t>(to_u64(wait_ms, "wait_ms")));
+    Result why;
+    auto m = h_->with_engine([&](Engine& e) { return e.fetch_memory(key, name, w, &why); });
+    if (!m) raise(why.code, why.message);
+    return *m;
+  }
+
  private:
   HolderPtr h_;
 };
@@ -932,7 +954,9 @@ PYBIND11_MODULE(_ferry, m) {
       .def(py::init([](const std::string& host, py::handle port, const std::string& node_id,
                        const std::string& policy_file, const std::vector<std::string>& plugin_dirs,
                        py::handle timeout_ms, const std::string& auth_token,
-                       const std::string& stats_socket) {
+                       const std::string& stats_socket, const std::string& metrics_address,
+                       const std::vector<std::string>& etcd_endpoints,
+                       const std::string& etcd_namespace, py::handle etcd_lease_ms) {
              EngineConfig c;
              c.host = host;
              uint64_t p = to_u64(port, "port");
@@ -944,11 +968,18 @@ PYBIND11_MODULE(_ferry, m) {
              c.timeout = milliseconds(static_cast<int64_t>(to_u64(timeout_ms, "timeout_ms")));
              set_auth_token(c, auth_token);
              c.stats_socket = stats_socket;
+             c.metrics_address = metrics_address;
+             c.metadata.etcd = etcd_endpoints;
+             c.metadata.ns = etcd_namespace;
+             c.metadata.lease =
+                 milliseconds(static_cast<int64_t>(to_u64(etcd_lease_ms, "etcd_lease_ms")));
              return c;
            }),
            py::arg("host") = "127.0.0.1", py::arg("port") = 0, py::arg("node_id") = "",
            py::arg("policy_file") = "", py::arg("plugin_dirs") = std::vector<std::string>{},
-           py::arg("timeout_ms") = 0, py::arg("auth_token") = "", py::arg("stats_socket") = "")
+           py::arg("timeout_ms") = 0, py::arg("auth_token") = "", py::arg("stats_socket") = "",
+           py::arg("metrics_address") = "", py::arg("etcd_endpoints") = std::vector<std::string>{},
+           py::arg("etcd_namespace") = "", py::arg("etcd_lease_ms") = 0)
       .def_readwrite("host", &EngineConfig::host)
       .def_property(
           "port", [](const EngineConfig& c) { return c.port; },
@@ -963,6 +994,25 @@ PYBIND11_MODULE(_ferry, m) {
       .def_readwrite("stats_socket", &EngineConfig::stats_socket,
                      "Unix socket serving stats() as JSON ({key}, {pid} replaced); empty: "
                      "FERRY_STATS_SOCKET, then none.")
+      .def_readwrite("metrics_address", &EngineConfig::metrics_address,
+                     "Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free "
+                     "one); empty: FERRY_METRICS_ADDR, then none.")
+      .def_property(
+          "etcd_endpoints", [](const EngineConfig& c) { return c.metadata.etcd; },
+          [](EngineConfig& c, const std::vector<std::string>& v) { c.metadata.etcd = v; },
+          "etcd endpoints of the metadata store; empty: FERRY_ETCD_ENDPOINTS, then the "
+          "policy's metadata: etcd:, then none.")
+      .def_property(
+          "etcd_namespace", [](const EngineConfig& c) { return c.metadata.ns; },
+          [](EngineConfig& c, const std::string& v) { c.metadata.ns = v; },
+          "Key prefix in etcd; empty: FERRY_ETCD_NAMESPACE, the policy's, then 'ferry'.")
+      .def_property(
+          "etcd_lease_ms", [](const EngineConfig& c) { return c.metadata.lease.count(); },
+          [](EngineConfig& c, py::handle v) {
+            c.metadata.lease = milliseconds(static_cast<int64_t>(to_u64(v, "etcd_lease_ms")));
+          },
+          "Lease on what this engine publishes (at least 2000); 0: FERRY_ETCD_LEASE, the "
+          "policy's, then 10 s.")
       .def_property(
           "timeout_ms", [](const EngineConfig& c) { return c.timeout.count(); },
           [](EngineConfig& c, py::handle v) {
@@ -1288,6 +1338,19 @@ PYBIND11_MODULE(_ferry, m) {
            "'notifications_unread'}.")
       .def("policy_source", &PyEngine::policy_source,
            "Where the routing policy came from ('built-in' or a file name).")
+      .def("metrics_address", &PyEngine::metrics_address,
+           "'host:port' of the Prometheus /metrics endpoint; '' when it is off.")
+      .def("publish_memory", &PyEngine::publish_memory, py::arg("name"), py::arg("mem"),
+           "Publish a MemoryDesc of this engine in the metadata store (etcd) as name.")
+      .def("unpublish_memory", &PyEngine::unpublish_memory, py::arg("name"))
+      .def("fetch_remote_engine", &PyEngine::fetch_remote_engine, py::arg("key"),
+           py::arg("wait_ms") = 0,
+           "Fetch engine key's descriptor from the metadata store, register it and follow it "
+           "(deregistered when its lease expires); waits up to wait_ms for it to appear. "
+           "Releases the GIL.")
+      .def("fetch_memory", &PyEngine::fetch_memory, py::arg("key"), py::arg("name"),
+           py::arg("wait_ms") = 0,
+           "The MemoryDesc engine key published as name, waiting up to wait_ms. Releases the GIL.")
       .def_static("wait_all", &wait_all_py, py::arg("statuses"), py::arg("timeout_ms") = py::none(),
                   "Wait for every status; False if any did not end within timeout_ms.")
       .def("__repr__", [](const PyEngine& e) {

@@ -180,6 +180,17 @@ constexpr size_t kMaxNotificationBytes = 64 * 1024;
 
 // ---- engine --------------------------------------------------------------------
 
+// Where engines publish and find descriptors (EngineConfig::metadata).
+struct MetadataConfig {
+  // etcd endpoints ("http://127.0.0.1:2379"). Empty: FERRY_ETCD_ENDPOINTS
+  // (comma list), then the policy's `metadata: etcd:`, then no store.
+  std::vector<std::string> etcd;
+  // Key prefix. Empty: FERRY_ETCD_NAMESPACE, the policy's, then "ferry".
+  std::string ns;
+  // Lease TTL on what this engine publishes. 0: FERRY_ETCD_LEASE, the policy's, then 10 s.
+  std::chrono::milliseconds lease{0};
+};
+
 struct EngineConfig {
   std::string host = "127.0.0.1";        // address the control listener binds and advertises
   uint16_t port = 0;                     // 0 = any free port
@@ -206,6 +217,12 @@ struct EngineConfig {
   // plugin handshakes) unused this long is closed at both ends; the next use
   // reconnects. 0: never.
   std::chrono::milliseconds control_idle_close{std::chrono::seconds(60)};
+  // Serve Prometheus metrics at http://ADDRESS/metrics ("host:port"; port 0 =
+  // any free one, see Engine::metrics_address()). Empty: FERRY_METRICS_ADDR,
+  // then no endpoint. Bind 127.0.0.1 unless a scraper on another host needs it.
+  std::string metrics_address;
+  // Publish this engine's descriptors in etcd and follow peers' (docs/operations.md).
+  MetadataConfig metadata;
 };
 
 struct BackendStats {
@@ -401,6 +418,30 @@ class Engine {
   EngineStats stats() const;
   // The policy in force, and where it came from ("built-in" or a file name).
   std::string policy_source() const;
+
+  // "host:port" the /metrics endpoint listens on; empty when it is off.
+  std::string metrics_address() const;
+
+  // ---- metadata store (etcd; docs/operations.md) ----
+  // With a store configured the engine publishes its EngineDesc at
+  // {ns}/{key}/engine under a lease it keeps alive. Peers fetched here are
+  // watched: when their lease expires or their key is deleted they are
+  // deregistered (transfers to them fail, naming the lease); a new instance
+  // published under the same key is registered in its place.
+  // All return ERR_BAD_STATE when no store is configured and ERR_TRANSPORT when
+  // the store cannot be reached; nothing here changes peers already known.
+  bool has_metadata_store() const;
+  // Publish `mem` under {ns}/{key}/mem/{name} (this engine's lease).
+  Result publish_memory(const std::string& name, const MemoryDesc& mem);
+  Result unpublish_memory(const std::string& name);
+  // Fetch engine `key`'s descriptor, register it and watch it; waits up to
+  // `wait` for it to appear (0: ask once; ERR_NOT_FOUND when absent).
+  Result fetch_remote_engine(const std::string& key,
+                             std::chrono::milliseconds wait = std::chrono::milliseconds{0});
+  // Fetch the MemoryDesc engine `key` published as `name`, waiting as above.
+  std::optional<MemoryDesc> fetch_memory(const std::string& key, const std::string& name,
+                                         std::chrono::milliseconds wait = {},
+                                         Result* why = nullptr);
 
  private:
   std::unique_ptr<EngineImpl> impl_;
