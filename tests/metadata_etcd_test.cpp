@@ -293,6 +293,8 @@ TEST_F(MetadataEtcd, StoppedPeerInFlightTransferEndsWhenLeaseExpires) {
   EXPECT_TRUE(inflight.WaitFor(1s)) << "the transfer in flight outlived the deregistration";
   const auto ended = Clock::now();
   EXPECT_TRUE(inflight.Failed());
+  // It says why: the lease, not only that the peer went.
+  EXPECT_NE(inflight.Message().find("etcd lease"), std::string::npos) << inflight.Message();
   std::printf(
       "in flight to the stopped peer: ended %lld ms after its deregistration: %s: %s\n",
       static_cast<long long>(

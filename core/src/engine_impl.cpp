@@ -288,7 +288,7 @@ Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence,
   if (!registry_.remove_peer(key, why))
     return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
   control_->forget_peer(key);
-  if (!keep_fence) transfers_->forget_fences(key);
+  if (!keep_fence) transfers_->forget_fences(key, why);
   health_->forget_peer(key);
   inbound_.forget_peer(key);
   return {};

@@ -126,13 +126,16 @@ Fencer::Gate Fencer::admit(const std::string& key, uint64_t instance, Resume res
   return Gate::HELD;
 }
 
-void Fencer::reset(const std::string& key) {
+void Fencer::reset(const std::string& key, const std::string& why) {
   std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = peers_.find(key);
     if (it == peers_.end()) return;
-    finish_all(*it->second, "the peer was registered again or deregistered", calls);
+    finish_all(*it->second,
+               why.empty() ? "the peer was registered again or deregistered"
+                           : "the peer was deregistered: " + why,
+               calls);
     peers_.erase(it);
     cv_.notify_all();
   }

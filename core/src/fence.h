@@ -64,7 +64,9 @@ class Fencer {
   Gate admit(const std::string& key, uint64_t instance, Resume resume, std::string* why);
   // A new instance was registered under the key, or it was deregistered: its old
   // state is dropped (pending attempts answered UNKNOWN, held transfers failed).
-  void reset(const std::string& key);
+  // `why`: what deregistered it (a metadata store's expired lease), for the
+  // message of the transfers that end here.
+  void reset(const std::string& key, const std::string& why = {});
   // Fences sent, attempts answered by the target, attempts left unknown.
   struct Counts {
     uint64_t fences = 0, answered = 0, unknown = 0;

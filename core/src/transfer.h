@@ -128,7 +128,9 @@ class Transfers {
   // New transfers fail at once from now on.
   void shut_down() { shutting_down_ = true; }
   // A peer was deregistered or replaced by a new instance: forget its fence state.
-  void forget_fences(const std::string& peer_key) { fencer_.reset(peer_key); }
+  void forget_fences(const std::string& peer_key, const std::string& why = {}) {
+    fencer_.reset(peer_key, why);
+  }
   Fencer::Counts fence_counts() const { return fencer_.counts(); }
 
  private:
