@@ -2,8 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # tests/gpu/run-all.sh REPORT_DIR: on a GPU host, build ferry and run every GPU
 # test and benchmark in one go; the report lands in REPORT_DIR (report.md plus
-# the raw logs). Needs cmake, ninja, a C++20 compiler, yaml-cpp, GoogleTest and
-# a CUDA or HIP runtime; no GPU SDK headers are needed to build.
+# the raw logs). Needs cmake, ninja, pkg-config, a C++20 compiler, yaml-cpp,
+# GoogleTest, OpenSSL, libcurl and cpp-httplib (the core's /metrics and etcd
+# client) and a CUDA or HIP runtime; no GPU SDK headers are needed to build. On
+# a host without Debian's packages, unpack them (dpkg -x) into a folder and
+# point CMAKE_PREFIX_PATH, PKG_CONFIG_PATH + PKG_CONFIG_SYSROOT_DIR,
+# FERRY_EXTRA_INCLUDE and LD_LIBRARY_PATH at it.
 set -uo pipefail
 report=${1:?usage: tests/gpu/run-all.sh REPORT_DIR}
 mkdir -p "$report"
