@@ -118,6 +118,7 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   h.on_peer_desc = [this](const EngineDesc& d) { learn_peer(d); };
   control_ = std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h),
                                             &link_auth_, config_.control_idle_close);
+  control_live_.store(control_.get(), std::memory_order_release);
   transfers_ = std::make_unique<Transfers>(
       Transfers::Parts{key_, policy_, *health_, backends_, registry_, *control_}, instance_);
   if (creds_.has_token())
@@ -147,6 +148,7 @@ EngineImpl::~EngineImpl() {
   std::vector<std::string> names = backend_names();
   for (auto it = names.rbegin(); it != names.rend(); ++it) remove_backend(*it);
   transfers_.reset();
+  control_live_.store(nullptr, std::memory_order_release);
   control_.reset();
 }
 
@@ -229,7 +231,8 @@ EngineDesc EngineImpl::desc() const {
 void EngineImpl::route_control(const EngineDesc& d) {
   // Same host: its control plane's unix socket (ControlPlane::set_same_host_path).
   if (d.node_id == node_id_ && !d.control_unix.empty())
-    control_->set_same_host_path(d.key, d.control_unix);
+    if (ControlPlane* c = control_live_.load(std::memory_order_acquire))
+      c->set_same_host_path(d.key, d.control_unix);
 }
 
 // ---- peers --------------------------------------------------------------------

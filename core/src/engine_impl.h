@@ -103,7 +103,12 @@ class EngineImpl {
                             [this](const std::string& k, auth::InstanceSecret* s, bool* learned) {
                               return registry_.peer_secret(k, s, learned);
                             }};
-  std::unique_ptr<ControlPlane> control_;          // its thread calls into the parts above
+  std::unique_ptr<ControlPlane> control_;  // its thread calls into the parts above
+  // control_'s object for route_control(), which its own I/O thread calls
+  // (learn_peer): that thread must not read control_ while the destructor
+  // resets it. Null before the object exists and from the destructor on; the
+  // object outlives a call in progress (its destructor joins that thread).
+  std::atomic<ControlPlane*> control_live_{nullptr};
   std::unique_ptr<Transfers> transfers_;           // uses control_; ended before it
   std::unique_ptr<StatsServer> stats_server_;      // its thread reads stats()
   std::unique_ptr<MetricsServer> metrics_server_;  // its thread reads stats() and counters
