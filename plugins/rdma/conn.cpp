@@ -52,10 +52,14 @@ std::string Conn::Where() const {
 std::string Conn::StateName() {
   std::lock_guard lk(mu_);
   switch (state_) {
-    case State::kIdle: return "idle";
-    case State::kConnecting: return "connecting";
-    case State::kReady: return "ready";
-    case State::kClosed: return "closed";
+    case State::kIdle:
+      return "idle";
+    case State::kConnecting:
+      return "connecting";
+    case State::kReady:
+      return "ready";
+    case State::kClosed:
+      return "closed";
   }
   return "?";
 }
@@ -63,15 +67,17 @@ std::string Conn::StateName() {
 void Conn::Enqueue(std::shared_ptr<Xfer> x, FinishedList* out) {
   std::lock_guard lk(mu_);
   if (state_ == State::kClosed) {
-    out->push_back({x->xfer_ctx, FERRY_ERR_BAD_STATE, "connection closed", x->deadline_ns,
-                    x->timer_seq});
+    out->push_back(
+        {x->xfer_ctx, FERRY_ERR_BAD_STATE, "connection closed", x->deadline_ns, x->timer_seq});
     x->stage = Xfer::Stage::kDone;
     return;
   }
   x->qp_base = next_qp_base_++;
   queue_.push_back(std::move(x));
-  if (state_ == State::kIdle) StartConnectLocked(out);
-  else if (state_ == State::kReady) PumpLocked(out);
+  if (state_ == State::kIdle)
+    StartConnectLocked(out);
+  else if (state_ == State::kReady)
+    PumpLocked(out);
 }
 
 void Conn::StartConnectLocked(FinishedList* out) {
@@ -163,8 +169,8 @@ void Conn::OnSendFailed(uint64_t conn_id, const std::string& why, FinishedList* 
   inst_->UnregisterConnId(conn_id_);
   state_ = State::kIdle;
   last_error_ = why;
-  FailQueuedLocked(FERRY_ERR_TRANSPORT,
-                   "cannot send the QP handshake to " + Where() + ": " + why, out);
+  FailQueuedLocked(FERRY_ERR_TRANSPORT, "cannot send the QP handshake to " + Where() + ": " + why,
+                   out);
 }
 
 void Conn::OnReply(const wire::ConnectMsg& m, FinishedList* out) {
@@ -178,9 +184,11 @@ void Conn::OnReply(const wire::ConnectMsg& m, FinishedList* out) {
     return;
   }
   if (m.qps.size() != qps_.size()) {
-    FailQueuedLocked(FERRY_ERR_PROTOCOL, "QP handshake answer from " + Where() + " has " +
-                                             std::to_string(m.qps.size()) + " QPs, asked for " +
-                                             std::to_string(qps_.size()), out);
+    FailQueuedLocked(FERRY_ERR_PROTOCOL,
+                     "QP handshake answer from " + Where() + " has " +
+                         std::to_string(m.qps.size()) + " QPs, asked for " +
+                         std::to_string(qps_.size()),
+                     out);
     return;
   }
   const QpTimers t = TimersFrom(inst_->settings());
@@ -244,8 +252,8 @@ void Conn::PumpLocked(FinishedList* out) {
   auto add = [&](size_t qi, ibv_send_wr wr, const ibv_sge* sg, int nsg, bool force_signal,
                  const std::shared_ptr<Xfer>& x, bool notify) {
     Qp& q = qps_[qi];
-    const bool signaled = force_signal || q.unsignaled_run + 1 >= signal_interval_ ||
-                          q.outstanding + 1 >= max_wr;
+    const bool signaled =
+        force_signal || q.unsignaled_run + 1 >= signal_interval_ || q.outstanding + 1 >= max_wr;
     wr.wr_id = inst_->NextWrId();
     if (signaled) wr.send_flags |= IBV_SEND_SIGNALED;
     ++q.outstanding;
@@ -397,8 +405,10 @@ void Conn::ResetLocked(int status, const std::string& why, const std::shared_ptr
   Log(inst_->host(), FERRY_LOG_WARN, "resetting %zu QPs: %s", qps_.size(), why.c_str());
   std::vector<std::shared_ptr<Xfer>> victims(inflight_.begin(), inflight_.end());
   for (const auto& x : victims) {
-    if (x == culprit) FinishLocked(x, culprit_status, culprit_msg, out);
-    else FinishLocked(x, status, why, out);
+    if (x == culprit)
+      FinishLocked(x, culprit_status, culprit_msg, out);
+    else
+      FinishLocked(x, status, why, out);
   }
   if (culprit) FinishLocked(culprit, culprit_status, culprit_msg, out);
   notify_queue_.clear();
@@ -485,6 +495,7 @@ Passive::~Passive() { Destroy(); }
 
 bool Passive::Setup(const wire::ConnectMsg& req, wire::ConnectMsg* rep, std::string* err) {
   std::lock_guard lk(mu_);
+  conn_id_ = req.conn_id;
   const Settings& s = inst_->settings();
   DeviceCtx* dev = port_->dev;
   const size_t n = req.qps.size();
@@ -539,8 +550,9 @@ bool Passive::Setup(const wire::ConnectMsg& req, wire::ConnectMsg* rep, std::str
 }
 
 bool Passive::PostRecvLocked(int qi, int slot) {
-  const size_t at = (static_cast<size_t>(qi) * static_cast<size_t>(depth_) +
-                     static_cast<size_t>(slot)) * kRecvSlot;
+  const size_t at =
+      (static_cast<size_t>(qi) * static_cast<size_t>(depth_) + static_cast<size_t>(slot)) *
+      kRecvSlot;
   ibv_sge sge{reinterpret_cast<uintptr_t>(buf_.data() + at), kRecvSlot, mr_->lkey};
   ibv_recv_wr wr{};
   wr.wr_id = (inst_->NextWrId() << kSlotBits) | static_cast<uint64_t>(slot);
@@ -565,8 +577,9 @@ bool Passive::OnWc(int qi, const ibv_wc& wc, uint64_t* uid) {
   if (!(wc.opcode & IBV_WC_RECV)) return false;
   const int slot = static_cast<int>(wc.wr_id & ((1u << kSlotBits) - 1));
   if (slot >= depth_) return false;
-  const size_t at = (static_cast<size_t>(qi) * static_cast<size_t>(depth_) +
-                     static_cast<size_t>(slot)) * kRecvSlot;
+  const size_t at =
+      (static_cast<size_t>(qi) * static_cast<size_t>(depth_) + static_cast<size_t>(slot)) *
+      kRecvSlot;
   const bool ok = wire::DecodeNotify(buf_.data() + at, wc.byte_len, uid);
   if (!ok)
     Log(inst_->host(), FERRY_LOG_WARN, "ignoring a malformed %u-byte SEND from '%s'", wc.byte_len,

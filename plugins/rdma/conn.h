@@ -66,8 +66,8 @@ using FinishedList = std::vector<Finished>;
 
 class Conn : public std::enable_shared_from_this<Conn> {
  public:
-  Conn(Instance* inst, std::string peer_key, uint64_t peer_nonce, Port* local,
-       uint16_t remote_port, wire::PortInfo remote_info);
+  Conn(Instance* inst, std::string peer_key, uint64_t peer_nonce, Port* local, uint16_t remote_port,
+       wire::PortInfo remote_info);
   ~Conn();
 
   const std::string& peer_key() const { return peer_key_; }
@@ -158,6 +158,7 @@ class Passive : public std::enable_shared_from_this<Passive> {
   // A retired Passive still decodes what arrived before it was retired.
   bool OnWc(int qi, const ibv_wc& wc, uint64_t* uid);
   const std::string& peer_key() const { return peer_key_; }
+  uint64_t conn_id() const { return conn_id_; }  // the handshake it answered (set by Setup)
   // Step 1 of closing: QPs to ERR, no more receives. The notifications already in
   // the CQ are still delivered: the initiator may have been acknowledged for them.
   void Retire();
@@ -171,7 +172,8 @@ class Passive : public std::enable_shared_from_this<Passive> {
   const std::string peer_key_;
   Port* const port_;
   std::mutex mu_;
-  bool closed_ = false;     // retired
+  uint64_t conn_id_ = 0;
+  bool closed_ = false;  // retired
   bool destroyed_ = false;
   std::vector<ibv_qp*> qps_;
   std::vector<uint64_t> first_ids_;

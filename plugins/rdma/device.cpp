@@ -90,12 +90,18 @@ const char* PortStateName(ibv_port_state s) { return ibv_port_state_str(s); }
 
 const char* MtuName(int mtu) {
   switch (mtu) {
-    case IBV_MTU_256: return "256";
-    case IBV_MTU_512: return "512";
-    case IBV_MTU_1024: return "1024";
-    case IBV_MTU_2048: return "2048";
-    case IBV_MTU_4096: return "4096";
-    default: return "?";
+    case IBV_MTU_256:
+      return "256";
+    case IBV_MTU_512:
+      return "512";
+    case IBV_MTU_1024:
+      return "1024";
+    case IBV_MTU_2048:
+      return "2048";
+    case IBV_MTU_4096:
+      return "4096";
+    default:
+      return "?";
   }
 }
 
@@ -163,7 +169,8 @@ bool Devices::Open(const Settings& s, int* code, std::string* err) {
       if (ibv_query_port(dev->ctx, static_cast<uint8_t>(p), &port.attr) != 0) continue;
       if (!Selected(s.devices, name, p, &used)) continue;
       if (port.attr.state != IBV_PORT_ACTIVE) {
-        inactive += " " + name + ":" + std::to_string(p) + " is " + PortStateName(port.attr.state) + ";";
+        inactive +=
+            " " + name + ":" + std::to_string(p) + " is " + PortStateName(port.attr.state) + ";";
         continue;
       }
       port.roce = port.attr.link_layer == IBV_LINK_LAYER_ETHERNET;
@@ -265,10 +272,10 @@ std::string Devices::Describe() const {
       std::snprintf(gid, sizeof gid, "%u.%u.%u.%u", g[12], g[13], g[14], g[15]);
     else
       std::snprintf(gid, sizeof gid, "%02x%02x:...:%02x%02x", g[0], g[1], g[14], g[15]);
-    out += (out.empty() ? "" : ", ") + p.Name() + " (" + (p.roce ? "RoCE" : "IB") +
-           " gid " + std::to_string(p.gid_index) + " " + gid + ", mtu " +
-           MtuName(p.attr.active_mtu) + (p.roce ? "" : ", lid " + std::to_string(p.attr.lid)) +
-           ", numa " + std::to_string(p.dev->numa_node) + ")";
+    out += (out.empty() ? "" : ", ") + p.Name() + " (" + (p.roce ? "RoCE" : "IB") + " gid " +
+           std::to_string(p.gid_index) + " " + gid + ", mtu " + MtuName(p.attr.active_mtu) +
+           (p.roce ? "" : ", lid " + std::to_string(p.attr.lid)) + ", numa " +
+           std::to_string(p.dev->numa_node) + ")";
   }
   return out;
 }

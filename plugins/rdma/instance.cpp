@@ -682,6 +682,11 @@ void Instance::OnCtrl(const char* peer_key, const void* msg, size_t len) {
   PushWork([this, key = std::move(key), bytes = std::move(bytes)] { HandleCtrl(key, bytes); });
 }
 
+uint64_t Instance::FirstConnId() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | 1;
+}
+
 void Instance::HandleCtrl(const std::string& peer_key, const std::vector<uint8_t>& bytes) {
   wire::ConnectMsg m;
   std::string err;
@@ -731,6 +736,20 @@ void Instance::Accept(const std::string& peer_key, const wire::ConnectMsg& req) 
     nak.reason = "no port " + std::to_string(req.tgt_port) + " on engine '" + engine_key_ + "'";
     SendCtrl(peer_key, nak);
     return;
+  }
+  {
+    // A late handshake of this initiator (same lineage, older id): the newer
+    // one's queue pairs stay; its own initiator gave up on it already.
+    std::lock_guard lk(mu_);
+    auto it = passives_.find({peer_key, req.ini_port, req.tgt_port});
+    if (it != passives_.end() && it->second && SameLineage(it->second->conn_id(), req.conn_id) &&
+        req.conn_id < it->second->conn_id()) {
+      nak.reason = "superseded by a newer handshake of the same initiator";
+      Log(host_, FERRY_LOG_DEBUG, "'%s': a stale QP handshake arrived after a newer one",
+          peer_key.c_str());
+      SendCtrl(peer_key, nak);
+      return;
+    }
   }
   Port* port = &devices_.ports[req.tgt_port];
   auto p = std::make_shared<Passive>(this, peer_key, port);

@@ -82,7 +82,15 @@ class Instance {
   const Settings& settings() const { return settings_; }
   uint64_t Now() const { return host_->now_ns(host_->host_ctx); }
   uint64_t NextWrId() { return next_wr_id_.fetch_add(1, std::memory_order_relaxed); }
+  // Connection ids: this instance's random 32-bit lineage, then a counter. A
+  // target keeps, per port pair, the passive side of the newest handshake of a
+  // lineage: a request of the same lineage that arrives late (sent over a
+  // control connection that was replaced - a peer deregistered and registered
+  // again) does not displace the newer one. Another lineage is a restarted
+  // initiator, whose handshake wins.
   uint64_t NewConnId() { return next_conn_id_.fetch_add(1); }
+  static uint64_t FirstConnId();
+  static bool SameLineage(uint64_t a, uint64_t b) { return (a >> 32) == (b >> 32); }
   void RegisterQp(int dev, uint32_t qpn, std::weak_ptr<Conn> c, std::weak_ptr<Passive> p, int qi);
   void UnregisterQp(int dev, uint32_t qpn);
   void RegisterConnId(uint64_t id, std::weak_ptr<Conn> c);
@@ -129,7 +137,7 @@ class Instance {
   Devices devices_;
   uint64_t nonce_ = 0;
   std::atomic<uint64_t> next_wr_id_{1};
-  std::atomic<uint64_t> next_conn_id_{1};
+  std::atomic<uint64_t> next_conn_id_{FirstConnId()};
   std::atomic<bool> stop_{false};
 
   // completion thread

@@ -20,8 +20,8 @@ struct PlannedSge {
 
 struct PlannedWr {
   uint64_t remote_off;
-  uint64_t len;         // sum of its SGEs
-  uint32_t sge_begin;   // index into Plan::sges
+  uint64_t len;        // sum of its SGEs
+  uint32_t sge_begin;  // index into Plan::sges
   uint32_t sge_count;
 };
 

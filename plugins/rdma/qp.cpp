@@ -31,9 +31,8 @@ ibv_qp* CreateRcQp(const Port& port, QpCaps* caps, std::string* err) {
     qp = ibv_create_qp(port.dev->pd, &a);
   }
   if (qp == nullptr) {
-    *err = "ibv_create_qp on " + port.Name() + " failed: " + std::strerror(errno) +
-           " (send_wr " + std::to_string(caps->send_wr) + ", sge " + std::to_string(caps->sge) +
-           ")";
+    *err = "ibv_create_qp on " + port.Name() + " failed: " + std::strerror(errno) + " (send_wr " +
+           std::to_string(caps->send_wr) + ", sge " + std::to_string(caps->sge) + ")";
     return nullptr;
   }
   caps->send_wr = static_cast<int>(std::min<uint32_t>(a.cap.max_send_wr, 1u << 20));
@@ -49,7 +48,8 @@ bool QpToInit(ibv_qp* qp, const Port& port, int access, std::string* err) {
   a.pkey_index = 0;
   a.port_num = port.port_num;
   a.qp_access_flags = static_cast<unsigned>(access);
-  int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  int rc =
+      ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   if (rc != 0) {
     *err = std::string("QP to INIT failed: ") + std::strerror(rc);
     return false;

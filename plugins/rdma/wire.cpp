@@ -114,12 +114,11 @@ bool DecodeConnInfo(const void* p, size_t n, ConnInfo* out, std::string* err) {
       return Bad(err, "rdma connection info: bad device name");
     pi.name.resize(len);
     if (!r.Bytes(pi.name.data(), len) || !r.U8(&pi.port) || !r.U8(&pi.link_layer) ||
-        !r.U8(&pi.active_mtu) || !r.U8(&pi.gid_index) || !r.U16(&pi.lid) ||
-        !r.Bytes(pi.gid, 16) || !r.U16(&numa))
+        !r.U8(&pi.active_mtu) || !r.U8(&pi.gid_index) || !r.U16(&pi.lid) || !r.Bytes(pi.gid, 16) ||
+        !r.U16(&numa))
       return Bad(err, "rdma connection info: truncated port entry");
     pi.numa_node = static_cast<int16_t>(numa);
-    if (pi.active_mtu < 1 || pi.active_mtu > 5)
-      return Bad(err, "rdma connection info: bad MTU");
+    if (pi.active_mtu < 1 || pi.active_mtu > 5) return Bad(err, "rdma connection info: bad MTU");
     c.ports.push_back(std::move(pi));
   }
   if (!r.AtEnd()) return Bad(err, "rdma connection info: trailing bytes");
@@ -206,9 +205,8 @@ bool DecodeConnectMsg(const void* p, size_t n, ConnectMsg* out, std::string* err
       if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
   } else {
     uint8_t nqp = 0;
-    if (!r.U64(&m.target_nonce) || !r.U16(&m.ini_port) || !r.U16(&m.tgt_port) ||
-        !r.U8(&m.mtu) || !r.U8(&m.rd_atomic) || !r.U16(&m.lid) || !r.Bytes(m.gid, 16) ||
-        !r.U8(&nqp))
+    if (!r.U64(&m.target_nonce) || !r.U16(&m.ini_port) || !r.U16(&m.tgt_port) || !r.U8(&m.mtu) ||
+        !r.U8(&m.rd_atomic) || !r.U16(&m.lid) || !r.Bytes(m.gid, 16) || !r.U8(&nqp))
       return Bad(err, "rdma control message: truncated");
     if (nqp == 0 || nqp > kMaxQps) return Bad(err, "rdma control message: bad QP count");
     if (m.mtu < 1 || m.mtu > 5) return Bad(err, "rdma control message: bad MTU");

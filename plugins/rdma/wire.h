@@ -23,7 +23,7 @@ inline constexpr size_t kNotifySize = 16;  // one notification SEND
 
 // One usable port, as the owner describes it to peers.
 struct PortInfo {
-  std::string name;        // ibv device name, e.g. "rxe0"
+  std::string name;  // ibv device name, e.g. "rxe0"
   uint8_t port = 1;
   uint8_t link_layer = 0;  // IBV_LINK_LAYER_*
   uint8_t active_mtu = 0;  // enum ibv_mtu
