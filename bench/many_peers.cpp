@@ -9,17 +9,21 @@
 // `lane_idle_ms`); every slice is then checked byte for byte.
 //
 //   many_peers [--peers 1024] [--procs 8] [--bytes 4096] [--idle-ms 2000]
-//              [--settings JSON] [--max-threads N --max-fds N]
+//              [--settings JSON] [--max-threads N --max-fds N] [--max-active-threads N]
 //
-// Prints one RESULT line per phase. Exit 0 when every transfer succeeded, the
-// data is right and, with --max-threads/--max-fds, the central engine's counts
-// after reaping are within those bounds above its count before any peer.
+// Prints one RESULT line per phase, and the most threads the central engine
+// had while the peers were writing (sampled every 5 ms: a measurement, not a
+// synchronisation). Exit 0 when every transfer succeeded, the data is right
+// and, with --max-threads/--max-fds, the central engine's counts after reaping
+// are within those bounds above its count before any peer; with
+// --max-active-threads, its peak while they wrote is within that bound too.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -42,6 +46,7 @@ struct Options {
   int idle_ms = 2000;
   std::string settings;  // tcp settings; lane_idle_ms is added from --idle-ms
   long max_threads = -1, max_fds = -1;
+  long max_active_threads = -1;
 };
 
 size_t Entries(const char* dir) {
@@ -170,6 +175,8 @@ bool ParseArgs(int argc, char** argv, Options* o, std::vector<std::string>* chil
       o->max_threads = std::atol(v);
     else if (a == "--max-fds")
       o->max_fds = std::atol(v);
+    else if (a == "--max-active-threads")
+      o->max_active_threads = std::atol(v);
     else
       return false;
   }
@@ -185,7 +192,7 @@ int main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, &o, &child)) {
     std::fprintf(stderr,
                  "usage: many_peers [--peers 1024] [--procs 8] [--bytes 4096] [--idle-ms 2000] "
-                 "[--settings JSON] [--max-threads N] [--max-fds N]\n");
+                 "[--settings JSON] [--max-threads N] [--max-fds N] [--max-active-threads N]\n");
     return 2;
   }
   if (child.size() == 5) {
@@ -256,15 +263,35 @@ int main(int argc, char** argv) {
   }
   close(done[1]);
   close(quit[0]);
+  // The peak while peers connect and write: lanes come and go faster than the
+  // phases below can see.
+  std::atomic<bool> sampling{true};
+  std::atomic<size_t> peak_threads{base.threads};
+  std::thread sampler([&] {
+    while (sampling.load()) {
+      const size_t t = Entries("/proc/self/task") - 1;  // not counting the sampler
+      if (t > peak_threads.load()) peak_threads.store(t);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
   bool ok = true;
   for (int c = 0; c < o.procs; ++c) {
     uint8_t b = 0;
     if (read(done[0], &b, 1) != 1 || b != 1) ok = false;
   }
+  sampling.store(false);
+  sampler.join();
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   const Sample busy = Now();
   std::printf("# every peer wrote once: %s, %.1f s\n", ok ? "all succeeded" : "FAILURES", secs);
   Print("active", busy, base, o.peers);
+  std::printf("RESULT peak     threads %5zu (%+5ld) while the peers connected and wrote\n",
+              peak_threads.load(),
+              static_cast<long>(peak_threads.load()) - static_cast<long>(base.threads));
+  const bool peak_ok =
+      o.max_active_threads < 0 || static_cast<long>(peak_threads.load()) <=
+                                      static_cast<long>(base.threads) + o.max_active_threads;
+  if (!peak_ok) std::printf("# the central engine's threads went above the bound given\n");
 
   // Reaping: the central engine's lane threads end once the peers' lanes close.
   const auto limit =
@@ -306,5 +333,5 @@ int main(int argc, char** argv) {
   unlink(desc_file);
   const bool bounded = settled(after);
   if (!bounded) std::printf("# the central engine did not come back within the bounds given\n");
-  return ok && wrong == 0 && bounded ? 0 : 1;
+  return ok && wrong == 0 && bounded && peak_ok ? 0 : 1;
 }

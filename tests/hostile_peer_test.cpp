@@ -228,7 +228,8 @@ auth::InstanceSecret random_secret() {
 
 // A target engine and a good initiator, registered both ways, with memory.
 struct Rig {
-  explicit Rig(const std::string& backend, const std::string& token = kToken) {
+  explicit Rig(const std::string& backend, const std::string& token = kToken,
+               const std::string& settings = "{}") {
     setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
     EngineConfig c;
     c.auth_token = token;
@@ -236,7 +237,7 @@ struct Rig {
     tgt = std::make_unique<Engine>("hostile-tgt", c);
     good = std::make_unique<Engine>("good", c);
     for (Engine* e : {tgt.get(), good.get()}) {
-      Result r = e->add_backend(backend);
+      Result r = e->add_backend(backend, settings);
       if (!r) throw std::runtime_error(r.message);
     }
     tgt->register_remote_engine(good->desc());
@@ -1051,6 +1052,56 @@ TEST(HostileDataLane, SlowlorisHandshakeIsClosedByItsDeadline) {
               static_cast<long long>(took.count()));
   EXPECT_TRUE(closed) << "the trickled handshake was still open after " << took.count() << " ms";
   EXPECT_LT(took, 1600ms);
+}
+
+TEST(HostileDataLane, StalledAdmittedLanesDoNotHoldTheIoThreads) {
+  // The target serves admitted TCP lanes from a pool of I/O threads - one here.
+  // Authenticated lanes that stop mid-frame (half a header, half a WRITE's
+  // payload) or never read their READ data must not keep it from the good
+  // peer, and the stalled ones are cut after io_timeout_ms.
+  Rig rig("tcp", kToken, R"({"io_threads": 1, "io_timeout_ms": 1000, "same_host_rings": false})");
+  const uint64_t id = rig.tdesc.id, key = rig.tkey;
+  LogCapture log;
+  int half_header = dial(rig.tcp_port), half_write = dial(rig.tcp_port),
+      no_reader = dial(rig.tcp_port);
+  // Initiators of their own (they hold the target's descriptor), so the good
+  // peer's notification counts are not theirs to disturb.
+  int n = 0;
+  for (int fd : {half_header, half_write, no_reader}) {
+    LaneLogin l;
+    ASSERT_TRUE(
+        lane_login(fd, l, rig.tgt_secret, random_secret(), "staller-" + std::to_string(n++)));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Bytes w =
+      lane_frame(request(tw::Type::kWrite, 1, id, key, 65536), {{0, 65536}}, Bytes(65536, 0x77));
+  send_raw(half_header, Bytes(w.begin(), w.begin() + 10));
+  send_raw(half_write, Bytes(w.begin(), w.begin() + static_cast<long>(w.size() / 2)));
+  // READ requests for 64 MiB in all, never read: the target's sends stop once
+  // the socket buffers are full.
+  Bytes reads;
+  for (uint64_t r = 0; r < 64; ++r) {
+    Bytes f = lane_frame(request(tw::Type::kRead, 100 + r, id, key, 0), {{0, kRegion}}, {});
+    reads.insert(reads.end(), f.begin(), f.end());
+  }
+  send_raw(no_reader, reads);
+  EXPECT_TRUE(rig.good_transfer(31)) << "a stalled lane held the only I/O thread";
+  EXPECT_TRUE(rig.good_transfer(32));
+  EXPECT_TRUE(closed_by_peer(half_header));
+  EXPECT_TRUE(closed_by_peer(half_write));
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  std::printf("RESULT stalled lanes cut after %lld ms (io_timeout_ms 1000)\n",
+              static_cast<long long>(took.count()));
+  EXPECT_GE(took, 900ms) << "cut before its io_timeout";
+  EXPECT_LT(took, 5000ms);
+  EXPECT_TRUE(eventually([&] { return log.has("no progress within the I/O timeout"); }));
+  // The lane that never reads is cut too, once its sends stop moving.
+  EXPECT_TRUE(eventually([&] { return log.count("no progress within the I/O timeout") >= 3; }))
+      << "the lane whose READ data was never read is still open";
+  log.restore();
+  for (int fd : {half_header, half_write, no_reader}) close(fd);
+  EXPECT_TRUE(rig.good_transfer(33));
 }
 
 TEST(HostileDataLane, AdmittedLanesPerPeerAreCapped) {

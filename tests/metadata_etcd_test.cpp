@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <sstream>
@@ -284,6 +285,11 @@ TEST_F(MetadataEtcd, StoppedPeerInFlightTransferEndsWhenLeaseExpires) {
 
   const auto stopped = Clock::now();
   ASSERT_EQ(::kill(child.pid(), SIGSTOP), 0);
+  // kill() only queues the stop: a thread of the peer woken by our WRITE could
+  // still serve it. Wait until every thread of it has stopped.
+  int wst = 0;
+  ASSERT_EQ(::waitpid(child.pid(), &wst, WUNTRACED), child.pid());
+  ASSERT_TRUE(WIFSTOPPED(wst));
   TransferStatus inflight = ini.write(im, 0, *remote, 0, kRegion, ini.allocate_transfer_uid());
   Result gone;
   ASSERT_TRUE(eventually(stopped + 2s + 1s, [&] {

@@ -70,6 +70,9 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
     } else if (key == "keepalive_s") {
       if (!GetInt(v, "keepalive_s", 0, 86400, &n, err)) return false;
       s.keepalive_s = static_cast<int>(n);
+    } else if (key == "io_threads") {
+      if (!GetInt(v, "io_threads", 0, 64, &n, err)) return false;
+      s.io_threads = static_cast<int>(n);
     } else if (key == "lane_idle_ms") {
       if (!GetInt(v, "lane_idle_ms", 0, 86400000, &n, err)) return false;
       s.lane_idle_ms = static_cast<int>(n);
@@ -97,7 +100,8 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
     } else {
       *err = "unknown tcp setting '" + key +
              "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
-             "connect_timeout_ms, io_timeout_ms, keepalive_s, lane_idle_ms, gpu_stage_bytes, "
+             "connect_timeout_ms, io_timeout_ms, keepalive_s, io_threads, lane_idle_ms, "
+             "gpu_stage_bytes, "
              "gpu_chunk_bytes, "
              "gpu_pinned_bytes, same_host_rings, ring_bytes, ring_chunk_bytes, ring_spin_us)";
       return false;

@@ -21,6 +21,9 @@ struct Settings {
   // A lane with nothing queued or in flight for this long is closed and its
   // threads end, at both ends; the next transfer reopens it. 0 = never.
   int lane_idle_ms = 60000;
+  // The I/O threads that serve admitted TCP lanes (io_pool.h), however many
+  // peers and lanes there are. 0: half the cores, 1..8.
+  int io_threads = 0;
   // GPU memory is staged through host buffers (gpu_stage.h): the piece size of
   // the copy/network pipeline, and the most pinned host memory held for it.
   uint64_t gpu_stage_bytes = 1 << 20;

@@ -52,14 +52,14 @@ void Advance(std::vector<iovec>& v, size_t* first, size_t done) {
   }
 }
 
-bool SetBlocking(int fd, bool blocking) {
+}  // namespace
+
+bool SetNonBlocking(int fd, bool on) {
   const int flags = fcntl(fd, F_GETFL);
   if (flags < 0) return false;
-  const int want = blocking ? (flags & ~O_NONBLOCK) : (flags | O_NONBLOCK);
-  return fcntl(fd, F_SETFL, want) == 0;
+  const int want = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  return want == flags || fcntl(fd, F_SETFL, want) == 0;
 }
-
-}  // namespace
 
 std::string IoErrorString(int err) {
   if (err == 0) return "no error";
@@ -198,6 +198,60 @@ int SocketReader::Discard(uint64_t len) {
   return len == 0 ? 0 : ferry_tcp::Discard(fd_, len);
 }
 
+int SocketReader::ReadSome(std::vector<iovec>& v, size_t* first, size_t* moved) {
+  *moved = 0;
+  for (;;) {
+    const size_t before = pos_;
+    const bool done = Drain(v, first);
+    *moved += pos_ - before;
+    if (done) return 0;
+    size_t left = 0;
+    for (size_t i = *first; i < v.size(); ++i) left += v[i].iov_len;
+    ssize_t r;
+    const bool buffered = left < buf_.size();
+    if (buffered) {
+      r = recv(fd_, buf_.data(), buf_.size(), 0);
+    } else if (v.size() - *first == 1) {
+      r = recv(fd_, v[*first].iov_base, v[*first].iov_len, 0);
+    } else {
+      r = readv(fd_, v.data() + *first,
+                static_cast<int>(std::min<size_t>(v.size() - *first, IOV_MAX)));
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;  // EAGAIN: nothing more has arrived
+    }
+    if (r == 0) return kEof;
+    if (buffered) {
+      pos_ = 0;
+      end_ = static_cast<size_t>(r);
+    } else {
+      *moved += static_cast<size_t>(r);
+      Advance(v, first, static_cast<size_t>(r));
+      if (*first == v.size()) return 0;
+    }
+  }
+}
+
+int SocketReader::DiscardSome(uint64_t* left, size_t* moved) {
+  *moved = 0;
+  for (;;) {
+    const uint64_t from_buf = std::min<uint64_t>(*left, end_ - pos_);
+    pos_ += static_cast<size_t>(from_buf);
+    *left -= from_buf;
+    *moved += static_cast<size_t>(from_buf);
+    if (*left == 0) return 0;
+    const ssize_t r = recv(fd_, buf_.data(), buf_.size(), 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (r == 0) return kEof;
+    pos_ = 0;
+    end_ = static_cast<size_t>(r);
+  }
+}
+
 int ConnectTcp(const std::string& host, uint16_t port, int timeout_ms, int abort_fd, int* out_fd,
                std::string* err) {
   const std::string where = host + ":" + std::to_string(port);
@@ -266,7 +320,7 @@ int ConnectTcp(const std::string& host, uint16_t port, int timeout_ms, int abort
         }
       }
     }
-    if (rc == 0 && SetBlocking(fd, true)) {
+    if (rc == 0 && SetNonBlocking(fd, false)) {
       freeaddrinfo(res);
       *out_fd = fd;
       return 0;

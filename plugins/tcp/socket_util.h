@@ -66,6 +66,16 @@ class SocketReader final : public ByteReader {
   int ReadIov(const iovec* iov, size_t n, bool idle_ok = false) override;
   int Discard(uint64_t len) override;
 
+  // Non-blocking use (the descriptor has O_NONBLOCK; io_pool.h): moves what
+  // has arrived into v[*first..], advancing both; 0 once v is complete, EAGAIN
+  // when the socket has nothing more for now, else kEof or an errno value.
+  // *moved counts the bytes taken (a stall is a call that took none).
+  int ReadSome(std::vector<iovec>& v, size_t* first, size_t* moved);
+  // Drops up to *left bytes that have arrived, counting *left down; 0 at 0.
+  int DiscardSome(uint64_t* left, size_t* moved);
+  // Bytes read ahead and not consumed yet: they will raise no epoll event.
+  bool buffered() const { return pos_ < end_; }
+
  private:
   // Copies buffered bytes into v from *first on; true when v is complete.
   bool Drain(std::vector<iovec>& v, size_t* first);
@@ -98,6 +108,8 @@ int RecvWithFds(int fd, void* buf, size_t len, int* fds, size_t max_fds, size_t*
                 bool* truncated, std::chrono::steady_clock::time_point deadline, int abort_fd = -1);
 
 void SetNoDelay(int fd);
+// O_NONBLOCK on or off; false with errno on failure.
+bool SetNonBlocking(int fd, bool on);
 // SO_RCVTIMEO and SO_SNDTIMEO; 0 = block forever.
 void SetIoTimeout(int fd, int timeout_ms);
 // Probes an idle connection after idle_s seconds (then every idle_s / 5, three

@@ -14,11 +14,11 @@
 
 #include "handshake.h"
 #include "log.h"
+#include "polled_lane.h"
 #include "ring_handover.h"
 #include "socket_util.h"
 
 namespace ferry_tcp {
-namespace {
 
 // One byte of registered memory, copied for a reply. Payload bytes are ordered
 // by the protocol through the kernel (acks on sockets, the application's own
@@ -27,8 +27,6 @@ namespace {
 __attribute__((no_sanitize("thread"), noinline)) uint8_t PayloadByte(const uint8_t* p) {
   return *static_cast<const volatile uint8_t*>(p);  // volatile: the load stays in here
 }
-
-}  // namespace
 
 TargetServer::TargetServer(const ferry_host_v1* host, std::string engine_key,
                            const Settings& settings, RegionTable* regions, StagePool* stages)
@@ -54,6 +52,12 @@ bool TargetServer::Start(std::string* err) {
     if (ListenUnix(&unix_fd_, &unix_name_, &why) != 0)
       Log(host_, FERRY_LOG_WARN, "same-host lanes over shared rings are off: %s", why.c_str());
   }
+  // Stalls are looked for a few times per io_timeout, at most every 250 ms.
+  const auto sweep = std::clamp(std::chrono::milliseconds(settings_.io_timeout_ms / 4),
+                                std::chrono::milliseconds(5), std::chrono::milliseconds(250));
+  pool_ = std::make_unique<IoPool>(
+      settings_.io_threads > 0 ? settings_.io_threads : IoPool::DefaultThreads(), sweep);
+  if (!pool_->Start(err)) return false;
   accept_thread_ = std::thread([this] { AcceptMain(); });
   return true;
 }
@@ -102,19 +106,31 @@ void TargetServer::Stop() {
   for (auto& c : conns_) {
     if (c->thread.joinable()) c->thread.join();
   }
+  // Pooled lanes: their sockets are shut down; what is still registered is
+  // deleted here (each releases its Conn, so before the list goes).
+  if (pool_) pool_->Stop();
   conns_.clear();
   peers_.clear();
 }
 
 void TargetServer::ReapLocked() {
   for (auto it = conns_.begin(); it != conns_.end();) {
-    if ((*it)->done) {
-      (*it)->thread.join();  // it has nothing left to do but return
+    Conn& c = **it;
+    // It set thread_done as its last act: it has nothing left to do but return.
+    if (c.thread_done && c.thread.joinable()) c.thread.join();
+    if (c.done && !c.thread.joinable()) {
       it = conns_.erase(it);
     } else {
       ++it;
     }
   }
+}
+
+void TargetServer::ReleaseConn(Conn* c) {
+  std::lock_guard lk(mu_);
+  if (c->fd >= 0) ::close(c->fd);
+  c->fd = -1;
+  c->done = true;
 }
 
 int TargetServer::AcceptOne(bool* local) {
@@ -233,18 +249,22 @@ void TargetServer::Serve(Conn* c) {
     std::lock_guard lk(mu_);
     fd = c->fd;
   }
+  bool pooled = false;
   try {
-    ServeLane(c, fd, c->local ? "this host (unix socket)" : PeerAddress(fd));
+    pooled = ServeLane(c, fd, c->local ? "this host (unix socket)" : PeerAddress(fd));
   } catch (const std::exception& e) {
     Log(host_, FERRY_LOG_ERROR, "lane thread failed: %s", e.what());
   }
   std::lock_guard lk(mu_);
-  ::close(c->fd);
-  c->fd = -1;
-  c->done = true;
+  if (!pooled) {  // a pooled lane's socket is the pool's now (ReleaseConn)
+    ::close(c->fd);
+    c->fd = -1;
+    c->done = true;
+  }
+  c->thread_done = true;
 }
 
-int TargetServer::SendError(Channel& ch, uint64_t req_id, int status, const std::string& msg) {
+std::vector<uint8_t> TargetServer::ErrorFrame(uint64_t req_id, int status, const std::string& msg) {
   wire::Header h;
   h.type = wire::Type::kError;
   h.req_id = req_id;
@@ -253,6 +273,11 @@ int TargetServer::SendError(Channel& ch, uint64_t req_id, int status, const std:
   h.payload_len = text.size();
   std::vector<uint8_t> out = wire::EncodeFrameHead(h, {});
   out.insert(out.end(), text.begin(), text.end());
+  return out;
+}
+
+int TargetServer::SendError(Channel& ch, uint64_t req_id, int status, const std::string& msg) {
+  const std::vector<uint8_t> out = ErrorFrame(req_id, status, msg);
   return ch.SendAll(out.data(), out.size());
 }
 
@@ -388,7 +413,7 @@ std::shared_ptr<TargetPeer> TargetServer::PeerForLane(const std::string& key, bo
   return tp;
 }
 
-void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
+bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   if (!c->local) {
     SetNoDelay(fd);
     SetKeepAlive(fd, settings_.keepalive_s);
@@ -407,13 +432,13 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   if (err != 0) {
     ++rejected_;
     WarnFrom("hello", from, "closing lane from " + from + " before HELLO: " + IoErrorString(err));
-    return;
+    return false;
   }
   if (!wire::DecodeHeader(hb, &h, &why) || h.type != wire::Type::kHello) {
     if (why.empty()) why = std::string("got ") + wire::TypeName(h.type) + " before HELLO";
     ++rejected_;
     WarnFrom("handshake", from, "closing lane from " + from + ": " + why);
-    return;
+    return false;
   }
   const bool wants_auth = (h.flags & wire::kFlagAuth) != 0;
   const uint64_t hello_clock = h.expires_ns;
@@ -422,29 +447,29 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   if (err != 0) {
     ++rejected_;
     WarnFrom("handshake", from, "closing lane from " + from + ": " + IoErrorString(err));
-    return;
+    return false;
   }
   // A registration from here on makes the lane check its proof again.
   uint64_t registrations_seen = registrations_.load(std::memory_order_acquire);
   LaneProof proven;
   if (!Authenticate(fd, key, wants_auth, deadline, &why, &proven)) {
     Refuse(fd, from, why);
-    return;
+    return false;
   }
   const std::string not_peer = "engine '" + key + "' is not a registered peer here";
   std::shared_ptr<TargetPeer> tp = PeerForLane(key, LinkAuthAvailable(host_), &why);
   if (!tp) {
     Refuse(fd, from, why);
-    return;
+    return false;
   }
   if (!tp->Attach(fd)) {
     Refuse(fd, from, not_peer);
-    return;
+    return false;
   }
   if (!LaneStillProven(key, proven, &registrations_seen, &why)) {
     tp->Detach(fd);
     Refuse(fd, from, why);
-    return;
+    return false;
   }
   // A same-host lane switches to the rings its initiator hands over; the
   // socket stays as the lane's identity (fences and revocations shut it down)
@@ -455,7 +480,7 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     if (!AcceptRings(fd, deadline, &out, &in, &why)) {
       tp->Detach(fd);
       Refuse(fd, from, why, FERRY_ERR_UNSUPPORTED);
-      return;
+      return false;
     }
     ch.emplace(fd, std::move(out), std::move(in),
                std::chrono::milliseconds(settings_.io_timeout_ms));
@@ -478,8 +503,26 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     c->admitted = true;
   }
   SetIoTimeout(fd, settings_.io_timeout_ms);
-  const std::string who = "'" + key + "' (" + from + ")";
-  Log(host_, FERRY_LOG_DEBUG, "lane from %s open", who.c_str());
+  LaneCtx ctx{tp, key, "'" + key + "' (" + from + ")", clock_offset};
+  Log(host_, FERRY_LOG_DEBUG, "lane from %s open", ctx.who.c_str());
+
+  if (!ch->on_rings()) {
+    // From here on the I/O pool serves it: this thread ends.
+    std::string err_msg;
+    if (SetNonBlocking(fd, true)) {
+      std::unique_ptr<IoPool::Handler> back;
+      auto lane = std::make_unique<PolledLane>(this, c, fd, ctx, from, std::move(proven),
+                                               registrations_seen);
+      if (pool_->Add(std::move(lane), PolledLane::kFirstEvents, &back, &err_msg)) return true;
+      // The lane's destructor would release the Conn: take the lane back apart instead.
+      static_cast<PolledLane*>(back.get())->Disown();
+    } else {
+      err_msg = std::strerror(errno);
+    }
+    Log(host_, FERRY_LOG_WARN, "lane from %s served by its own thread: %s", ctx.who.c_str(),
+        err_msg.c_str());
+    SetNonBlocking(fd, false);
+  }
 
   std::vector<uint8_t> item_buf;
   std::vector<wire::Item> items;
@@ -492,7 +535,7 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     err = in.Read(hb, sizeof(hb), /*idle_ok=*/true);
     if (err != 0) {
       if (err == kEof) {
-        Log(host_, FERRY_LOG_DEBUG, "lane from %s closed", who.c_str());
+        Log(host_, FERRY_LOG_DEBUG, "lane from %s closed", ctx.who.c_str());
       } else {
         close_why = IoErrorString(err);
       }
@@ -525,49 +568,86 @@ void TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
       close_why = "malformed frame: WRITE items do not add up to its payload";
       break;
     }
-
-    // Counts the frame for notification and tells the host when the transfer is
-    // complete. Always before the response that lets the initiator complete, so
-    // the initiator's low-sequence watermark never overtakes an uncounted frame.
-    auto count = [&](int frame_status) {
-      int report = FERRY_OK;
-      const TargetPeer::Count c = tp->CountFrame(h, frame_status, &report, &why);
-      if (c == TargetPeer::Count::kBad) {
-        close_why = "malformed frame: " + why;
-        return false;
-      }
-      if (c == TargetPeer::Count::kReport && host_->inbound != nullptr) {
-        host_->inbound(host_->host_ctx, key.c_str(), h.uid, report);
-      }
-      return true;
-    };
-    int status = FERRY_OK;
-    std::string reason;
-    const Outcome out =
-        ServeRequest(*ch, in, *tp, h, items, count, clock_offset, &status, &reason, &close_why);
-    if (out == Outcome::kCloseLane) break;
-    err = 0;
-    if (out == Outcome::kRefused) {
-      Log(host_, FERRY_LOG_INFO, "refused %s from %s: %s", wire::TypeName(h.type), who.c_str(),
-          reason.c_str());
-      err = SendError(*ch, h.req_id, status, reason);
-    } else if (h.type == wire::Type::kWrite) {
-      wire::Header ack;
-      ack.type = wire::Type::kWriteAck;
-      ack.req_id = h.req_id;
-      uint8_t ab[wire::kHeaderSize];
-      wire::EncodeHeader(ack, ab);
-      err = ch->SendAll(ab, sizeof(ab));
-    }
-    if (err != 0) {
-      close_why = "cannot answer: " + IoErrorString(err);
-      break;
-    }
+    if (!ServeFrame(*ch, in, ctx, h, items, &close_why)) break;
   }
   if (!close_why.empty()) {
-    WarnFrom("closed", from, "closing lane from " + who + ": " + close_why);
+    WarnFrom("closed", from, "closing lane from " + ctx.who + ": " + close_why);
   }
   tp->Detach(fd);
+  return false;
+}
+
+bool TargetServer::Count(const LaneCtx& ctx, const wire::Header& h, int frame_status,
+                         std::string* close_why) {
+  int report = FERRY_OK;
+  std::string why;
+  const TargetPeer::Count c = ctx.tp->CountFrame(h, frame_status, &report, &why);
+  if (c == TargetPeer::Count::kBad) {
+    *close_why = "malformed frame: " + why;
+    return false;
+  }
+  if (c == TargetPeer::Count::kReport && host_->inbound != nullptr) {
+    host_->inbound(host_->host_ctx, ctx.key.c_str(), h.uid, report);
+  }
+  return true;
+}
+
+bool TargetServer::ServeFrame(Channel& ch, ByteReader& in, const LaneCtx& ctx,
+                              const wire::Header& h, const std::vector<wire::Item>& items,
+                              std::string* close_why) {
+  auto count = [&](int frame_status) { return Count(ctx, h, frame_status, close_why); };
+  int status = FERRY_OK;
+  std::string reason;
+  const Outcome out =
+      ServeRequest(ch, in, *ctx.tp, h, items, count, ctx.clock_offset, &status, &reason, close_why);
+  if (out == Outcome::kCloseLane) return false;
+  int err = 0;
+  if (out == Outcome::kRefused) {
+    Log(host_, FERRY_LOG_INFO, "refused %s from %s: %s", wire::TypeName(h.type), ctx.who.c_str(),
+        reason.c_str());
+    err = SendError(ch, h.req_id, status, reason);
+  } else if (h.type == wire::Type::kWrite) {
+    wire::Header ack;
+    ack.type = wire::Type::kWriteAck;
+    ack.req_id = h.req_id;
+    uint8_t ab[wire::kHeaderSize];
+    wire::EncodeHeader(ack, ab);
+    err = ch.SendAll(ab, sizeof(ab));
+  }
+  if (err != 0) {
+    *close_why = "cannot answer: " + IoErrorString(err);
+    return false;
+  }
+  return true;
+}
+
+int TargetServer::CheckRequest(const wire::Header& h, const std::vector<wire::Item>& items,
+                               std::shared_ptr<Region>* r, std::string* reason) const {
+  if (!(*r = regions_->Find(h.region_id)) || !(*r)->KeyIs(h.region_key)) {
+    // One answer for both: a wrong key must not tell a prober the id exists.
+    r->reset();
+    *reason = "memory " + std::to_string(h.region_id) +
+              " is not registered (or was deregistered, or the request's key is not its key)";
+    return FERRY_ERR_NOT_FOUND;
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!(*r)->Contains(items[i].offset, items[i].len)) {
+      *reason = "item " + std::to_string(i) + " [" + std::to_string(items[i].offset) + ", +" +
+                std::to_string(items[i].len) + ") is outside memory " +
+                std::to_string(h.region_id) + " of " + std::to_string((*r)->size()) + " bytes";
+      return FERRY_ERR_INVALID_ARGS;
+    }
+  }
+  return FERRY_OK;
+}
+
+std::string TargetServer::FencedReason(const wire::Header& h) {
+  return "attempt " + std::to_string(h.attempt_id) +
+         " expired or was fenced by its initiator: not applied";
+}
+
+std::string TargetServer::RevokedReason(const wire::Header& h) {
+  return "memory " + std::to_string(h.region_id) + " was deregistered";
 }
 
 TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, TargetPeer& tp,
@@ -586,23 +666,7 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
     // the lane lost and may fail over), rather than refusing them one by one.
     return Outcome::kCloseLane;
   }
-  if (!(r = regions_->Find(h.region_id)) || !r->KeyIs(h.region_key)) {
-    // One answer for both: a wrong key must not tell a prober the id exists.
-    r.reset();
-    *status = FERRY_ERR_NOT_FOUND;
-    *reason = "memory " + std::to_string(h.region_id) +
-              " is not registered (or was deregistered, or the request's key is not its key)";
-  } else {
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (!r->Contains(items[i].offset, items[i].len)) {
-        *status = FERRY_ERR_INVALID_ARGS;
-        *reason = "item " + std::to_string(i) + " [" + std::to_string(items[i].offset) + ", +" +
-                  std::to_string(items[i].len) + ") is outside memory " +
-                  std::to_string(h.region_id) + " of " + std::to_string(r->size()) + " bytes";
-        break;
-      }
-    }
-  }
+  *status = CheckRequest(h, items, &r, reason);
 
   // A WRITE of a fenced attempt is dropped, unread into memory: its initiator
   // has given up on it and was told what had landed. Otherwise EndApply must
@@ -612,8 +676,7 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
     applying = tp.BeginApply(h, fd, clock_offset);
     if (!applying) {
       *status = FERRY_ERR_TIMEOUT;
-      *reason = "attempt " + std::to_string(h.attempt_id) +
-                " expired or was fenced by its initiator: not applied";
+      *reason = FencedReason(h);
     }
   }
   struct ApplyEnd {  // ends the apply however the frame's serving ends
@@ -632,7 +695,7 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
     StagePool::Lease stage;
     if (!use->ok()) {
       *status = FERRY_ERR_NOT_FOUND;
-      *reason = "memory " + std::to_string(h.region_id) + " was deregistered";
+      *reason = RevokedReason(h);
     } else if (r->on_gpu() && !(stage = stages_->Acquire(r->device(), reason))) {
       *status = FERRY_ERR_GPU;
       *reason = "cannot stage GPU memory " + std::to_string(h.region_id) + ": " + *reason;

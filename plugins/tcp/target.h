@@ -1,8 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // The target side: the data-lane listeners (TCP, and a unix socket for lanes
-// from engines on this host, which then run over shared rings: channel.h) and
-// one thread per accepted lane that serves READ and WRITE requests against
-// registered memory.
+// from engines on this host, which then run over shared rings: channel.h),
+// serving READ and WRITE requests against registered memory.
+//
+// Threads (issue 20): an accepted lane gets a thread for its handshake only;
+// once admitted, a TCP lane is served by the engine's small pool of I/O
+// threads (io_pool.h, polled_lane.h) and the thread ends, so the thread count
+// does not grow with peers. A same-host lane over shared rings keeps its
+// thread (ring waits are not epoll events; such lanes come only from engines
+// of this host).
 //
 // A lane is admitted only after HELLO names an added peer and, when the host
 // has a secret, the peer proved it (handshake.h); refused lanes are logged and
@@ -30,6 +36,7 @@
 #include "channel.h"
 #include "ferry/plugin.h"
 #include "gpu_stage.h"
+#include "io_pool.h"
 #include "log_gate.h"
 #include "region.h"
 #include "settings.h"
@@ -38,6 +45,10 @@
 #include "wire.h"
 
 namespace ferry_tcp {
+
+// One byte of registered memory, read for a reply outside ThreadSanitizer's
+// view (target.cpp says why).
+uint8_t PayloadByte(const uint8_t* p);
 
 class TargetServer {
  public:
@@ -68,11 +79,14 @@ class TargetServer {
   uint64_t rejected() const { return rejected_.load(); }
 
  private:
+  friend class PolledLane;
+
   struct Conn {
-    int fd = -1;  // guarded by mu_, so Stop's shutdown never hits a reused number
-    std::thread thread;
-    bool done = false;
-    bool admitted = false;  // past the handshake (guarded by mu_)
+    int fd = -1;               // guarded by mu_, so Stop's shutdown never hits a reused number
+    std::thread thread;        // the handshake, then a ring lane's serving
+    bool thread_done = false;  // the thread has returned (joined by ReapLocked)
+    bool done = false;         // the lane is closed (fd closed); erased once joined
+    bool admitted = false;     // past the handshake (guarded by mu_)
     bool evicted = false;
     bool local = false;  // came in on the unix socket: a same-host ring lane
     std::string source;  // the peer's address without the port
@@ -85,13 +99,32 @@ class TargetServer {
   // with errno; *local says which listener.
   int AcceptOne(bool* local);
   void Serve(Conn* c);
-  void ServeLane(Conn* c, int fd, const std::string& from);
+  // True when the lane was handed to the I/O pool (which now owns fd).
+  bool ServeLane(Conn* c, int fd, const std::string& from);
+  // A pooled lane closed its socket: forget it (PolledLane's destructor).
+  void ReleaseConn(Conn* c);
   // What a lane proved in its handshake, kept to check again when the peer is
   // registered later (LaneStillProven): empty when the core checks no proofs.
   struct LaneProof {
     std::vector<uint8_t> transcript;
     std::array<uint8_t, wire::kAuthProofSize> proof{};
   };
+  // What serving an admitted lane's frames needs.
+  struct LaneCtx {
+    std::shared_ptr<TargetPeer> tp;
+    std::string key;
+    std::string who;  // "'key' (from)", for messages
+    int64_t clock_offset = 0;
+  };
+  // Counts a served request frame for notification and tells the host when its
+  // transfer is complete; always before the response that lets the initiator
+  // complete. False with *close_why when the frames contradict each other.
+  bool Count(const LaneCtx& ctx, const wire::Header& h, int frame_status, std::string* close_why);
+  // Serves one decoded request frame with blocking I/O and answers it (ERROR,
+  // WRITE_ACK, or the READ data). False when the lane must close (*close_why
+  // says why; empty for a quiet close).
+  bool ServeFrame(Channel& ch, ByteReader& in, const LaneCtx& ctx, const wire::Header& h,
+                  const std::vector<wire::Item>& items, std::string* close_why);
   // Authenticates the initiator `key` (HELLO carried kFlagAuth == theirs).
   // False with *why when the lane must be refused.
   // The handshake ends by `deadline` (the lane's connect timeout).
@@ -127,6 +160,14 @@ class TargetServer {
                       const std::vector<wire::Item>& items, Stage& stage,
                       const std::function<bool(int)>& count, std::string* close_why);
   static int SendError(Channel& ch, uint64_t req_id, int status, const std::string& msg);
+  static std::vector<uint8_t> ErrorFrame(uint64_t req_id, int status, const std::string& msg);
+  // The checks every request passes before memory is touched: the region is
+  // registered and the key is its key, every item lies inside it. FERRY_OK with
+  // *r, else the refusal's code with *reason.
+  int CheckRequest(const wire::Header& h, const std::vector<wire::Item>& items,
+                   std::shared_ptr<Region>* r, std::string* reason) const;
+  static std::string FencedReason(const wire::Header& h);   // a WRITE dropped by the fence
+  static std::string RevokedReason(const wire::Header& h);  // its region went meanwhile
   void ReapLocked();
 
   const ferry_host_v1* host_;
@@ -143,6 +184,7 @@ class TargetServer {
   std::string unix_name_;
   Waker stop_waker_;  // ends AcceptOne's poll at Stop
   std::thread accept_thread_;
+  std::unique_ptr<IoPool> pool_;  // serves admitted TCP lanes
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "io_pool.h"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace ferry_tcp {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+IoPool::Handler::~Handler() = default;
+
+void IoPool::Handler::SetStall(std::chrono::milliseconds timeout) {
+  const int64_t at = NowNs() + std::chrono::nanoseconds(timeout).count();
+  if (stall_at_ns_.exchange(at) == 0 && pool_ != nullptr) pool_->stalling_.fetch_add(1);
+}
+
+void IoPool::Handler::ClearStall() {
+  if (stall_at_ns_.exchange(0) != 0 && pool_ != nullptr) pool_->stalling_.fetch_sub(1);
+}
+
+IoPool::IoPool(int threads, std::chrono::milliseconds sweep)
+    : want_threads_(std::max(1, threads)), sweep_(std::max(sweep, std::chrono::milliseconds(1))) {}
+
+IoPool::~IoPool() {
+  Stop();
+  if (epfd_ >= 0) ::close(epfd_);
+}
+
+int IoPool::DefaultThreads() {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp(cores / 2, 1u, 8u));
+}
+
+bool IoPool::Start(std::string* err) {
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epfd_ < 0 || !stop_.ok()) {
+    *err = std::string("epoll: ") + std::strerror(errno);
+    return false;
+  }
+  // Level-triggered and never re-armed: once Stop signals it, every thread sees it.
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, stop_.fd(), &ev) != 0) {
+    *err = std::string("epoll_ctl: ") + std::strerror(errno);
+    return false;
+  }
+  try {
+    for (int i = 0; i < want_threads_; ++i) threads_.emplace_back([this] { Main(); });
+  } catch (const std::exception& e) {
+    *err = std::string("cannot start I/O threads: ") + e.what();
+    Stop();
+    return false;
+  }
+  return true;
+}
+
+bool IoPool::Add(std::unique_ptr<Handler> h, uint32_t events, std::unique_ptr<Handler>* back,
+                 std::string* err) {
+  Handler* raw = h.get();
+  raw->pool_ = this;
+  std::lock_guard lk(mu_);
+  if (stopping_.load()) {
+    *err = "the I/O pool is stopping";
+    *back = std::move(h);
+    return false;
+  }
+  handlers_.emplace(raw, std::move(h));
+  epoll_event ev{};
+  ev.events = events | EPOLLONESHOT;
+  ev.data.ptr = raw;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, raw->fd(), &ev) != 0) {
+    *err = std::string("epoll_ctl: ") + std::strerror(errno);
+    auto it = handlers_.find(raw);
+    *back = std::move(it->second);
+    handlers_.erase(it);
+    raw->pool_ = nullptr;
+    return false;
+  }
+  return true;
+}
+
+size_t IoPool::handlers() const {
+  std::lock_guard lk(mu_);
+  return handlers_.size();
+}
+
+void IoPool::Stop() {
+  if (stopping_.exchange(true)) {
+    // A second call (the destructor after an explicit Stop) has nothing left to do.
+    return;
+  }
+  stop_.Signal();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  std::unordered_map<Handler*, std::unique_ptr<Handler>> left;
+  {
+    std::lock_guard lk(mu_);
+    left.swap(handlers_);
+    for (auto& [raw, h] : left) {
+      if (epfd_ >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, raw->fd(), nullptr);
+    }
+  }
+  left.clear();  // their destructors close their sockets, with no lock of ours held
+}
+
+void IoPool::Finish(Handler* h) {
+  std::unique_ptr<Handler> owned;
+  {
+    std::lock_guard lk(mu_);
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, h->fd(), nullptr);
+    auto it = handlers_.find(h);
+    if (it == handlers_.end()) return;  // Stop took it
+    owned = std::move(it->second);
+    handlers_.erase(it);
+    if (h->stall_at_ns_.exchange(0) != 0) stalling_.fetch_sub(1);
+  }
+  owned.reset();
+}
+
+void IoPool::Sweep() {
+  std::unique_lock s(sweep_mu_, std::try_to_lock);
+  if (!s.owns_lock()) return;
+  const int64_t now = NowNs();
+  last_sweep_ns_.store(now);
+  std::lock_guard lk(mu_);
+  for (auto& [raw, h] : handlers_) {
+    const int64_t at = raw->stall_at_ns_.load();
+    if (at == 0 || now < at) continue;
+    // Once: the shutdown ends the handler at its next event.
+    if (raw->stall_at_ns_.exchange(0) != 0) stalling_.fetch_sub(1);
+    raw->Expire();
+  }
+}
+
+void IoPool::Main() {
+  const int sweep_ms = static_cast<int>(sweep_.count());
+  for (;;) {
+    epoll_event ev{};
+    const int n = epoll_wait(epfd_, &ev, 1, stalling_.load() > 0 ? sweep_ms : -1);
+    if (stopping_.load()) return;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // EBADF/EINVAL: nothing to serve with
+    }
+    // A busy pool may never time out: look for stalls by the clock too.
+    if (stalling_.load() > 0 && NowNs() - last_sweep_ns_.load() >= sweep_ms * 1'000'000ll) Sweep();
+    if (n == 0) continue;
+    if (ev.data.ptr == nullptr) return;  // Stop
+    auto* h = static_cast<Handler*>(ev.data.ptr);
+    uint32_t next = 0;
+    try {
+      next = h->OnEvents(ev.events);
+    } catch (...) {
+      next = 0;  // a handler that cannot go on ends; its destructor cleans up
+    }
+    if (next != 0) {
+      epoll_event again{};
+      again.events = next | EPOLLONESHOT;
+      again.data.ptr = h;
+      if (epoll_ctl(epfd_, EPOLL_CTL_MOD, h->fd(), &again) == 0) continue;
+    }
+    Finish(h);
+  }
+}
+
+}  // namespace ferry_tcp

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// A small fixed pool of I/O threads around one epoll set (issue 20): the
+// target's TCP lanes are served here, so an engine's thread count does not
+// grow with its peers or their lanes.
+//
+// Every handler is registered EPOLLONESHOT: one pool thread at a time runs its
+// OnEvents, which does non-blocking I/O until the socket has nothing more for
+// it and says what to wait for next (or that it is done: the pool then removes
+// and deletes it). Any thread may take any ready handler, so one busy lane
+// does not hold back the others beyond one turn.
+//
+// Stalls: a handler in the middle of a frame sets a deadline (SetStall); the
+// pool's threads bound their waits while any handler has one, and whichever
+// wakes first calls Expire on the late ones (which shut their sockets down:
+// the next event ends them). An idle pool - every lane between frames, or no
+// lane - waits without a timeout and costs no CPU.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "socket_util.h"
+
+namespace ferry_tcp {
+
+class IoPool {
+ public:
+  class Handler {
+   public:
+    virtual ~Handler();
+    virtual int fd() const = 0;
+    // One pool thread at a time. Returns the epoll events to wait for next
+    // (EPOLLIN and/or EPOLLOUT), or 0: finished - the pool deregisters the
+    // descriptor and deletes the handler (whose destructor closes it).
+    virtual uint32_t OnEvents(uint32_t events) = 0;
+    // The stall deadline passed while the handler waited: called from another
+    // pool thread, maybe while OnEvents runs; it must only shut its socket down.
+    virtual void Expire() = 0;
+
+    // Mid-frame: give up once nothing moved for `timeout` (a stall, as
+    // SO_RCVTIMEO measures it). Between frames: ClearStall.
+    void SetStall(std::chrono::milliseconds timeout);
+    void ClearStall();
+    bool stall_set() const { return stall_at_ns_.load() != 0; }
+
+   private:
+    friend class IoPool;
+    IoPool* pool_ = nullptr;
+    std::atomic<int64_t> stall_at_ns_{0};  // steady clock; 0 = none
+  };
+
+  // threads: the pool's size (>= 1). sweep: how often stalls are looked for
+  // while any handler has one.
+  IoPool(int threads, std::chrono::milliseconds sweep);
+  ~IoPool();
+  IoPool(const IoPool&) = delete;
+  IoPool& operator=(const IoPool&) = delete;
+
+  bool Start(std::string* err);
+  // Registers h for `events`. On failure h is returned in *back (not deleted),
+  // *err says why.
+  bool Add(std::unique_ptr<Handler> h, uint32_t events, std::unique_ptr<Handler>* back,
+           std::string* err);
+  // Joins the threads (a handler in OnEvents finishes its call first), then
+  // deletes every handler still registered, from this thread.
+  void Stop();
+  int threads() const { return static_cast<int>(threads_.size()); }
+  size_t handlers() const;
+
+  // The pool size when the settings leave it at 0: half the cores, 1..8.
+  static int DefaultThreads();
+
+ private:
+  void Main();
+  void Sweep();
+  void Finish(Handler* h);
+
+  const int want_threads_;
+  const std::chrono::milliseconds sweep_;
+  int epfd_ = -1;
+  Waker stop_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> stalling_{0};  // handlers with a deadline
+  std::atomic<int64_t> last_sweep_ns_{0};
+  mutable std::mutex
+      mu_;  // handlers_; held while Expire runs, so a handler is not deleted under it
+  std::unordered_map<Handler*, std::unique_ptr<Handler>> handlers_;
+  std::mutex sweep_mu_;  // one sweeper at a time
+};
+
+}  // namespace ferry_tcp

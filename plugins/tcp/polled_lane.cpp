@@ -1,0 +1,296 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "polled_lane.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <utility>
+
+#include "log.h"
+
+namespace ferry_tcp {
+namespace {
+
+// Frames one lane serves per turn before another ready lane gets the thread.
+constexpr int kFramesPerTurn = 16;
+
+}  // namespace
+
+PolledLane::PolledLane(TargetServer* server, TargetServer::Conn* conn, int fd,
+                       TargetServer::LaneCtx ctx, std::string from, TargetServer::LaneProof proven,
+                       uint64_t registrations_seen)
+    : s_(server),
+      conn_(conn),
+      fd_(fd),
+      ctx_(std::move(ctx)),
+      from_(std::move(from)),
+      proven_(std::move(proven)),
+      registrations_seen_(registrations_seen),
+      in_(fd) {
+  ExpectHeader();
+}
+
+PolledLane::~PolledLane() {
+  if (disowned_) return;
+  use_.reset();
+  if (applying_) ctx_.tp->EndApply(h_, fd_, /*whole=*/false);
+  if (!close_why_.empty()) {
+    s_->WarnFrom("closed", from_, "closing lane from " + ctx_.who + ": " + close_why_);
+  } else {
+    Log(s_->host_, FERRY_LOG_DEBUG, "lane from %s closed", ctx_.who.c_str());
+  }
+  ctx_.tp->Detach(fd_);
+  s_->ReleaseConn(conn_);  // closes the descriptor
+}
+
+void PolledLane::Expire() {
+  expired_.store(true);
+  ::shutdown(fd_, SHUT_RDWR);  // the next event ends the lane
+}
+
+void PolledLane::ExpectHeader() {
+  phase_ = Phase::kHeader;
+  want_.assign(1, iovec{hb_, sizeof(hb_)});
+  want_first_ = 0;
+  piece_got_ = 0;
+  ClearStall();
+}
+
+void PolledLane::Respond(std::vector<uint8_t> frame, Then then) {
+  out_ = std::move(frame);
+  out_iov_.assign(1, iovec{out_.data(), out_.size()});
+  out_progress_ = 0;
+  then_ = then;
+  phase_ = Phase::kSend;
+}
+
+PolledLane::Step PolledLane::Close(std::string why) {
+  close_why_ = std::move(why);
+  return Step::kClose;
+}
+
+uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
+  int frames = 0;
+  size_t moved_total = 0;
+  for (;;) {
+    size_t moved = 0;
+    Step st;
+    if (phase_ == Phase::kSend) {
+      const size_t before = out_progress_;
+      // MSG_MORE before a held-back byte: it follows at once, in the same segment.
+      const int err = SendIov(fd_, out_iov_.data(), out_iov_.size(), &out_progress_,
+                              MSG_DONTWAIT | (then_ == Then::kNotifyTail ? MSG_MORE : 0));
+      moved = out_progress_ - before;
+      if (err == EAGAIN || err == EWOULDBLOCK) {
+        st = Step::kWaitOut;
+      } else if (err != 0) {
+        st =
+            Close(expired_.load() ? IoErrorString(EAGAIN) : "cannot answer: " + IoErrorString(err));
+      } else {
+        st = Sent();
+        if (st == Step::kGoOn && phase_ == Phase::kHeader && ++frames >= kFramesPerTurn) {
+          // Another lane's turn. Bytes read ahead raise no event: EPOLLOUT,
+          // ready at once on a writable socket, brings this lane back for them.
+          return EPOLLIN | (in_.buffered() ? uint32_t{EPOLLOUT} : 0u);
+        }
+      }
+    } else {
+      st = ReadPhase(&moved);
+    }
+    moved_total += moved;
+    switch (st) {
+      case Step::kGoOn:
+        continue;
+      case Step::kClose:
+        return 0;
+      case Step::kWaitIn:
+      case Step::kWaitOut:
+        if (phase_ == Phase::kHeader && piece_got_ == 0) {
+          ClearStall();  // between frames: an idle lane is fine
+        } else if (moved_total > 0 || !stall_set()) {
+          SetStall(std::chrono::milliseconds(s_->settings_.io_timeout_ms));
+        }
+        return st == Step::kWaitIn ? EPOLLIN : EPOLLOUT;
+    }
+  }
+}
+
+PolledLane::Step PolledLane::ReadPhase(size_t* moved) {
+  int err;
+  if (phase_ == Phase::kDiscard) {
+    err = in_.DiscardSome(&discard_left_, moved);
+  } else {
+    err = in_.ReadSome(want_, &want_first_, moved);
+    if (phase_ == Phase::kHeader) piece_got_ += *moved;
+  }
+  if (err == EAGAIN || err == EWOULDBLOCK) return Step::kWaitIn;
+  if (err != 0) {
+    if (expired_.load()) return Close(IoErrorString(EAGAIN));
+    // End of stream between frames is the initiator closing an idle lane.
+    if (err == kEof && phase_ == Phase::kHeader && piece_got_ == 0) return Close({});
+    return Close(IoErrorString(err));
+  }
+  switch (phase_) {
+    case Phase::kHeader:
+      return HeaderDone();
+    case Phase::kItems:
+      return ItemsDone();
+    case Phase::kPayload:
+      return PayloadDone();
+    case Phase::kDiscard:
+      return Refused();
+    case Phase::kSend:
+      break;
+  }
+  return Close("internal error: read in the send phase");
+}
+
+PolledLane::Step PolledLane::HeaderDone() {
+  std::string why;
+  if (!wire::DecodeHeader(hb_, &h_, &why)) return Close("malformed frame: " + why);
+  if (h_.type != wire::Type::kWrite && h_.type != wire::Type::kRead)
+    return Close(std::string("unexpected ") + wire::TypeName(h_.type) + " frame");
+  if (!s_->LaneStillProven(ctx_.key, proven_, &registrations_seen_, &why)) return Close(why);
+  item_buf_.resize(size_t{h_.n_items} * wire::kItemSize);
+  want_.assign(1, iovec{item_buf_.data(), item_buf_.size()});
+  want_first_ = 0;
+  phase_ = Phase::kItems;
+  return Step::kGoOn;
+}
+
+PolledLane::Step PolledLane::ItemsDone() {
+  std::string why;
+  uint64_t total = 0;
+  if (!wire::DecodeItems(item_buf_.data(), h_.n_items, &items_, &total, &why))
+    return Close("malformed frame: " + why);
+  if (h_.type == wire::Type::kWrite && total != h_.payload_len)
+    return Close("malformed frame: WRITE items do not add up to its payload");
+  return Begin();
+}
+
+PolledLane::Step PolledLane::Begin() {
+  TargetPeer& tp = *ctx_.tp;
+  // The peer was removed or the engine is stopping (both also shut the socket down).
+  if (tp.removed() || s_->stopped_.load(std::memory_order_relaxed)) return Close({});
+  const bool is_write = h_.type == wire::Type::kWrite;
+  reason_.clear();
+  status_ = s_->CheckRequest(h_, items_, &region_, &reason_);
+  if (status_ == FERRY_OK && region_->on_gpu()) return ServeBlocking();
+  if (status_ == FERRY_OK && is_write) {
+    applying_ = tp.BeginApply(h_, fd_, ctx_.clock_offset);
+    if (!applying_) {
+      status_ = FERRY_ERR_TIMEOUT;
+      reason_ = TargetServer::FencedReason(h_);
+    }
+  }
+  if (status_ == FERRY_OK) {
+    use_.emplace(region_.get(), fd_);
+    if (!use_->ok()) {
+      use_.reset();
+      status_ = FERRY_ERR_NOT_FOUND;
+      reason_ = TargetServer::RevokedReason(h_);
+    }
+  }
+  if (status_ != FERRY_OK) {
+    region_.reset();
+    if (!is_write) return Refused();
+    discard_left_ = h_.payload_len;  // still on its way: skip it to stay in step
+    phase_ = Phase::kDiscard;
+    return Step::kGoOn;
+  }
+  // Straight between the socket and registered memory: no staging copy.
+  std::vector<iovec> mem;
+  mem.reserve(items_.size() + 1);
+  for (const auto& it : items_) mem.push_back({region_->addr() + it.offset, it.len});
+  if (is_write) {
+    want_ = std::move(mem);
+    want_first_ = 0;
+    phase_ = Phase::kPayload;
+    return Step::kGoOn;
+  }
+  uint64_t total = 0;
+  for (const auto& it : items_) total += it.len;
+  wire::Header resp;
+  resp.type = wire::Type::kReadData;
+  resp.req_id = h_.req_id;
+  resp.payload_len = total;
+  std::vector<uint8_t> head(wire::kHeaderSize);
+  wire::EncodeHeader(resp, head.data());
+  // A notify READ holds back its last byte (copied out) until it is counted:
+  // the initiator cannot complete before the target has been told.
+  const bool notify = (h_.flags & wire::kFlagNotify) != 0;
+  if (notify) {
+    iovec& tail = mem.back();
+    tail.iov_len -= 1;
+    last_ = PayloadByte(static_cast<uint8_t*>(tail.iov_base) + tail.iov_len);
+  }
+  Respond(std::move(head), notify ? Then::kNotifyTail : Then::kReadDone);
+  out_iov_.insert(out_iov_.end(), mem.begin(), mem.end());
+  return Step::kGoOn;
+}
+
+PolledLane::Step PolledLane::PayloadDone() {
+  use_.reset();
+  // Counted (the notification recorded) before EndApply: a fence that sees the
+  // attempt whole also sees the target told.
+  const bool whole = s_->Count(ctx_, h_, FERRY_OK, &close_why_);
+  ctx_.tp->EndApply(h_, fd_, whole);
+  applying_ = false;
+  region_.reset();
+  if (!whole) return Step::kClose;
+  wire::Header ack;
+  ack.type = wire::Type::kWriteAck;
+  ack.req_id = h_.req_id;
+  std::vector<uint8_t> frame(wire::kHeaderSize);
+  wire::EncodeHeader(ack, frame.data());
+  Respond(std::move(frame), Then::kNextFrame);
+  return Step::kGoOn;
+}
+
+PolledLane::Step PolledLane::Refused() {
+  const bool counted = s_->Count(ctx_, h_, status_, &close_why_);
+  if (applying_) {  // began, then its memory went: nothing of it was stored
+    ctx_.tp->EndApply(h_, fd_, /*whole=*/false);
+    applying_ = false;
+  }
+  if (!counted) return Step::kClose;
+  Log(s_->host_, FERRY_LOG_INFO, "refused %s from %s: %s", wire::TypeName(h_.type),
+      ctx_.who.c_str(), reason_.c_str());
+  Respond(TargetServer::ErrorFrame(h_.req_id, status_, reason_), Then::kNextFrame);
+  return Step::kGoOn;
+}
+
+PolledLane::Step PolledLane::Sent() {
+  switch (then_) {
+    case Then::kNextFrame:
+      break;
+    case Then::kReadDone:
+      use_.reset();
+      region_.reset();
+      if (!s_->Count(ctx_, h_, FERRY_OK, &close_why_)) return Step::kClose;
+      break;
+    case Then::kNotifyTail:
+      use_.reset();
+      region_.reset();
+      if (!s_->Count(ctx_, h_, FERRY_OK, &close_why_)) return Step::kClose;
+      Respond({last_}, Then::kNextFrame);
+      return Step::kGoOn;
+  }
+  ExpectHeader();
+  return Step::kGoOn;
+}
+
+PolledLane::Step PolledLane::ServeBlocking() {
+  region_.reset();
+  ClearStall();  // the socket's own timeouts (SO_RCVTIMEO, SO_SNDTIMEO) bound it now
+  if (!SetNonBlocking(fd_, false)) return Close(std::string("fcntl: ") + IoErrorString(errno));
+  Channel ch(fd_);
+  // The reader keeps what it read ahead: the blocking reads continue from it.
+  const bool go_on = s_->ServeFrame(ch, in_, ctx_, h_, items_, &close_why_);
+  if (!SetNonBlocking(fd_, true)) return Close(std::string("fcntl: ") + IoErrorString(errno));
+  if (!go_on) return Step::kClose;
+  ExpectHeader();
+  return Step::kGoOn;
+}
+
+}  // namespace ferry_tcp

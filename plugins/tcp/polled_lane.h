@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+// An admitted TCP lane on the target side, served by the I/O pool (io_pool.h)
+// with non-blocking I/O: the same protocol as the blocking loop in
+// target.cpp (TargetServer::ServeRequest) - every request checked before
+// memory is touched, a WRITE applied between the fence's BeginApply and
+// EndApply and acknowledged only after it is stored and counted, a notify
+// READ holding back its last byte until it is counted - as a state machine
+// that gives its thread back whenever the socket has nothing for it.
+//
+// A frame moves through kHeader -> kItems -> kPayload (a WRITE's bytes, straight
+// into registered memory) or kDiscard (a refused WRITE's) -> kSend (the
+// response; a READ's data goes straight from registered memory). A lane that
+// stops moving mid-frame for io_timeout_ms is cut (IoPool::SetStall). A
+// request on GPU memory is served with blocking I/O on the pool thread (the
+// staging pipeline of gpu_stage.h), bounded by the socket's io_timeout_ms per
+// stall.
+//
+// Everything the lane holds (the region use, an apply in progress, its
+// attachment to the peer, the descriptor) is released by its destructor, which
+// the pool runs once OnEvents said it is finished, or at Stop.
+#pragma once
+
+#include <sys/epoll.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io_pool.h"
+#include "region.h"
+#include "socket_util.h"
+#include "target.h"
+#include "wire.h"
+
+namespace ferry_tcp {
+
+class PolledLane final : public IoPool::Handler {
+ public:
+  static constexpr uint32_t kFirstEvents = EPOLLIN;
+
+  // fd: the admitted lane's socket, non-blocking; owned from here on.
+  PolledLane(TargetServer* server, TargetServer::Conn* conn, int fd, TargetServer::LaneCtx ctx,
+             std::string from, TargetServer::LaneProof proven, uint64_t registrations_seen);
+  ~PolledLane() override;
+
+  int fd() const override { return fd_; }
+  uint32_t OnEvents(uint32_t events) override;
+  void Expire() override;
+  // The pool refused the lane: the caller serves it and keeps what it holds.
+  void Disown() { disowned_ = true; }
+
+ private:
+  enum class Phase { kHeader, kItems, kPayload, kDiscard, kSend };
+  // What follows once the response has left.
+  enum class Then { kNextFrame, kReadDone, kNotifyTail };
+  // One step of the frame in progress: go on, wait for the socket, or close.
+  enum class Step { kGoOn, kWaitIn, kWaitOut, kClose };
+
+  Step ReadPhase(size_t* moved);
+  Step HeaderDone();
+  Step ItemsDone();
+  // The request is whole up to its payload: check it and start serving it.
+  Step Begin();
+  Step PayloadDone();
+  Step Refused();
+  Step Sent();
+  // A request on GPU memory, with blocking I/O through the staging pipeline.
+  Step ServeBlocking();
+  void ExpectHeader();
+  void Respond(std::vector<uint8_t> frame, Then then);
+  Step Close(std::string why);
+
+  TargetServer* const s_;
+  TargetServer::Conn* const conn_;
+  const int fd_;
+  TargetServer::LaneCtx ctx_;
+  const std::string from_;
+  const TargetServer::LaneProof proven_;
+  uint64_t registrations_seen_;
+  SocketReader in_;
+
+  Phase phase_ = Phase::kHeader;
+  std::vector<iovec> want_;  // what the read phase fills
+  size_t want_first_ = 0;
+  size_t piece_got_ = 0;  // bytes of the current header: 0 = between frames
+  uint8_t hb_[wire::kHeaderSize];
+  wire::Header h_;
+  std::vector<uint8_t> item_buf_;
+  std::vector<wire::Item> items_;
+  std::shared_ptr<Region> region_;
+  std::optional<RegionUse> use_;
+  bool applying_ = false;  // between BeginApply and EndApply
+  int status_ = FERRY_OK;  // a refused request's code and reason
+  std::string reason_;
+  uint64_t discard_left_ = 0;
+
+  std::vector<uint8_t> out_;  // a response's head (or the whole of a small one)
+  std::vector<iovec> out_iov_;
+  size_t out_progress_ = 0;
+  Then then_ = Then::kNextFrame;
+  uint8_t last_ = 0;  // a notify READ's held-back byte
+
+  std::string close_why_;
+  std::atomic<bool> expired_{false};  // the pool cut a stall
+  bool disowned_ = false;
+};
+
+}  // namespace ferry_tcp
