@@ -11,6 +11,8 @@
 // Or through etcd, as nixlbench: the same command on both hosts, ranks numbered
 // by etcd (docs/operations.md):
 //   ferry-bench --etcd-endpoints http://ETCD:2379 --host THIS_ADDR ...
+// nixlbench's schemes with many processes, all on this machine (scheme_run.h):
+//   ferry-bench --scheme manytoone --num-initiators 4 ...
 // Every figure comes from real transfers; --check-consistency verifies every
 // byte against a pattern that changes per iteration.
 //
@@ -51,6 +53,8 @@
 #include "kv_bench.h"
 #include "line_channel.h"
 #include "pattern.h"
+#include "scheme.h"
+#include "scheme_run.h"
 #include "segment.h"
 
 using namespace ferry;
@@ -89,6 +93,10 @@ struct Options {
   bool kv = false;              // --kv: a KV-cache shipment per request (kv_bench.h)
   bench::KvOptions kv_opts;
   bool num_iter_given = false, warmup_given = false;
+  // --scheme / --num-initiators / --num-targets (scheme.h); one pair is the
+  // classic two-rank bench, anything else runs scheme_run.h's driver.
+  bench::SchemeShape shape;
+  int scheme_index = -1;  // internal: which target or initiator rank this process is
 };
 
 bool parse_size_arg(const std::string& s, size_t& out) {
@@ -208,6 +216,17 @@ Options parse_args(int argc, char** argv) {
   });
   app.footer(
       "Sizes take K/KiB, M/MiB, G/GiB; block and batch sizes grow by their multiplier.\n"
+      "--scheme (nixlbench's), every rank a process of this machine started by exec:\n"
+      "  pairwise   N initiators, each with its own target (N pairs; N=1 is the classic bench)\n"
+      "  manytoone  N initiators into one target's region, each its own slice, at once\n"
+      "  onetomany  one initiator; each iteration posts to all M targets at once\n"
+      "  tp         N initiators, N/M per target (default M=1): each WRITEs its shard, then\n"
+      "             READs it back (one-sided ops: the 'and back' is the initiator's READ;\n"
+      "             bytes of both count). --op does not apply.\n"
+      "  Agg GB/s = bytes of all initiators' timed iterations / wall time of the slowest;\n"
+      "  Ini min/avg/max = each initiator's own bytes / its own wall time.\n"
+      "  Each initiator process has one iteration in flight (the processes are the\n"
+      "  parallelism); --check-consistency checks every byte of every rank.\n"
       "--kv: --kv-layers x {K,V} regions of --kv-blocks blocks on each side, a request's\n"
       "random blocks moved for every layer, then a notification; prepared lists,\n"
       "multi-region items and per-region batches compared in one run.\n"
@@ -310,6 +329,22 @@ Options parse_args(int argc, char** argv) {
       ->default_str(std::to_string(o.large_block_iter_factor))
       ->group(sweep);
 
+  const char* schemes = "Schemes (many processes, this machine)";
+  std::string scheme = "pairwise";
+  app.add_option("--scheme", scheme, "nixlbench's communication scheme (below)")
+      ->transform(CLI::IsMember({"pairwise", "manytoone", "onetomany", "tp"}, CLI::ignore_case)
+                      .description(""))
+      ->type_name("pairwise|manytoone|onetomany|tp")
+      ->capture_default_str()
+      ->group(schemes);
+  add_int(app, "--num-initiators", o.shape.initiators, 1, "initiator processes (at most 64)")
+      ->default_str("1")
+      ->group(schemes);
+  add_int(app, "--num-targets", o.shape.targets, 1,
+          "target processes (default: pairwise N, manytoone and tp 1)")
+      ->group(schemes);
+  add_int(app, "--scheme-index", o.scheme_index, 0, "internal: this rank's index")->group("");
+
   const char* out = "Output";
   app.add_option("--json", o.json_file, "write the rows as JSON")->type_name("FILE")->group(out);
   app.add_option("--csv", o.csv_file, "write the rows as CSV")->type_name("FILE")->group(out);
@@ -380,6 +415,7 @@ Options parse_args(int argc, char** argv) {
     o.backend_settings[v.substr(0, eq)] = v.substr(eq + 1);
   }
   o.op = op == "READ" ? Op::READ : Op::WRITE;
+  bench::parse_scheme(scheme, &o.shape.scheme);
   bench::parse_seg_type(init_seg, &o.init_seg);
   bench::parse_seg_type(target_seg, &o.target_seg);
   o.num_iter_given = num_iter->count() > 0;
@@ -416,6 +452,23 @@ Options parse_args(int argc, char** argv) {
     bad_usage("--rank 1 needs --listen ADDR:PORT or --etcd-endpoints URL");
   if (o.init_seg == SegType::VRAM && o.init_dev < 0) o.init_dev = 0;
   if (o.target_seg == SegType::VRAM && o.target_dev < 0) o.target_dev = 0;
+  if (std::string why = bench::complete_shape(o.shape); !why.empty()) bad_usage(why);
+  if (bench::multi_process(o.shape)) {
+    const std::string s = std::string("--scheme ") + bench::to_string(o.shape.scheme);
+    if (etcd || o.rank >= 0 || !o.peer.empty() || !o.listen.empty())
+      bad_usage(s +
+                " with more than one pair runs every rank on this machine: not with "
+                "--rank, --peer, --listen or --etcd-endpoints");
+    if (o.kv) bad_usage("--kv measures one pair: not with " + s + " or --num-initiators");
+    if (o.num_threads != 1 || o.queue_depth != 1)
+      bad_usage("each initiator process of " + s +
+                " has one iteration in flight: leave --num-threads and --queue-depth at 1 "
+                "(more --num-initiators instead)");
+    if (o.session || !o.stats_socket.empty() || !o.metrics_address.empty())
+      bad_usage("--session, --stats-socket and --metrics-address are for one pair, not " + s);
+    if (o.shape.scheme == bench::Scheme::TP && o.op == Op::READ)
+      bad_usage("--scheme tp writes each shard and reads it back: --op READ does not apply");
+  }
   return o;
 }
 
@@ -457,11 +510,13 @@ bench::TargetOptions target_options(const Options& o) {
   t.backends = backends_of(o);
   t.backend_settings = o.backend_settings;
   t.host = o.host;
-  t.region_bytes = Layout(o).region;
+  // manytoone and tp: a slice per initiator that shares this target.
+  t.region_bytes = Layout(o).region * static_cast<size_t>(bench::slices_per_target(o.shape));
   t.policy_file = o.policy_file;
   t.seg_type = o.target_seg;
   t.device = o.target_dev;
   t.key = "ferry-bench-target";
+  if (o.scheme_index >= 0) t.key += "-" + std::to_string(o.scheme_index);  // one of several
   t.metadata.etcd = o.etcd_endpoints;
   t.metadata.ns = o.etcd_ns;
   return t;
@@ -1021,6 +1076,33 @@ std::vector<std::pair<size_t, size_t>> sweep(const Options& o) {
   return pts;
 }
 
+// What the scheme driver and its initiator ranks need of the command line.
+bench::SchemeRun scheme_run(const Options& o) {
+  bench::SchemeRun r;
+  r.shape = o.shape;
+  r.backends = backends_of(o);
+  r.backend_label = o.backend;
+  r.backend_settings = o.backend_settings;
+  r.policy_file = o.policy_file;
+  r.host = o.host;
+  r.op = o.op;
+  r.notify = o.notify;
+  r.check = o.check;
+  r.strided = o.strided;
+  r.progress = o.progress < 0 ? isatty(STDERR_FILENO) != 0 : o.progress == 1;
+  r.init_seg = o.init_seg;
+  r.target_seg = o.target_seg;
+  r.init_dev = o.init_dev;
+  r.slice_bytes = Layout(o).region;  // one thread, queue depth 1: one slot
+  r.points = sweep(o);
+  r.num_iter = o.num_iter;
+  r.warmup_iter = o.warmup_iter;
+  r.large_block_iter_factor = o.large_block_iter_factor;
+  r.csv_file = o.csv_file;
+  r.json_file = o.json_file;
+  return r;
+}
+
 int run_initiator(const Options& o, bench::LineChannel& ch) {
   Initiator ini(o, ch);
   if (!ini.setup()) {
@@ -1078,8 +1160,16 @@ int main(int argc, char** argv) {
     Options o = parse_args(argc - 1, argv + 1);
     return bench::run_target(target_options(o), 0, 1);
   }
+  // Internal: one initiator rank of a --scheme run (scheme_run.h).
+  if (argc >= 2 && std::string(argv[1]) == "--serve-initiator-on-stdio") {
+    Options o = parse_args(argc - 1, argv + 1);
+    signal(SIGPIPE, SIG_IGN);
+    return bench::run_scheme_initiator(scheme_run(o), o.scheme_index, 0, 1);
+  }
   Options o = parse_args(argc, argv);
   signal(SIGPIPE, SIG_IGN);
+  if (bench::multi_process(o.shape))
+    return bench::run_scheme_driver(scheme_run(o), std::vector<std::string>(argv + 1, argv + argc));
   if (!o.etcd_endpoints.empty()) {
     bench::EtcdRendezvous rv{o.etcd_endpoints, o.etcd_ns};
     std::string why;

@@ -27,7 +27,8 @@ class LineChannel {
     return true;
   }
 
-  // Next line; false on EOF, error or timeout (timeout_ms < 0 waits forever).
+  // Next line; false on EOF, error or timeout (timeout_ms < 0 waits forever;
+  // 0 takes only what has already arrived, for a caller that polls in_fd()).
   bool recv(std::string& line, int timeout_ms = -1) {
     for (;;) {
       auto nl = buf_.find('\n');
@@ -43,10 +44,17 @@ class LineChannel {
       char tmp[65536];
       ssize_t k = ::read(in_, tmp, sizeof tmp);
       if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) return false;
+      if (k <= 0) {
+        closed_ = true;
+        return false;
+      }
       buf_.append(tmp, static_cast<size_t>(k));
     }
   }
+
+  int in_fd() const { return in_; }
+  // The other side is gone (EOF or a read error): no more lines will come.
+  bool closed() const { return closed_; }
 
   std::string ask(const std::string& line, int timeout_ms = 120000) {
     std::string ans;
@@ -56,6 +64,7 @@ class LineChannel {
 
  private:
   int in_, out_;
+  bool closed_ = false;
   std::string buf_;
 };
 

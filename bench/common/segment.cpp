@@ -15,9 +15,12 @@ namespace ferry::bench {
 bool parse_seg_type(const std::string& s, SegType* out) {
   std::string u;
   for (char c : s) u += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (u == "DRAM") *out = SegType::DRAM;
-  else if (u == "VRAM") *out = SegType::VRAM;
-  else return false;
+  if (u == "DRAM")
+    *out = SegType::DRAM;
+  else if (u == "VRAM")
+    *out = SegType::VRAM;
+  else
+    return false;
   return true;
 }
 
@@ -100,12 +103,17 @@ uint64_t Segment::fnv1a(uint64_t off, uint64_t len, uint64_t h) const {
 }
 
 int64_t Segment::find_mismatch(uint64_t off, uint64_t len, uint64_t seed) const {
-  if (type_ == SegType::DRAM) return test::find_mismatch(data_, off, len, seed, off);
+  return find_mismatch(off, len, seed, off);
+}
+
+int64_t Segment::find_mismatch(uint64_t off, uint64_t len, uint64_t seed,
+                               uint64_t pattern_off) const {
+  if (type_ == SegType::DRAM) return test::find_mismatch(data_, off, len, seed, pattern_off);
   std::vector<uint8_t> tmp(std::min(len, kStage));
   for (uint64_t done = 0; done < len;) {
     const uint64_t n = std::min<uint64_t>(len - done, tmp.size());
     gpu::copy(tmp.data(), data_ + off + done, n);
-    const int64_t at = test::find_mismatch(tmp.data(), 0, n, seed, off + done);
+    const int64_t at = test::find_mismatch(tmp.data(), 0, n, seed, pattern_off + done);
     if (at >= 0) return static_cast<int64_t>(done) + at;
     done += n;
   }

@@ -43,6 +43,9 @@ class Segment {
   void zero(uint64_t off, uint64_t len);
   uint64_t fnv1a(uint64_t off, uint64_t len, uint64_t h) const;
   int64_t find_mismatch(uint64_t off, uint64_t len, uint64_t seed) const;
+  // The same, against the pattern as it was written at pattern_off (bytes
+  // READ from another offset of the region they were made in).
+  int64_t find_mismatch(uint64_t off, uint64_t len, uint64_t seed, uint64_t pattern_off) const;
   MemoryLocation location() const {
     return type_ == SegType::VRAM ? MemoryLocation::GPU : MemoryLocation::CPU;
   }
