@@ -24,7 +24,11 @@ Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings s
       settings_(std::move(settings)),
       stages_(host, settings_.gpu_stage_bytes, settings_.gpu_pinned_bytes),
       watcher_(host, &Instance::OnExpired),
-      target_(host, engine_key_, settings_, &regions_, &stages_) {}
+      pool_(settings_.io_threads > 0 ? settings_.io_threads : IoPool::DefaultThreads(),
+            // Stalls are looked for a few times per io_timeout, at most every 250 ms.
+            std::clamp(std::chrono::milliseconds(settings_.io_timeout_ms / 4),
+                       std::chrono::milliseconds(5), std::chrono::milliseconds(250))),
+      target_(host, engine_key_, settings_, &regions_, &stages_, &pool_) {}
 
 Instance::~Instance() {
   // Initiator side first: it fails our own pending transfers with BAD_STATE.
@@ -35,6 +39,7 @@ Instance::~Instance() {
   }
   for (PeerHandle* p : peers) p->peer->Stop(FERRY_ERR_BAD_STATE, "tcp plugin shutting down");
   target_.Stop();
+  pool_.Stop();
   watcher_.Stop();
   for (PeerHandle* p : peers) delete p;
   for (auto& r : regions_.TakeAll()) r->Revoke(kRevokeGrace);
@@ -73,6 +78,7 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
 }
 
 bool Instance::Start(std::string* err) {
+  if (!pool_.Start(err)) return false;
   if (!target_.Start(err)) return false;
   watcher_.Start();
   return true;
@@ -127,6 +133,8 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.ring_bytes = settings_.ring_bytes;
   info.ring_spin_us = settings_.ring_spin_us;
   info.ring_lanes_opened = &ring_lanes_opened_;
+  info.pool = &pool_;
+  info.progress = &progress_;
 
   if (!target_.AddPeer(info.key, p->same_host != 0)) {
     Log(host_, FERRY_LOG_WARN, "peer %s is already added", p->key);
@@ -310,13 +318,15 @@ int Instance::Counters(char* buf, size_t len) {
                 "\"ring_lanes_opened\":%llu,\"ring_lanes_served\":%llu,"
                 "\"gpu_frames_sent\":%llu,\"gpu_send_ns\":%llu,\"gpu_send_wait_ns\":%llu,"
                 "\"gpu_frames_received\":%llu,\"gpu_recv_ns\":%llu,\"gpu_recv_read_ns\":%llu,"
-                "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu}",
+                "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu,"
+                "\"progress_frames\":%llu}",
                 peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
                 static_cast<unsigned long long>(stages_.pinned_bytes()),
                 static_cast<unsigned long long>(ring_lanes_opened_.load()),
                 static_cast<unsigned long long>(target_.ring_lanes()), u(t.frames_sent),
                 u(t.send_ns), u(t.send_wait_ns), u(t.frames_received), u(t.recv_ns),
-                u(t.recv_read_ns), u(t.recv_wait_ns), u(t.acquires), u(t.acquire_ns));
+                u(t.recv_read_ns), u(t.recv_wait_ns), u(t.acquires), u(t.acquire_ns),
+                static_cast<unsigned long long>(progress_.frames()));
   return FERRY_OK;
 }
 

@@ -15,6 +15,7 @@
 #include "deadline.h"
 #include "ferry/plugin_kit.hpp"
 #include "gpu_stage.h"
+#include "io_pool.h"
 #include "peer.h"
 #include "region.h"
 #include "settings.h"
@@ -56,6 +57,9 @@ class Instance {
   int Post(const ferry_xfer_v1* x);
   int Describe(char* buf, size_t len);
   int Counters(char* buf, size_t len);  // ABI 1.5: peers, regions, refused lanes, pinned bytes
+  // ABI 1.6: a thread waiting for a transfer reads the responses of TCP lanes
+  // with frames in flight (responses.h); returns the frames it completed.
+  int Progress() { return static_cast<int>(progress_.Run()); }
   int Fence(const char* peer_key, const uint64_t* ids, size_t n, uint64_t deadline_ns,
             ferry_fence_result_v1* out);
   const ferry_host_v1* host() const { return host_; }
@@ -70,6 +74,10 @@ class Instance {
   std::atomic<uint64_t> ring_lanes_opened_{0};  // same-host lanes we opened over rings
   StagePool stages_;  // GPU staging; outlives the lanes and the target server that lease from it
   DeadlineWatcher watcher_;
+  // The I/O threads of both sides (the target's TCP lanes, our TCP lanes'
+  // responses); stopped after both.
+  IoPool pool_;
+  ProgressSet progress_;  // our TCP lanes with frames in flight
   TargetServer target_;
 
   // Handles still held by the core, freed by fini if it never returned them.

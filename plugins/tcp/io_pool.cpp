@@ -92,6 +92,16 @@ bool IoPool::Add(std::unique_ptr<Handler> h, uint32_t events, std::unique_ptr<Ha
   return true;
 }
 
+bool IoPool::Rearm(Handler* h, uint32_t events) {
+  // Only while it is registered: a handler the pool finished meanwhile is gone.
+  std::lock_guard lk(mu_);
+  if (handlers_.count(h) == 0) return false;
+  epoll_event ev{};
+  ev.events = events | EPOLLONESHOT;
+  ev.data.ptr = h;
+  return epoll_ctl(epfd_, EPOLL_CTL_MOD, h->fd(), &ev) == 0;
+}
+
 size_t IoPool::handlers() const {
   std::lock_guard lk(mu_);
   return handlers_.size();
@@ -167,6 +177,7 @@ void IoPool::Main() {
     } catch (...) {
       next = 0;  // a handler that cannot go on ends; its destructor cleans up
     }
+    if (next == kParked) continue;
     if (next != 0) {
       epoll_event again{};
       again.events = next | EPOLLONESHOT;

@@ -38,7 +38,9 @@ class IoPool {
     virtual int fd() const = 0;
     // One pool thread at a time. Returns the epoll events to wait for next
     // (EPOLLIN and/or EPOLLOUT), or 0: finished - the pool deregisters the
-    // descriptor and deletes the handler (whose destructor closes it).
+    // descriptor and deletes the handler (whose destructor closes it) - or
+    // kParked: leave it registered but disarmed; whoever holds its work now
+    // re-arms it (Rearm) when done.
     virtual uint32_t OnEvents(uint32_t events) = 0;
     // The stall deadline passed while the handler waited: called from another
     // pool thread, maybe while OnEvents runs; it must only shut its socket down.
@@ -63,11 +65,16 @@ class IoPool {
   IoPool(const IoPool&) = delete;
   IoPool& operator=(const IoPool&) = delete;
 
+  static constexpr uint32_t kParked = 1u << 31;
+
   bool Start(std::string* err);
   // Registers h for `events`. On failure h is returned in *back (not deleted),
   // *err says why.
   bool Add(std::unique_ptr<Handler> h, uint32_t events, std::unique_ptr<Handler>* back,
            std::string* err);
+  // Arms a parked handler again (EPOLLONESHOT: one event, to one thread);
+  // false when it is no longer registered.
+  bool Rearm(Handler* h, uint32_t events);
   // Joins the threads (a handler in OnEvents finishes its call first), then
   // deletes every handler still registered, from this thread.
   void Stop();

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "lane.h"
 
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 
 #include "handshake.h"
 #include "log.h"
+#include "responses.h"
 #include "ring_handover.h"
 #include "wire.h"
 
@@ -149,6 +152,7 @@ void Lane::AfterSendLocked(const FramePtr& f, int err, Doomed* doomed) {
   if ((err == kLocalRevoked || err == kNoStage) && f->sent == 0) {
     // Nothing of it reached the socket, so the connection stays in step.
     inflight_.erase(f->req_id);
+    SyncProgressLocked();
     if (err == kNoStage) {
       doomed->emplace_back(
           f, FERRY_ERR_GPU,
@@ -170,6 +174,7 @@ void Lane::AfterSendLocked(const FramePtr& f, int err, Doomed* doomed) {
   // The receiver has gone (or will not answer): whoever sent the frame fails it.
   if (state_ != State::kUp && inflight_.erase(f->req_id)) {
     doomed->emplace_back(f, reason_status_, reason_msg_);
+    SyncProgressLocked();
   }
 }
 
@@ -183,6 +188,7 @@ void Lane::Submit(FramePtr f, bool try_direct) {
       f->sending = true;
       last_used_ = std::chrono::steady_clock::now();
       inflight_.emplace(f->req_id, f);
+      SyncProgressLocked();
       lk.unlock();
       // MSG_DONTWAIT: post() must not block on a slow peer.
       const int err = SendOne(*f, MSG_DONTWAIT);
@@ -286,15 +292,16 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
   if (rc == 0 && !abort_connect_ && !stopping_) {
     try {
       receiver_done_ = false;
-      Channel* c = chan.get();
-      receiver_ = std::thread([this, c] { ReceiverMain(c); });
       fd_ = fd;
       chan_ = std::move(chan);
       state_ = State::kUp;
+      StartReceiverLocked(chan_.get());
       return true;
     } catch (const std::exception& e) {
       rc = EAGAIN;
       err = std::string("cannot start a receiver thread: ") + e.what();
+      chan = std::move(chan_);
+      fd_ = -1;
     }
   }
   chan.reset();
@@ -376,6 +383,7 @@ void Lane::SenderMain() {
         fd_ = -1;
         for (auto& [id, f] : inflight_) doomed.emplace_back(f, reason_status_, reason_msg_);
         inflight_.clear();
+        SyncProgressLocked();
         state_ = State::kDown;
         receiver_done_ = false;
       }
@@ -408,6 +416,7 @@ void Lane::SenderMain() {
     } else {
       f->sending = true;
       inflight_.emplace(f->req_id, f);
+      SyncProgressLocked();
       lk.unlock();
       const int err = SendOne(*f, 0);
       lk.lock();
@@ -434,106 +443,60 @@ int Lane::ReceiveStaged(ByteReader& in, Frame& f, int* status, std::string* msg)
   return err;
 }
 
-void Lane::ReceiverMain(Channel* chan) {
-  int status = FERRY_ERR_TRANSPORT;
-  std::string msg;
-  FramePtr current;  // taken out of inflight_ while its payload arrives
-  uint8_t hb[wire::kHeaderSize];
-  std::string text;
-  // On a socket, with read-ahead: a response header and a small READ's data in one recv().
-  const std::unique_ptr<ByteReader> reader = chan->Reader();
-  ByteReader& in = *reader;
-  const int fd = chan->fd();
-  for (;;) {
-    int err = in.Read(hb, sizeof(hb));
-    if (err != 0) {
-      msg = Lost(err);
-      break;
-    }
-    wire::Header h;
+void Lane::StartReceiverLocked(Channel* chan) {
+  if (info_->pool != nullptr && !chan->on_rings()) {
+    auto polled = std::make_shared<PolledResponses>(this, chan->Reader(), chan->fd(), info_->pool);
+    auto handler = std::make_unique<PooledResponses>(polled);
+    polled->Bind(handler.get());
+    std::unique_ptr<IoPool::Handler> back;
     std::string why;
-    if (!wire::DecodeHeader(hb, &h, &why)) {
-      status = FERRY_ERR_PROTOCOL;
-      msg = "malformed frame from " + info_->label + ": " + why;
-      break;
+    if (info_->pool->Add(std::move(handler), EPOLLIN, &back, &why)) {
+      polled_ = std::move(polled);
+      SyncProgressLocked();
+      return;
     }
-    if (h.type == wire::Type::kError) {
-      text.resize(h.payload_len);
-      err = in.Read(text.data(), text.size());
-      if (err != 0) {
-        msg = Lost(err);
-        break;
-      }
-      if (h.req_id == 0) {
-        status = FERRY_ERR_REMOTE;
-        msg = info_->label + " refused the connection: " + text;
-        break;
-      }
-    } else if (h.type != wire::Type::kWriteAck && h.type != wire::Type::kReadData) {
-      status = FERRY_ERR_PROTOCOL;
-      msg = std::string("unexpected ") + wire::TypeName(h.type) + " frame from " + info_->label;
-      break;
-    }
-    {
-      std::lock_guard lk(mu_);
-      auto it = inflight_.find(h.req_id);
-      if (it != inflight_.end()) {
-        current = std::move(it->second);
-        inflight_.erase(it);
-      }
-      last_used_ = std::chrono::steady_clock::now();
-    }
-    if (!current) {
-      status = FERRY_ERR_PROTOCOL;
-      msg = "response to an unknown request from " + info_->label;
-      break;
-    }
-    if (h.type == wire::Type::kError) {
-      // The target's own code where it says what kind of refusal this is (the
-      // core ends the transfer on NOT_FOUND / INVALID_ARGS / REMOTE, and fences
-      // on TIMEOUT: an expired attempt may have had other frames applied).
-      const int code = h.status == FERRY_ERR_NOT_FOUND || h.status == FERRY_ERR_INVALID_ARGS ||
-                               h.status == FERRY_ERR_TIMEOUT || h.status == FERRY_ERR_GPU
-                           ? h.status
-                           : FERRY_ERR_REMOTE;
-      std::exchange(current, nullptr)
-          ->Resolve(code, info_->label + " refused the request: " + text);
-      continue;
-    }
-    if ((h.type == wire::Type::kWriteAck) != current->is_write ||
-        (h.type == wire::Type::kReadData && h.payload_len != current->payload_bytes)) {
-      status = FERRY_ERR_PROTOCOL;
-      msg = std::string("mismatched ") + wire::TypeName(h.type) + " from " + info_->label;
-      break;
-    }
-    if (h.type == wire::Type::kReadData) {
-      RegionUse use(current->xfer->local.get(), fd);
-      if (!use.ok()) {
-        err = in.Discard(h.payload_len);
-        if (err != 0) {
-          msg = Lost(err);
-          break;
-        }
-        std::exchange(current, nullptr)
-            ->Resolve(FERRY_ERR_BAD_STATE,
-                      "local memory was deregistered during a READ from " + info_->label);
-        continue;
-      }
-      if (current->xfer->local->on_gpu()) {
-        err = ReceiveStaged(in, *current, &status, &msg);
-        if (err != 0) break;
-      } else {
-        // Straight into the caller's memory: no staging copy.
-        err = in.ReadIov(current->local.data(), current->local.size());
-        if (err != 0) {
-          msg = Lost(err);
-          break;
-        }
-      }
-    }
-    std::exchange(current, nullptr)->Resolve(FERRY_OK, {});
+    // Dropping `back` must not end (and report) a receiver that never started.
+    polled->Abandon();
+    Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: responses read by a thread of their own: %s",
+        index_, info_->label.c_str(), why.c_str());
   }
+  receiver_ = std::thread([this, chan] { ReceiverMain(chan); });
+}
 
+void Lane::ReceiverMain(Channel* chan) {
+  ResponseReader reader(this, chan->Reader(), chan->fd());
+  // A ring's reads block until the frame is whole; a socket's stop when
+  // nothing more has arrived (this thread then waits for more).
+  while (reader.Pump() == ResponseReader::Pumped::kWait) {
+    pollfd p{chan->fd(), POLLIN, 0};
+    if (::poll(&p, 1, -1) < 0 && errno != EINTR) break;
+  }
+  reader.End();
+}
+
+void Lane::SyncProgressLocked() {
+  if (info_->progress == nullptr) return;
+  const bool want = polled_ != nullptr && !inflight_.empty();
+  if (want == in_progress_set_) return;
+  if (want)
+    info_->progress->Add(polled_);
+  else
+    info_->progress->Remove(polled_.get());
+  in_progress_set_ = want;
+}
+
+FramePtr Lane::TakeInflight(uint64_t req_id) {
+  std::lock_guard lk(mu_);
+  last_used_ = std::chrono::steady_clock::now();
+  auto it = inflight_.find(req_id);
+  if (it == inflight_.end()) return nullptr;
+  FramePtr f = std::move(it->second);
+  inflight_.erase(it);
+  SyncProgressLocked();
+  return f;
+}
+
+void Lane::ReceiverEnded(int status, const std::string& msg, FramePtr current) {
   Doomed doomed;
   bool ours;
   {
@@ -550,14 +513,20 @@ void Lane::ReceiverMain(Channel* chan) {
       it = inflight_.erase(it);
     }
     if (current) doomed.emplace_back(current, reason_status_, reason_msg_);
-    receiver_done_ = true;
-    cv_.notify_all();
+    // This connection's responses are over: out of progress()'s reach.
+    if (in_progress_set_) info_->progress->Remove(polled_.get());
+    in_progress_set_ = false;
+    polled_.reset();
   }
   if (!ours) {
     Log(info_->host, status == FERRY_ERR_TRANSPORT ? FERRY_LOG_WARN : FERRY_LOG_ERROR,
         "lane %d: %s", index_, msg.c_str());
   }
   Fail(doomed);
+  // Last: once the sender sees this it may close the socket and the lane may go.
+  std::lock_guard lk(mu_);
+  receiver_done_ = true;
+  cv_.notify_all();
 }
 
 }  // namespace ferry_tcp

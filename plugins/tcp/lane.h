@@ -4,8 +4,10 @@
 // The lane's sender thread connects lazily (never inside post()) - over the
 // peer's unix socket and then shared rings when it is on this host, else TCP
 // (channel.h) - says HELLO (authenticating both ways when the host has a
-// secret, handshake.h), then writes frames from its queue; its receiver thread matches responses to
-// frames in flight and completes them. A broken connection fails every frame
+// secret, handshake.h), then writes frames from its queue. Responses are
+// matched to frames in flight and completed by a ResponseReader
+// (responses.h): on a TCP lane the engine's I/O pool runs it, on a ring lane
+// the lane's receiver thread. A broken connection fails every frame
 // queued or in flight on it, and the next frame submitted reconnects.
 //
 // Locks: send_mu_ (the socket's send side) is taken before mu_ (everything
@@ -27,6 +29,8 @@
 #include "channel.h"
 #include "ferry/plugin.h"
 #include "gpu_stage.h"
+#include "io_pool.h"
+#include "responses.h"
 #include "socket_util.h"
 #include "xfer.h"
 
@@ -53,10 +57,16 @@ struct PeerInfo {
   // 0: never.
   int idle_close_ms = 0;
   std::atomic<uint64_t>* ring_lanes_opened = nullptr;  // counted for describe/counters
+  // Reads a TCP lane's responses; null: a receiver thread per lane.
+  IoPool* pool = nullptr;
+  // Where lanes with frames in flight are found by progress() (with pool).
+  ProgressSet* progress = nullptr;
 };
 
 class Lane {
  public:
+  friend class ResponseReader;
+
   Lane(const PeerInfo* info, int index);
   ~Lane();
   Lane(const Lane&) = delete;
@@ -86,7 +96,18 @@ class Lane {
   enum class State { kDown, kConnecting, kUp, kBroken };
 
   void SenderMain();
+  // A ring lane's responses (or a TCP lane's when the pool refused it).
   void ReceiverMain(Channel* chan);
+  // Starts reading the new connection's responses: on the pool, else a thread.
+  void StartReceiverLocked(Channel* chan);
+  // In the progress set exactly while responses are read on the pool and frames are in flight.
+  void SyncProgressLocked();
+  // The frame answered by a response with this id, taken out of the in-flight set.
+  FramePtr TakeInflight(uint64_t req_id);
+  // The receiving side of the connection is over (status/msg: why): breaks the
+  // lane, fails what is in flight (and `current`, the frame it was reading).
+  // Its last touch of the lane.
+  void ReceiverEnded(int status, const std::string& msg, FramePtr current);
   bool ConnectLocked(std::unique_lock<std::mutex>& lk);
   void StartLocked();
   // Nothing queued, half-sent or awaiting a response.
@@ -127,6 +148,8 @@ class Lane {
   std::deque<FramePtr> queue_;
   FramePtr partial_;  // half-sent by a direct send; the sender thread finishes it
   std::unordered_map<uint64_t, FramePtr> inflight_;
+  std::shared_ptr<PolledResponses> polled_;  // this connection's responses, when on the pool
+  bool in_progress_set_ = false;
   Waker waker_;  // aborts a connect in progress
   std::thread sender_;
   std::thread receiver_;

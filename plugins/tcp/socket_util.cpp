@@ -198,6 +198,22 @@ int SocketReader::Discard(uint64_t len) {
   return len == 0 ? 0 : ferry_tcp::Discard(fd_, len);
 }
 
+int ByteReader::ReadSome(std::vector<iovec>& v, size_t* first, size_t* moved) {
+  size_t total = 0;
+  for (size_t i = *first; i < v.size(); ++i) total += v[i].iov_len;
+  const int err = ReadIov(v.data() + *first, v.size() - *first);
+  *moved = err == 0 ? total : 0;
+  if (err == 0) *first = v.size();
+  return err;
+}
+
+int ByteReader::DiscardSome(uint64_t* left, size_t* moved) {
+  const int err = Discard(*left);
+  *moved = err == 0 ? static_cast<size_t>(*left) : 0;
+  if (err == 0) *left = 0;
+  return err;
+}
+
 int SocketReader::ReadSome(std::vector<iovec>& v, size_t* first, size_t* moved) {
   *moved = 0;
   for (;;) {
@@ -210,12 +226,14 @@ int SocketReader::ReadSome(std::vector<iovec>& v, size_t* first, size_t* moved) 
     ssize_t r;
     const bool buffered = left < buf_.size();
     if (buffered) {
-      r = recv(fd_, buf_.data(), buf_.size(), 0);
+      r = recv(fd_, buf_.data(), buf_.size(), MSG_DONTWAIT);
     } else if (v.size() - *first == 1) {
-      r = recv(fd_, v[*first].iov_base, v[*first].iov_len, 0);
+      r = recv(fd_, v[*first].iov_base, v[*first].iov_len, MSG_DONTWAIT);
     } else {
-      r = readv(fd_, v.data() + *first,
-                static_cast<int>(std::min<size_t>(v.size() - *first, IOV_MAX)));
+      msghdr msg{};
+      msg.msg_iov = v.data() + *first;
+      msg.msg_iovlen = std::min<size_t>(v.size() - *first, IOV_MAX);
+      r = recvmsg(fd_, &msg, MSG_DONTWAIT);
     }
     if (r < 0) {
       if (errno == EINTR) continue;
@@ -241,7 +259,7 @@ int SocketReader::DiscardSome(uint64_t* left, size_t* moved) {
     *left -= from_buf;
     *moved += static_cast<size_t>(from_buf);
     if (*left == 0) return 0;
-    const ssize_t r = recv(fd_, buf_.data(), buf_.size(), 0);
+    const ssize_t r = recv(fd_, buf_.data(), buf_.size(), MSG_DONTWAIT);
     if (r < 0) {
       if (errno == EINTR) continue;
       return errno;

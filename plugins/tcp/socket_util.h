@@ -53,6 +53,15 @@ class ByteReader {
   }
   // Reads and discards len bytes, keeping the stream in step after a refused frame.
   virtual int Discard(uint64_t len) = 0;
+  // What has arrived, for a reader driven by readiness (io_pool.h): moves it
+  // into v[*first..], advancing both; 0 once v is complete, EAGAIN when nothing
+  // more has arrived, else kEof or an errno value; *moved counts the bytes
+  // taken. A reader that can only block (a ring) reads all of v here.
+  virtual int ReadSome(std::vector<iovec>& v, size_t* first, size_t* moved);
+  // Drops up to *left bytes that have arrived, counting *left down; 0 at 0.
+  virtual int DiscardSome(uint64_t* left, size_t* moved);
+  // Bytes read ahead and not consumed yet: they will raise no epoll event.
+  virtual bool buffered() const { return false; }
 };
 
 // The receiving side of a socket, with a small read-ahead buffer: one
@@ -66,15 +75,11 @@ class SocketReader final : public ByteReader {
   int ReadIov(const iovec* iov, size_t n, bool idle_ok = false) override;
   int Discard(uint64_t len) override;
 
-  // Non-blocking use (the descriptor has O_NONBLOCK; io_pool.h): moves what
-  // has arrived into v[*first..], advancing both; 0 once v is complete, EAGAIN
-  // when the socket has nothing more for now, else kEof or an errno value.
-  // *moved counts the bytes taken (a stall is a call that took none).
-  int ReadSome(std::vector<iovec>& v, size_t* first, size_t* moved);
-  // Drops up to *left bytes that have arrived, counting *left down; 0 at 0.
-  int DiscardSome(uint64_t* left, size_t* moved);
-  // Bytes read ahead and not consumed yet: they will raise no epoll event.
-  bool buffered() const { return pos_ < end_; }
+  // Never waits (MSG_DONTWAIT), whatever the descriptor's O_NONBLOCK: a lane's
+  // sender may block on the same socket while the pool reads it.
+  int ReadSome(std::vector<iovec>& v, size_t* first, size_t* moved) override;
+  int DiscardSome(uint64_t* left, size_t* moved) override;
+  bool buffered() const override { return pos_ < end_; }
 
  private:
   // Copies buffered bytes into v from *first on; true when v is complete.

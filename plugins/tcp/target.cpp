@@ -29,12 +29,14 @@ __attribute__((no_sanitize("thread"), noinline)) uint8_t PayloadByte(const uint8
 }
 
 TargetServer::TargetServer(const ferry_host_v1* host, std::string engine_key,
-                           const Settings& settings, RegionTable* regions, StagePool* stages)
+                           const Settings& settings, RegionTable* regions, StagePool* stages,
+                           IoPool* pool)
     : host_(host),
       engine_key_(std::move(engine_key)),
       settings_(settings),
       regions_(regions),
-      stages_(stages) {}
+      stages_(stages),
+      pool_(pool) {}
 
 TargetServer::~TargetServer() { Stop(); }
 
@@ -52,12 +54,6 @@ bool TargetServer::Start(std::string* err) {
     if (ListenUnix(&unix_fd_, &unix_name_, &why) != 0)
       Log(host_, FERRY_LOG_WARN, "same-host lanes over shared rings are off: %s", why.c_str());
   }
-  // Stalls are looked for a few times per io_timeout, at most every 250 ms.
-  const auto sweep = std::clamp(std::chrono::milliseconds(settings_.io_timeout_ms / 4),
-                                std::chrono::milliseconds(5), std::chrono::milliseconds(250));
-  pool_ = std::make_unique<IoPool>(
-      settings_.io_threads > 0 ? settings_.io_threads : IoPool::DefaultThreads(), sweep);
-  if (!pool_->Start(err)) return false;
   accept_thread_ = std::thread([this] { AcceptMain(); });
   return true;
 }
@@ -106,9 +102,16 @@ void TargetServer::Stop() {
   for (auto& c : conns_) {
     if (c->thread.joinable()) c->thread.join();
   }
-  // Pooled lanes: their sockets are shut down; what is still registered is
-  // deleted here (each releases its Conn, so before the list goes).
-  if (pool_) pool_->Stop();
+  // Pooled lanes: their sockets are shut down, so each ends at its next event
+  // and releases its Conn (ReleaseConn) - before the list goes. A pool that
+  // stopped already deleted them.
+  {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] {
+      return std::none_of(conns_.begin(), conns_.end(),
+                          [](const auto& c) { return c->pooled && !c->done; });
+    });
+  }
   conns_.clear();
   peers_.clear();
 }
@@ -127,10 +130,13 @@ void TargetServer::ReapLocked() {
 }
 
 void TargetServer::ReleaseConn(Conn* c) {
-  std::lock_guard lk(mu_);
-  if (c->fd >= 0) ::close(c->fd);
-  c->fd = -1;
-  c->done = true;
+  {
+    std::lock_guard lk(mu_);
+    if (c->fd >= 0) ::close(c->fd);
+    c->fd = -1;
+    c->done = true;
+  }
+  cv_.notify_all();  // Stop may be waiting for the pooled lanes
 }
 
 int TargetServer::AcceptOne(bool* local) {
@@ -513,7 +519,15 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
       std::unique_ptr<IoPool::Handler> back;
       auto lane = std::make_unique<PolledLane>(this, c, fd, ctx, from, std::move(proven),
                                                registrations_seen);
+      {
+        std::lock_guard lk(mu_);
+        c->pooled = true;
+      }
       if (pool_->Add(std::move(lane), PolledLane::kFirstEvents, &back, &err_msg)) return true;
+      {
+        std::lock_guard lk(mu_);
+        c->pooled = false;
+      }
       // The lane's destructor would release the Conn: take the lane back apart instead.
       static_cast<PolledLane*>(back.get())->Disown();
     } else {

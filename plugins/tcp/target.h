@@ -57,8 +57,9 @@ class TargetServer {
   // each keeps its fence record while the engine lives, so they are bounded.
   static constexpr size_t kMaxUnregisteredPeers = 1024;
 
+  // pool: the engine's I/O threads (running from before Start until after Stop).
   TargetServer(const ferry_host_v1* host, std::string engine_key, const Settings& settings,
-               RegionTable* regions, StagePool* stages);
+               RegionTable* regions, StagePool* stages, IoPool* pool);
   ~TargetServer();
 
   bool Start(std::string* err);
@@ -86,6 +87,7 @@ class TargetServer {
     std::thread thread;        // the handshake, then a ring lane's serving
     bool thread_done = false;  // the thread has returned (joined by ReapLocked)
     bool done = false;         // the lane is closed (fd closed); erased once joined
+    bool pooled = false;       // served by the I/O pool (a PolledLane owns fd)
     bool admitted = false;     // past the handshake (guarded by mu_)
     bool evicted = false;
     bool local = false;  // came in on the unix socket: a same-host ring lane
@@ -184,7 +186,7 @@ class TargetServer {
   std::string unix_name_;
   Waker stop_waker_;  // ends AcceptOne's poll at Stop
   std::thread accept_thread_;
-  std::unique_ptr<IoPool> pool_;  // serves admitted TCP lanes
+  IoPool* const pool_;  // serves admitted TCP lanes
 
   std::mutex mu_;
   std::condition_variable cv_;

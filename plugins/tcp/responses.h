@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+// The initiator side of a lane's incoming stream: response frames (WRITE_ACK,
+// READ_DATA, ERROR), matched to the frames in flight and completed.
+//
+// One state machine, three drivers. A TCP lane's responses are read by the
+// engine's I/O pool (io_pool.h) as they arrive - no thread per lane - or by an
+// application thread waiting for a transfer (plugin.h progress(): the
+// response is read where it is awaited, without waking a pool thread and
+// then the waiter), whichever gets there first; a ring lane's by the lane's
+// own receiver thread, whose reads block (ring waits are not epoll events).
+// Pump() reads until nothing more has arrived, completing what it can, and
+// the frame being received keeps its place between calls. A READ into GPU
+// memory is received with blocking reads through the staging pipeline
+// (gpu_stage.h) - by the pool, never by a waiting application thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io_pool.h"
+#include "region.h"
+#include "socket_util.h"
+#include "wire.h"
+#include "xfer.h"
+
+namespace ferry_tcp {
+
+class Lane;
+
+class ResponseReader {
+ public:
+  ResponseReader(Lane* lane, std::unique_ptr<ByteReader> in, int fd);
+  enum class Pumped { kWait, kOver, kNeedsBlocking };
+  // kWait: nothing more has arrived for now. kOver: the connection is over
+  // (End() says why to the lane). kNeedsBlocking (only without may_block): a
+  // READ's payload must go through the GPU stage, with blocking reads.
+  Pumped Pump(bool may_block = true);
+  // Once Pump returned false, or the reader is dropped: fails what it held and
+  // tells the lane its receiving side is done.
+  void End();
+  // It never started: End() does nothing.
+  void Abandon() { ended_ = true; }
+  bool buffered() const { return in_->buffered(); }
+  // Frames completed so far.
+  uint64_t resolved() const { return resolved_; }
+
+ private:
+  void Complete(int status, const std::string& msg);  // the current frame
+  enum class Phase { kHeader, kErrorText, kPayload, kDiscard, kStaged };
+  bool HeaderDone();
+  bool ErrorTextDone();
+  bool Fail(int status, std::string msg);  // false: ends the connection
+  void ExpectHeader();
+
+  Lane* const lane_;
+  const std::unique_ptr<ByteReader> in_;
+  const int fd_;
+  Phase phase_ = Phase::kHeader;
+  uint8_t hb_[wire::kHeaderSize];
+  wire::Header h_;
+  std::string text_;
+  std::vector<iovec> want_;
+  size_t want_first_ = 0;
+  uint64_t discard_left_ = 0;
+  FramePtr current_;  // the frame whose response is being read
+  std::optional<RegionUse> use_;
+  uint64_t resolved_ = 0;
+  int status_ = FERRY_ERR_TRANSPORT;  // why the connection ended
+  std::string msg_;
+  bool ended_ = false;
+};
+
+// A TCP lane's ResponseReader, shared by the I/O pool and the threads that
+// call progress(): one of them at a time holds the turn and pumps.
+class PolledResponses {
+ public:
+  PolledResponses(Lane* lane, std::unique_ptr<ByteReader> in, int fd, IoPool* pool)
+      : fd_(fd), pool_(pool), reader_(lane, std::move(in), fd) {}
+  int fd() const { return fd_; }
+  // The pool's event (from its handler): the events to wait for next, 0 when
+  // the connection is over, IoPool::kParked when a waiting thread holds the turn.
+  uint32_t OnEvents(IoPool::Handler* h);
+  // progress(): pumps when nobody else is, never blocking; the frames it
+  // completed. Once the pool's handler is gone (Close) it does nothing.
+  uint64_t TryPump();
+  // The pool's handler is being deleted: waits for the turn, ends the reader.
+  void Close();
+  // Before the handler is registered (no other thread sees it yet).
+  void Bind(IoPool::Handler* h) { handler_ = h; }
+  // The pool refused the handler: it never ran, Close ends nothing.
+  void Abandon() {
+    handler_ = nullptr;
+    reader_.Abandon();
+  }
+
+ private:
+  bool TakeTurn() {
+    bool expected = false;
+    return turn_.compare_exchange_strong(expected, true, std::memory_order_acquire);
+  }
+  const int fd_;
+  IoPool* const pool_;
+  ResponseReader reader_;
+  std::atomic<bool> turn_{false};
+  // The pool's event came while a waiting thread held the turn: that thread
+  // re-arms the handler when it lets go.
+  std::atomic<bool> missed_{false};
+  IoPool::Handler* handler_ = nullptr;  // set under the turn; null once closed
+  bool over_ = false;                   // under the turn
+};
+
+// The pool's handle on a PolledResponses (the pool owns handlers; waiting
+// threads hold the shared state for as long as they pump).
+class PooledResponses final : public IoPool::Handler {
+ public:
+  explicit PooledResponses(std::shared_ptr<PolledResponses> r) : r_(std::move(r)) {}
+  ~PooledResponses() override { r_->Close(); }
+  int fd() const override { return r_->fd(); }
+  uint32_t OnEvents(uint32_t events) override { return r_->OnEvents(this); }
+  // The initiator's lanes have no stall limit of their own (deadlines do that).
+  void Expire() override {}
+
+ private:
+  std::shared_ptr<PolledResponses> r_;
+};
+
+// The TCP lanes with frames in flight, for progress().
+class ProgressSet {
+ public:
+  void Add(std::shared_ptr<PolledResponses> r);
+  void Remove(const PolledResponses* r);
+  // From a waiting thread: one non-blocking pump of each; the frames completed.
+  uint64_t Run();
+  // Frames completed by waiting threads since the start (counters()).
+  uint64_t frames() const { return frames_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> frames_{0};
+  std::mutex mu_;
+  std::vector<std::shared_ptr<PolledResponses>> members_;
+};
+
+}  // namespace ferry_tcp
