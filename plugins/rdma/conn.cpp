@@ -73,6 +73,7 @@ void Conn::Enqueue(std::shared_ptr<Xfer> x, FinishedList* out) {
     return;
   }
   x->qp_base = next_qp_base_++;
+  last_active_ = inst_->Now();
   queue_.push_back(std::move(x));
   if (state_ == State::kIdle)
     StartConnectLocked(out);
@@ -210,9 +211,11 @@ void Conn::OnReply(const wire::ConnectMsg& m, FinishedList* out) {
     }
   }
   state_ = State::kReady;
+  idle_timer_armed_ = false;  // a timer of the last life finds it armed no more
   Log(inst_->host(), FERRY_LOG_DEBUG, "connected %zu QPs to %s, mtu %s", qps_.size(),
       Where().c_str(), MtuName(std::min<int>(local_->attr.active_mtu, m.mtu)));
   PumpLocked(out);
+  ArmIdleLocked();
 }
 
 void Conn::FinishLocked(const std::shared_ptr<Xfer>& x, int status, const std::string& msg,
@@ -221,6 +224,34 @@ void Conn::FinishLocked(const std::shared_ptr<Xfer>& x, int status, const std::s
   x->stage = Xfer::Stage::kDone;
   inflight_.erase(x);
   out->push_back({x->xfer_ctx, status, msg, x->deadline_ns, x->timer_seq});
+  last_active_ = inst_->Now();
+  ArmIdleLocked();
+}
+
+void Conn::ArmIdleLocked() {
+  const int idle_ms = inst_->settings().qp_idle_ms;
+  if (idle_ms <= 0 || idle_timer_armed_ || state_ != State::kReady || !QuietLocked()) return;
+  idle_timer_armed_ = true;
+  inst_->AddConnTimer(last_active_ + static_cast<uint64_t>(idle_ms) * 1000000ull, weak_from_this());
+}
+
+void Conn::ReleaseIdleLocked() {
+  Log(inst_->host(), FERRY_LOG_DEBUG, "releasing %zu idle QPs to %s", qps_.size(), Where().c_str());
+  // The target's QPs go with ours; a later handshake makes new ones on both sides.
+  wire::ConnectMsg m;
+  m.type = wire::MsgType::kDisconnect;
+  m.conn_id = conn_id_;
+  m.ini_port = static_cast<uint16_t>(local_->index);
+  m.tgt_port = remote_port_;
+  inst_->SendDisconnect(peer_key_, m);
+  for (auto& q : qps_) {
+    inst_->UnregisterQp(local_->dev->index, q.qp->qp_num);
+    ibv_destroy_qp(q.qp);
+  }
+  qps_.clear();
+  if (cqes_reserved_) local_->dev->ReleaseCqes(cqes_reserved_);
+  cqes_reserved_ = 0;
+  state_ = State::kIdle;
 }
 
 void Conn::FailQueuedLocked(int status, const std::string& why, FinishedList* out) {
@@ -449,8 +480,21 @@ void Conn::Expire(const std::shared_ptr<Xfer>& x, FinishedList* out) {
               FERRY_ERR_TIMEOUT, buf + Where() + " (QPs reset)", out);
 }
 
-void Conn::CheckConnectTimeout(uint64_t now, FinishedList* out) {
+void Conn::OnTimer(uint64_t now, FinishedList* out) {
   std::lock_guard lk(mu_);
+  if (state_ == State::kReady && idle_timer_armed_) {
+    const uint64_t due =
+        last_active_ + static_cast<uint64_t>(inst_->settings().qp_idle_ms) * 1000000ull;
+    if (!QuietLocked()) {
+      idle_timer_armed_ = false;  // armed again when it falls quiet
+    } else if (now >= due) {
+      idle_timer_armed_ = false;
+      ReleaseIdleLocked();
+    } else {
+      inst_->AddConnTimer(due, weak_from_this());  // used since: look again then
+    }
+    return;
+  }
   if (state_ != State::kConnecting || now < connect_deadline_) return;
   inst_->UnregisterConnId(conn_id_);
   state_ = State::kIdle;

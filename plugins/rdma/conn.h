@@ -86,8 +86,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void OnAsyncError(int qi, const std::string& what, FinishedList* out);
   // The completion thread: the transfer's deadline passed.
   void Expire(const std::shared_ptr<Xfer>& x, FinishedList* out);
-  // The completion thread: the handshake's deadline may have passed.
-  void CheckConnectTimeout(uint64_t now, FinishedList* out);
+  // The completion thread: a connection timer - the handshake's deadline, or
+  // the idle release (qp_idle_ms) - may have passed.
+  void OnTimer(uint64_t now, FinishedList* out);
   // Fails everything with `status`, destroys the QPs; the Conn is dead after.
   void Close(int status, const std::string& why, FinishedList* out);
 
@@ -120,6 +121,12 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void ResetLocked(int status, const std::string& why, const std::shared_ptr<Xfer>& culprit,
                    int culprit_status, const std::string& culprit_msg, FinishedList* out);
   void FailQueuedLocked(int status, const std::string& why, FinishedList* out);
+  // Nothing queued, in flight or waiting to notify.
+  bool QuietLocked() const { return queue_.empty() && inflight_.empty() && notify_queue_.empty(); }
+  // Ready and quiet: the idle release is due at last_active_ + qp_idle_ms.
+  void ArmIdleLocked();
+  // Ready, quiet and idle long enough: the QPs go, the target is told; IDLE.
+  void ReleaseIdleLocked();
   std::string Where() const;
 
   Instance* const inst_;
@@ -143,6 +150,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::deque<std::shared_ptr<Xfer>> notify_queue_;  // data done, notification SEND to post
   std::unordered_set<std::shared_ptr<Xfer>> inflight_;
   std::string last_error_;
+  uint64_t last_active_ = 0;       // host clock: a transfer queued or finished
+  bool idle_timer_armed_ = false;  // a timer for the idle release is pending
 };
 
 // The target side of one connection: QPs created on a peer's request, with

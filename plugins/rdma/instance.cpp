@@ -462,7 +462,7 @@ void Instance::RunTimers() {
     if (auto x = t.x.lock()) {
       if (auto c = x->conn.lock()) c->Expire(x, &done);
     } else if (auto c = t.c.lock()) {
-      c->CheckConnectTimeout(now, &done);
+      c->OnTimer(now, &done);
     }
   }
   Report(done);
@@ -699,6 +699,10 @@ void Instance::HandleCtrl(const std::string& peer_key, const std::vector<uint8_t
     Accept(peer_key, m);
     return;
   }
+  if (m.type == wire::MsgType::kDisconnect) {
+    ReleasePassive(peer_key, m);
+    return;
+  }
   std::shared_ptr<Conn> c;
   {
     std::lock_guard lk(mu_);
@@ -712,6 +716,30 @@ void Instance::HandleCtrl(const std::string& peer_key, const std::vector<uint8_t
   FinishedList done;
   c->OnReply(m, &done);
   Report(done);
+}
+
+void Instance::SendDisconnect(const std::string& peer_key, const wire::ConnectMsg& m) {
+  // From the worker: ctrl_send may block on the network, and the caller holds a Conn's lock.
+  PushWork([this, peer_key, bytes = wire::EncodeConnectMsg(m)] {
+    const int rc = host_->ctrl_send(host_->host_ctx, peer_key.c_str(), bytes.data(), bytes.size());
+    if (rc != FERRY_OK)
+      Log(host_, FERRY_LOG_DEBUG, "cannot tell '%s' that idle QPs were released (error %d)",
+          peer_key.c_str(), rc);
+  });
+}
+
+void Instance::ReleasePassive(const std::string& peer_key, const wire::ConnectMsg& m) {
+  std::shared_ptr<Passive> p;
+  {
+    std::lock_guard lk(mu_);
+    auto it = passives_.find({peer_key, m.ini_port, m.tgt_port});
+    // Only the connection it names: a newer handshake of the same port pair stays.
+    if (it == passives_.end() || !it->second || it->second->conn_id() != m.conn_id) return;
+    p = std::move(it->second);
+    passives_.erase(it);
+  }
+  Log(host_, FERRY_LOG_DEBUG, "'%s' released its idle QPs: retiring ours", peer_key.c_str());
+  RetirePassive(p);
 }
 
 void Instance::SendCtrl(const std::string& peer_key, const wire::ConnectMsg& m) {
@@ -775,6 +803,22 @@ void Instance::Accept(const std::string& peer_key, const wire::ConnectMsg& req) 
 }
 
 // ---- describe --------------------------------------------------------------------------------
+
+int Instance::Counters(char* buf, size_t len) {
+  if (buf == nullptr || len == 0) return FERRY_ERR_INVALID_ARGS;
+  size_t initiator = 0, target = 0, passive = 0;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [k, ref] : qps_) {
+      if (!ref.passive.expired()) ++target;
+      if (!ref.conn.expired()) ++initiator;
+    }
+    passive = passives_.size();
+  }
+  std::snprintf(buf, len, "{\"initiator_qps\":%zu,\"target_qps\":%zu,\"target_connections\":%zu}",
+                initiator, target, passive);
+  return FERRY_OK;
+}
 
 int Instance::Describe(char* buf, size_t len) {
   if (buf == nullptr || len == 0) return FERRY_ERR_INVALID_ARGS;

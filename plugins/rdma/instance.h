@@ -69,6 +69,8 @@ class Instance {
   int Post(const ferry_xfer_v1* x);
   void OnCtrl(const char* peer_key, const void* msg, size_t len);
   int Describe(char* buf, size_t len);
+  // ABI 1.5: live QPs of each side (initiator_qps, target_qps) and passive connections.
+  int Counters(char* buf, size_t len);
   // plugin.h fence(): this engine's QPs that serve `peer_key` go to ERR (a
   // responder in ERR applies no more RDMA WRITEs) and are retired; the
   // initiator's next transfer makes new ones with a new handshake.
@@ -95,6 +97,8 @@ class Instance {
   void UnregisterQp(int dev, uint32_t qpn);
   void RegisterConnId(uint64_t id, std::weak_ptr<Conn> c);
   void UnregisterConnId(uint64_t id);
+  // Tells the target (from the worker thread) that an idle connection's QPs are gone.
+  void SendDisconnect(const std::string& peer_key, const wire::ConnectMsg& m);
   // Queues the handshake request for the worker thread.
   void SendConnectReq(std::weak_ptr<Conn> c, uint64_t conn_id, std::vector<uint8_t> msg);
   void AddConnTimer(uint64_t deadline, std::weak_ptr<Conn> c);
@@ -129,6 +133,8 @@ class Instance {
   void PushWork(std::function<void()> fn);
   void HandleCtrl(const std::string& peer_key, const std::vector<uint8_t>& msg);
   void Accept(const std::string& peer_key, const wire::ConnectMsg& req);
+  // The initiator released connection m.conn_id: retire our side of it.
+  void ReleasePassive(const std::string& peer_key, const wire::ConnectMsg& m);
   void SendCtrl(const std::string& peer_key, const wire::ConnectMsg& m);
 
   const ferry_host_v1* host_;

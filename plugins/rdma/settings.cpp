@@ -81,6 +81,7 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
       {"traffic_class", &s.traffic_class, 0, 255},
       {"service_level", &s.service_level, 0, 15},
       {"connect_timeout_ms", &s.connect_timeout_ms, 1, 600000},
+      {"qp_idle_ms", &s.qp_idle_ms, 0, 86400000},
       {"spin_us", &s.spin_us, 0, 1000000},
   };
   for (const auto& [key, v] : j.items()) {
@@ -117,7 +118,7 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
       *err = "unknown rdma setting '" + key +
              "' (known: devices, gid_index, qp_per_transfer, max_send_wr, recv_depth, cq_size, "
              "max_inline, max_sge, chunk_bytes, qp_timeout, retry_cnt, rnr_retry, min_rnr_timer, "
-             "traffic_class, service_level, connect_timeout_ms, busy_poll, spin_us)";
+             "traffic_class, service_level, connect_timeout_ms, qp_idle_ms, busy_poll, spin_us)";
       return false;
     }
   }

@@ -31,8 +31,12 @@ struct Settings {
   int traffic_class = 0;              // RoCE GRH traffic class
   int service_level = 0;              // IB SL
   int connect_timeout_ms = 5000;      // QP handshake through the control channel
-  bool busy_poll = false;             // completion thread never sleeps
-  int spin_us = 20;                   // event mode: poll this long before sleeping
+  // A connection with nothing queued or in flight for this long gives its QPs
+  // back at both ends (the target is told); the next transfer connects again.
+  // 0 = never.
+  int qp_idle_ms = 60000;
+  bool busy_poll = false;  // completion thread never sleeps
+  int spin_us = 20;        // event mode: poll this long before sleeping
 };
 
 // Rejects bad JSON, unknown keys, wrong types and out-of-range values, saying which.

@@ -170,6 +170,11 @@ std::vector<uint8_t> EncodeConnectMsg(const ConnectMsg& m) {
     w.Bytes(m.reason.data(), len);
     return w.Take();
   }
+  if (m.type == MsgType::kDisconnect) {
+    w.U16(m.ini_port);
+    w.U16(m.tgt_port);
+    return w.Take();
+  }
   w.U64(m.target_nonce);
   w.U16(m.ini_port);
   w.U16(m.tgt_port);
@@ -193,7 +198,7 @@ bool DecodeConnectMsg(const void* p, size_t n, ConnectMsg* out, std::string* err
   if (!r.Magic(kMsgMagic)) return Bad(err, "rdma control message: bad magic or truncated");
   if (!r.U16(&version) || version != kVersion)
     return Bad(err, "rdma control message: unsupported version");
-  if (!r.U8(&type) || type < 1 || type > 3) return Bad(err, "rdma control message: bad type");
+  if (!r.U8(&type) || type < 1 || type > 4) return Bad(err, "rdma control message: bad type");
   m.type = static_cast<MsgType>(type);
   if (!r.U64(&m.conn_id)) return Bad(err, "rdma control message: truncated");
   if (m.type == MsgType::kConnectNak) {
@@ -203,6 +208,11 @@ bool DecodeConnectMsg(const void* p, size_t n, ConnectMsg* out, std::string* err
     if (!r.Bytes(m.reason.data(), len)) return Bad(err, "rdma control message: truncated reason");
     for (auto& c : m.reason)
       if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  } else if (m.type == MsgType::kDisconnect) {
+    if (!r.U16(&m.ini_port) || !r.U16(&m.tgt_port))
+      return Bad(err, "rdma control message: truncated");
+    if (m.ini_port >= kMaxPorts || m.tgt_port >= kMaxPorts)
+      return Bad(err, "rdma control message: bad port index");
   } else {
     uint8_t nqp = 0;
     if (!r.U64(&m.target_nonce) || !r.U16(&m.ini_port) || !r.U16(&m.tgt_port) || !r.U8(&m.mtu) ||

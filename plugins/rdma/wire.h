@@ -55,6 +55,9 @@ enum class MsgType : uint8_t {
   kConnectReq = 1,  // initiator -> target: my QPs; create yours and connect them
   kConnectRep = 2,  // target -> initiator: mine, connected to yours
   kConnectNak = 3,  // target -> initiator: refused, with a reason
+  // initiator -> target: this connection went idle and its QPs are gone;
+  // destroy yours (conn_id, ini_port, tgt_port name it)
+  kDisconnect = 4,
 };
 
 struct QpAddr {

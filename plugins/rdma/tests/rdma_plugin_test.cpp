@@ -12,11 +12,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/plugin.h"
@@ -222,6 +224,22 @@ TEST(Wire, RoundTripsAndRejectsEveryTruncation) {
   auto nb = wire::EncodeConnectMsg(nak);
   ASSERT_TRUE(wire::DecodeConnectMsg(nb.data(), nb.size(), &rback, &err)) << err;
   EXPECT_EQ(rback.reason, "no?way");
+  wire::ConnectMsg bye;
+  bye.type = wire::MsgType::kDisconnect;
+  bye.conn_id = 0x0102030400000007ull;
+  bye.ini_port = 1;
+  bye.tgt_port = 2;
+  auto bb = wire::EncodeConnectMsg(bye);
+  ASSERT_TRUE(wire::DecodeConnectMsg(bb.data(), bb.size(), &rback, &err)) << err;
+  EXPECT_EQ(rback.type, wire::MsgType::kDisconnect);
+  EXPECT_EQ(rback.conn_id, bye.conn_id);
+  EXPECT_EQ(rback.ini_port, 1);
+  EXPECT_EQ(rback.tgt_port, 2);
+  for (size_t n = 0; n < bb.size(); ++n)
+    EXPECT_FALSE(wire::DecodeConnectMsg(bb.data(), n, &rback, &err));
+  bye.tgt_port = 999;  // no such port
+  bb = wire::EncodeConnectMsg(bye);
+  EXPECT_FALSE(wire::DecodeConnectMsg(bb.data(), bb.size(), &rback, &err));
 
   uint8_t n16[wire::kNotifySize];
   wire::EncodeNotify(0xfedcba9876543210ull, n16);
@@ -528,6 +546,94 @@ TEST_F(TwoInstancesBusyPoll, Works) {
   ASSERT_TRUE(c.Wait());
   ASSERT_EQ(c.status, FERRY_OK) << c.msg;
   EXPECT_EQ(std::memcmp(la_->data.data(), rb_->data.data(), kSize), 0);
+}
+
+// A counter from the instance's counters() JSON (rdma's: instance.cpp).
+uint64_t Counter(Instance& e, const std::string& name) {
+  char buf[512] = {};
+  EXPECT_EQ(ops.counters(e.ctx(), buf, sizeof buf), FERRY_OK);
+  const std::string s = buf;
+  const std::string k = "\"" + name + "\":";
+  const size_t at = s.find(k);
+  EXPECT_NE(at, std::string::npos) << s;
+  return at == std::string::npos ? 0 : std::strtoull(s.c_str() + at + k.size(), nullptr, 10);
+}
+
+// Polls a state the plugin reaches on its own timer (counters are the only
+// window on it); false after `limit`.
+bool Eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// issue 20 item 3: QPs are made on a peer's first transfer and given back at
+// both ends once the connection was idle for qp_idle_ms; the next transfer
+// makes new ones. Eight initiators to one target, at a small scale for the VM.
+TEST(IdleQps, ReleasedAtBothEndsAndMadeAgainOnUse) {
+  NEED_DEVICE();
+  Net net;
+  net.unknown_peer_rc = FERRY_ERR_TRANSPORT;
+  const std::string settings = R"({"qp_per_transfer": 2, "qp_idle_ms": 300})";
+  Inst t("target", &net, settings);
+  ASSERT_EQ(t.rc, FERRY_OK) << t.error;
+  constexpr int kPeers = 8;
+  constexpr size_t kSize = 64 * 1024;
+  Mem* tm = t.Register(1, kSize * kPeers);
+  std::vector<std::unique_ptr<Inst>> ini;
+  std::vector<void*> to_target, imports;
+  std::vector<Mem*> mems;
+  for (int i = 0; i < kPeers; ++i) {
+    ini.push_back(std::make_unique<Inst>("i" + std::to_string(i), &net, settings));
+    Inst& e = *ini.back();
+    ASSERT_EQ(e.rc, FERRY_OK) << e.error;
+    to_target.push_back(e.AddPeer("target", t.ConnBlob()));
+    t.AddPeer(e.key(), e.ConnBlob());
+    mems.push_back(e.Register(1, kSize));
+    imports.push_back(e.Import(to_target.back(), *tm));
+  }
+  EXPECT_EQ(Counter(t, "target_qps"), 0u) << "QPs before any transfer";
+  auto write_all = [&](uint8_t seed) {
+    for (int i = 0; i < kPeers; ++i) {
+      std::fill(mems[i]->data.begin(), mems[i]->data.end(), static_cast<uint8_t>(seed + i));
+      Completion c;
+      const uint64_t off = static_cast<uint64_t>(i) * kSize;
+      ASSERT_EQ(Post(*ini[i], FERRY_OP_WRITE, to_target[i], *mems[i], imports[i], {{0, off, kSize}},
+                     static_cast<uint64_t>(seed) * 100 + static_cast<uint64_t>(i), &c),
+                FERRY_OK);
+      ASSERT_TRUE(c.Wait());
+      ASSERT_EQ(c.status, FERRY_OK) << c.msg;
+      ASSERT_EQ(std::memcmp(mems[i]->data.data(), tm->data.data() + off, kSize), 0);
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(write_all(10));
+  const uint64_t busy = Counter(t, "target_qps");
+  std::printf("RESULT idle_qps target %llu QPs, %llu connections after %d peers wrote\n",
+              static_cast<unsigned long long>(busy),
+              static_cast<unsigned long long>(Counter(t, "target_connections")), kPeers);
+  EXPECT_GT(busy, 0u);
+  EXPECT_LE(busy, static_cast<uint64_t>(kPeers) * 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        uint64_t left = Counter(t, "target_qps");
+        for (auto& e : ini) left += Counter(*e, "initiator_qps");
+        return left == 0;
+      },
+      30s))
+      << "idle QPs were not released (target still has " << Counter(t, "target_qps") << ")";
+  std::printf("RESULT idle_qps released at both ends %lld ms after the last transfer\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - t0)
+                                         .count()));
+  EXPECT_EQ(Counter(t, "target_connections"), 0u);
+  // Used again: new QPs, data lands, the target is notified.
+  ASSERT_NO_FATAL_FAILURE(write_all(20));
+  EXPECT_TRUE(t.host().WaitInbound("i3", 2003));
+  for (int i = 0; i < kPeers; ++i) ops.mem_release(ini[i]->ctx(), imports[i]);
 }
 
 }  // namespace
