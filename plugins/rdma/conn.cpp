@@ -235,6 +235,16 @@ void Conn::ArmIdleLocked() {
   inst_->AddConnTimer(last_active_ + static_cast<uint64_t>(idle_ms) * 1000000ull, weak_from_this());
 }
 
+void Conn::DestroyQpsLocked() {
+  for (auto& q : qps_) {
+    inst_->UnregisterQp(local_->dev->index, q.qp->qp_num);
+    ibv_destroy_qp(q.qp);
+  }
+  qps_.clear();
+  if (cqes_reserved_) local_->dev->ReleaseCqes(cqes_reserved_);
+  cqes_reserved_ = 0;
+}
+
 void Conn::ReleaseIdleLocked() {
   Log(inst_->host(), FERRY_LOG_DEBUG, "releasing %zu idle QPs to %s", qps_.size(), Where().c_str());
   // The target's QPs go with ours; a later handshake makes new ones on both sides.
@@ -244,13 +254,7 @@ void Conn::ReleaseIdleLocked() {
   m.ini_port = static_cast<uint16_t>(local_->index);
   m.tgt_port = remote_port_;
   inst_->SendDisconnect(peer_key_, m);
-  for (auto& q : qps_) {
-    inst_->UnregisterQp(local_->dev->index, q.qp->qp_num);
-    ibv_destroy_qp(q.qp);
-  }
-  qps_.clear();
-  if (cqes_reserved_) local_->dev->ReleaseCqes(cqes_reserved_);
-  cqes_reserved_ = 0;
+  DestroyQpsLocked();
   state_ = State::kIdle;
 }
 
@@ -514,13 +518,7 @@ void Conn::Close(int status, const std::string& why, FinishedList* out) {
   FailQueuedLocked(status, why, out);
   notify_queue_.clear();
   if (state_ == State::kConnecting) inst_->UnregisterConnId(conn_id_);
-  for (auto& q : qps_) {
-    inst_->UnregisterQp(local_->dev->index, q.qp->qp_num);
-    ibv_destroy_qp(q.qp);
-  }
-  qps_.clear();
-  if (cqes_reserved_) local_->dev->ReleaseCqes(cqes_reserved_);
-  cqes_reserved_ = 0;
+  DestroyQpsLocked();
   state_ = State::kClosed;
 }
 

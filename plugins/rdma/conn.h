@@ -125,6 +125,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool QuietLocked() const { return queue_.empty() && inflight_.empty() && notify_queue_.empty(); }
   // Ready and quiet: the idle release is due at last_active_ + qp_idle_ms.
   void ArmIdleLocked();
+  // Unregisters and destroys the QPs and gives their CQ entries back.
+  void DestroyQpsLocked();
   // Ready, quiet and idle long enough: the QPs go, the target is told; IDLE.
   void ReleaseIdleLocked();
   std::string Where() const;

@@ -224,6 +224,26 @@ void Lane::Submit(FramePtr f, bool try_direct) {
   f->Resolve(FERRY_ERR_BAD_STATE, "tcp lane to " + info_->label + " is shut down");
 }
 
+void Lane::SubmitAll(std::vector<FramePtr>& frames) {
+  if (frames.empty()) return;
+  {
+    std::lock_guard lk(mu_);
+    if (!stopping_) {
+      StartLocked();
+      last_used_ = std::chrono::steady_clock::now();
+      const bool was_empty = queue_.empty();
+      for (auto& f : frames) queue_.push_back(std::move(f));
+      frames.clear();
+      if (was_empty) cv_.notify_all();
+      return;
+    }
+  }
+  std::vector<FramePtr> shut;
+  shut.swap(frames);
+  for (auto& f : shut)
+    f->Resolve(FERRY_ERR_BAD_STATE, "tcp lane to " + info_->label + " is shut down");
+}
+
 int Lane::Open(std::unique_ptr<Channel>* chan, std::string* err) {
   InitiatorHello hello;
   hello.host = info_->host;

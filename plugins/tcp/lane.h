@@ -78,6 +78,11 @@ class Lane {
   // With try_direct, a connected lane with nothing queued sends from the
   // calling thread (without blocking) instead of waking the sender thread.
   void Submit(FramePtr f, bool try_direct);
+  // Queues frames for the sender thread in one go: one lock and at most one
+  // wake-up however many there are (a large transfer's frames on this lane).
+  // Takes them (the vector is left empty) unless it throws (std::system_error:
+  // no sender thread), when they are still the caller's to fail.
+  void SubmitAll(std::vector<FramePtr>& frames);
   // Frames to resolve once the locks are released.
   using Doomed = std::vector<std::tuple<FramePtr, int, std::string>>;
   // Drops the connection; everything queued or in flight fails with status/msg.

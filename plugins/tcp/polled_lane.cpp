@@ -208,14 +208,8 @@ PolledLane::Step PolledLane::Begin() {
     phase_ = Phase::kPayload;
     return Step::kGoOn;
   }
-  uint64_t total = 0;
-  for (const auto& it : items_) total += it.len;
-  wire::Header resp;
-  resp.type = wire::Type::kReadData;
-  resp.req_id = h_.req_id;
-  resp.payload_len = total;
   std::vector<uint8_t> head(wire::kHeaderSize);
-  wire::EncodeHeader(resp, head.data());
+  TargetServer::EncodeReadDataHead(h_, items_, head.data());
   // A notify READ holds back its last byte (copied out) until it is counted:
   // the initiator cannot complete before the target has been told.
   const bool notify = (h_.flags & wire::kFlagNotify) != 0;

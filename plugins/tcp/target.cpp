@@ -655,6 +655,17 @@ int TargetServer::CheckRequest(const wire::Header& h, const std::vector<wire::It
   return FERRY_OK;
 }
 
+void TargetServer::EncodeReadDataHead(const wire::Header& req, const std::vector<wire::Item>& items,
+                                      uint8_t* out) {
+  uint64_t total = 0;
+  for (const auto& it : items) total += it.len;
+  wire::Header resp;
+  resp.type = wire::Type::kReadData;
+  resp.req_id = req.req_id;
+  resp.payload_len = total;
+  wire::EncodeHeader(resp, out);
+}
+
 std::string TargetServer::FencedReason(const wire::Header& h) {
   return "attempt " + std::to_string(h.attempt_id) +
          " expired or was fenced by its initiator: not applied";
@@ -723,13 +734,7 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
       iov.reserve(items.size() + 1);
       uint8_t rb[wire::kHeaderSize];
       if (!is_write) {
-        uint64_t total = 0;
-        for (const auto& it : items) total += it.len;
-        wire::Header resp;
-        resp.type = wire::Type::kReadData;
-        resp.req_id = h.req_id;
-        resp.payload_len = total;
-        wire::EncodeHeader(resp, rb);
+        EncodeReadDataHead(h, items, rb);
         iov.push_back({rb, sizeof(rb)});
       }
       for (const auto& it : items) iov.push_back({r->addr() + it.offset, it.len});
@@ -795,11 +800,7 @@ TargetServer::Outcome TargetServer::ServeStaged(Channel& ch, ByteReader& in, con
   // holds back its last byte (from the staging buffer) until it is counted.
   std::vector<iovec> mem;
   mem.reserve(items.size());
-  uint64_t total = 0;
-  for (const auto& it : items) {
-    mem.push_back({r.addr() + it.offset, it.len});
-    total += it.len;
-  }
+  for (const auto& it : items) mem.push_back({r.addr() + it.offset, it.len});
   auto lost = [&](int err) {
     *close_why = err == kGpuError ? stage.error() : IoErrorString(err);
     return Outcome::kCloseLane;
@@ -810,12 +811,8 @@ TargetServer::Outcome TargetServer::ServeStaged(Channel& ch, ByteReader& in, con
     return count(FERRY_OK) ? Outcome::kServed : Outcome::kCloseLane;
   }
   const bool notify = (h.flags & wire::kFlagNotify) != 0;
-  wire::Header resp;
-  resp.type = wire::Type::kReadData;
-  resp.req_id = h.req_id;
-  resp.payload_len = total;
   uint8_t rb[wire::kHeaderSize];
-  wire::EncodeHeader(resp, rb);
+  EncodeReadDataHead(h, items, rb);
   iovec head{rb, sizeof(rb)};
   size_t progress = 0;
   int err = ch.Send(&head, 1, &progress, MSG_MORE);

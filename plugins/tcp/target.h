@@ -168,6 +168,9 @@ class TargetServer {
   // *r, else the refusal's code with *reason.
   int CheckRequest(const wire::Header& h, const std::vector<wire::Item>& items,
                    std::shared_ptr<Region>* r, std::string* reason) const;
+  // A READ's response header: kHeaderSize bytes at out, the items' total as its payload.
+  static void EncodeReadDataHead(const wire::Header& req, const std::vector<wire::Item>& items,
+                                 uint8_t* out);
   static std::string FencedReason(const wire::Header& h);   // a WRITE dropped by the fence
   static std::string RevokedReason(const wire::Header& h);  // its region went meanwhile
   void ReapLocked();
