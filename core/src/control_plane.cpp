@@ -90,12 +90,7 @@ bool unix_address(const std::string& name, sockaddr_un& a, socklen_t& len) {
 int listen_unix(std::string* name) {
   uint8_t r[8];
   if (!auth::random_bytes(r, sizeof r)) return -1;
-  static const char* hex = "0123456789abcdef";
-  std::string n = "ferry-ctrl-";
-  for (uint8_t c : r) {
-    n += hex[c >> 4];
-    n += hex[c & 15];
-  }
+  const std::string n = "ferry-ctrl-" + to_hex(r, sizeof r);
   sockaddr_un a{};
   socklen_t len = 0;
   unix_address(n, a, len);

@@ -6,6 +6,7 @@
 
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
+#include "log.h"
 
 namespace ferry {
 namespace {
@@ -183,14 +184,9 @@ std::string readable(json o) {
   // The access secret is a credential: printed descriptors end up in logs.
   if (o.contains("s")) o["s"] = "(secret, " + std::to_string(kSecretBytes) + " bytes)";
   // Binary blobs as hex so the JSON form stays plain text.
-  static const char* hex = "0123456789abcdef";
   for (auto& [name, blob] : o["b"].items()) {
-    std::string s;
-    for (uint8_t c : blob.get_binary()) {
-      s += hex[c >> 4];
-      s += hex[c & 15];
-    }
-    blob = s;
+    const auto& bytes = blob.get_binary();
+    blob = to_hex(bytes.data(), bytes.size());
   }
   // Keys and hosts come from peers and need not be UTF-8: replace bad bytes
   // rather than throw from a printing function (found by fuzz/fuzz_descriptors).
