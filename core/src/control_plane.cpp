@@ -19,6 +19,7 @@
 
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
+#include "hex.h"
 #include "log.h"
 
 namespace ferry {

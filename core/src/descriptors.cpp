@@ -6,7 +6,7 @@
 
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
-#include "log.h"
+#include "hex.h"
 
 namespace ferry {
 namespace {

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "hex.h"
+
 namespace ferry {
 namespace {
 LogLevel level_from_env() {
@@ -36,20 +38,6 @@ bool set_log_level(const std::string& name) {
   return false;
 }
 
-namespace {
-constexpr char kHex[] = "0123456789abcdef";
-}  // namespace
-
-std::string to_hex(const uint8_t* p, size_t n) {
-  std::string out;
-  out.reserve(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    out += kHex[p[i] >> 4];
-    out += kHex[p[i] & 15];
-  }
-  return out;
-}
-
 std::string printable(std::string_view s, size_t max_bytes) {
   const size_t n = std::min(s.size(), max_bytes);
   std::string out;
@@ -66,8 +54,8 @@ std::string printable(std::string_view s, size_t max_bytes) {
       out += "\\t";
     } else {
       out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
+      out += kHexDigits[c >> 4];
+      out += kHexDigits[c & 15];
     }
   }
   if (s.size() > n) out += "...(" + std::to_string(s.size() - n) + " more bytes)";

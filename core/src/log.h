@@ -21,8 +21,6 @@ void log_line(LogLevel level, const std::string& who, const std::string& msg);
 // Bytes outside printable ASCII become \n, \r, \t or \xHH; more than max_bytes
 // of input are cut, saying how many were left out.
 std::string printable(std::string_view s, size_t max_bytes = 2048);
-// Lower-case hex, two digits per byte.
-std::string to_hex(const uint8_t* p, size_t n);
 
 // Rate-limited warnings: ferry::plugin_kit::LogGate (plugins/common/log_gate.h),
 // the same class plugins use.
