@@ -232,7 +232,8 @@ void Conn::ArmIdleLocked() {
   const int idle_ms = inst_->settings().qp_idle_ms;
   if (idle_ms <= 0 || idle_timer_armed_ || state_ != State::kReady || !QuietLocked()) return;
   idle_timer_armed_ = true;
-  inst_->AddConnTimer(last_active_ + static_cast<uint64_t>(idle_ms) * 1000000ull, weak_from_this());
+  idle_timer_at_ = last_active_ + static_cast<uint64_t>(idle_ms) * 1000000ull;
+  inst_->AddConnTimer(idle_timer_at_, weak_from_this());
 }
 
 void Conn::DestroyQpsLocked() {
@@ -487,6 +488,8 @@ void Conn::Expire(const std::shared_ptr<Xfer>& x, FinishedList* out) {
 void Conn::OnTimer(uint64_t now, FinishedList* out) {
   std::lock_guard lk(mu_);
   if (state_ == State::kReady && idle_timer_armed_) {
+    // Another timer of this connection (its handshake's): the idle one is still pending.
+    if (now < idle_timer_at_) return;
     const uint64_t due =
         last_active_ + static_cast<uint64_t>(inst_->settings().qp_idle_ms) * 1000000ull;
     if (!QuietLocked()) {
@@ -495,6 +498,7 @@ void Conn::OnTimer(uint64_t now, FinishedList* out) {
       idle_timer_armed_ = false;
       ReleaseIdleLocked();
     } else {
+      idle_timer_at_ = due;
       inst_->AddConnTimer(due, weak_from_this());  // used since: look again then
     }
     return;

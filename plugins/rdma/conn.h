@@ -154,6 +154,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::string last_error_;
   uint64_t last_active_ = 0;       // host clock: a transfer queued or finished
   bool idle_timer_armed_ = false;  // a timer for the idle release is pending
+  uint64_t idle_timer_at_ = 0;     // its deadline (host clock)
 };
 
 // The target side of one connection: QPs created on a peer's request, with
