@@ -35,7 +35,14 @@ const char* state_name(FenceState s) {
 
 }  // namespace
 
-Fencer::Fencer(ControlPlane* control) : control_(control) {}
+Fencer::Fencer(ControlPlane* control)
+    : Fencer([control](const Target& t, const std::vector<uint8_t>& body,
+                       Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
+        return control->request(t.key, t.host, t.port, CtrlType::FENCE, body, CtrlType::FENCE_REPLY,
+                                deadline, reply, err);
+      }) {}
+
+Fencer::Fencer(Ask ask) : ask_(std::move(ask)) {}
 
 Fencer::~Fencer() {
   std::vector<std::function<void()>> calls;
@@ -43,6 +50,7 @@ Fencer::~Fencer() {
     std::lock_guard<std::mutex> lk(mu_);
     stopping_ = true;
     for (auto& [key, p] : peers_) finish_all(*p, "engine shutting down", calls);
+    for (auto& [key, p] : draining_) finish_all(*p, "engine shutting down", calls);
     cv_.notify_all();
   }
   for (auto& c : calls) c();
@@ -111,19 +119,32 @@ void Fencer::reopen(const std::string& key, uint64_t instance) {
   for (auto& h : held) h(true, {});
 }
 
+bool Fencer::hold_behind_draining(const std::string& key, uint64_t instance, Resume& resume) {
+  auto [b, e] = draining_.equal_range(key);
+  for (auto d = b; d != e; ++d) {
+    if (d->second->target.instance != instance) continue;
+    d->second->held.push_back(std::move(resume));
+    return true;
+  }
+  return false;
+}
+
 Fencer::Gate Fencer::admit(const std::string& key, uint64_t instance, Resume resume,
                            std::string* why) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = peers_.find(key);
-  if (it == peers_.end() || it->second->target.instance != instance) return Gate::OPEN;
-  PeerState& p = *it->second;
-  if (!p.closed_why.empty()) {
-    *why = p.closed_why;
-    return Gate::CLOSED;
+  if (it != peers_.end() && it->second->target.instance == instance) {
+    PeerState& p = *it->second;
+    if (!p.closed_why.empty()) {
+      *why = p.closed_why;
+      return Gate::CLOSED;
+    }
+    if (!p.pending.empty()) {
+      p.held.push_back(std::move(resume));
+      return Gate::HELD;
+    }
   }
-  if (p.pending.empty()) return Gate::OPEN;
-  p.held.push_back(std::move(resume));
-  return Gate::HELD;
+  return hold_behind_draining(key, instance, resume) ? Gate::HELD : Gate::OPEN;
 }
 
 void Fencer::reset(const std::string& key, const std::string& why) {
@@ -136,10 +157,23 @@ void Fencer::reset(const std::string& key, const std::string& why) {
                why.empty() ? "the peer was registered again or deregistered"
                            : "the peer was deregistered: " + why,
                calls);
+    if (it->second->asking) draining_.emplace(key, it->second);
     peers_.erase(it);
     cv_.notify_all();
   }
   for (auto& c : calls) c();
+}
+
+void Fencer::end_draining(const std::string& key, const std::shared_ptr<PeerState>& p,
+                          std::vector<std::function<void()>>& out) {
+  auto [b, e] = draining_.equal_range(key);
+  for (auto d = b; d != e; ++d) {
+    if (d->second != p) continue;
+    draining_.erase(d);
+    break;
+  }
+  for (auto& h : p->held) out.push_back([h = std::move(h)] { h(true, {}); });
+  p->held.clear();
 }
 
 Fencer::Counts Fencer::counts() const {
@@ -176,13 +210,12 @@ void Fencer::run(const std::string& key) {
     const Target t = p->target;
     const uint64_t req = next_req_++;
     ++counts_.fences;
+    p->asking = true;
     lk.unlock();
 
     CtrlFrame reply;
     std::string err;
-    int rc = control_->request(t.key, t.host, t.port, CtrlType::FENCE,
-                               fence_body(req, t.instance, entries), CtrlType::FENCE_REPLY,
-                               deadline, &reply, &err);
+    int rc = ask_(t, fence_body(req, t.instance, entries), deadline, &reply, &err);
     uint64_t rreq = 0, rinst = 0;
     std::vector<FenceResult> results;
     bool answered = false, gone = false;
@@ -200,8 +233,17 @@ void Fencer::run(const std::string& key) {
 
     std::vector<std::function<void()>> calls;
     lk.lock();
+    p->asking = false;
     it = peers_.find(key);
-    if (it == peers_.end() || it->second != p) return;  // reset meanwhile: answered there
+    if (it == peers_.end() || it->second != p) {
+      // Reset meanwhile (its attempts were answered there). The request is back:
+      // transfers to a new registration of that life that waited for it start
+      // (start_next asks admit() again: another fence may hold them).
+      end_draining(key, p, calls);
+      lk.unlock();
+      for (auto& c : calls) c();
+      return;
+    }
     if (answered || gone) {
       backoff = kRetryMin;
       std::vector<Pending> left;

@@ -16,6 +16,11 @@
 //            cannot fence: new transfers fail at once with the reason, until the
 //            target answers (the thread keeps asking) or a new instance of it is
 //            registered (reset()).
+//
+// A FENCE already on its way when the target is deregistered still reaches it,
+// and the target retires every lane of ours it finds then - new ones too. So
+// when the same instance is registered again, its transfers wait (HELD) until
+// that request has come back: the lanes they make are made after the fence.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -49,7 +54,12 @@ class Fencer {
   using Resume = std::function<void(bool go, const std::string& why)>;
   enum class Gate { OPEN, HELD, CLOSED };
 
+  // How a FENCE request goes out and its answer comes back (the control
+  // plane's request(); a test's stand-in): FERRY_OK with *reply, or an error.
+  using Ask = std::function<int(const Target& t, const std::vector<uint8_t>& body,
+                                Clock::time_point deadline, CtrlFrame* reply, std::string* err)>;
   explicit Fencer(ControlPlane* control);
+  explicit Fencer(Ask ask);
   ~Fencer();  // answers every pending attempt UNKNOWN and fails held transfers
 
   // Fence one attempt on `backend`; `done` runs once, on a fencer thread.
@@ -89,19 +99,30 @@ class Fencer {
     std::string closed_why;  // non-empty: CLOSED
     bool manual_close = false;
     bool running = false;  // a worker thread runs while pending is not empty
+    bool asking = false;   // its worker has a FENCE request out (unlocked)
   };
   void run(const std::string& key);
   void finish_all(PeerState& p, const std::string& why, std::vector<std::function<void()>>& out);
   // A fresh state for the target (dropping one of an older instance); mu_ held.
   PeerState& state_for(const Target& t);
+  // Whether a reset state of `key`'s life `instance` still has its FENCE out;
+  // if so `resume` joins its held transfers (mu_ held).
+  bool hold_behind_draining(const std::string& key, uint64_t instance, Resume& resume);
+  // The FENCE of reset state `p` came back: it stops draining and its held
+  // transfers go (mu_ held; the calls run after it is released).
+  void end_draining(const std::string& key, const std::shared_ptr<PeerState>& p,
+                    std::vector<std::function<void()>>& out);
 
-  ControlPlane* control_;
+  Ask ask_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
   uint64_t next_req_ = 1;
   Counts counts_;
   std::map<std::string, std::shared_ptr<PeerState>> peers_;
+  // States dropped by reset() while their worker's FENCE was out: the request
+  // may still retire lanes at the target, so transfers to that life wait for it.
+  std::multimap<std::string, std::shared_ptr<PeerState>> draining_;
   // Last member: destroyed (its threads joined) before the state they use.
   AsyncRunner workers_;
 };

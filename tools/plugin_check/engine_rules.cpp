@@ -7,8 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -141,18 +143,34 @@ std::string size_text(uint64_t n) {
   return std::to_string(n) + "B";
 }
 
-// CPU seconds of a process (utime + stime from /proc/<pid>/stat).
-double cpu_seconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+// utime + stime, in seconds, from a /proc/.../stat file.
+double stat_cpu_seconds(const std::string& path) {
+  std::ifstream in(path);
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto close = s.rfind(')');
-  if (close == std::string::npos) return -1;
+  if (close == std::string::npos) return 0;
   std::istringstream f(s.substr(close + 2));
   std::string skip;
   for (int i = 0; i < 11; ++i) f >> skip;  // state .. cmajflt
   unsigned long long ut = 0, st = 0;
   f >> ut >> st;
   return static_cast<double>(ut + st) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// CPU seconds of a process.
+double cpu_seconds(pid_t pid) { return stat_cpu_seconds("/proc/" + std::to_string(pid) + "/stat"); }
+
+// CPU seconds of this process's threads but the calling one: the engine's
+// threads, not the checker measuring them (whose own reads of /proc cost
+// whole clock ticks in an emulated CPU).
+double engine_cpu_seconds() {
+  const std::string self = std::to_string(::gettid());
+  double sum = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    const std::string tid = e.path().filename().string();
+    if (tid != self) sum += stat_cpu_seconds(e.path().string() + "/stat");
+  }
+  return sum;
 }
 
 class Checker {
@@ -407,14 +425,15 @@ class Checker {
     }
   }
 
-  // An idle engine pair costs no CPU: both processes over one second.
+  // An idle engine pair costs no CPU: both engines over two seconds (a clock
+  // tick is 0.5% of that; threads that end meanwhile are not counted).
   void idle_cpu_rule() {
-    const double me0 = cpu_seconds(::getpid()), t0 = cpu_seconds(t_.pid());
+    const double me0 = engine_cpu_seconds(), t0 = cpu_seconds(t_.pid());
     const auto w0 = std::chrono::steady_clock::now();
-    std::this_thread::sleep_for(1s);  // measuring an interval, not ordering events
+    std::this_thread::sleep_for(2s);  // measuring an interval, not ordering events
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-    const double me = (cpu_seconds(::getpid()) - me0) / secs,
+    const double me = std::max(0.0, engine_cpu_seconds() - me0) / secs,
                  t = (cpu_seconds(t_.pid()) - t0) / secs;
     char d[96];
     std::snprintf(d, sizeof d, "initiator %.1f%%, target %.1f%% of a core", 100 * me, 100 * t);

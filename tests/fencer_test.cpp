@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: Apache-2.0
+// The initiator's fence gate around a deregistration: a FENCE already out when
+// the target is deregistered still reaches it and retires the lanes it finds, so
+// transfers to the same life registered again wait until that request is back.
+// The control plane is replaced by a stand-in the test answers by hand.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "fence.h"
+#include "ferry/plugin.h"
+
+using namespace ferry;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A FENCE request that blocks until the test answers it (or says it failed).
+class HeldRequests {
+ public:
+  Fencer::Ask ask() {
+    return [this](const Fencer::Target&, const std::vector<uint8_t>& body,
+                  Fencer::Clock::time_point, CtrlFrame* reply, std::string* err) {
+      uint64_t req = 0, inst = 0;
+      std::vector<FenceEntry> entries;
+      std::unique_lock lk(mu_);
+      if (!decode_fence(body, req, inst, entries)) return FERRY_ERR_INVALID_ARGS;
+      ++asked_;
+      cv_.notify_all();
+      cv_.wait(lk, [&] { return answer_.has_value() || released_; });
+      const bool ok = released_ || *answer_;
+      answer_.reset();
+      if (!ok) {
+        *err = "no answer (test)";
+        return FERRY_ERR_TIMEOUT;
+      }
+      std::vector<FenceResult> results;
+      for (const auto& e : entries) results.push_back({e.attempt, FenceState::NONE, 0});
+      reply->type = CtrlType::FENCE_REPLY;
+      reply->body = fence_reply_body(req, inst, results);
+      return FERRY_OK;
+    };
+  }
+  // Waits until `n` requests have been made in all.
+  void wait_asked(int n) {
+    std::unique_lock lk(mu_);
+    ASSERT_TRUE(cv_.wait_for(lk, 10s, [&] { return asked_ >= n; })) << "no FENCE request went out";
+  }
+  void answer(bool ok) {
+    std::lock_guard lk(mu_);
+    answer_ = ok;
+    cv_.notify_all();
+  }
+  // Every request from now on is answered at once (a failed assertion must not
+  // leave the Fencer's destructor joining a worker that waits here).
+  void release_all() {
+    std::lock_guard lk(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int asked_ = 0;
+  std::optional<bool> answer_;
+  bool released_ = false;
+};
+
+// Declared after the Fencer: runs before its destructor.
+struct ReleaseOnExit {
+  HeldRequests& net;
+  ~ReleaseOnExit() { net.release_all(); }
+};
+
+// What a held transfer was told, once.
+struct Outcome {
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  bool go = false;
+  std::string why;
+  Fencer::Resume resume() {
+    return [this](bool g, const std::string& w) {
+      std::lock_guard lk(mu);
+      ++calls;
+      go = g;
+      why = w;
+      cv.notify_all();
+    };
+  }
+  bool wait(std::chrono::seconds d = 10s) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, d, [&] { return calls > 0; });
+  }
+  int count() {
+    std::lock_guard lk(mu);
+    return calls;
+  }
+};
+
+const Fencer::Target kTarget{"target", "127.0.0.1", 1, 7};
+
+}  // namespace
+
+TEST(Fencer, RegisteredAgainWaitsForTheFenceStillOut) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  Outcome attempt_told;
+  f.fence(kTarget, "rdma", 1, Fencer::Clock::now() + 30s,
+          [&](const FenceResult&, const std::string&) { attempt_told.resume()(false, {}); });
+  net.wait_asked(1);
+  f.reset(kTarget.key);  // deregistered while the FENCE is out
+  ASSERT_TRUE(attempt_told.wait()) << "the reset did not answer the pending attempt";
+
+  // The same life registered again: its transfers wait for that request.
+  Outcome held;
+  std::string why;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD);
+  // Another life of the engine is another process: no lane of it is fenced.
+  Outcome other;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance + 1, other.resume(), &why), Fencer::Gate::OPEN);
+  EXPECT_EQ(held.count(), 0);
+
+  net.answer(true);
+  ASSERT_TRUE(held.wait()) << "the held transfer never resumed";
+  EXPECT_TRUE(held.go) << held.why;
+  Outcome later;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, later.resume(), &why), Fencer::Gate::OPEN);
+  EXPECT_EQ(held.count(), 1);
+}
+
+TEST(Fencer, AFenceThatFailsStillReleasesTheTransfersItHeld) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
+          [](const FenceResult&, const std::string&) {});
+  net.wait_asked(1);
+  f.reset(kTarget.key);
+  Outcome held;
+  std::string why;
+  ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD);
+  net.answer(false);  // the request is over either way: nothing of it is left to act
+  ASSERT_TRUE(held.wait());
+  EXPECT_TRUE(held.go);
+}
+
+TEST(Fencer, NoFenceOutMeansNothingWaits) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  Outcome first;
+  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
+          [&](const FenceResult& r, const std::string&) {
+            first.resume()(r.state == FenceState::NONE, {});
+          });
+  net.wait_asked(1);
+  net.answer(true);
+  ASSERT_TRUE(first.wait());
+  EXPECT_TRUE(first.go) << "the target's answer did not reach the attempt";
+  f.reset(kTarget.key);  // nothing out any more
+  std::string why;
+  Outcome later;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, later.resume(), &why), Fencer::Gate::OPEN);
+}
+
+TEST(Fencer, ShuttingDownFailsTransfersHeldBehindAFenceStillOut) {
+  HeldRequests net;
+  auto f = std::make_unique<Fencer>(net.ask());
+  ReleaseOnExit release{net};
+  f->fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
+           [](const FenceResult&, const std::string&) {});
+  net.wait_asked(1);
+  f->reset(kTarget.key);
+  Outcome held;
+  std::string why;
+  ASSERT_EQ(f->admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD);
+  // The destructor fails what is held, then joins the worker, which the request
+  // still blocks: answer it once the held transfer has been told.
+  std::thread closer([&] { f.reset(); });
+  EXPECT_TRUE(held.wait());
+  EXPECT_FALSE(held.go);
+  EXPECT_NE(held.why.find("shutting down"), std::string::npos) << held.why;
+  net.answer(true);
+  closer.join();
+  EXPECT_EQ(held.count(), 1);
+}
