@@ -6,10 +6,14 @@
 // own --bytes slice of the region once and then idles. The central engine's
 // threads, descriptors and RSS are read from /proc/self before any peer, once
 // every peer has written, and again once its idle lanes are reaped (tcp
-// `lane_idle_ms`); every slice is then checked byte for byte.
+// `lane_idle_ms`; rdma `qp_idle_ms`, when its target QPs are gone too; the
+// control plane's connections after the same time); every
+// slice is then checked byte for byte. The central engine's plugin counters
+// (rdma: its QPs and connections) are printed at each phase.
 //
-//   many_peers [--peers 1024] [--procs 8] [--bytes 4096] [--idle-ms 2000]
-//              [--settings JSON] [--max-threads N --max-fds N] [--max-active-threads N]
+//   many_peers [--backend tcp|rdma] [--peers 1024] [--procs 8] [--bytes 4096]
+//              [--idle-ms 2000] [--settings JSON] [--max-threads N --max-fds N]
+//              [--max-active-threads N]
 //
 // Prints one RESULT line per phase, and the most threads the central engine
 // had while the peers were writing (sampled every 5 ms: a measurement, not a
@@ -40,11 +44,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Options {
+  std::string backend = "tcp";
   int peers = 1024;
   int procs = 8;
   size_t bytes = 4096;
   int idle_ms = 2000;
-  std::string settings;  // tcp settings; lane_idle_ms is added from --idle-ms
+  std::string settings;  // the backend's settings; its idle time is added from --idle-ms
   long max_threads = -1, max_fds = -1;
   long max_active_threads = -1;
 };
@@ -83,6 +88,26 @@ void Print(const char* phase, const Sample& s, const Sample& base, int peers) {
   std::fflush(stdout);
 }
 
+// A plugin counter of the central engine's backend; 0 when it keeps none of that name.
+uint64_t Counter(ferry::Engine& e, const std::string& backend, const std::string& name) {
+  const auto st = e.stats();
+  auto b = st.backends.find(backend);
+  if (b == st.backends.end()) return 0;
+  auto c = b->second.plugin.find(name);
+  return c == b->second.plugin.end() ? 0 : c->second;
+}
+
+void PrintCounters(const char* phase, ferry::Engine& e, const std::string& backend) {
+  const auto st = e.stats();
+  auto b = st.backends.find(backend);
+  // tcp's counters say nothing of its lanes: the thread and fd counts do.
+  if (backend != "rdma" || b == st.backends.end() || b->second.plugin.empty()) return;
+  std::string kv;
+  for (const auto& [k, v] : b->second.plugin) kv += " " + k + "=" + std::to_string(v);
+  std::printf("RESULT %-8s %s counters:%s\n", phase, backend.c_str(), kv.c_str());
+  std::fflush(stdout);
+}
+
 // Many engines need many descriptors: take the hard limit.
 void RaiseFdLimit() {
   rlimit r{};
@@ -94,10 +119,19 @@ void RaiseFdLimit() {
 
 uint8_t PatternByte(int peer, size_t i) { return static_cast<uint8_t>(peer * 131 + i * 7 + 1); }
 
-std::string TcpSettings(const Options& o) {
+std::string BackendSettings(const Options& o) {
   std::string s = o.settings.empty() ? "{}" : o.settings;
-  const std::string idle = "\"lane_idle_ms\":" + std::to_string(o.idle_ms);
+  const std::string idle =
+      (o.backend == "rdma" ? "\"qp_idle_ms\":" : "\"lane_idle_ms\":") + std::to_string(o.idle_ms);
   return s == "{}" ? "{" + idle + "}" : "{" + idle + "," + s.substr(1);
+}
+
+// Every engine here closes idle control-plane connections (rdma's handshakes
+// use them) after the same idle time as the backend's lanes or QPs.
+ferry::EngineConfig Config(const Options& o) {
+  ferry::EngineConfig c;
+  c.control_idle_close = std::chrono::milliseconds(o.idle_ms);
+  return c;
 }
 
 std::vector<uint8_t> ReadFile(const std::string& path) {
@@ -123,8 +157,8 @@ int Child(const Options& o, int first, int count, const std::string& desc_file, 
   std::vector<std::vector<uint8_t>> bufs;
   bool ok = true;
   for (int p = first; p < first + count && ok; ++p) {
-    auto e = std::make_unique<ferry::Engine>("peer-" + std::to_string(p));
-    ferry::Result r = e->add_backend("tcp", TcpSettings(o));
+    auto e = std::make_unique<ferry::Engine>("peer-" + std::to_string(p), Config(o));
+    ferry::Result r = e->add_backend(o.backend, BackendSettings(o));
     if (r) r = e->register_remote_engine(central);
     if (!r) {
       std::fprintf(stderr, "many_peers: peer %d: %s\n", p, r.message.c_str());
@@ -161,7 +195,9 @@ bool ParseArgs(int argc, char** argv, Options* o, std::vector<std::string>* chil
       continue;
     }
     if (!(v = next())) return false;
-    if (a == "--peers")
+    if (a == "--backend")
+      o->backend = v;
+    else if (a == "--peers")
       o->peers = std::atoi(v);
     else if (a == "--procs")
       o->procs = std::atoi(v);
@@ -180,7 +216,8 @@ bool ParseArgs(int argc, char** argv, Options* o, std::vector<std::string>* chil
     else
       return false;
   }
-  return o->peers > 0 && o->procs > 0 && o->procs <= o->peers && o->bytes > 0 && o->idle_ms > 0 &&
+  return (o->backend == "tcp" || o->backend == "rdma") && o->peers > 0 && o->procs > 0 &&
+         o->procs <= o->peers && o->bytes > 0 && o->idle_ms > 0 &&
          (o->settings.empty() || (o->settings.front() == '{' && o->settings.back() == '}'));
 }
 
@@ -191,7 +228,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> child;
   if (!ParseArgs(argc, argv, &o, &child)) {
     std::fprintf(stderr,
-                 "usage: many_peers [--peers 1024] [--procs 8] [--bytes 4096] [--idle-ms 2000] "
+                 "usage: many_peers [--backend tcp|rdma] [--peers 1024] [--procs 8] [--bytes 4096] "
+                 "[--idle-ms 2000] "
                  "[--settings JSON] [--max-threads N] [--max-fds N] [--max-active-threads N]\n");
     return 2;
   }
@@ -200,8 +238,8 @@ int main(int argc, char** argv) {
                  std::atoi(child[3].c_str()), std::atoi(child[4].c_str()));
   }
   RaiseFdLimit();
-  ferry::Engine central("central");
-  if (ferry::Result r = central.add_backend("tcp", TcpSettings(o)); !r) {
+  ferry::Engine central("central", Config(o));
+  if (ferry::Result r = central.add_backend(o.backend, BackendSettings(o)); !r) {
     std::fprintf(stderr, "many_peers: %s\n", r.message.c_str());
     return 1;
   }
@@ -220,10 +258,11 @@ int main(int argc, char** argv) {
     }
     close(dfd);
   }
-  std::printf("# many_peers: %d peers in %d processes, %zu B each, tcp %s\n", o.peers, o.procs,
-              o.bytes, TcpSettings(o).c_str());
+  std::printf("# many_peers: %d peers in %d processes, %zu B each, %s %s\n", o.peers, o.procs,
+              o.bytes, o.backend.c_str(), BackendSettings(o).c_str());
   const Sample base = Now();
   Print("before", base, base, o.peers);
+  PrintCounters("before", central, o.backend);
 
   int done[2], quit[2];
   if (pipe2(done, O_CLOEXEC) != 0 || pipe2(quit, O_CLOEXEC) != 0) return 1;
@@ -237,6 +276,8 @@ int main(int argc, char** argv) {
       // exec: the child starts its own engines with nothing of ours inherited.
       const int d = dup(done[1]), q = dup(quit[0]);  // without CLOEXEC
       std::vector<std::string> args = {argv[0],
+                                       "--backend",
+                                       o.backend,
                                        "--peers",
                                        std::to_string(o.peers),
                                        "--bytes",
@@ -285,6 +326,7 @@ int main(int argc, char** argv) {
   const Sample busy = Now();
   std::printf("# every peer wrote once: %s, %.1f s\n", ok ? "all succeeded" : "FAILURES", secs);
   Print("active", busy, base, o.peers);
+  PrintCounters("active", central, o.backend);
   std::printf("RESULT peak     threads %5zu (%+5ld) while the peers connected and wrote\n",
               peak_threads.load(),
               static_cast<long>(peak_threads.load()) - static_cast<long>(base.threads));
@@ -306,13 +348,15 @@ int main(int argc, char** argv) {
   bool reaped = false;
   while (!reaped && Clock::now() < limit) {
     after = Now();
-    reaped = after.threads <= base.threads + 2 && after.fds <= base.fds + 2;
+    reaped = after.threads <= base.threads + 2 && after.fds <= base.fds + 2 &&
+             Counter(central, o.backend, "target_qps") == 0;
     if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a bounded poll
   }
-  std::printf("# idle lanes %s after %.1f s (lane_idle_ms %d)\n",
-              reaped ? "reaped" : "NOT reaped (threads or fds above before + 2)",
+  std::printf("# idle lanes %s after %.1f s (idle time %d ms)\n",
+              reaped ? "reaped" : "NOT reaped (threads or fds above before + 2, or QPs left)",
               std::chrono::duration<double>(Clock::now() - reap_start).count(), o.idle_ms);
   Print("reaped", after, base, o.peers);
+  PrintCounters("reaped", central, o.backend);
 
   size_t wrong = 0;
   for (int p = 0; p < o.peers; ++p) {

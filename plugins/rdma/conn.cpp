@@ -94,6 +94,8 @@ void Conn::StartConnectLocked(FinishedList* out) {
     const int n = s.qp_per_transfer;
     const int cqes = n * (want.send_wr + 2);
     if (!dev->ReserveCqes(cqes, &err)) {
+      err += ": a connection of ours reserves qp_per_transfer x (max_send_wr + 2) = " +
+             std::to_string(cqes) + "; lower either";
       FailQueuedLocked(FERRY_ERR_TRANSPORT, err, out);
       return;
     }
@@ -547,7 +549,13 @@ bool Passive::Setup(const wire::ConnectMsg& req, wire::ConnectMsg* rep, std::str
   const size_t n = req.qps.size();
   depth_ = std::min(s.recv_depth, dev->attr.max_qp_wr);
   const int cqes = static_cast<int>(n) * (depth_ + 2);
-  if (!dev->ReserveCqes(cqes, err)) return false;
+  if (!dev->ReserveCqes(cqes, err)) {
+    // Each initiator's connection costs its QP count x (recv_depth + 2) here.
+    *err += ": serving an initiator's connection reserves " + std::to_string(n) +
+            " QPs x (recv_depth + 2) = " + std::to_string(cqes) +
+            "; lower recv_depth here or qp_per_transfer at the initiators";
+    return false;
+  }
   cqes_reserved_ = cqes;
   buf_.assign(n * static_cast<size_t>(depth_) * kRecvSlot, 0);
   mr_ = ibv_reg_mr(dev->pd, buf_.data(), buf_.size(), IBV_ACCESS_LOCAL_WRITE);

@@ -111,9 +111,11 @@ bool DeviceCtx::ReserveCqes(int n, std::string* err) {
     int want = std::max(cq_capacity * 2, cq_reserved + n);
     want = std::min(want, attr.max_cqe);
     if (want < cq_reserved + n || ibv_resize_cq(cq, want) != 0) {
-      *err = "completion queue of " + name + " is full (" + std::to_string(cq_capacity) +
-             " CQEs, device max " + std::to_string(attr.max_cqe) +
-             "): raise cq_size or lower qp_per_transfer / max_send_wr";
+      // The caller says what its reservation is made of (and so what to lower).
+      *err = "completion queue of " + name + " is full (" + std::to_string(cq_reserved) + " of " +
+             std::to_string(cq_capacity) + " CQEs reserved, device max " +
+             std::to_string(attr.max_cqe) + (cq_capacity < attr.max_cqe ? "; raise cq_size" : "") +
+             ")";
       return false;
     }
     cq_capacity = cq->cqe > want ? cq->cqe : want;
