@@ -146,11 +146,8 @@ PolledLane::Step PolledLane::ReadPhase(size_t* moved) {
 }
 
 PolledLane::Step PolledLane::HeaderDone() {
-  std::string why;
-  if (!wire::DecodeHeader(hb_, &h_, &why)) return Close("malformed frame: " + why);
-  if (h_.type != wire::Type::kWrite && h_.type != wire::Type::kRead)
-    return Close(std::string("unexpected ") + wire::TypeName(h_.type) + " frame");
-  if (!s_->LaneStillProven(ctx_.key, proven_, &registrations_seen_, &why)) return Close(why);
+  std::string why = s_->AcceptHead(hb_, ctx_.key, proven_, &registrations_seen_, &h_);
+  if (!why.empty()) return Close(why);
   item_buf_.resize(size_t{h_.n_items} * wire::kItemSize);
   want_.assign(1, iovec{item_buf_.data(), item_buf_.size()});
   want_first_ = 0;
@@ -159,12 +156,8 @@ PolledLane::Step PolledLane::HeaderDone() {
 }
 
 PolledLane::Step PolledLane::ItemsDone() {
-  std::string why;
-  uint64_t total = 0;
-  if (!wire::DecodeItems(item_buf_.data(), h_.n_items, &items_, &total, &why))
-    return Close("malformed frame: " + why);
-  if (h_.type == wire::Type::kWrite && total != h_.payload_len)
-    return Close("malformed frame: WRITE items do not add up to its payload");
+  std::string why = TargetServer::AcceptItems(h_, item_buf_, &items_);
+  if (!why.empty()) return Close(why);
   return Begin();
 }
 

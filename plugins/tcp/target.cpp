@@ -555,33 +555,16 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
       }
       break;
     }
-    if (!wire::DecodeHeader(hb, &h, &why)) {
-      close_why = "malformed frame: " + why;
-      break;
-    }
-    if (h.type != wire::Type::kWrite && h.type != wire::Type::kRead) {
-      close_why = std::string("unexpected ") + wire::TypeName(h.type) + " frame";
-      break;
-    }
-    if (!LaneStillProven(key, proven, &registrations_seen, &why)) {
-      close_why = why;
-      break;
-    }
+    close_why = AcceptHead(hb, key, proven, &registrations_seen, &h);
+    if (!close_why.empty()) break;
     item_buf.resize(size_t{h.n_items} * wire::kItemSize);
     err = in.Read(item_buf.data(), item_buf.size());
     if (err != 0) {
       close_why = IoErrorString(err);
       break;
     }
-    uint64_t total = 0;
-    if (!wire::DecodeItems(item_buf.data(), h.n_items, &items, &total, &why)) {
-      close_why = "malformed frame: " + why;
-      break;
-    }
-    if (h.type == wire::Type::kWrite && total != h.payload_len) {
-      close_why = "malformed frame: WRITE items do not add up to its payload";
-      break;
-    }
+    close_why = AcceptItems(h, item_buf, &items);
+    if (!close_why.empty()) break;
     if (!ServeFrame(*ch, in, ctx, h, items, &close_why)) break;
   }
   if (!close_why.empty()) {
@@ -589,6 +572,28 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   }
   tp->Detach(fd);
   return false;
+}
+
+std::string TargetServer::AcceptHead(const uint8_t* head, const std::string& key,
+                                     const LaneProof& proven, uint64_t* registrations_seen,
+                                     wire::Header* h) {
+  std::string why;
+  if (!wire::DecodeHeader(head, h, &why)) return "malformed frame: " + why;
+  if (h->type != wire::Type::kWrite && h->type != wire::Type::kRead)
+    return std::string("unexpected ") + wire::TypeName(h->type) + " frame";
+  if (!LaneStillProven(key, proven, registrations_seen, &why)) return why;
+  return {};
+}
+
+std::string TargetServer::AcceptItems(const wire::Header& h, const std::vector<uint8_t>& item_buf,
+                                      std::vector<wire::Item>* items) {
+  std::string why;
+  uint64_t total = 0;
+  if (!wire::DecodeItems(item_buf.data(), h.n_items, items, &total, &why))
+    return "malformed frame: " + why;
+  if (h.type == wire::Type::kWrite && total != h.payload_len)
+    return "malformed frame: WRITE items do not add up to its payload";
+  return {};
 }
 
 bool TargetServer::Count(const LaneCtx& ctx, const wire::Header& h, int frame_status,

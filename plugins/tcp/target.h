@@ -166,6 +166,14 @@ class TargetServer {
   // The checks every request passes before memory is touched: the region is
   // registered and the key is its key, every item lies inside it. FERRY_OK with
   // *r, else the refusal's code with *reason.
+  // A lane's next frame, as every lane reads it (its own thread or the pool):
+  // the head decoded into *h and checked (a request, from a peer still proven),
+  // then its items decoded into *items and checked against the head. "" when
+  // the frame may be served, else why the lane closes.
+  std::string AcceptHead(const uint8_t* head, const std::string& key, const LaneProof& proven,
+                         uint64_t* registrations_seen, wire::Header* h);
+  static std::string AcceptItems(const wire::Header& h, const std::vector<uint8_t>& item_buf,
+                                 std::vector<wire::Item>* items);
   int CheckRequest(const wire::Header& h, const std::vector<wire::Item>& items,
                    std::shared_ptr<Region>* r, std::string* reason) const;
   // A READ's response header: kHeaderSize bytes at out, the items' total as its payload.
