@@ -104,6 +104,14 @@ struct Outcome {
 
 const Fencer::Target kTarget{"target", "127.0.0.1", 1, 7};
 
+// An attempt is fenced, and its target deregistered while the request is out.
+void DeregisterWithAFenceOut(Fencer& f, HeldRequests& net) {
+  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
+          [](const FenceResult&, const std::string&) {});
+  net.wait_asked(1);
+  f.reset(kTarget.key);
+}
+
 }  // namespace
 
 TEST(Fencer, RegisteredAgainWaitsForTheFenceStillOut) {
@@ -138,10 +146,7 @@ TEST(Fencer, AFenceThatFailsStillReleasesTheTransfersItHeld) {
   HeldRequests net;
   Fencer f(net.ask());
   ReleaseOnExit release{net};
-  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
-          [](const FenceResult&, const std::string&) {});
-  net.wait_asked(1);
-  f.reset(kTarget.key);
+  DeregisterWithAFenceOut(f, net);
   Outcome held;
   std::string why;
   ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD);
@@ -173,10 +178,7 @@ TEST(Fencer, ShuttingDownFailsTransfersHeldBehindAFenceStillOut) {
   HeldRequests net;
   auto f = std::make_unique<Fencer>(net.ask());
   ReleaseOnExit release{net};
-  f->fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
-           [](const FenceResult&, const std::string&) {});
-  net.wait_asked(1);
-  f->reset(kTarget.key);
+  DeregisterWithAFenceOut(*f, net);
   Outcome held;
   std::string why;
   ASSERT_EQ(f->admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD);

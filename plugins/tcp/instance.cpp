@@ -132,6 +132,8 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   if (p->same_host != 0 && settings_.same_host_rings) info.unix_name = ci.unix_name;
   info.ring_bytes = settings_.ring_bytes;
   info.ring_spin_us = settings_.ring_spin_us;
+  info.sender_spin_us = settings_.sender_spin_us;
+  info.sender_polls_caught = &sender_polls_caught_;
   info.ring_lanes_opened = &ring_lanes_opened_;
   info.pool = &pool_;
   info.progress = &progress_;
@@ -285,6 +287,8 @@ int Instance::Describe(char* buf, size_t len) {
   s += " connect_timeout=" + std::to_string(settings_.connect_timeout_ms) +
        "ms io_timeout=" + std::to_string(settings_.io_timeout_ms) +
        "ms lane_idle=" + std::to_string(settings_.lane_idle_ms) + "ms";
+  if (settings_.sender_spin_us > 0)
+    s += " sender_spin=" + std::to_string(settings_.sender_spin_us) + "us";
   if (FERRY_HAS_FIELD(ferry_host_v1, host_, gpu) && host_->gpu != nullptr) {
     s += " gpu_chunk=" + FormatBytes(settings_.gpu_chunk_bytes) +
          " gpu_stage=" + FormatBytes(settings_.gpu_stage_bytes) +
@@ -319,14 +323,14 @@ int Instance::Counters(char* buf, size_t len) {
                 "\"gpu_frames_sent\":%llu,\"gpu_send_ns\":%llu,\"gpu_send_wait_ns\":%llu,"
                 "\"gpu_frames_received\":%llu,\"gpu_recv_ns\":%llu,\"gpu_recv_read_ns\":%llu,"
                 "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu,"
-                "\"progress_frames\":%llu}",
+                "\"progress_frames\":%llu,\"sender_polls_caught\":%llu}",
                 peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
                 static_cast<unsigned long long>(stages_.pinned_bytes()),
                 static_cast<unsigned long long>(ring_lanes_opened_.load()),
                 static_cast<unsigned long long>(target_.ring_lanes()), u(t.frames_sent),
                 u(t.send_ns), u(t.send_wait_ns), u(t.frames_received), u(t.recv_ns),
                 u(t.recv_read_ns), u(t.recv_wait_ns), u(t.acquires), u(t.acquire_ns),
-                static_cast<unsigned long long>(progress_.frames()));
+                static_cast<unsigned long long>(progress_.frames()), u(sender_polls_caught_));
   return FERRY_OK;
 }
 

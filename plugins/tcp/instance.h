@@ -71,7 +71,8 @@ class Instance {
   const std::string engine_key_;
   const Settings settings_;
   RegionTable regions_;
-  std::atomic<uint64_t> ring_lanes_opened_{0};  // same-host lanes we opened over rings
+  std::atomic<uint64_t> ring_lanes_opened_{0};    // same-host lanes we opened over rings
+  std::atomic<uint64_t> sender_polls_caught_{0};  // polls of a sender that caught a queued frame
   StagePool stages_;  // GPU staging; outlives the lanes and the target server that lease from it
   DeadlineWatcher watcher_;
   // The I/O threads of both sides (the target's TCP lanes, our TCP lanes'

@@ -217,6 +217,8 @@ void Lane::Submit(FramePtr f, bool try_direct) {
       // is 64 frames: post() paid 64 futex wakes, issue 20 item 2).
       const bool was_empty = queue_.empty();
       queue_.push_back(std::move(f));
+      work_posted_.store(true, std::memory_order_release);
+      // No waiter while the sender polls: the notify makes no system call then.
       if (was_empty) cv_.notify_all();
       return;
     }
@@ -234,6 +236,7 @@ void Lane::SubmitAll(std::vector<FramePtr>& frames) {
       const bool was_empty = queue_.empty();
       for (auto& f : frames) queue_.push_back(std::move(f));
       frames.clear();
+      work_posted_.store(true, std::memory_order_release);
       if (was_empty) cv_.notify_all();
       return;
     }
@@ -340,15 +343,44 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
   return false;
 }
 
+void Lane::SpinForWorkLocked(std::unique_lock<std::mutex>& lk) {
+  // Reset under mu_: a frame queued from now on sets it again (also under mu_).
+  work_posted_.store(false, std::memory_order_relaxed);
+  spinning_.store(true, std::memory_order_relaxed);
+  lk.unlock();
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(info_->sender_spin_us);
+  while (!work_posted_.load(std::memory_order_acquire) &&
+         std::chrono::steady_clock::now() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  lk.lock();
+  spinning_.store(false, std::memory_order_relaxed);
+  if (work_posted_.load(std::memory_order_relaxed) && info_->sender_polls_caught != nullptr)
+    info_->sender_polls_caught->fetch_add(1, std::memory_order_relaxed);
+}
+
 void Lane::SenderMain() {
   std::unique_lock lk(mu_);
   const auto idle_for = std::chrono::milliseconds(info_->idle_close_ms);
+  // Set by a send: the next wait polls first (sender_spin_us), once.
+  bool spin_next = false;
   for (;;) {
     auto ready = [&] {
       if (partial_) return true;
       if (state_ == State::kBroken) return receiver_done_;
       return stopping_ || !queue_.empty();
     };
+    // Only between sends: it is the posting thread's next small frame, a round
+    // trip later, that the poll catches without a wake-up. Stopping or breaking
+    // the lane does not end a poll early: at most sender_spin_us later.
+    if (spin_next && info_->sender_spin_us > 0 && state_ == State::kUp && !ready()) {
+      spin_next = false;
+      SpinForWorkLocked(lk);
+      continue;
+    }
     if (idle_for.count() > 0 && (state_ == State::kUp || state_ == State::kDown)) {
       // Close the connection once it has been idle long enough (responses
       // move last_used_ without waking us: we look again when it would have
@@ -441,6 +473,7 @@ void Lane::SenderMain() {
       const int err = SendOne(*f, 0);
       lk.lock();
       AfterSendLocked(f, err, &doomed);
+      spin_next = true;
     }
     lk.unlock();
     s.unlock();

@@ -52,6 +52,9 @@ struct PeerInfo {
   std::string unix_name;
   uint64_t ring_bytes = 1 << 20;
   int ring_spin_us = 0;
+  // A TCP lane's sender polls its queue this long after a send (settings.h).
+  int sender_spin_us = 0;
+  std::atomic<uint64_t>* sender_polls_caught = nullptr;  // polls that caught a frame (counters)
   // A lane with nothing queued or in flight for this long closes, and its
   // threads end (the target's lane thread with it); the next frame reopens it.
   // 0: never.
@@ -83,6 +86,9 @@ class Lane {
   // Takes them (the vector is left empty) unless it throws (std::system_error:
   // no sender thread), when they are still the caller's to fail.
   void SubmitAll(std::vector<FramePtr>& frames);
+  // Its sender thread polls for frames now (sender_spin_us): one submitted is
+  // sent without a wake-up.
+  bool SenderPolling() const { return spinning_.load(std::memory_order_relaxed); }
   // Frames to resolve once the locks are released.
   using Doomed = std::vector<std::tuple<FramePtr, int, std::string>>;
   // Drops the connection; everything queued or in flight fails with status/msg.
@@ -101,6 +107,9 @@ class Lane {
   enum class State { kDown, kConnecting, kUp, kBroken };
 
   void SenderMain();
+  // Polls for sender_spin_us, without mu_, until a frame is queued; called and
+  // returns with mu_ held.
+  void SpinForWorkLocked(std::unique_lock<std::mutex>& lk);
   // A ring lane's responses (or a TCP lane's when the pool refused it).
   void ReceiverMain(Channel* chan);
   // Starts reading the new connection's responses: on the pool, else a thread.
@@ -156,6 +165,11 @@ class Lane {
   std::shared_ptr<PolledResponses> polled_;  // this connection's responses, when on the pool
   bool in_progress_set_ = false;
   Waker waker_;  // aborts a connect in progress
+  // The sender polls (SpinForWorkLocked; Peer::Post prefers such a lane for a
+  // one-frame transfer). work_posted_: a frame was queued since the poll
+  // began. Both written under mu_, read without it.
+  std::atomic<bool> spinning_{false};
+  std::atomic<bool> work_posted_{false};
   std::thread sender_;
   std::thread receiver_;
 };

@@ -111,7 +111,14 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   xfer->local = local;
   xfer->SetFrameCount(n_frames);
 
-  const uint64_t first_lane = next_lane_.fetch_add(n_frames);
+  // One frame: a lane whose sender polls right now takes it without a wake-up
+  // (sender_spin_us); otherwise the lanes take turns.
+  uint64_t first_lane = UINT64_MAX;
+  if (n_frames == 1 && info_.sender_spin_us > 0) {
+    for (size_t i = 0; i < lanes_.size() && first_lane == UINT64_MAX; ++i)
+      if (lanes_[i]->SenderPolling()) first_lane = i;
+  }
+  if (first_lane == UINT64_MAX) first_lane = next_lane_.fetch_add(n_frames);
   const size_t used_lanes = std::min<size_t>(n_frames, lanes_.size());
   for (size_t i = 0; i < used_lanes; ++i) {
     lanes_[(first_lane + i) % lanes_.size()]->EnsureStarted();
@@ -168,8 +175,10 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   // kernel runs the receiver's side inside each send).
   const bool is_read = x.op == FERRY_OP_READ;
   // A WRITE from GPU memory never goes out from here: staging it waits on copies.
+  // With sender_spin_us the senders send everything: post() makes no system
+  // call while a sender polls, and each send starts the sender's next poll.
   const bool direct =
-      n_frames <= lanes_.size() &&
+      info_.sender_spin_us == 0 && n_frames <= lanes_.size() &&
       (is_read || (n_frames == 1 && plan[0].bytes <= kDirectSendMax && !local->on_gpu()));
   std::shared_lock no_reset(reset_mu_);
   if (direct || n_frames == 1) {

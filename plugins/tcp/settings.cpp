@@ -97,13 +97,17 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
     } else if (key == "ring_spin_us") {
       if (!GetInt(v, "ring_spin_us", 0, 10000, &n, err)) return false;
       s.ring_spin_us = static_cast<int>(n);
+    } else if (key == "sender_spin_us") {
+      if (!GetInt(v, "sender_spin_us", 0, 1000, &n, err)) return false;
+      s.sender_spin_us = static_cast<int>(n);
     } else {
       *err = "unknown tcp setting '" + key +
              "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
              "connect_timeout_ms, io_timeout_ms, keepalive_s, io_threads, lane_idle_ms, "
              "gpu_stage_bytes, "
              "gpu_chunk_bytes, "
-             "gpu_pinned_bytes, same_host_rings, ring_bytes, ring_chunk_bytes, ring_spin_us)";
+             "gpu_pinned_bytes, same_host_rings, ring_bytes, ring_chunk_bytes, ring_spin_us, "
+             "sender_spin_us)";
       return false;
     }
   }

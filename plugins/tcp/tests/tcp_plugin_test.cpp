@@ -1147,6 +1147,53 @@ TEST(TcpIdle, IdleLanesCloseEverywhereAndReopenOnTheNextTransfer) {
   }
 }
 
+// sender_spin_us: a lane's sender polls after each send, and the next small
+// frame is queued for it instead of sent by the posting thread. Every byte
+// still lands, the polls catch frames, and lanes still close when idle.
+TEST(TcpSenderSpin, PolledSendsDeliverAndIdleLanesStillClose) {
+  Pair p({.settings = R"({"sender_spin_us": 1000, "lane_idle_ms": 200})",
+          .same_host = SameHost(Stream::kTcp)});
+  Instance &a = p.a, &b = p.b;
+  void* pb = p.pb;
+  Mem* src = a.Register(1, 1 << 20);
+  Mem* dst = b.Register(1, 1 << 20);
+  void* remote = a.Import(pb, *dst);
+  const size_t threads = CountEntries("/proc/self/task");
+  for (int i = 0; i < 300; ++i) {
+    src->data[0] = static_cast<uint8_t>(i);
+    src->data[4095] = static_cast<uint8_t>(i * 7);
+    Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 4096}});
+    ASSERT_EQ(w.status, FERRY_OK) << "transfer " << i << ": " << w.msg;
+    ASSERT_EQ(dst->data[0], static_cast<uint8_t>(i));
+    ASSERT_EQ(dst->data[4095], static_cast<uint8_t>(i * 7));
+    dst->data[8] = static_cast<uint8_t>(i + 1);
+    Result r = Transfer(a, FERRY_OP_READ, pb, src, remote, {{8, 8, 1}});
+    ASSERT_EQ(r.status, FERRY_OK) << "transfer " << i << ": " << r.msg;
+    ASSERT_EQ(src->data[8], static_cast<uint8_t>(i + 1));
+  }
+  // Each transfer is posted a round trip after the last send: with a 1 ms poll
+  // the senders catch many (342 of 600 on 2 vCPUs with two fuzzers running
+  // beside the test), fewer where the round trip outlasts the poll; without
+  // polling none.
+  const uint64_t caught = Counter(a, "sender_polls_caught");
+  EXPECT_GT(caught, 0u) << "no poll of a sender caught a frame";
+  std::printf("RESULT sender spin: polls caught %llu of 600 frames\n",
+              static_cast<unsigned long long>(caught));
+  // A multi-frame transfer behind the polls.
+  Fill(src->data, 3);
+  ASSERT_EQ(Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, 1 << 20}}).status, FERRY_OK);
+  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 1 << 20));
+  // The polls end: idle lanes close, their threads end, nothing burns CPU.
+  EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads, 10s), threads);
+  EXPECT_LT(CpuMsOver(std::chrono::milliseconds(500)), 30.0) << "an idle sender still polls";
+  ops.mem_release(a.ctx(), remote);
+}
+
+TEST(TcpSenderSpin, SettingIsChecked) {
+  EXPECT_NE(InitError(R"({"sender_spin_us": -1})").find("sender_spin_us"), std::string::npos);
+  EXPECT_NE(InitError(R"({"sender_spin_us": 1001})").find("sender_spin_us"), std::string::npos);
+}
+
 TEST(TcpIdle, SettingIsChecked) {
   EXPECT_NE(InitError(R"({"lane_idle_ms": -1})").find("lane_idle_ms"), std::string::npos);
   EXPECT_NE(InitError(R"({"lane_idle_ms": "1s"})").find("lane_idle_ms"), std::string::npos);
