@@ -517,6 +517,8 @@ struct Plane {
       cv.notify_all();
     };
     h.on_notify = [](const std::string&, uint64_t, int32_t) {};
+    h.on_fence = [this](const std::string& peer, const std::vector<FenceEntry>& entries,
+                        uint64_t* instance) { return fence(peer, entries, instance); };
     cp = std::make_unique<ControlPlane>(key, "127.0.0.1", 0, std::move(h), &link);
   }
   void trust(const std::string& key, const Plane& other) {
@@ -537,6 +539,12 @@ struct Plane {
   LinkAuth link;
   std::condition_variable cv;
   std::vector<std::string> got;
+  // FENCE served here (set before one can arrive; runs on the fence thread).
+  std::function<std::vector<FenceResult>(const std::string&, const std::vector<FenceEntry>&,
+                                         uint64_t*)>
+      fence = [](const std::string&, const std::vector<FenceEntry>& e, uint64_t*) {
+        return std::vector<FenceResult>(e.size());
+      };
   std::unique_ptr<ControlPlane> cp;
 };
 
@@ -575,6 +583,57 @@ TEST(AuthControlPlane, PeerDialingTheWrongKeyFails) {
   ASSERT_EQ(c.send(b, "b", "ok", &err), FERRY_OK) << err;
   EXPECT_EQ(c.send(b, "not-b", "x", &err), FERRY_ERR_NOT_SENT);
   EXPECT_NE(err.find("did not prove"), std::string::npos) << err;
+}
+
+// A FENCE whose sender gave up waiting (its request timed out, it closed the
+// connection) before the target's fence thread got to it is not applied: the
+// sender counts it unanswered, and applied late it could retire lanes made since.
+TEST(AuthControlPlane, AFenceItsSenderGaveUpOnIsNotApplied) {
+  Plane a("a", "tok"), b("b", "tok");
+  a.trust("b", b);
+  b.trust("a", a);
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<uint64_t> applied;
+  bool release = false;
+  b.fence = [&](const std::string&, const std::vector<FenceEntry>& e, uint64_t* instance) {
+    std::unique_lock lk(m);
+    applied.push_back(e.at(0).attempt);
+    cv.notify_all();
+    // The first one holds b's fence thread (it serves one FENCE at a time).
+    if (e.at(0).attempt == 1) cv.wait(lk, [&] { return release; });
+    *instance = 7;
+    return std::vector<FenceResult>{{e.at(0).attempt, FenceState::NONE, 0}};
+  };
+  auto ask = [&](uint64_t attempt, std::chrono::milliseconds wait, CtrlFrame* reply) {
+    std::string err;
+    const std::vector<FenceEntry> entries{{"tcp", attempt}};
+    return a.cp->request("b", "127.0.0.1", b.cp->port(), CtrlType::FENCE,
+                         fence_body(attempt, 7, entries), CtrlType::FENCE_REPLY,
+                         ControlPlane::Clock::now() + wait, reply, &err);
+  };
+  CtrlFrame r1, r2, r3;
+  int rc1 = -1;
+  std::thread first([&] { rc1 = ask(1, 20s, &r1); });
+  {
+    std::unique_lock lk(m);
+    ASSERT_TRUE(cv.wait_for(lk, 10s, [&] { return !applied.empty(); }));
+  }
+  // Queued behind the first: its sender waits 300 ms, then closes.
+  EXPECT_EQ(ask(2, 300ms, &r2), FERRY_ERR_TIMEOUT);
+  {
+    std::lock_guard lk(m);
+    release = true;
+    cv.notify_all();
+  }
+  first.join();
+  EXPECT_EQ(rc1, FERRY_OK);
+  // Served after the second (one fence thread): once it is answered, the
+  // second has been dealt with.
+  EXPECT_EQ(ask(3, 20s, &r3), FERRY_OK);
+  std::lock_guard lk(m);
+  EXPECT_EQ(applied, (std::vector<uint64_t>{1, 3}));
+  EXPECT_EQ(b.cp->abandoned_fences(), 1u);
 }
 
 }  // namespace

@@ -701,6 +701,18 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
   return false;
 }
 
+namespace {
+
+// The requester closed (or reset) the connection: end of stream is all that is
+// left to read. It sends nothing after its FENCE but waits for the answer.
+bool sender_gave_up(int fd) {
+  char probe;
+  const ssize_t n = ::recv(fd, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+}  // namespace
+
 void ControlPlane::fence_loop() {
   for (;;) {
     FenceJob job;
@@ -714,16 +726,23 @@ void ControlPlane::fence_loop() {
     uint64_t req = 0, wanted = 0, mine = 0;
     std::vector<FenceEntry> entries;
     std::vector<FenceResult> results;
-    if (decode_fence(job.body, req, wanted, entries)) {
+    if (!decode_fence(job.body, req, wanted, entries)) {
+      FERRY_LOG(WARN, "control", "malformed FENCE from '" + job.peer + "'");
+      ++rejected_;
+    } else if (sender_gave_up(job.fd)) {
+      // Its request timed out and it closed the connection: it counts this
+      // FENCE unanswered and asks again if it still needs to. Applied now it
+      // could retire lanes made since - of that peer registered again.
+      ++abandoned_fences_;
+      FERRY_LOG(INFO, "control",
+                "FENCE from '" + job.peer + "' not applied: its sender gave up waiting");
+    } else {
       results = handlers_.on_fence(job.peer, entries, &mine);
       // Blocking writes on the dup (the original is non-blocking): the reply is small.
       int flags = fcntl(job.fd, F_GETFL);
       fcntl(job.fd, F_SETFL, flags & ~O_NONBLOCK);
       auto frame = encode_ctrl_frame(CtrlType::FENCE_REPLY, fence_reply_body(req, mine, results));
       write_all(job.fd, frame.data(), frame.size());
-    } else {
-      FERRY_LOG(WARN, "control", "malformed FENCE from '" + job.peer + "'");
-      ++rejected_;
     }
     ::close(job.fd);
   }

@@ -76,6 +76,9 @@ class ControlPlane {
 
   uint16_t port() const { return port_; }
   uint64_t rejected() const { return rejected_.load(); }
+  // FENCE requests not applied because their sender had closed the connection
+  // (it gave up waiting) before the fence thread got to them.
+  uint64_t abandoned_fences() const { return abandoned_fences_.load(); }
   // The abstract unix socket this control plane also listens on (no leading
   // NUL), for peers on this host: "" when it could not listen there. Loopback
   // TCP costs more per frame (a NOTIFY on the GPU host: 6-9 us; a raw unix round
@@ -218,6 +221,7 @@ class ControlPlane {
   Clock::time_point next_reap_{};  // the earliest expiry the last scan found; I/O thread only
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> abandoned_fences_{0};
   std::atomic<uint64_t> unix_connects_{0};
   LogLimiter refusal_log_{std::chrono::seconds(10), /*burst=*/20};
   std::mutex in_mu_;
