@@ -104,10 +104,12 @@ struct Outcome {
 
 const Fencer::Target kTarget{"target", "127.0.0.1", 1, 7};
 
-// An attempt is fenced, and its target deregistered while the request is out.
-void DeregisterWithAFenceOut(Fencer& f, HeldRequests& net) {
-  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
-          [](const FenceResult&, const std::string&) {});
+// An attempt is fenced, and its target deregistered while the request is out;
+// `done` hears what the reset told the attempt.
+void DeregisterWithAFenceOut(
+    Fencer& f, HeldRequests& net,
+    Fencer::Done done = [](const FenceResult&, const std::string&) {}) {
+  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s, std::move(done));
   net.wait_asked(1);
   f.reset(kTarget.key);
 }
@@ -119,10 +121,8 @@ TEST(Fencer, RegisteredAgainWaitsForTheFenceStillOut) {
   Fencer f(net.ask());
   ReleaseOnExit release{net};
   Outcome attempt_told;
-  f.fence(kTarget, "rdma", 1, Fencer::Clock::now() + 30s,
-          [&](const FenceResult&, const std::string&) { attempt_told.resume()(false, {}); });
-  net.wait_asked(1);
-  f.reset(kTarget.key);  // deregistered while the FENCE is out
+  DeregisterWithAFenceOut(
+      f, net, [&](const FenceResult&, const std::string&) { attempt_told.resume()(false, {}); });
   ASSERT_TRUE(attempt_told.wait()) << "the reset did not answer the pending attempt";
 
   // The same life registered again: its transfers wait for that request.

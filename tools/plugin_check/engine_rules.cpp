@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -160,17 +159,12 @@ double stat_cpu_seconds(const std::string& path) {
 // CPU seconds of a process.
 double cpu_seconds(pid_t pid) { return stat_cpu_seconds("/proc/" + std::to_string(pid) + "/stat"); }
 
-// CPU seconds of this process's threads but the calling one: the engine's
-// threads, not the checker measuring them (whose own reads of /proc cost
-// whole clock ticks in an emulated CPU).
+// CPU seconds of this process but the calling thread: the engine's threads
+// (those that ended too: the process's count keeps them), not the checker
+// measuring them (whose own reads of /proc cost whole clock ticks in an
+// emulated CPU).
 double engine_cpu_seconds() {
-  const std::string self = std::to_string(::gettid());
-  double sum = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
-    const std::string tid = e.path().filename().string();
-    if (tid != self) sum += stat_cpu_seconds(e.path().string() + "/stat");
-  }
-  return sum;
+  return cpu_seconds(::getpid()) - stat_cpu_seconds("/proc/thread-self/stat");
 }
 
 class Checker {
@@ -426,7 +420,7 @@ class Checker {
   }
 
   // An idle engine pair costs no CPU: both engines over two seconds (a clock
-  // tick is 0.5% of that; threads that end meanwhile are not counted).
+  // tick is 0.5% of that).
   void idle_cpu_rule() {
     const double me0 = engine_cpu_seconds(), t0 = cpu_seconds(t_.pid());
     const auto w0 = std::chrono::steady_clock::now();
