@@ -11,9 +11,15 @@
 // slice is then checked byte for byte. The central engine's plugin counters
 // (rdma: its QPs and connections) are printed at each phase.
 //
-//   many_peers [--backend tcp|rdma] [--peers 1024] [--procs 8] [--bytes 4096]
-//              [--idle-ms 2000] [--settings JSON] [--max-threads N --max-fds N]
-//              [--max-active-threads N]
+// --direction out turns it round: the central engine is the initiator, the
+// peers the targets. Each peer registers a region and hands its descriptions
+// to the central engine (a file per child), which adds every peer and WRITEs
+// a slice to each - all posted, then waited for - and idles; the children
+// check their bytes when told to end.
+//
+//   many_peers [--backend tcp|rdma] [--direction in|out] [--peers 1024]
+//              [--procs 8] [--bytes 4096] [--idle-ms 2000] [--settings JSON]
+//              [--max-threads N --max-fds N] [--max-active-threads N]
 //
 // Prints one RESULT line per phase, and the most threads the central engine
 // had while the peers were writing (sampled every 5 ms: a measurement, not a
@@ -45,6 +51,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string backend = "tcp";
+  bool out = false;  // --direction out: the central engine initiates
   int peers = 1024;
   int procs = 8;
   size_t bytes = 4096;
@@ -139,6 +146,108 @@ std::vector<uint8_t> ReadFile(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+void PutBlob(std::ofstream& f, const std::vector<uint8_t>& b) {
+  const auto n = static_cast<uint32_t>(b.size());
+  f.write(reinterpret_cast<const char*>(&n), sizeof n);
+  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+// The next length-prefixed blob of `in` from *at; empty at the end or on a short file.
+std::vector<uint8_t> TakeBlob(const std::vector<uint8_t>& in, size_t* at) {
+  uint32_t n = 0;
+  if (*at + sizeof n > in.size()) return {};
+  std::memcpy(&n, in.data() + *at, sizeof n);
+  if (*at + sizeof n + n > in.size()) return {};
+  std::vector<uint8_t> b(in.begin() + static_cast<long>(*at + sizeof n),
+                         in.begin() + static_cast<long>(*at + sizeof n + n));
+  *at += sizeof n + n;
+  return b;
+}
+
+// A child of --direction out: peers [first, first + count) as targets. Their
+// engine and memory descriptions go to `out_file`, then one byte to `done_fd`
+// (1: all started); once `quit_fd` reaches end of file each checks the slice
+// the central engine wrote to it. Exit 0 when every slice is right.
+int TargetChild(const Options& o, int first, int count, const std::string& out_file, int done_fd,
+                int quit_fd) {
+  RaiseFdLimit();
+  std::vector<std::unique_ptr<ferry::Engine>> engines;
+  std::vector<std::vector<uint8_t>> bufs;
+  bool ok = true;
+  {
+    std::ofstream f(out_file, std::ios::binary | std::ios::trunc);
+    for (int p = first; p < first + count && ok; ++p) {
+      auto e = std::make_unique<ferry::Engine>("peer-" + std::to_string(p), Config(o));
+      if (ferry::Result r = e->add_backend(o.backend, BackendSettings(o)); !r) {
+        std::fprintf(stderr, "many_peers: peer %d: %s\n", p, r.message.c_str());
+        ok = false;
+        break;
+      }
+      std::vector<uint8_t> buf(o.bytes, 0);
+      const ferry::MemoryDesc mem = e->register_memory(buf.data(), buf.size());
+      PutBlob(f, e->desc().pack());
+      PutBlob(f, mem.pack());
+      engines.push_back(std::move(e));
+      bufs.push_back(std::move(buf));
+    }
+    ok = ok && static_cast<bool>(f.flush());
+  }
+  const uint8_t done = ok ? 1 : 0;
+  if (write(done_fd, &done, 1) != 1) return 1;
+  char c;
+  while (read(quit_fd, &c, 1) > 0) {
+  }
+  for (size_t k = 0; k < bufs.size() && ok; ++k) {
+    for (size_t i = 0; i < o.bytes; ++i) {
+      if (bufs[k][i] != PatternByte(first + static_cast<int>(k), i)) {
+        std::fprintf(stderr, "many_peers: peer %zu: slice wrong at byte %zu\n", first + k, i);
+        ok = false;
+        break;
+      }
+    }
+  }
+  return ok ? 0 : 1;
+}
+
+// --direction out, in the central engine: adds every peer the children
+// described and WRITEs each its slice of `region`, all posted before any is
+// waited for. False when one failed.
+bool WriteToPeers(const Options& o, ferry::Engine& central, const ferry::MemoryDesc& mem,
+                  const std::string& desc_file) {
+  std::vector<ferry::MemoryDesc> targets;
+  for (int c = 0; c < o.procs; ++c) {
+    const std::vector<uint8_t> in = ReadFile(desc_file + "." + std::to_string(c));
+    size_t at = 0;
+    for (;;) {
+      std::vector<uint8_t> e = TakeBlob(in, &at), m = TakeBlob(in, &at);
+      if (e.empty() || m.empty()) break;
+      if (ferry::Result r = central.register_remote_engine(ferry::EngineDesc::unpack(e)); !r) {
+        std::fprintf(stderr, "many_peers: adding a peer: %s\n", r.message.c_str());
+        return false;
+      }
+      targets.push_back(ferry::MemoryDesc::unpack(m));
+    }
+  }
+  if (targets.size() != static_cast<size_t>(o.peers)) {
+    std::fprintf(stderr, "many_peers: %zu peers described, %d expected\n", targets.size(), o.peers);
+    return false;
+  }
+  std::vector<ferry::TransferStatus> sent;
+  sent.reserve(targets.size());
+  for (int p = 0; p < o.peers; ++p) {
+    sent.push_back(central.write(mem, static_cast<size_t>(p) * o.bytes, targets[p], 0, o.bytes,
+                                 static_cast<uint64_t>(p) + 1));
+  }
+  bool ok = true;
+  for (int p = 0; p < o.peers; ++p) {
+    if (sent[p].Wait() != ferry::StatusCode::SUCCESS) {
+      std::fprintf(stderr, "many_peers: WRITE to peer %d: %s\n", p, sent[p].Message().c_str());
+      ok = false;
+    }
+  }
+  return ok;
+}
+
 // A child: peers [first, first + count) of the central engine described in
 // `desc_file`. Writes one byte to `done_fd` once every peer wrote (1: all
 // succeeded, 0: one failed), then idles until `quit_fd` reaches end of file.
@@ -197,6 +306,8 @@ bool ParseArgs(int argc, char** argv, Options* o, std::vector<std::string>* chil
     if (!(v = next())) return false;
     if (a == "--backend")
       o->backend = v;
+    else if (a == "--direction" && (std::strcmp(v, "in") == 0 || std::strcmp(v, "out") == 0))
+      o->out = std::strcmp(v, "out") == 0;
     else if (a == "--peers")
       o->peers = std::atoi(v);
     else if (a == "--procs")
@@ -228,10 +339,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> child;
   if (!ParseArgs(argc, argv, &o, &child)) {
     std::fprintf(stderr,
-                 "usage: many_peers [--backend tcp|rdma] [--peers 1024] [--procs 8] [--bytes 4096] "
+                 "usage: many_peers [--backend tcp|rdma] [--direction in|out] [--peers 1024] "
+                 "[--procs 8] [--bytes 4096] "
                  "[--idle-ms 2000] "
                  "[--settings JSON] [--max-threads N] [--max-fds N] [--max-active-threads N]\n");
     return 2;
+  }
+  if (child.size() == 5 && o.out) {
+    return TargetChild(o, std::atoi(child[0].c_str()), std::atoi(child[1].c_str()), child[2],
+                       std::atoi(child[3].c_str()), std::atoi(child[4].c_str()));
   }
   if (child.size() == 5) {
     return Child(o, std::atoi(child[0].c_str()), std::atoi(child[1].c_str()), child[2],
@@ -244,6 +360,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<uint8_t> region(static_cast<size_t>(o.peers) * o.bytes, 0);
+  if (o.out) {  // the source of every slice
+    for (int p = 0; p < o.peers; ++p)
+      for (size_t i = 0; i < o.bytes; ++i)
+        region[static_cast<size_t>(p) * o.bytes + i] = PatternByte(p, i);
+  }
   const ferry::MemoryDesc mem = central.register_memory(region.data(), region.size());
   char desc_file[] = "/tmp/many_peers.XXXXXX";
   const int dfd = mkstemp(desc_file);
@@ -258,8 +379,9 @@ int main(int argc, char** argv) {
     }
     close(dfd);
   }
-  std::printf("# many_peers: %d peers in %d processes, %zu B each, %s %s\n", o.peers, o.procs,
-              o.bytes, o.backend.c_str(), BackendSettings(o).c_str());
+  std::printf("# many_peers: %d peers in %d processes, %zu B each, %s %s, the central engine %s\n",
+              o.peers, o.procs, o.bytes, o.backend.c_str(), BackendSettings(o).c_str(),
+              o.out ? "writes to each peer" : "is written to by each peer");
   const Sample base = Now();
   Print("before", base, base, o.peers);
   PrintCounters("before", central, o.backend);
@@ -275,21 +397,24 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       // exec: the child starts its own engines with nothing of ours inherited.
       const int d = dup(done[1]), q = dup(quit[0]);  // without CLOEXEC
-      std::vector<std::string> args = {argv[0],
-                                       "--backend",
-                                       o.backend,
-                                       "--peers",
-                                       std::to_string(o.peers),
-                                       "--bytes",
-                                       std::to_string(o.bytes),
-                                       "--idle-ms",
-                                       std::to_string(o.idle_ms),
-                                       "--child",
-                                       std::to_string(first),
-                                       std::to_string(last - first),
-                                       desc_file,
-                                       std::to_string(d),
-                                       std::to_string(q)};
+      std::vector<std::string> args = {
+          argv[0],
+          "--backend",
+          o.backend,
+          "--direction",
+          o.out ? "out" : "in",
+          "--peers",
+          std::to_string(o.peers),
+          "--bytes",
+          std::to_string(o.bytes),
+          "--idle-ms",
+          std::to_string(o.idle_ms),
+          "--child",
+          std::to_string(first),
+          std::to_string(last - first),
+          o.out ? std::string(desc_file) + "." + std::to_string(c) : std::string(desc_file),
+          std::to_string(d),
+          std::to_string(q)};
       if (!o.settings.empty()) {
         args.insert(args.begin() + 1, o.settings);
         args.insert(args.begin() + 1, "--settings");
@@ -320,6 +445,7 @@ int main(int argc, char** argv) {
     uint8_t b = 0;
     if (read(done[0], &b, 1) != 1 || b != 1) ok = false;
   }
+  if (o.out && ok) ok = WriteToPeers(o, central, mem, desc_file);
   sampling.store(false);
   sampler.join();
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
@@ -367,7 +493,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("# data: %zu of %d slices wrong\n", wrong, o.peers);
+  if (o.out) wrong = 0;  // the children check theirs (their exit status)
+  std::printf("# data: %zu of %d slices wrong%s\n", wrong, o.peers,
+              o.out ? " here (the peers check theirs)" : "");
   close(quit[1]);  // the children end
   for (pid_t pid : pids) {
     int st = 0;
@@ -375,6 +503,8 @@ int main(int argc, char** argv) {
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = false;
   }
   unlink(desc_file);
+  for (int c = 0; o.out && c < o.procs; ++c)
+    unlink((std::string(desc_file) + "." + std::to_string(c)).c_str());
   const bool bounded = settled(after);
   if (!bounded) std::printf("# the central engine did not come back within the bounds given\n");
   return ok && wrong == 0 && bounded && peak_ok ? 0 : 1;

@@ -28,6 +28,7 @@ Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings s
             // Stalls are looked for a few times per io_timeout, at most every 250 ms.
             std::clamp(std::chrono::milliseconds(settings_.io_timeout_ms / 4),
                        std::chrono::milliseconds(5), std::chrono::milliseconds(250))),
+      reaper_(std::chrono::milliseconds(settings_.lane_idle_ms)),
       target_(host, engine_key_, settings_, &regions_, &stages_, &pool_) {}
 
 Instance::~Instance() {
@@ -40,6 +41,8 @@ Instance::~Instance() {
   for (PeerHandle* p : peers) p->peer->Stop(FERRY_ERR_BAD_STATE, "tcp plugin shutting down");
   target_.Stop();
   pool_.Stop();
+  reaper_.Stop();
+  connector_.Stop();
   watcher_.Stop();
   for (PeerHandle* p : peers) delete p;
   for (auto& r : regions_.TakeAll()) r->Revoke(kRevokeGrace);
@@ -79,6 +82,7 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
 
 bool Instance::Start(std::string* err) {
   if (!pool_.Start(err)) return false;
+  if (!reaper_.Start(err)) return false;
   if (!target_.Start(err)) return false;
   watcher_.Start();
   return true;
@@ -137,6 +141,8 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.ring_lanes_opened = &ring_lanes_opened_;
   info.pool = &pool_;
   info.progress = &progress_;
+  info.reaper = &reaper_;
+  info.connector = &connector_;
 
   if (!target_.AddPeer(info.key, p->same_host != 0)) {
     Log(host_, FERRY_LOG_WARN, "peer %s is already added", p->key);

@@ -12,9 +12,11 @@
 #include <set>
 #include <string>
 
+#include "connector.h"
 #include "deadline.h"
 #include "ferry/plugin_kit.hpp"
 #include "gpu_stage.h"
+#include "idle_reaper.h"
 #include "io_pool.h"
 #include "peer.h"
 #include "region.h"
@@ -79,6 +81,8 @@ class Instance {
   // responses); stopped after both.
   IoPool pool_;
   ProgressSet progress_;  // our TCP lanes with frames in flight
+  IdleReaper reaper_;     // closes our idle lanes that the pool serves
+  Connector connector_;   // connects them
   TargetServer target_;
 
   // Handles still held by the core, freed by fini if it never returned them.

@@ -99,6 +99,7 @@ bool IoPool::Rearm(Handler* h, uint32_t events) {
   epoll_event ev{};
   ev.events = events | EPOLLONESHOT;
   ev.data.ptr = h;
+  h->turns_.fetch_add(1, std::memory_order_release);
   return epoll_ctl(epfd_, EPOLL_CTL_MOD, h->fd(), &ev) == 0;
 }
 
@@ -172,6 +173,7 @@ void IoPool::Main() {
     if (ev.data.ptr == nullptr) return;  // Stop
     auto* h = static_cast<Handler*>(ev.data.ptr);
     uint32_t next = 0;
+    h->turns_.load(std::memory_order_acquire);  // after the re-arm that gave us this turn
     try {
       next = h->OnEvents(ev.events);
     } catch (...) {
@@ -182,6 +184,7 @@ void IoPool::Main() {
       epoll_event again{};
       again.events = next | EPOLLONESHOT;
       again.data.ptr = h;
+      h->turns_.fetch_add(1, std::memory_order_release);
       if (epoll_ctl(epfd_, EPOLL_CTL_MOD, h->fd(), &again) == 0) continue;
     }
     Finish(h);

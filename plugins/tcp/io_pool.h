@@ -56,6 +56,12 @@ class IoPool {
     friend class IoPool;
     IoPool* pool_ = nullptr;
     std::atomic<int64_t> stall_at_ns_{0};  // steady clock; 0 = none
+    // Bumped (release) before every re-arm and read (acquire) before every
+    // turn: the kernel already orders one EPOLLONESHOT turn after the re-arm
+    // that allows it, but ThreadSanitizer does not see epoll_ctl(MOD) as a
+    // release, and would report the handler's state as raced between turns on
+    // two pool threads.
+    std::atomic<uint64_t> turns_{0};
   };
 
   // threads: the pool's size (>= 1). sweep: how often stalls are looked for

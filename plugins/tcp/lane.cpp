@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "lane.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -25,20 +27,73 @@ namespace {
 constexpr int kLocalRevoked = -2;
 constexpr int kNoStage = -3;
 
+// Frames one turn of a PooledSender sends before it lets the pool's other
+// handlers go first (a writable socket gives it the next turn at once).
+constexpr int kFramesPerTurn = 16;
+
 }  // namespace
+
+// The pool's handle on a lane's sending side: registered on a duplicate of the
+// lane's socket (epoll keeps the responses' registration on the original),
+// EPOLLOUT, parked while there is nothing to send. Its destructor closes the
+// duplicate only: the lane closes its own descriptor when it retires the
+// connection, and the last close ends the socket.
+class PooledSender final : public IoPool::Handler {
+ public:
+  PooledSender(Lane* lane, int fd) : lane_(lane), fd_(fd) {}
+  ~PooledSender() override { ::close(fd_); }
+  int fd() const override { return fd_; }
+  uint32_t OnEvents(uint32_t) override { return lane_->PoolSend(this); }
+  // No stall limit of its own, as a sender thread had none (deadlines do that).
+  void Expire() override {}
+
+ private:
+  Lane* const lane_;
+  const int fd_;
+};
 
 Lane::Lane(const PeerInfo* info, int index) : info_(info), index_(index) {}
 
 Lane::~Lane() { Stop(FERRY_ERR_BAD_STATE, "lane destroyed"); }
 
 void Lane::EnsureStarted() {
+  if (UsesConnector()) return;  // Submit queues the connect, with the frame
   std::lock_guard lk(mu_);
   StartLocked();
 }
 
+bool Lane::UsesConnector() const {
+  // Not a candidate for rings (their lane keeps its thread), nor a sender that polls.
+  return info_->connector != nullptr && info_->pool != nullptr && info_->unix_name.empty() &&
+         info_->sender_spin_us == 0;
+}
+
+void Lane::Connect() {
+  std::unique_lock lk(mu_);
+  while (!stopping_ && state_ == State::kDown && !queue_.empty()) ConnectLocked(lk);
+  if (state_ == State::kUp && !pooled_ && !stopping_) {
+    // The pool did not take the connection's sends: this thread sends for it,
+    // as a lane's own thread does, until the lane closes.
+    lk.unlock();
+    SenderMain();
+    return;
+  }
+  started_ = false;
+}
+
 void Lane::StartLocked() {
-  if (started_ || stopping_) return;
-  if (!waker_.ok()) throw std::system_error(errno, std::generic_category(), "eventfd");
+  // A connection served by the pool has no thread; the next is connected by one.
+  if (started_ || stopping_ || pooled_) return;
+  if (UsesConnector()) {
+    started_ = true;  // a connect is queued or running
+    try {
+      if (!info_->connector->Queue(this)) started_ = false;  // shutting down: Stop fails the queue
+    } catch (...) {
+      started_ = false;
+      throw;
+    }
+    return;
+  }
   // A sender that ended after an idle close set started_ under mu_ and touches
   // nothing after releasing it: joining here cannot wait on us.
   if (sender_.joinable()) sender_.join();
@@ -85,7 +140,7 @@ void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool 
     ::shutdown(fd_, SHUT_RDWR);
   } else if (state_ == State::kConnecting) {
     abort_connect_ = true;
-    waker_.Signal();
+    if (waker_ != nullptr) waker_->Signal();
   }
   const bool broken = state_ == State::kBroken;
   std::deque<FramePtr> kept;
@@ -97,6 +152,7 @@ void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool 
   }
   queue_.swap(kept);
   cv_.notify_all();
+  ArmSenderLocked();  // a pool-served connection is retired by its sender's next turn
 }
 
 void Lane::Abort(int status, const std::string& msg, Doomed* doomed, uint64_t keep_from) {
@@ -118,7 +174,14 @@ void Lane::Stop(int status, const std::string& msg) {
     BreakLocked(status, msg, &doomed, /*reset=*/true);
   }
   Fail(doomed);
+  if (info_->connector != nullptr) info_->connector->Forget(this);
+  {
+    // The pool's handlers hold the lane until the connection is retired.
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return !pooled_; });
+  }
   if (sender_.joinable()) sender_.join();
+  if (info_->reaper != nullptr) info_->reaper->Unwatch(this);
 }
 
 int Lane::SendOne(Frame& f, int flags) {
@@ -196,7 +259,10 @@ void Lane::Submit(FramePtr f, bool try_direct) {
       lk.lock();
       if (err == EAGAIN || err == EWOULDBLOCK) {
         partial_ = f;  // still `sending`; nothing else may use the socket first
-        cv_.notify_all();
+        if (pooled_)
+          ArmSenderLocked();
+        else
+          cv_.notify_all();
       } else {
         AfterSendLocked(f, err, &doomed);
       }
@@ -218,8 +284,12 @@ void Lane::Submit(FramePtr f, bool try_direct) {
       const bool was_empty = queue_.empty();
       queue_.push_back(std::move(f));
       work_posted_.store(true, std::memory_order_release);
-      // No waiter while the sender polls: the notify makes no system call then.
-      if (was_empty) cv_.notify_all();
+      if (pooled_) {
+        ArmSenderLocked();
+      } else if (was_empty) {
+        // No waiter while the sender polls: the notify makes no system call then.
+        cv_.notify_all();
+      }
       return;
     }
   }
@@ -237,7 +307,10 @@ void Lane::SubmitAll(std::vector<FramePtr>& frames) {
       for (auto& f : frames) queue_.push_back(std::move(f));
       frames.clear();
       work_posted_.store(true, std::memory_order_release);
-      if (was_empty) cv_.notify_all();
+      if (pooled_)
+        ArmSenderLocked();
+      else if (was_empty)
+        cv_.notify_all();
       return;
     }
   }
@@ -247,14 +320,14 @@ void Lane::SubmitAll(std::vector<FramePtr>& frames) {
     f->Resolve(FERRY_ERR_BAD_STATE, "tcp lane to " + info_->label + " is shut down");
 }
 
-int Lane::Open(std::unique_ptr<Channel>* chan, std::string* err) {
+int Lane::Open(int abort_fd, std::unique_ptr<Channel>* chan, std::string* err) {
   InitiatorHello hello;
   hello.host = info_->host;
   hello.my_key = info_->my_key;
   hello.peer_key = info_->key;
   hello.label = info_->label;
   hello.timeout_ms = info_->connect_timeout_ms;
-  hello.abort_fd = waker_.fd();
+  hello.abort_fd = abort_fd;
   int fd = -1;
   if (!info_->unix_name.empty()) {
     std::string why;
@@ -262,7 +335,7 @@ int Lane::Open(std::unique_ptr<Channel>* chan, std::string* err) {
       shm::Ring out, in;
       int status = InitiatorHandshake(fd, hello, err);
       if (status == FERRY_OK) {
-        status = OfferRings(fd, info_->ring_bytes, waker_.fd(), info_->connect_timeout_ms,
+        status = OfferRings(fd, info_->ring_bytes, abort_fd, info_->connect_timeout_ms,
                             info_->label, &out, &in, err);
       }
       if (status == FERRY_OK) {
@@ -286,7 +359,7 @@ int Lane::Open(std::unique_ptr<Channel>* chan, std::string* err) {
           info_->label.c_str(), why.c_str());
     }
   }
-  if (ConnectTcp(info_->addr, info_->port, info_->connect_timeout_ms, waker_.fd(), &fd, err) != 0) {
+  if (ConnectTcp(info_->addr, info_->port, info_->connect_timeout_ms, abort_fd, &fd, err) != 0) {
     return FERRY_ERR_TRANSPORT;
   }
   SetNoDelay(fd);
@@ -303,15 +376,22 @@ int Lane::Open(std::unique_ptr<Channel>* chan, std::string* err) {
 bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
   state_ = State::kConnecting;
   abort_connect_ = false;
-  waker_.Clear();
+  // Only while connecting: an idle lane holds no descriptor (issue 20).
+  waker_ = std::make_unique<Waker>();
+  const int abort_fd = waker_->fd();
   lk.unlock();
 
   std::unique_ptr<Channel> chan;
   std::string err;
-  const int fail_status = Open(&chan, &err);
+  int fail_status = FERRY_ERR_TRANSPORT;
+  if (abort_fd < 0)
+    err = std::string("cannot make an eventfd to connect with: ") + std::strerror(errno);
+  else
+    fail_status = Open(abort_fd, &chan, &err);
   const int fd = chan ? chan->fd() : -1;
   int rc = fail_status == FERRY_OK ? 0 : ECONNABORTED;
   lk.lock();
+  waker_.reset();
   if (rc == 0 && !abort_connect_ && !stopping_) {
     try {
       receiver_done_ = false;
@@ -319,6 +399,7 @@ bool Lane::ConnectLocked(std::unique_lock<std::mutex>& lk) {
       chan_ = std::move(chan);
       state_ = State::kUp;
       StartReceiverLocked(chan_.get());
+      StartPooledSenderLocked();
       return true;
     } catch (const std::exception& e) {
       rc = EAGAIN;
@@ -368,6 +449,11 @@ void Lane::SenderMain() {
   // Set by a send: the next wait polls first (sender_spin_us), once.
   bool spin_next = false;
   for (;;) {
+    // The connection just made is served by the pool: this thread has done its part.
+    if (pooled_) {
+      started_ = false;
+      return;
+    }
     auto ready = [&] {
       if (partial_) return true;
       if (state_ == State::kBroken) return receiver_done_;
@@ -580,6 +666,144 @@ void Lane::ReceiverEnded(int status, const std::string& msg, FramePtr current) {
   std::lock_guard lk(mu_);
   receiver_done_ = true;
   cv_.notify_all();
+  ArmSenderLocked();
+}
+
+bool Lane::StartPooledSenderLocked() {
+  if (polled_ == nullptr || info_->sender_spin_us > 0) return false;
+  const int dup_fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  if (dup_fd < 0) {
+    Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: sends by a thread of their own: dup: %s",
+        index_, info_->label.c_str(), std::strerror(errno));
+    return false;
+  }
+  auto h = std::make_unique<PooledSender>(this, dup_fd);
+  // Set before it is registered: its first turn may start at once (and waits for mu_).
+  pooled_ = true;
+  send_handler_ = h.get();
+  send_armed_ = true;
+  std::unique_ptr<IoPool::Handler> back;
+  std::string why;
+  if (info_->pool->Add(std::move(h), EPOLLOUT, &back, &why)) {
+    if (info_->reaper != nullptr && info_->idle_close_ms > 0) info_->reaper->Watch(this);
+    return true;
+  }
+  pooled_ = false;
+  send_handler_ = nullptr;
+  send_armed_ = false;
+  Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: sends by a thread of their own: %s", index_,
+      info_->label.c_str(), why.c_str());
+  return false;  // `back` closes the duplicate
+}
+
+void Lane::ArmSenderLocked() {
+  if (!pooled_ || send_handler_ == nullptr || send_armed_) return;
+  send_armed_ = true;
+  // EPOLLOUT fires at once on a socket with room (or one shut down).
+  if (!info_->pool->Rearm(send_handler_, EPOLLOUT)) send_armed_ = false;
+}
+
+uint32_t Lane::PoolSend(IoPool::Handler* h) {
+  Doomed doomed;
+  uint32_t next = 0;
+  {
+    std::unique_lock s(send_mu_);
+    std::unique_lock lk(mu_);
+    int budget = kFramesPerTurn;
+    for (;;) {
+      if (send_handler_ != h) break;  // not ours any more (cannot happen): end
+      if (state_ != State::kUp) {
+        // Over. The responses' side is done too, or it arms us once it is.
+        if (!receiver_done_) {
+          send_armed_ = false;
+          next = IoPool::kParked;
+          break;
+        }
+        RetireLocked(&doomed);
+        break;
+      }
+      FramePtr f;
+      if (partial_) {
+        f = std::move(partial_);
+      } else if (queue_.empty()) {
+        send_armed_ = false;
+        next = IoPool::kParked;
+        break;
+      } else if (budget-- == 0) {
+        next = EPOLLOUT;
+        break;
+      } else {
+        f = std::move(queue_.front());
+        queue_.pop_front();
+        if (f->xfer->failed()) {
+          // Another frame of it already failed: don't spend the bandwidth.
+          int status;
+          std::string msg;
+          f->xfer->Error(&status, &msg);
+          doomed.emplace_back(std::move(f), status, msg);
+          continue;
+        }
+        f->sending = true;
+        inflight_.emplace(f->req_id, f);
+        SyncProgressLocked();
+      }
+      lk.unlock();
+      // A GPU frame's staging ignores MSG_DONTWAIT: it holds this pool thread
+      // until its copies are through, as a staged READ's receive does.
+      const int err = SendOne(*f, MSG_DONTWAIT);
+      lk.lock();
+      if (err == EAGAIN || err == EWOULDBLOCK) {
+        partial_ = std::move(f);
+        next = EPOLLOUT;  // still armed: the socket's room gives the next turn
+        break;
+      }
+      AfterSendLocked(f, err, &doomed);
+    }
+  }
+  // No lock held: a completion may post again (and arm us on another thread;
+  // nothing of this handler or lane is touched after this).
+  Fail(doomed);
+  return next;
+}
+
+void Lane::RetireLocked(Doomed* doomed) {
+  // Both pool handlers are done with the socket (the responses' is gone, this
+  // turn holds send_mu_): close it, fail what it carried.
+  chan_.reset();
+  ::close(fd_);
+  fd_ = -1;
+  partial_.reset();
+  for (auto& [id, f] : inflight_) doomed->emplace_back(f, reason_status_, reason_msg_);
+  inflight_.clear();
+  SyncProgressLocked();
+  state_ = State::kDown;
+  receiver_done_ = false;
+  pooled_ = false;
+  send_handler_ = nullptr;
+  send_armed_ = false;
+  cv_.notify_all();
+  if (queue_.empty() || stopping_) return;
+  // Frames queued for the next connection (posted after a reset began).
+  try {
+    StartLocked();
+  } catch (const std::exception& e) {
+    for (auto& f : queue_)
+      doomed->emplace_back(f, FERRY_ERR_TRANSPORT,
+                           "cannot connect to " + info_->label + " again: " + e.what());
+    queue_.clear();
+  }
+}
+
+bool Lane::CloseIfIdle(std::chrono::steady_clock::time_point now) {
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return true;  // busy: look again next time
+  if (!pooled_) return false;        // retired (the next connection watches again)
+  if (state_ != State::kUp || !QuietLocked()) return true;
+  if (now < last_used_ + std::chrono::milliseconds(info_->idle_close_ms)) return true;
+  Doomed none;  // quiet: nothing queued or in flight to fail
+  BreakLocked(FERRY_ERR_TRANSPORT,
+              "closed after " + std::to_string(info_->idle_close_ms) + " ms idle", &none);
+  return true;
 }
 
 }  // namespace ferry_tcp

@@ -1,17 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
 // One initiator-side data connection to a peer.
 //
-// The lane's sender thread connects lazily (never inside post()) - over the
-// peer's unix socket and then shared rings when it is on this host, else TCP
-// (channel.h) - says HELLO (authenticating both ways when the host has a
-// secret, handshake.h), then writes frames from its queue. Responses are
-// matched to frames in flight and completed by a ResponseReader
-// (responses.h): on a TCP lane the engine's I/O pool runs it, on a ring lane
-// the lane's receiver thread. A broken connection fails every frame
+// A thread connects the lane lazily (never inside post()) - over the peer's
+// unix socket and then shared rings when it is on this host, else TCP
+// (channel.h) - and says HELLO (authenticating both ways when the host has a
+// secret, handshake.h): one of the engine's Connector threads for a lane to
+// another host that the pool will serve, else the lane's own thread. What
+// happens next depends on the connection:
+// - a TCP connection with the engine's I/O pool (and no sender_spin_us) is
+//   served by the pool (issue 20): the thread ends, a PooledSender on the
+//   pool writes queued frames with non-blocking sends (waiting for EPOLLOUT
+//   when the socket is full), the responses are read there too, the
+//   engine's IdleReaper closes the lane when idle, and whichever of the two
+//   pool handlers finishes last retires the connection. An open TCP lane
+//   costs no thread;
+// - otherwise (shared rings, whose waits are not epoll events; a sender that
+//   polls; no pool) the thread stays as the lane's sender and writes frames
+//   from its queue with blocking sends, and times the idle close.
+// Responses are matched to frames in flight and completed by a
+// ResponseReader (responses.h): on a TCP lane the I/O pool runs it, on a ring
+// lane the lane's receiver thread. A broken connection fails every frame
 // queued or in flight on it, and the next frame submitted reconnects.
 //
 // Locks: send_mu_ (the socket's send side) is taken before mu_ (everything
-// else). Frames are resolved - which may call host->complete - with no lock held.
+// else); the I/O pool's lock after both. Frames are resolved - which may
+// call host->complete - with no lock held.
 #pragma once
 
 #include <atomic>
@@ -27,8 +40,10 @@
 #include <vector>
 
 #include "channel.h"
+#include "connector.h"
 #include "ferry/plugin.h"
 #include "gpu_stage.h"
+#include "idle_reaper.h"
 #include "io_pool.h"
 #include "responses.h"
 #include "socket_util.h"
@@ -64,19 +79,25 @@ struct PeerInfo {
   IoPool* pool = nullptr;
   // Where lanes with frames in flight are found by progress() (with pool).
   ProgressSet* progress = nullptr;
+  // Closes idle lanes served by the pool (with pool and idle_close_ms).
+  IdleReaper* reaper = nullptr;
+  // Connects the lanes the pool will serve (with pool); null: the lane's own thread.
+  Connector* connector = nullptr;
 };
 
-class Lane {
+class Lane final : public IdleReaper::Target, public Connector::Client {
  public:
   friend class ResponseReader;
+  friend class PooledSender;
 
   Lane(const PeerInfo* info, int index);
-  ~Lane();
+  ~Lane() override;
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
-  // Starts the sender thread on first use (again after an idle close); throws
-  // std::system_error.
+  // Starts the sender thread on first use (again after an idle close) of a
+  // lane that has one; throws std::system_error. (A lane the Connector
+  // connects queues its connect when its first frame is submitted.)
   void EnsureStarted();
   // With try_direct, a connected lane with nothing queued sends from the
   // calling thread (without blocking) instead of waking the sender thread.
@@ -100,13 +121,20 @@ class Lane {
   // application posted again) stay queued for the next connection.
   void Abort(int status, const std::string& msg, Doomed* doomed, uint64_t keep_from = UINT64_MAX);
   static void Fail(Doomed& doomed);
-  // Reset, then join the lane's threads. Later submissions fail at once.
+  // Reset, then join the lane's threads (and wait for the pool to let go of
+  // it). Later submissions fail at once.
   void Stop(int status, const std::string& msg);
+  // IdleReaper::Target: closes a pool-served connection idle for idle_close_ms.
+  bool CloseIfIdle(std::chrono::steady_clock::time_point now) override;
 
  private:
   enum class State { kDown, kConnecting, kUp, kBroken };
 
   void SenderMain();
+  // Connector::Client: connects while frames are queued and nothing is up.
+  void Connect() override;
+  // Connected by the Connector, served by the pool (unless it refuses).
+  bool UsesConnector() const;
   // Polls for sender_spin_us, without mu_, until a frame is queued; called and
   // returns with mu_ held.
   void SpinForWorkLocked(std::unique_lock<std::mutex>& lk);
@@ -116,6 +144,18 @@ class Lane {
   void StartReceiverLocked(Channel* chan);
   // In the progress set exactly while responses are read on the pool and frames are in flight.
   void SyncProgressLocked();
+  // A new TCP connection whose responses are on the pool: its sends go there
+  // too (true), unless the sender must poll or the pool refuses.
+  bool StartPooledSenderLocked();
+  // The PooledSender's turn: sends what is queued without blocking (a GPU
+  // frame excepted: staging waits on copies), retires the connection once it
+  // is over. Returns the events to wait for, IoPool::kParked, or 0 (done).
+  uint32_t PoolSend(IoPool::Handler* h);
+  // Gives the PooledSender a turn, unless it has one coming.
+  void ArmSenderLocked();
+  // Both pool handlers are done with a broken connection: closes it, fails
+  // what was in flight, and connects again if frames are queued.
+  void RetireLocked(Doomed* doomed);
   // The frame answered by a response with this id, taken out of the in-flight set.
   FramePtr TakeInflight(uint64_t req_id);
   // The receiving side of the connection is over (status/msg: why): breaks the
@@ -129,7 +169,8 @@ class Lane {
   // Connects and says HELLO: over the unix socket with rings when the peer is
   // on this host and reachable so, else over TCP. FERRY_OK with *chan (whose
   // fd() the lane then owns).
-  int Open(std::unique_ptr<Channel>* chan, std::string* err);
+  // abort_fd: readable once the connect is to be given up (waker_).
+  int Open(int abort_fd, std::unique_ptr<Channel>* chan, std::string* err);
   int SendOne(Frame& f, int flags);
   // A WRITE from GPU memory: the head, then the payload through a stage.
   int SendStaged(Frame& f);
@@ -164,7 +205,13 @@ class Lane {
   std::unordered_map<uint64_t, FramePtr> inflight_;
   std::shared_ptr<PolledResponses> polled_;  // this connection's responses, when on the pool
   bool in_progress_set_ = false;
-  Waker waker_;  // aborts a connect in progress
+  // The connection (kUp or kBroken) is served by the pool: its sends by
+  // send_handler_ (registered on a dup of fd_, owned by the pool), which has
+  // a turn coming or running while send_armed_. No sender thread then.
+  bool pooled_ = false;
+  IoPool::Handler* send_handler_ = nullptr;
+  bool send_armed_ = false;
+  std::unique_ptr<Waker> waker_;  // aborts a connect in progress; exists only then
   // The sender polls (SpinForWorkLocked; Peer::Post prefers such a lane for a
   // one-frame transfer). work_posted_: a frame was queued since the poll
   // began. Both written under mu_, read without it.

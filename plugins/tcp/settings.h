@@ -21,8 +21,9 @@ struct Settings {
   // A lane with nothing queued or in flight for this long is closed and its
   // threads end, at both ends; the next transfer reopens it. 0 = never.
   int lane_idle_ms = 60000;
-  // The I/O threads that serve admitted TCP lanes (io_pool.h), however many
-  // peers and lanes there are. 0: half the cores, 1..8.
+  // The I/O threads that serve TCP lanes at both ends (io_pool.h): the
+  // target's admitted lanes, the initiator's sends and responses, however
+  // many peers and lanes there are. 0: half the cores, 1..8.
   int io_threads = 0;
   // GPU memory is staged through host buffers (gpu_stage.h): the piece size of
   // the copy/network pipeline, and the most pinned host memory held for it.
@@ -50,7 +51,8 @@ struct Settings {
   // How long a TCP lane's sender thread polls its queue after a send before it
   // sleeps. While it polls, post() queues a small frame without a system call
   // (no send from the posting thread, no wake-up); 0: it sleeps at once and
-  // post() sends small frames itself. Costs up to this much CPU per send burst.
+  // post() sends small frames itself. Costs up to this much CPU per send burst,
+  // and above 0 each open lane has a sender thread again (not the pool's sends).
   int sender_spin_us = 0;
 };
 

@@ -1126,7 +1126,12 @@ TEST(TcpIdle, IdleLanesCloseEverywhereAndReopenOnTheNextTransfer) {
       ASSERT_EQ(w.status, FERRY_OK) << w.msg;
       EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 1 << 20));
       ASSERT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4096}}).status, FERRY_OK);
-      EXPECT_GT(CountEntries("/proc/self/task"), threads) << "lanes have threads while open";
+      // Open lanes hold descriptors; ring lanes threads too (TCP lanes are
+      // served by the engines' I/O pools, TcpPool below).
+      EXPECT_GT(CountEntries("/proc/self/fd"), fds) << "lanes have descriptors while open";
+      if (stream == Stream::kRings) {
+        EXPECT_GT(CountEntries("/proc/self/task"), threads) << "ring lanes have threads while open";
+      }
       // Then nothing: every lane thread (sender, receiver, the target's) ends.
       EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads, 10s), threads) << "round " << round;
       EXPECT_EQ(CountEntriesSettled("/proc/self/fd", fds, 5s), fds) << "round " << round;
@@ -1145,6 +1150,41 @@ TEST(TcpIdle, IdleLanesCloseEverywhereAndReopenOnTheNextTransfer) {
     }
     ops.mem_release(a.ctx(), remote);
   }
+}
+
+// TCP lanes are served by the I/O pools at both ends (issue 20): once their
+// connections are made, four open lanes with transfers in flight cost the
+// process descriptors and no thread; sends that fill the socket wait for room
+// on the pool (EPOLLOUT) and every byte lands in order.
+TEST(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
+  Pair p({.settings = R"({"lanes": 4, "chunk_bytes": 262144, "io_threads": 2})",
+          .same_host = SameHost(Stream::kTcp)});
+  Instance &a = p.a, &b = p.b;
+  void* pb = p.pb;
+  constexpr size_t kBytes = 16 << 20;
+  Mem* src = a.Register(1, kBytes);
+  Mem* dst = b.Register(1, kBytes);
+  void* remote = a.Import(pb, *dst);
+  const size_t threads = CountEntries("/proc/self/task");
+  const size_t fds = CountEntries("/proc/self/fd");
+  for (uint8_t round = 1; round <= 3; ++round) {
+    Fill(src->data, round);
+    // 64 frames over 4 lanes: far more than the sockets hold at once.
+    Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, kBytes}});
+    ASSERT_EQ(w.status, FERRY_OK) << w.msg;
+    ASSERT_TRUE(SameBytes(src->data.data(), dst->data.data(), kBytes)) << "round " << round;
+    std::fill(src->data.begin(), src->data.end(), 0);
+    Result r = Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, kBytes}});
+    ASSERT_EQ(r.status, FERRY_OK) << r.msg;
+    ASSERT_TRUE(SameBytes(src->data.data(), dst->data.data(), kBytes)) << "round " << round;
+  }
+  // Connecting borrowed a thread per lane; once connected, none is left.
+  EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads, 10s), threads)
+      << "an open TCP lane kept a thread";
+  // Four lanes: the initiator's socket and the duplicate its sends are
+  // registered on, the target's socket.
+  EXPECT_EQ(CountEntries("/proc/self/fd"), fds + 4 * 3) << "lanes not open, or more than 4";
+  ops.mem_release(a.ctx(), remote);
 }
 
 // sender_spin_us: a lane's sender polls after each send, and the next small
