@@ -1187,6 +1187,53 @@ TEST(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
   ops.mem_release(a.ctx(), remote);
 }
 
+// Transfers posted from several threads, paced so that many land right at a
+// lane's idle close (2 ms): a frame that finds its lane closing waits for the
+// connection to be retired and goes out on the next one; every transfer
+// completes once and every byte read back is the byte written.
+TEST(TcpIdle, TransfersRacingTheIdleCloseAllLand) {
+  Pair p({.settings = R"({"lane_idle_ms": 2, "chunk_bytes": 65536, "io_threads": 2})",
+          .same_host = SameHost(Stream::kTcp)});
+  Instance &a = p.a, &b = p.b;
+  constexpr int kThreads = 4, kPerThread = 120;
+  constexpr size_t kSlice = 256 * 1024;
+  std::vector<Mem*> srcs, backs;
+  std::vector<void*> remotes;
+  for (int t = 0; t < kThreads; ++t) {
+    srcs.push_back(a.Register(10 + t, kSlice));
+    backs.push_back(a.Register(20 + t, kSlice));
+    remotes.push_back(a.Import(p.pb, *b.Register(10 + t, kSlice)));
+  }
+  const size_t fds = CountEntries("/proc/self/fd");
+  std::atomic<int> failures{0}, wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<uint32_t>(t + 1));
+      for (int i = 0; i < kPerThread; ++i) {
+        // Some one frame, some four (over the lanes).
+        const uint64_t len = i % 3 == 0 ? kSlice : 4096;
+        std::fill_n(srcs[t]->data.begin(), len, static_cast<uint8_t>(i * 7 + t));
+        Result w = Transfer(a, FERRY_OP_WRITE, p.pb, srcs[t], remotes[t], {{0, 0, len}});
+        Result r = Transfer(a, FERRY_OP_READ, p.pb, backs[t], remotes[t], {{0, 0, len}});
+        if (w.status != FERRY_OK || w.calls != 1 || r.status != FERRY_OK || r.calls != 1) {
+          ++failures;
+          ADD_FAILURE() << "thread " << t << " transfer " << i << ": " << w.msg << " / " << r.msg;
+        }
+        if (!SameBytes(srcs[t]->data.data(), backs[t]->data.data(), len)) ++wrong;
+        // Pacing around the idle time (not a synchronisation: any outcome must hold).
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 4000));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  // And the lanes close for good once nothing moves.
+  EXPECT_EQ(CountEntriesSettled("/proc/self/fd", fds, 5s), fds);
+  for (void* r : remotes) ops.mem_release(a.ctx(), r);
+}
+
 // sender_spin_us: a lane's sender polls after each send, and the next small
 // frame is queued for it instead of sent by the posting thread. Every byte
 // still lands, the polls catch frames, and lanes still close when idle.
