@@ -41,6 +41,37 @@ class RingReader final : public ByteReader {
     return 0;
   }
 
+  // Never waits: what the ring holds now (a reader driven by progress() and
+  // the lane's receiver thread, responses.h).
+  int ReadSome(std::vector<iovec>& v, size_t* first, size_t* moved) override {
+    *moved = 0;
+    while (*first < v.size()) {
+      iovec& piece = v[*first];
+      size_t got = 0;
+      const int err = ring_->ReadSome(piece.iov_base, piece.iov_len, &got);
+      piece.iov_base = static_cast<uint8_t*>(piece.iov_base) + got;
+      piece.iov_len -= got;
+      *moved += got;
+      if (err != 0) return err;
+      ++*first;
+    }
+    return 0;
+  }
+
+  int DiscardSome(uint64_t* left, size_t* moved) override {
+    uint8_t scratch[16 * 1024];
+    *moved = 0;
+    while (*left > 0) {
+      size_t got = 0;
+      const int err = ring_->ReadSome(
+          scratch, static_cast<size_t>(std::min<uint64_t>(*left, sizeof scratch)), &got);
+      *left -= got;
+      *moved += got;
+      if (err != 0) return err;
+    }
+    return 0;
+  }
+
   int Discard(uint64_t len) override {
     uint8_t scratch[16 * 1024];
     while (len > 0) {
@@ -80,6 +111,8 @@ int Channel::SendAll(const void* buf, size_t len) {
   size_t progress = 0;
   return Send(&v, 1, &progress);
 }
+
+int Channel::WaitReadable() { return in_.WaitReadable(io_timeout_, fd_); }
 
 std::unique_ptr<ByteReader> Channel::Reader() {
   if (!on_rings()) return std::make_unique<SocketReader>(fd_);

@@ -52,8 +52,12 @@ class Channel {
   int Send(const iovec* iov, size_t n, size_t* progress, int flags = 0);
   int SendAll(const void* buf, size_t len);
 
-  // A reader for the one thread that receives on this channel.
+  // A reader for the one thread that receives on this channel (one at a time:
+  // on a ring lane its ReadSome never waits, and WaitReadable waits for it).
   std::unique_ptr<ByteReader> Reader();
+  // A ring lane: until bytes (or the peer's close) are there to read; EPIPE
+  // once the socket says the lane is over; ETIMEDOUT per the io timeout.
+  int WaitReadable();
 
   // The lane breaks while frames are on their way: the peer must not apply
   // what it has not read yet (a socket lane's abortive close does the same

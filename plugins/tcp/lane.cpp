@@ -590,7 +590,8 @@ void Lane::StartReceiverLocked(Channel* chan) {
     std::unique_ptr<IoPool::Handler> back;
     std::string why;
     if (info_->pool->Add(std::move(handler), EPOLLIN, &back, &why)) {
-      polled_ = std::move(polled);
+      polled_ = polled;
+      pumped_ = std::move(polled);
       SyncProgressLocked();
       return;
     }
@@ -598,6 +599,14 @@ void Lane::StartReceiverLocked(Channel* chan) {
     polled->Abandon();
     Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: responses read by a thread of their own: %s",
         index_, info_->label.c_str(), why.c_str());
+  }
+  if (chan->on_rings() && info_->progress != nullptr) {
+    // The receiver thread shares the ring with waiting threads (progress()).
+    auto ring = std::make_shared<RingResponses>(this, chan->Reader(), chan->fd());
+    receiver_ = std::thread([ring, chan] { ring->Run(chan); });
+    pumped_ = std::move(ring);
+    SyncProgressLocked();
+    return;
   }
   receiver_ = std::thread([this, chan] { ReceiverMain(chan); });
 }
@@ -615,12 +624,12 @@ void Lane::ReceiverMain(Channel* chan) {
 
 void Lane::SyncProgressLocked() {
   if (info_->progress == nullptr) return;
-  const bool want = polled_ != nullptr && !inflight_.empty();
+  const bool want = pumped_ != nullptr && !inflight_.empty();
   if (want == in_progress_set_) return;
   if (want)
-    info_->progress->Add(polled_);
+    info_->progress->Add(pumped_);
   else
-    info_->progress->Remove(polled_.get());
+    info_->progress->Remove(pumped_.get());
   in_progress_set_ = want;
 }
 
@@ -653,9 +662,10 @@ void Lane::ReceiverEnded(int status, const std::string& msg, FramePtr current) {
     }
     if (current) doomed.emplace_back(current, reason_status_, reason_msg_);
     // This connection's responses are over: out of progress()'s reach.
-    if (in_progress_set_) info_->progress->Remove(polled_.get());
+    if (in_progress_set_) info_->progress->Remove(pumped_.get());
     in_progress_set_ = false;
     polled_.reset();
+    pumped_.reset();
   }
   if (!ours) {
     Log(info_->host, status == FERRY_ERR_TRANSPORT ? FERRY_LOG_WARN : FERRY_LOG_ERROR,

@@ -204,6 +204,7 @@ class Lane final : public IdleReaper::Target, public Connector::Client {
   FramePtr partial_;  // half-sent by a direct send; the sender thread finishes it
   std::unordered_map<uint64_t, FramePtr> inflight_;
   std::shared_ptr<PolledResponses> polled_;  // this connection's responses, when on the pool
+  std::shared_ptr<Pumpable> pumped_;         // what progress() pumps for it: polled_, or a ring's
   bool in_progress_set_ = false;
   // The connection (kUp or kBroken) is served by the pool: its sends by
   // send_handler_ (registered on a dup of fd_, owned by the pool), which has

@@ -141,6 +141,10 @@ bool ResponseReader::ErrorTextDone() {
   return true;
 }
 
+void ResponseReader::Lost(int err) {
+  if (status_ == FERRY_ERR_TRANSPORT && msg_.empty()) msg_ = lane_->Lost(err);
+}
+
 void ResponseReader::End() {
   if (ended_) return;
   ended_ = true;
@@ -199,12 +203,49 @@ void PolledResponses::Close() {
   turn_.store(false, std::memory_order_release);
 }
 
-void ProgressSet::Add(std::shared_ptr<PolledResponses> r) {
+void RingResponses::Run(Channel* chan) {
+  for (;;) {
+    // A waiting thread's pump is short (it never waits).
+    while (!TakeTurn()) std::this_thread::yield();
+    if (!over_) over_ = reader_.Pump(/*may_block=*/true) == ResponseReader::Pumped::kOver;
+    const bool over = over_;
+    turn_.store(false, std::memory_order_release);
+    if (over) break;
+    const int err = chan->WaitReadable();
+    if (err == 0) continue;
+    // The socket says the lane is over (the peer gone, or ours shut down), or
+    // a stall: one last look at what arrived, then the end.
+    while (!TakeTurn()) std::this_thread::yield();
+    if (!over_) over_ = reader_.Pump(/*may_block=*/true) == ResponseReader::Pumped::kOver;
+    reader_.Lost(err == EPIPE ? kEof : err);
+    over_ = true;
+    turn_.store(false, std::memory_order_release);
+    break;
+  }
+  while (!TakeTurn()) std::this_thread::yield();
+  reader_.End();
+  turn_.store(false, std::memory_order_release);
+}
+
+uint64_t RingResponses::TryPump() {
+  if (!TakeTurn()) return 0;
+  const uint64_t before = reader_.resolved();
+  if (!over_ && reader_.Pump(/*may_block=*/false) == ResponseReader::Pumped::kOver) {
+    over_ = true;
+    // The receiver may be asleep on the ring: the socket's end wakes it to end the lane.
+    ::shutdown(fd_, SHUT_RDWR);
+  }
+  const uint64_t done = reader_.resolved() - before;
+  turn_.store(false, std::memory_order_release);
+  return done;
+}
+
+void ProgressSet::Add(std::shared_ptr<Pumpable> r) {
   std::lock_guard lk(mu_);
   members_.push_back(std::move(r));
 }
 
-void ProgressSet::Remove(const PolledResponses* r) {
+void ProgressSet::Remove(const Pumpable* r) {
   std::lock_guard lk(mu_);
   for (size_t i = 0; i < members_.size(); ++i) {
     if (members_[i].get() == r) {
@@ -217,7 +258,7 @@ void ProgressSet::Remove(const PolledResponses* r) {
 
 uint64_t ProgressSet::Run() {
   // Pumped outside the lock: a completion may post, which adds to the set.
-  thread_local std::vector<std::shared_ptr<PolledResponses>> batch;
+  thread_local std::vector<std::shared_ptr<Pumpable>> batch;
   {
     std::lock_guard lk(mu_);
     if (members_.empty()) return 0;

@@ -7,7 +7,8 @@
 // application thread waiting for a transfer (plugin.h progress(): the
 // response is read where it is awaited, without waking a pool thread and
 // then the waiter), whichever gets there first; a ring lane's by the lane's
-// own receiver thread, whose reads block (ring waits are not epoll events).
+// own receiver thread, which sleeps on the ring between responses (ring waits
+// are not epoll events), or by a waiting application thread likewise.
 // Pump() reads until nothing more has arrived, completing what it can, and
 // the frame being received keeps its place between calls. A READ into GPU
 // memory is received with blocking reads through the staging pipeline
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "channel.h"
 #include "io_pool.h"
 #include "region.h"
 #include "socket_util.h"
@@ -40,6 +42,9 @@ class ResponseReader {
   // (End() says why to the lane). kNeedsBlocking (only without may_block): a
   // READ's payload must go through the GPU stage, with blocking reads.
   Pumped Pump(bool may_block = true);
+  // The byte stream is over for a reason of its own (err: socket_util.h),
+  // unless a failure was already recorded; End() reports it.
+  void Lost(int err);
   // Once Pump returned false, or the reader is dropped: fails what it held and
   // tells the lane its receiving side is done.
   void End();
@@ -75,9 +80,18 @@ class ResponseReader {
   bool ended_ = false;
 };
 
+// What progress() pumps: a lane's responses, shared with another reader.
+class Pumpable {
+ public:
+  virtual ~Pumpable() = default;
+  // From a waiting thread: pumps when nobody else is, never blocking; the
+  // frames it completed.
+  virtual uint64_t TryPump() = 0;
+};
+
 // A TCP lane's ResponseReader, shared by the I/O pool and the threads that
 // call progress(): one of them at a time holds the turn and pumps.
-class PolledResponses {
+class PolledResponses final : public Pumpable {
  public:
   PolledResponses(Lane* lane, std::unique_ptr<ByteReader> in, int fd, IoPool* pool)
       : fd_(fd), pool_(pool), reader_(lane, std::move(in), fd) {}
@@ -87,7 +101,7 @@ class PolledResponses {
   uint32_t OnEvents(IoPool::Handler* h);
   // progress(): pumps when nobody else is, never blocking; the frames it
   // completed. Once the pool's handler is gone (Close) it does nothing.
-  uint64_t TryPump();
+  uint64_t TryPump() override;
   // The pool's handler is being deleted: waits for the turn, ends the reader.
   void Close();
   // Before the handler is registered (no other thread sees it yet).
@@ -114,6 +128,31 @@ class PolledResponses {
   bool over_ = false;                   // under the turn
 };
 
+// A ring lane's ResponseReader, shared by the lane's receiver thread (Run)
+// and the threads that call progress(): one of them at a time holds the turn
+// and pumps, without waiting; the receiver sleeps on the ring in between, and
+// alone receives a READ's payload into GPU memory (its staging blocks). A
+// waiting thread thus completes a short transfer without a thread wake-up on
+// this side; the receiver, woken too, finds nothing left.
+class RingResponses final : public Pumpable {
+ public:
+  RingResponses(Lane* lane, std::unique_ptr<ByteReader> in, int fd)
+      : fd_(fd), reader_(lane, std::move(in), fd) {}
+  // The receiver thread, until the connection is over; then ends the reader.
+  void Run(Channel* chan);
+  uint64_t TryPump() override;
+
+ private:
+  bool TakeTurn() {
+    bool expected = false;
+    return turn_.compare_exchange_strong(expected, true, std::memory_order_acquire);
+  }
+  const int fd_;
+  ResponseReader reader_;
+  std::atomic<bool> turn_{false};
+  bool over_ = false;  // under the turn
+};
+
 // The pool's handle on a PolledResponses (the pool owns handlers; waiting
 // threads hold the shared state for as long as they pump).
 class PooledResponses final : public IoPool::Handler {
@@ -129,11 +168,11 @@ class PooledResponses final : public IoPool::Handler {
   std::shared_ptr<PolledResponses> r_;
 };
 
-// The TCP lanes with frames in flight, for progress().
+// The lanes with frames in flight, for progress().
 class ProgressSet {
  public:
-  void Add(std::shared_ptr<PolledResponses> r);
-  void Remove(const PolledResponses* r);
+  void Add(std::shared_ptr<Pumpable> r);
+  void Remove(const Pumpable* r);
   // From a waiting thread: one non-blocking pump of each; the frames completed.
   uint64_t Run();
   // Frames completed by waiting threads since the start (counters()).
@@ -142,7 +181,7 @@ class ProgressSet {
  private:
   std::atomic<uint64_t> frames_{0};
   std::mutex mu_;
-  std::vector<std::shared_ptr<PolledResponses>> members_;
+  std::vector<std::shared_ptr<Pumpable>> members_;
 };
 
 }  // namespace ferry_tcp

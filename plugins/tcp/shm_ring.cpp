@@ -386,23 +386,34 @@ uint64_t Ring::Readable() const {
   return InOrder(head, tail_, capacity_) ? head - tail_ : 0;
 }
 
+int Ring::Available(uint64_t* avail) {
+  // The close first: a head read after it includes every byte written before
+  // it, so "closed and nothing left" is the end, never a lost tail.
+  const uint32_t closed = ctl_->closed.load(std::memory_order_acquire);
+  if (closed == kAborted) return ECONNRESET;
+  const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);  // pairs with Publish
+  SyncAcquire(sync_);
+  if (!InOrder(head, tail_, capacity_)) return EPROTO;
+  *avail = head - tail_;
+  if (*avail > 0) return 0;
+  return closed != kOpen ? kEof : kNotYet;
+}
+
+void Ring::Take(uint8_t* out, uint64_t k) {
+  const uint64_t pos = tail_ & (capacity_ - 1);
+  const uint64_t first = std::min(k, capacity_ - pos);
+  std::memcpy(out, data_ + pos, first);
+  std::memcpy(out + first, data_, k - first);
+  tail_ += k;
+  Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, h_.space_bell,
+          sync_ == nullptr ? nullptr : sync_ + 1);
+}
+
 int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds timeout,
                int liveness_fd) {
   if (ctl_ == nullptr) return EBADF;
-  const uint64_t mask = capacity_ - 1;
   uint64_t avail = 0;
-  auto bytes = [&]() -> int {
-    // The close first: a head read after it includes every byte written before
-    // it, so "closed and nothing left" is the end, never a lost tail.
-    const uint32_t closed = ctl_->closed.load(std::memory_order_acquire);
-    if (closed == kAborted) return ECONNRESET;
-    const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);  // pairs with Publish
-    SyncAcquire(sync_);
-    if (!InOrder(head, tail_, capacity_)) return EPROTO;
-    avail = head - tail_;
-    if (avail > 0) return 0;
-    return closed != kOpen ? kEof : kNotYet;
-  };
+  auto bytes = [&]() -> int { return Available(&avail); };
   auto* out = static_cast<uint8_t*>(buf);
   *got = 0;
   while (*got < len) {
@@ -410,16 +421,40 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
     if (r == kNotYet) r = Wait(bytes, h_.data_bell, &ctl_->reader_sleeping, timeout, liveness_fd);
     if (r != 0) return r;
     const uint64_t k = std::min({avail, static_cast<uint64_t>(len - *got), kPublishBytes});
-    const uint64_t pos = tail_ & mask;
-    const uint64_t first = std::min(k, capacity_ - pos);
-    std::memcpy(out + *got, data_ + pos, first);
-    std::memcpy(out + *got + first, data_, k - first);
-    tail_ += k;
+    Take(out + *got, k);
     *got += k;
-    Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, h_.space_bell,
-            sync_ == nullptr ? nullptr : sync_ + 1);
   }
   return 0;
+}
+
+int Ring::ReadSome(void* buf, size_t len, size_t* got) {
+  if (ctl_ == nullptr) return EBADF;
+  auto* out = static_cast<uint8_t*>(buf);
+  *got = 0;
+  while (*got < len) {
+    uint64_t avail = 0;
+    const int r = Available(&avail);
+    if (r == kNotYet) return EAGAIN;
+    if (r != 0) return r;
+    const uint64_t k = std::min({avail, static_cast<uint64_t>(len - *got), kPublishBytes});
+    Take(out + *got, k);
+    *got += k;
+  }
+  return 0;
+}
+
+int Ring::WaitReadable(std::chrono::milliseconds timeout, int liveness_fd) {
+  if (ctl_ == nullptr) return EBADF;
+  // From the published indices only: another thread may be reading (and
+  // moving tail_) meanwhile. A hint, never an index: a lagging or corrupt
+  // value only ends the wait early, and the next read decides.
+  auto ready = [&]() -> int {
+    if (ctl_->closed.load(std::memory_order_acquire) != kOpen) return 0;
+    const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);
+    return head != ctl_->tail.load(std::memory_order_acquire) ? 0 : kNotYet;
+  };
+  if (ready() == 0) return 0;
+  return Wait(ready, h_.data_bell, &ctl_->reader_sleeping, timeout, liveness_fd);
 }
 
 void Ring::Close() {

@@ -94,6 +94,16 @@ class Ring {
   // without a byte, per stall; 0 = wait as long as the peer lives. kEof once
   // the peer closed and every byte before its close was read.
   int Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds timeout, int liveness_fd);
+  // The consumer's end without waiting: up to len bytes that have arrived,
+  // 0 once len were read, EAGAIN when fewer were there (*got says how many);
+  // otherwise as Read (kEof, ECONNRESET, EPROTO). No system call unless the
+  // producer sleeps for room.
+  int ReadSome(void* buf, size_t len, size_t* got);
+  // Waits until a Read would not wait - bytes arrived, the peer closed or
+  // aborted - and returns 0; EPIPE once the liveness descriptor fires; the
+  // same timeout rule as Read. For a reader that takes its bytes with ReadSome
+  // - on another thread, maybe, while this one waits.
+  int WaitReadable(std::chrono::milliseconds timeout, int liveness_fd);
   // Bytes readable now (0 after a corrupt index: the next Read says EPROTO).
   uint64_t Readable() const;
 
@@ -113,6 +123,10 @@ class Ring {
   int Wait(Ready ready, int bell, std::atomic<uint32_t>* sleeping,
            std::chrono::milliseconds timeout, int liveness_fd);
   void Release();
+  // What a read finds now: 0 with *avail bytes, kNotYet, kEof, ECONNRESET, EPROTO.
+  int Available(uint64_t* avail);
+  // Copies k <= what is available out of the ring and publishes the room.
+  void Take(uint8_t* out, uint64_t k);
 
   uint8_t* sync_ = nullptr;  // ThreadSanitizer builds: the segment's sync object (shm_ring.cpp)
   Handover h_;

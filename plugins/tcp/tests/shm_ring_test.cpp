@@ -199,6 +199,53 @@ TEST(ShmRing, FullRingWithoutWaitingIsEagainThenResumes) {
   EXPECT_EQ(back, data);
 }
 
+// ReadSome never waits: EAGAIN with what was there, the rest once written,
+// then end of stream after the writer's close. WaitReadable returns once
+// bytes are there (whenever the writer's thread gets to write them), and
+// EPIPE when the liveness socket is shut down on an empty ring.
+TEST(ShmRing, ReadSomeNeverWaitsAndWaitReadableWakesForBytes) {
+  Ring w = MustCreate();
+  Ring r = MustAttach(w);
+  std::vector<uint8_t> data(3000), back(3000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = PatternByte(i);
+  size_t got = 0;
+  EXPECT_EQ(r.ReadSome(back.data(), back.size(), &got), EAGAIN);
+  EXPECT_EQ(got, 0u);
+  iovec first{data.data(), 1000};
+  size_t progress = 0;
+  ASSERT_EQ(w.Write(&first, 1, &progress, 0ms, -1), 0);
+  EXPECT_EQ(r.ReadSome(back.data(), back.size(), &got), EAGAIN);
+  EXPECT_EQ(got, 1000u);
+  std::thread writer([&] {
+    iovec rest{data.data() + 1000, 2000};
+    size_t p = 0;
+    EXPECT_EQ(w.Write(&rest, 1, &p, 1s, -1), 0);
+    w.Close();
+  });
+  ASSERT_EQ(r.WaitReadable(10s, -1), 0);
+  size_t at = 1000;
+  while (at < back.size()) {
+    ASSERT_EQ(r.WaitReadable(10s, -1), 0);
+    const int err = r.ReadSome(back.data() + at, back.size() - at, &got);
+    ASSERT_TRUE(err == 0 || err == EAGAIN) << err;
+    at += got;
+  }
+  writer.join();
+  EXPECT_EQ(back, data);
+  ASSERT_EQ(r.WaitReadable(10s, -1), 0);  // closed: a read would not wait
+  uint8_t b = 0;
+  EXPECT_EQ(r.ReadSome(&b, 1, &got), kEof);
+
+  Ring w2 = MustCreate();
+  Ring r2 = MustAttach(w2);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ::shutdown(sv[0], SHUT_RDWR);
+  EXPECT_EQ(r2.WaitReadable(0ms, sv[0]), EPIPE);  // no timeout: the socket ends it
+  ::close(sv[0]);
+  ::close(sv[1]);
+}
+
 // The control block's layout (shm_ring.cpp): head at 64, tail at 128.
 void Poke(int fd, size_t offset, uint64_t value) {
   void* m = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -381,10 +381,9 @@ TEST_P(TcpPair, WriteRead4KiB) { RoundTrip(4096, 0, 4096, 20); }
 TEST_P(TcpPair, WriteRead1MiB) { RoundTrip(1 << 20, 17, 0, 30); }
 TEST_P(TcpPair, WriteRead64MiBPlusOne) { RoundTrip((64u << 20) + 1, 1, 4095, 40); }
 
-// ABI 1.6 progress(): a thread waiting for its transfer reads a TCP lane's
-// responses itself (the pool reads them too; whoever comes first completes,
-// exactly once). Ring lanes are read by their own thread: progress() finds
-// nothing to do there.
+// ABI 1.6 progress(): a thread waiting for its transfer reads its lane's
+// responses itself (the pool reads a TCP lane's too, a ring lane's receiver
+// thread its ring's; whoever comes first completes, exactly once).
 TEST_P(TcpPair, WaitingThreadCompletesThroughProgress) {
   ASSERT_NE(ops.progress, nullptr);
   Mem* src = a_->Register(1, 4096);
@@ -416,13 +415,10 @@ TEST_P(TcpPair, WaitingThreadCompletesThroughProgress) {
     }
   }
   EXPECT_EQ(Counter(*a_, "progress_frames"), reported);
-  if (GetParam() == Stream::kTcp) {
-    // The waiter polls without pause and the pool needs a wake-up per response:
-    // over 200 transfers the waiter completes some (in practice nearly all).
-    EXPECT_GT(reported, 0u);
-  } else {
-    EXPECT_EQ(reported, 0u);
-  }
+  // The waiter polls without pause, and the pool (TCP) or the lane's receiver
+  // thread (rings) needs a wake-up per response: over 200 transfers the waiter
+  // completes some (TCP in practice nearly all, rings 50-140 on 2 vCPUs).
+  EXPECT_GT(reported, 0u);
   std::printf("RESULT progress %s: %llu of 200 completed by the waiting thread\n",
               GetParam() == Stream::kTcp ? "tcp" : "rings",
               static_cast<unsigned long long>(reported));
