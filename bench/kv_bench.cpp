@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -159,6 +160,28 @@ class KvRun {
 
   size_t regions() const { return regions_; }
 
+  // The raw reference for DRAM on this side: one thread's memcpy of the same
+  // request's blocks (every layer) out of the local regions into a scratch
+  // buffer, in request order - the floor of a same-host path, measured in the
+  // same run. False for local GPU memory (gpu-peer-ref is that path's raw
+  // reference).
+  bool raw_copy(const Request& rq, double* took_ms) {
+    if (k_.init_seg != SegType::DRAM) return false;
+    const size_t bb = k_.block_bytes;
+    scratch_.resize(regions_ * rq.src.size() * bb);
+    const auto t0 = Clock::now();
+    uint8_t* out = scratch_.data();
+    for (size_t r = 0; r < regions_; ++r) {
+      const auto* base = static_cast<const uint8_t*>(segs_[r]->data());
+      for (size_t id : rq.src) {
+        std::memcpy(out, base + id * bb, bb);
+        out += bb;
+      }
+    }
+    *took_ms = ms(Clock::now() - t0);
+    return true;
+  }
+
  private:
   const KvOptions& k_;
   Engine& e_;
@@ -167,6 +190,7 @@ class KvRun {
   std::vector<std::unique_ptr<Segment>> segs_;  // before the descriptors that name them
   std::vector<MemoryDesc> local_, remote_;
   std::unique_ptr<PreparedList> lp_, rp_;
+  std::vector<uint8_t> scratch_;  // raw_copy's destination
 };
 
 }  // namespace
@@ -183,8 +207,24 @@ int run_kv(const KvOptions& k, Engine& engine,
       k.layers, k.blocks, k.block_bytes, to_string(k.init_seg), to_string(k.target_seg),
       k.request_blocks, run.regions() * k.request_blocks, req_mib, k.requests, k.warmup,
       k.op == Op::WRITE ? "WRITE" : "READ", k.label.c_str());
-  std::printf("%-26s %10s %10s %12s %12s %8s %s\n", "method", "prep ms", "post ms", "request ms",
-              "min ms", "GB/s", "verified");
+  // The raw reference first, over the same requests (raw_copy).
+  std::vector<double> raw;
+  {
+    std::mt19937_64 rng(42);
+    for (int i = 0; i < k.warmup + k.requests; ++i) {
+      double t = 0;
+      if (!run.raw_copy(run.request(rng), &t)) break;
+      if (i >= k.warmup) raw.push_back(t);
+    }
+  }
+  const double raw_med = median(raw);
+  std::printf("%-26s %10s %10s %12s %12s %8s %8s %s\n", "method", "prep ms", "post ms",
+              "request ms", "min ms", "GB/s", "x raw", "verified");
+  if (raw_med > 0) {
+    std::printf("%-26s %10s %10s %12.3f %12.3f %8.2f %8s %s\n", "raw: memcpy, 1 thread", "-", "-",
+                raw_med, *std::min_element(raw.begin(), raw.end()),
+                req_mib * (1 << 20) / (raw_med * 1e6), "1.00", "-");
+  }
   const char* names[] = {"prepared lists (1 call)", "multi-region items (1 call)",
                          "per-region batches"};
   int rc = 0;
@@ -214,8 +254,12 @@ int run_kv(const KvOptions& k, Engine& engine,
     if (k.check && !verified) rc = 1;
     const double med = median(res.total_ms);
     const double mn = *std::min_element(res.total_ms.begin(), res.total_ms.end());
-    std::printf("%-26s %10.3f %10.3f %12.3f %12.3f %8.2f %s\n", names[method], median(res.prep_ms),
-                median(res.post_ms), med, mn, req_mib * (1 << 20) / (med * 1e6),
+    // x raw: the raw copy's time over this method's (1.00 = as fast as memcpy).
+    char vs_raw[16] = "-";
+    if (raw_med > 0) std::snprintf(vs_raw, sizeof vs_raw, "%.2f", raw_med / med);
+    std::printf("%-26s %10.3f %10.3f %12.3f %12.3f %8.2f %8s %s\n", names[method],
+                median(res.prep_ms), median(res.post_ms), med, mn,
+                req_mib * (1 << 20) / (med * 1e6), vs_raw,
                 k.check ? (verified ? "yes" : "NO") : "-");
   }
   std::istringstream in(ask("notifs 0"));

@@ -4,6 +4,8 @@
 // random block ids moved for every layer, then a notification message - posted
 // three ways in one run: by index into prepared lists, as one multi-region
 // transfer of items, and as one batch per region pair plus a standalone message.
+// With DRAM on this side each method is printed beside a raw reference of the
+// same run: one thread's memcpy of the same requests' blocks (x raw).
 #pragma once
 #include <functional>
 #include <string>
