@@ -180,6 +180,9 @@ void Lane::Stop(int status, const std::string& msg) {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return !pooled_; });
   }
+  // The turn that retired it may still be unwinding its locks, send_mu_ last
+  // (PoolSend): once we hold that, nothing of the pool's touches the lane.
+  { std::lock_guard s(send_mu_); }
   if (sender_.joinable()) sender_.join();
   if (info_->reaper != nullptr) info_->reaper->Unwatch(this);
 }
