@@ -19,8 +19,10 @@
 //   from its queue with blocking sends, and times the idle close.
 // Responses are matched to frames in flight and completed by a
 // ResponseReader (responses.h): on a TCP lane the I/O pool runs it, on a ring
-// lane the lane's receiver thread. A broken connection fails every frame
-// queued or in flight on it, and the next frame submitted reconnects.
+// lane the lane's receiver thread - and on either a thread waiting for a
+// transfer (progress()), whichever comes first. A broken connection fails
+// every frame queued or in flight on it, and the next frame submitted
+// reconnects.
 //
 // Locks: send_mu_ (the socket's send side) is taken before mu_ (everything
 // else); the I/O pool's lock after both. Frames are resolved - which may
