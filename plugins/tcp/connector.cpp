@@ -69,9 +69,4 @@ void Connector::Stop() {
   for (auto& t : all) t.join();
 }
 
-int Connector::threads() const {
-  std::lock_guard lk(mu_);
-  return live_;
-}
-
 }  // namespace ferry_tcp

@@ -39,7 +39,6 @@ class Connector {
   // Once it returns c is neither queued nor connecting. Not under c's lock.
   void Forget(Client* c);
   void Stop();
-  int threads() const;
 
  private:
   void Main();

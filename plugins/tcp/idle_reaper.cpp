@@ -2,7 +2,6 @@
 #include "idle_reaper.h"
 
 #include <algorithm>
-#include <vector>
 
 namespace ferry_tcp {
 
@@ -48,11 +47,6 @@ void IdleReaper::Watch(Target* t) {
 void IdleReaper::Unwatch(Target* t) {
   std::lock_guard lk(mu_);  // waits out a look at t in progress
   targets_.erase(t);
-}
-
-size_t IdleReaper::watched() const {
-  std::lock_guard lk(mu_);
-  return targets_.size();
 }
 
 void IdleReaper::Main() {

@@ -44,7 +44,6 @@ class IdleReaper {
   void Watch(Target* t);
   // After it returns the reaper never touches t. Not under t's own lock.
   void Unwatch(Target* t);
-  size_t watched() const;
 
  private:
   void Main();

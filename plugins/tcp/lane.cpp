@@ -71,7 +71,7 @@ bool Lane::UsesConnector() const {
 void Lane::Connect() {
   std::unique_lock lk(mu_);
   while (!stopping_ && state_ == State::kDown && !queue_.empty()) ConnectLocked(lk);
-  if (state_ == State::kUp && !pooled_ && !stopping_) {
+  if (state_ == State::kUp && !Pooled() && !stopping_) {
     // The pool did not take the connection's sends: this thread sends for it,
     // as a lane's own thread does, until the lane closes.
     lk.unlock();
@@ -83,7 +83,7 @@ void Lane::Connect() {
 
 void Lane::StartLocked() {
   // A connection served by the pool has no thread; the next is connected by one.
-  if (started_ || stopping_ || pooled_) return;
+  if (started_ || stopping_ || Pooled()) return;
   if (UsesConnector()) {
     started_ = true;  // a connect is queued or running
     try {
@@ -178,7 +178,7 @@ void Lane::Stop(int status, const std::string& msg) {
   {
     // The pool's handlers hold the lane until the connection is retired.
     std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return !pooled_; });
+    cv_.wait(lk, [&] { return !Pooled(); });
   }
   // The turn that retired it may still be unwinding its locks, send_mu_ last
   // (PoolSend): once we hold that, nothing of the pool's touches the lane.
@@ -262,7 +262,7 @@ void Lane::Submit(FramePtr f, bool try_direct) {
       lk.lock();
       if (err == EAGAIN || err == EWOULDBLOCK) {
         partial_ = f;  // still `sending`; nothing else may use the socket first
-        if (pooled_)
+        if (Pooled())
           ArmSenderLocked();
         else
           cv_.notify_all();
@@ -287,7 +287,7 @@ void Lane::Submit(FramePtr f, bool try_direct) {
       const bool was_empty = queue_.empty();
       queue_.push_back(std::move(f));
       work_posted_.store(true, std::memory_order_release);
-      if (pooled_) {
+      if (Pooled()) {
         ArmSenderLocked();
       } else if (was_empty) {
         // No waiter while the sender polls: the notify makes no system call then.
@@ -310,7 +310,7 @@ void Lane::SubmitAll(std::vector<FramePtr>& frames) {
       for (auto& f : frames) queue_.push_back(std::move(f));
       frames.clear();
       work_posted_.store(true, std::memory_order_release);
-      if (pooled_)
+      if (Pooled())
         ArmSenderLocked();
       else if (was_empty)
         cv_.notify_all();
@@ -453,7 +453,7 @@ void Lane::SenderMain() {
   bool spin_next = false;
   for (;;) {
     // The connection just made is served by the pool: this thread has done its part.
-    if (pooled_) {
+    if (Pooled()) {
       started_ = false;
       return;
     }
@@ -519,14 +519,7 @@ void Lane::SenderMain() {
       {
         std::lock_guard s(send_mu_);
         std::lock_guard l2(mu_);
-        chan_.reset();
-        ::close(fd_);
-        fd_ = -1;
-        for (auto& [id, f] : inflight_) doomed.emplace_back(f, reason_status_, reason_msg_);
-        inflight_.clear();
-        SyncProgressLocked();
-        state_ = State::kDown;
-        receiver_done_ = false;
+        CloseConnectionLocked(&doomed);
       }
       Fail(doomed);
       lk.lock();
@@ -545,19 +538,8 @@ void Lane::SenderMain() {
     std::unique_lock s(send_mu_);
     lk.lock();
     if (state_ != State::kUp || queue_.empty() || partial_) continue;
-    FramePtr f = std::move(queue_.front());
-    queue_.pop_front();
     Doomed doomed;
-    if (f->xfer->failed()) {
-      // Another frame of it already failed: don't spend the bandwidth.
-      int status;
-      std::string msg;
-      f->xfer->Error(&status, &msg);
-      doomed.emplace_back(std::move(f), status, msg);
-    } else {
-      f->sending = true;
-      inflight_.emplace(f->req_id, f);
-      SyncProgressLocked();
+    if (FramePtr f = TakeQueuedLocked(&doomed)) {
       lk.unlock();
       const int err = SendOne(*f, 0);
       lk.lock();
@@ -692,7 +674,6 @@ bool Lane::StartPooledSenderLocked() {
   }
   auto h = std::make_unique<PooledSender>(this, dup_fd);
   // Set before it is registered: its first turn may start at once (and waits for mu_).
-  pooled_ = true;
   send_handler_ = h.get();
   send_armed_ = true;
   std::unique_ptr<IoPool::Handler> back;
@@ -701,7 +682,6 @@ bool Lane::StartPooledSenderLocked() {
     if (info_->reaper != nullptr && info_->idle_close_ms > 0) info_->reaper->Watch(this);
     return true;
   }
-  pooled_ = false;
   send_handler_ = nullptr;
   send_armed_ = false;
   Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: sends by a thread of their own: %s", index_,
@@ -710,7 +690,7 @@ bool Lane::StartPooledSenderLocked() {
 }
 
 void Lane::ArmSenderLocked() {
-  if (!pooled_ || send_handler_ == nullptr || send_armed_) return;
+  if (!Pooled() || send_armed_) return;
   send_armed_ = true;
   // EPOLLOUT fires at once on a socket with room (or one shut down).
   if (!info_->pool->Rearm(send_handler_, EPOLLOUT)) send_armed_ = false;
@@ -745,20 +725,8 @@ uint32_t Lane::PoolSend(IoPool::Handler* h) {
       } else if (budget-- == 0) {
         next = EPOLLOUT;
         break;
-      } else {
-        f = std::move(queue_.front());
-        queue_.pop_front();
-        if (f->xfer->failed()) {
-          // Another frame of it already failed: don't spend the bandwidth.
-          int status;
-          std::string msg;
-          f->xfer->Error(&status, &msg);
-          doomed.emplace_back(std::move(f), status, msg);
-          continue;
-        }
-        f->sending = true;
-        inflight_.emplace(f->req_id, f);
-        SyncProgressLocked();
+      } else if (!(f = TakeQueuedLocked(&doomed))) {
+        continue;
       }
       lk.unlock();
       // A GPU frame's staging ignores MSG_DONTWAIT: it holds this pool thread
@@ -779,19 +747,22 @@ uint32_t Lane::PoolSend(IoPool::Handler* h) {
   return next;
 }
 
-void Lane::RetireLocked(Doomed* doomed) {
-  // Both pool handlers are done with the socket (the responses' is gone, this
-  // turn holds send_mu_): close it, fail what it carried.
+void Lane::CloseConnectionLocked(Doomed* doomed) {
   chan_.reset();
   ::close(fd_);
   fd_ = -1;
-  partial_.reset();
+  partial_.reset();  // in flight too: failed below
   for (auto& [id, f] : inflight_) doomed->emplace_back(f, reason_status_, reason_msg_);
   inflight_.clear();
   SyncProgressLocked();
   state_ = State::kDown;
   receiver_done_ = false;
-  pooled_ = false;
+}
+
+void Lane::RetireLocked(Doomed* doomed) {
+  // Both pool handlers are done with the socket (the responses' is gone, this
+  // turn holds send_mu_).
+  CloseConnectionLocked(doomed);
   send_handler_ = nullptr;
   send_armed_ = false;
   cv_.notify_all();
@@ -807,10 +778,27 @@ void Lane::RetireLocked(Doomed* doomed) {
   }
 }
 
+FramePtr Lane::TakeQueuedLocked(Doomed* doomed) {
+  FramePtr f = std::move(queue_.front());
+  queue_.pop_front();
+  if (f->xfer->failed()) {
+    // Another frame of it already failed: don't spend the bandwidth.
+    int status;
+    std::string msg;
+    f->xfer->Error(&status, &msg);
+    doomed->emplace_back(std::move(f), status, msg);
+    return nullptr;
+  }
+  f->sending = true;
+  inflight_.emplace(f->req_id, f);
+  SyncProgressLocked();
+  return f;
+}
+
 bool Lane::CloseIfIdle(std::chrono::steady_clock::time_point now) {
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return true;  // busy: look again next time
-  if (!pooled_) return false;        // retired (the next connection watches again)
+  if (!Pooled()) return false;       // retired (the next connection watches again)
   if (state_ != State::kUp || !QuietLocked()) return true;
   if (now < last_used_ + std::chrono::milliseconds(info_->idle_close_ms)) return true;
   Doomed none;  // quiet: nothing queued or in flight to fail

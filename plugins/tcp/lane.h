@@ -158,6 +158,14 @@ class Lane final : public IdleReaper::Target, public Connector::Client {
   // Both pool handlers are done with a broken connection: closes it, fails
   // what was in flight, and connects again if frames are queued.
   void RetireLocked(Doomed* doomed);
+  // Every user of a broken connection's descriptor is done (send_mu_ held):
+  // closes it and moves what was in flight into *doomed; the lane is down.
+  void CloseConnectionLocked(Doomed* doomed);
+  // The queue's first frame, now sending and in flight; null (and in
+  // *doomed) when another frame of its transfer already failed.
+  FramePtr TakeQueuedLocked(Doomed* doomed);
+  // The connection (kUp or kBroken) is served by the pool: no sender thread.
+  bool Pooled() const { return send_handler_ != nullptr; }
   // The frame answered by a response with this id, taken out of the in-flight set.
   FramePtr TakeInflight(uint64_t req_id);
   // The receiving side of the connection is over (status/msg: why): breaks the
@@ -208,10 +216,9 @@ class Lane final : public IdleReaper::Target, public Connector::Client {
   std::shared_ptr<PolledResponses> polled_;  // this connection's responses, when on the pool
   std::shared_ptr<Pumpable> pumped_;         // what progress() pumps for it: polled_, or a ring's
   bool in_progress_set_ = false;
-  // The connection (kUp or kBroken) is served by the pool: its sends by
-  // send_handler_ (registered on a dup of fd_, owned by the pool), which has
-  // a turn coming or running while send_armed_. No sender thread then.
-  bool pooled_ = false;
+  // While the connection is served by the pool (Pooled()): its sends'
+  // handler (registered on a dup of fd_, owned by the pool), which has a
+  // turn coming or running while send_armed_.
   IoPool::Handler* send_handler_ = nullptr;
   bool send_armed_ = false;
   std::unique_ptr<Waker> waker_;  // aborts a connect in progress; exists only then

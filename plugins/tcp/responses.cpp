@@ -154,21 +154,21 @@ void ResponseReader::End() {
 
 uint32_t PolledResponses::OnEvents(IoPool::Handler* h) {
   for (;;) {
-    if (TakeTurn()) {
+    if (turn_.TryTake()) {
       handler_ = h;
       if (!over_) over_ = reader_.Pump(/*may_block=*/true) == ResponseReader::Pumped::kOver;
       const bool over = over_;
-      turn_.store(false, std::memory_order_release);
+      turn_.Release();
       return over ? 0u : uint32_t{EPOLLIN};
     }
     // A waiting thread is pumping: it re-arms us when it lets go (TryPump).
     missed_.store(true);
-    if (turn_.load()) return IoPool::kParked;
+    if (turn_.held()) return IoPool::kParked;
   }
 }
 
 uint64_t PolledResponses::TryPump() {
-  if (!TakeTurn()) return 0;
+  if (!turn_.TryTake()) return 0;
   uint32_t rearm = 0;
   const uint64_t before = reader_.resolved();
   if (handler_ != nullptr && !over_) {
@@ -189,7 +189,7 @@ uint64_t PolledResponses::TryPump() {
   }
   IoPool::Handler* const h = handler_;
   const uint64_t done = reader_.resolved() - before;
-  turn_.store(false, std::memory_order_release);
+  turn_.Release();
   if (h == nullptr) return done;  // closed
   if (missed_.exchange(false)) rearm |= EPOLLIN;
   if (rearm != 0) pool_->Rearm(h, rearm);
@@ -197,38 +197,40 @@ uint64_t PolledResponses::TryPump() {
 }
 
 void PolledResponses::Close() {
-  while (!TakeTurn()) std::this_thread::yield();  // a waiting thread's pump ends soon
+  turn_.Take();
   handler_ = nullptr;
   reader_.End();
-  turn_.store(false, std::memory_order_release);
+  turn_.Release();
+}
+
+bool RingResponses::PumpInTurn() {
+  turn_.Take();
+  if (!over_) over_ = reader_.Pump(/*may_block=*/true) == ResponseReader::Pumped::kOver;
+  const bool over = over_;
+  turn_.Release();
+  return over;
 }
 
 void RingResponses::Run(Channel* chan) {
-  for (;;) {
-    // A waiting thread's pump is short (it never waits).
-    while (!TakeTurn()) std::this_thread::yield();
-    if (!over_) over_ = reader_.Pump(/*may_block=*/true) == ResponseReader::Pumped::kOver;
-    const bool over = over_;
-    turn_.store(false, std::memory_order_release);
-    if (over) break;
+  int lost = 0;
+  while (!PumpInTurn()) {
     const int err = chan->WaitReadable();
     if (err == 0) continue;
     // The socket says the lane is over (the peer gone, or ours shut down), or
     // a stall: one last look at what arrived, then the end.
-    while (!TakeTurn()) std::this_thread::yield();
-    if (!over_) over_ = reader_.Pump(/*may_block=*/true) == ResponseReader::Pumped::kOver;
-    reader_.Lost(err == EPIPE ? kEof : err);
-    over_ = true;
-    turn_.store(false, std::memory_order_release);
+    lost = err == EPIPE ? kEof : err;
+    PumpInTurn();
     break;
   }
-  while (!TakeTurn()) std::this_thread::yield();
+  turn_.Take();
+  if (lost != 0) reader_.Lost(lost);
+  over_ = true;  // a waiting thread's TryPump touches nothing of the lane from here on
   reader_.End();
-  turn_.store(false, std::memory_order_release);
+  turn_.Release();
 }
 
 uint64_t RingResponses::TryPump() {
-  if (!TakeTurn()) return 0;
+  if (!turn_.TryTake()) return 0;
   const uint64_t before = reader_.resolved();
   if (!over_ && reader_.Pump(/*may_block=*/false) == ResponseReader::Pumped::kOver) {
     over_ = true;
@@ -236,7 +238,7 @@ uint64_t RingResponses::TryPump() {
     ::shutdown(fd_, SHUT_RDWR);
   }
   const uint64_t done = reader_.resolved() - before;
-  turn_.store(false, std::memory_order_release);
+  turn_.Release();
   return done;
 }
 

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "channel.h"
@@ -80,6 +81,24 @@ class ResponseReader {
   bool ended_ = false;
 };
 
+// Who pumps a shared ResponseReader now: one thread at a time.
+class Turn {
+ public:
+  bool TryTake() {
+    bool expected = false;
+    return held_.compare_exchange_strong(expected, true, std::memory_order_acquire);
+  }
+  // The other holder only pumps what has arrived (it never waits): its turn ends soon.
+  void Take() {
+    while (!TryTake()) std::this_thread::yield();
+  }
+  void Release() { held_.store(false, std::memory_order_release); }
+  bool held() const { return held_.load(); }
+
+ private:
+  std::atomic<bool> held_{false};
+};
+
 // What progress() pumps: a lane's responses, shared with another reader.
 class Pumpable {
  public:
@@ -113,14 +132,10 @@ class PolledResponses final : public Pumpable {
   }
 
  private:
-  bool TakeTurn() {
-    bool expected = false;
-    return turn_.compare_exchange_strong(expected, true, std::memory_order_acquire);
-  }
   const int fd_;
   IoPool* const pool_;
   ResponseReader reader_;
-  std::atomic<bool> turn_{false};
+  Turn turn_;
   // The pool's event came while a waiting thread held the turn: that thread
   // re-arms the handler when it lets go.
   std::atomic<bool> missed_{false};
@@ -143,13 +158,11 @@ class RingResponses final : public Pumpable {
   uint64_t TryPump() override;
 
  private:
-  bool TakeTurn() {
-    bool expected = false;
-    return turn_.compare_exchange_strong(expected, true, std::memory_order_acquire);
-  }
+  // One pump with the turn, blocking where a GPU stage needs it; true once over.
+  bool PumpInTurn();
   const int fd_;
   ResponseReader reader_;
-  std::atomic<bool> turn_{false};
+  Turn turn_;
   bool over_ = false;  // under the turn
 };
 

@@ -411,20 +411,18 @@ void Ring::Take(uint8_t* out, uint64_t k) {
 
 int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds timeout,
                int liveness_fd) {
-  if (ctl_ == nullptr) return EBADF;
-  uint64_t avail = 0;
-  auto bytes = [&]() -> int { return Available(&avail); };
   auto* out = static_cast<uint8_t*>(buf);
   *got = 0;
-  while (*got < len) {
-    int r = bytes();
-    if (r == kNotYet) r = Wait(bytes, h_.data_bell, &ctl_->reader_sleeping, timeout, liveness_fd);
+  for (;;) {
+    size_t n = 0;
+    int r = ReadSome(out + *got, len - *got, &n);
+    *got += n;
+    if (r != EAGAIN) return r;
+    uint64_t avail = 0;
+    r = Wait([&] { return Available(&avail); }, h_.data_bell, &ctl_->reader_sleeping, timeout,
+             liveness_fd);
     if (r != 0) return r;
-    const uint64_t k = std::min({avail, static_cast<uint64_t>(len - *got), kPublishBytes});
-    Take(out + *got, k);
-    *got += k;
   }
-  return 0;
 }
 
 int Ring::ReadSome(void* buf, size_t len, size_t* got) {
