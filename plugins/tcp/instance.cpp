@@ -27,7 +27,10 @@ Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings s
       pool_(settings_.io_threads > 0 ? settings_.io_threads : IoPool::DefaultThreads(),
             // Stalls are looked for a few times per io_timeout, at most every 250 ms.
             std::clamp(std::chrono::milliseconds(settings_.io_timeout_ms / 4),
-                       std::chrono::milliseconds(5), std::chrono::milliseconds(250))),
+                       std::chrono::milliseconds(5), std::chrono::milliseconds(250)),
+            // After its last work a thread polls this long: frames queued by
+            // post() go out and arriving ones are read without a wake-up.
+            std::chrono::microseconds(settings_.sender_spin_us)),
       reaper_(std::chrono::milliseconds(settings_.lane_idle_ms)),
       target_(host, engine_key_, settings_, &regions_, &stages_, &pool_) {}
 
@@ -336,7 +339,8 @@ int Instance::Counters(char* buf, size_t len) {
                 static_cast<unsigned long long>(target_.ring_lanes()), u(t.frames_sent),
                 u(t.send_ns), u(t.send_wait_ns), u(t.frames_received), u(t.recv_ns),
                 u(t.recv_read_ns), u(t.recv_wait_ns), u(t.acquires), u(t.acquire_ns),
-                static_cast<unsigned long long>(progress_.frames()), u(sender_polls_caught_));
+                static_cast<unsigned long long>(progress_.frames()),
+                u(sender_polls_caught_) + static_cast<unsigned long long>(pool_.kicks_caught()));
   return FERRY_OK;
 }
 

@@ -63,9 +63,8 @@ void Lane::EnsureStarted() {
 }
 
 bool Lane::UsesConnector() const {
-  // Not a candidate for rings (their lane keeps its thread), nor a sender that polls.
-  return info_->connector != nullptr && info_->pool != nullptr && info_->unix_name.empty() &&
-         info_->sender_spin_us == 0;
+  // Not a candidate for rings (their lane keeps its thread).
+  return info_->connector != nullptr && info_->pool != nullptr && info_->unix_name.empty();
 }
 
 void Lane::Connect() {
@@ -665,7 +664,7 @@ void Lane::ReceiverEnded(int status, const std::string& msg, FramePtr current) {
 }
 
 bool Lane::StartPooledSenderLocked() {
-  if (polled_ == nullptr || info_->sender_spin_us > 0) return false;
+  if (polled_ == nullptr) return false;
   const int dup_fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
   if (dup_fd < 0) {
     Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: sends by a thread of their own: dup: %s",
@@ -692,8 +691,9 @@ bool Lane::StartPooledSenderLocked() {
 void Lane::ArmSenderLocked() {
   if (!Pooled() || send_armed_) return;
   send_armed_ = true;
-  // EPOLLOUT fires at once on a socket with room (or one shut down).
-  if (!info_->pool->Rearm(send_handler_, EPOLLOUT)) send_armed_ = false;
+  // EPOLLOUT fires at once on a socket with room (or one shut down); a
+  // polling pool thread (sender_spin_us) takes the kick without a system call.
+  if (!info_->pool->Kick(send_handler_, EPOLLOUT)) send_armed_ = false;
 }
 
 uint32_t Lane::PoolSend(IoPool::Handler* h) {

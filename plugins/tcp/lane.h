@@ -7,15 +7,16 @@
 // secret, handshake.h): one of the engine's Connector threads for a lane to
 // another host that the pool will serve, else the lane's own thread. What
 // happens next depends on the connection:
-// - a TCP connection with the engine's I/O pool (and no sender_spin_us) is
-//   served by the pool (issue 20): the thread ends, a PooledSender on the
-//   pool writes queued frames with non-blocking sends (waiting for EPOLLOUT
-//   when the socket is full), the responses are read there too, the
+// - a TCP connection with the engine's I/O pool is served by the pool
+//   (issue 20): the thread ends, a PooledSender on the pool writes queued
+//   frames with non-blocking sends (waiting for EPOLLOUT when the socket is
+//   full; with sender_spin_us a polling pool thread takes them without a
+//   wake-up), the responses are read there too, the
 //   engine's IdleReaper closes the lane when idle, and whichever of the two
 //   pool handlers finishes last retires the connection. An open TCP lane
 //   costs no thread;
-// - otherwise (shared rings, whose waits are not epoll events; a sender that
-//   polls; no pool) the thread stays as the lane's sender and writes frames
+// - otherwise (shared rings, whose waits are not epoll events; no pool) the
+//   thread stays as the lane's sender and writes frames
 //   from its queue with blocking sends, and times the idle close.
 // Responses are matched to frames in flight and completed by a
 // ResponseReader (responses.h): on a TCP lane the I/O pool runs it, on a ring
@@ -69,7 +70,8 @@ struct PeerInfo {
   std::string unix_name;
   uint64_t ring_bytes = 1 << 20;
   int ring_spin_us = 0;
-  // A TCP lane's sender polls its queue this long after a send (settings.h).
+  // Senders poll for the next frame this long after a send (settings.h): a
+  // ring lane's own thread; for TCP lanes the I/O pool.
   int sender_spin_us = 0;
   std::atomic<uint64_t>* sender_polls_caught = nullptr;  // polls that caught a frame (counters)
   // A lane with nothing queued or in flight for this long closes, and its

@@ -48,11 +48,14 @@ struct Settings {
   // that has work, 4 KiB WRITE 82 us at 50 us vs 30 us at 0; on 16 cores 50 us
   // gained nothing at 4 KiB and lost at 4-16 MiB).
   int ring_spin_us = 0;
-  // How long a TCP lane's sender thread polls its queue after a send before it
-  // sleeps. While it polls, post() queues a small frame without a system call
-  // (no send from the posting thread, no wake-up); 0: it sleeps at once and
-  // post() sends small frames itself. Costs up to this much CPU per send burst,
-  // and above 0 each open lane has a sender thread again (not the pool's sends).
+  // How long senders poll for the next frame after a send before they sleep:
+  // on TCP lanes one I/O pool thread at a time (which also takes the
+  // sockets' events without waiting, so the target's pool polls too), on
+  // ring lanes each lane's sender thread. While one polls, post() queues a
+  // small frame without a system call (no send from the posting thread, no
+  // wake-up); 0: they sleep at once and post() sends small frames itself.
+  // Costs up to one CPU for this long after the last work (per ring lane
+  // with rings).
   int sender_spin_us = 0;
 };
 

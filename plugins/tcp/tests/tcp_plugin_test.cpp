@@ -1151,9 +1151,19 @@ TEST(TcpIdle, IdleLanesCloseEverywhereAndReopenOnTheNextTransfer) {
 // TCP lanes are served by the I/O pools at both ends (issue 20): once their
 // connections are made, four open lanes with transfers in flight cost the
 // process descriptors and no thread; sends that fill the socket wait for room
-// on the pool (EPOLLOUT) and every byte lands in order.
-TEST(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
-  Pair p({.settings = R"({"lanes": 4, "chunk_bytes": 262144, "io_threads": 2})",
+// on the pool (EPOLLOUT) and every byte lands in order. Also while the pools
+// poll (sender_spin_us): the sends are then kicked to a polling pool thread.
+class TcpPool : public ::testing::TestWithParam<int> {
+ protected:
+  // The settings with the parameter's sender_spin_us added.
+  static std::string With(std::string json) {
+    json.pop_back();
+    return json + ", \"sender_spin_us\": " + std::to_string(GetParam()) + "}";
+  }
+};
+
+TEST_P(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
+  Pair p({.settings = With(R"({"lanes": 4, "chunk_bytes": 262144, "io_threads": 2})"),
           .same_host = SameHost(Stream::kTcp)});
   Instance &a = p.a, &b = p.b;
   void* pb = p.pb;
@@ -1187,8 +1197,8 @@ TEST(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
 // lane's idle close (2 ms): a frame that finds its lane closing waits for the
 // connection to be retired and goes out on the next one; every transfer
 // completes once and every byte read back is the byte written.
-TEST(TcpIdle, TransfersRacingTheIdleCloseAllLand) {
-  Pair p({.settings = R"({"lane_idle_ms": 2, "chunk_bytes": 65536, "io_threads": 2})",
+TEST_P(TcpPool, TransfersRacingTheIdleCloseAllLand) {
+  Pair p({.settings = With(R"({"lane_idle_ms": 2, "chunk_bytes": 65536, "io_threads": 2})"),
           .same_host = SameHost(Stream::kTcp)});
   Instance &a = p.a, &b = p.b;
   constexpr int kThreads = 4, kPerThread = 120;
@@ -1229,6 +1239,13 @@ TEST(TcpIdle, TransfersRacingTheIdleCloseAllLand) {
   EXPECT_EQ(CountEntriesSettled("/proc/self/fd", fds, 5s), fds);
   for (void* r : remotes) ops.mem_release(a.ctx(), r);
 }
+
+// 0: every kick re-arms the socket in epoll; 300: a polling pool thread takes
+// most of them without a system call.
+INSTANTIATE_TEST_SUITE_P(SenderSpin, TcpPool, ::testing::Values(0, 300),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "spin" + std::to_string(i.param);
+                         });
 
 // sender_spin_us: a lane's sender polls after each send, and the next small
 // frame is queued for it instead of sent by the posting thread. Every byte
