@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -21,6 +22,10 @@ struct Doorbell::Page {
   uint64_t token;
   std::atomic<uint32_t> seq;       // bumped by every ring
   std::atomic<uint32_t> sleeping;  // the owner sleeps (or is about to)
+  // Robust and process-shared; held by the owner's progress thread. All
+  // zeroes in a page of a ferry before 2026-12-03 (and in a new page: the
+  // owner initialises it before it publishes kMagic).
+  pthread_mutex_t life;
 };
 
 namespace {
@@ -38,7 +43,8 @@ long Futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* ts
 
 std::unique_ptr<Doorbell> Doorbell::Create(std::string* why) {
   std::random_device rd;
-  const uint64_t token = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+  const uint64_t token =
+      (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
   char name[64];
   std::snprintf(name, sizeof(name), "/ferry-ofi-%d-%016llx", static_cast<int>(getpid()),
                 static_cast<unsigned long long>(token));
@@ -59,12 +65,22 @@ std::unique_ptr<Doorbell> Doorbell::Create(std::string* why) {
   }
   std::unique_ptr<Doorbell> d(new Doorbell());
   d->page_ = static_cast<Page*>(p);
+  d->name_ = name;
+  d->owner_ = true;  // from here on d's destructor unmaps and unlinks the page
   d->page_->token = token;
   d->page_->seq.store(0);
   d->page_->sleeping.store(0);
-  d->page_->magic = kMagic;
-  d->name_ = name;
-  d->owner_ = true;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  const int rc = pthread_mutex_init(&d->page_->life, &attr);
+  pthread_mutexattr_destroy(&attr);
+  if (rc != 0) {
+    *why = std::string("doorbell life mark: ") + std::strerror(rc);
+    return nullptr;
+  }
+  __atomic_store_n(&d->page_->magic, kMagic, __ATOMIC_RELEASE);
   return d;
 }
 
@@ -104,6 +120,22 @@ std::unique_ptr<Doorbell> Doorbell::Open(const std::string& name, std::string* w
 Doorbell::~Doorbell() {
   if (page_ != nullptr) munmap(page_, kPageSize);
   if (owner_) shm_unlink(name_.c_str());
+}
+
+void Doorbell::HoldLife() {
+  if (owner_) pthread_mutex_lock(&page_->life);
+}
+
+void Doorbell::ReleaseLife() {
+  if (owner_) pthread_mutex_unlock(&page_->life);
+}
+
+bool Doorbell::OwnerDied() const {
+  // glibc keeps a robust mutex's futex word in __data.__lock: the holder's
+  // thread id, with FUTEX_OWNER_DIED set by the kernel when the holder died.
+  // A load, no system call: it runs before every RMA to this peer.
+  const int word = __atomic_load_n(&page_->life.__data.__lock, __ATOMIC_ACQUIRE);
+  return (word & FUTEX_OWNER_DIED) != 0;
 }
 
 void Doorbell::Ring() {

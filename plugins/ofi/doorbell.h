@@ -9,6 +9,15 @@
 // The page is named /ferry-ofi-<pid>-<token>; the name travels in the
 // connection blob, the token is checked in the page before a peer uses it, and
 // the owner unlinks the name when it closes.
+//
+// The page also says whether its owner died: the owner's progress thread holds
+// a robust process-shared mutex in it for its life (HoldLife), and when a
+// process dies the kernel marks the robust mutexes its threads held. A peer
+// reads that mark with one load (OwnerDied), before each RMA: libfabric's shm
+// provider takes a lock in the target's shared region to queue an RMA, and a
+// target killed while holding it leaves every later RMA to it spinning for
+// ever - with the initiator's endpoint lock held, so post() hung too (seen
+// once in engine_process_test_ofi_shm's killed-target case, 2026-12-03).
 #pragma once
 
 #include <atomic>
@@ -30,6 +39,14 @@ class Doorbell {
   Doorbell& operator=(const Doorbell&) = delete;
 
   const std::string& name() const { return name_; }
+
+  // Owner, on the thread that lives exactly as long as the endpoint: holds
+  // the life mark until ReleaseLife (or until the process dies).
+  void HoldLife();
+  void ReleaseLife();
+  // Peer: the owner's process died holding its life mark. False for a page of
+  // a ferry without the mark, and before its owner holds it.
+  bool OwnerDied() const;
 
   // Waker: counts a ring and wakes the owner if it sleeps.
   void Ring();

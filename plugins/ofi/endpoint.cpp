@@ -24,10 +24,10 @@ namespace ferry_ofi {
 namespace {
 
 constexpr uint64_t kDefaultChunk = 1ull << 20;
-constexpr uint64_t kMinNapNs = 20'000;         // a thread that must poll sleeps this long first,
-constexpr uint64_t kMaxNapNs = 1'000'000;       // doubling up to this
-constexpr uint64_t kMinBellNapNs = 200'000;     // a doorbell sleeper with RMAs in flight expects
-                                                // a ring; this is only its safety net
+constexpr uint64_t kMinNapNs = 20'000;       // a thread that must poll sleeps this long first,
+constexpr uint64_t kMaxNapNs = 1'000'000;    // doubling up to this
+constexpr uint64_t kMinBellNapNs = 200'000;  // a doorbell sleeper with RMAs in flight expects
+                                             // a ring; this is only its safety net
 constexpr int kTrywaitRetries = 16;
 
 std::string FiErr(ssize_t rc) { return fi_strerror(static_cast<int>(rc < 0 ? -rc : rc)); }
@@ -48,10 +48,15 @@ int MapCqErr(int err) {
 }
 
 std::string MrModeString(uint64_t m) {
-  static const std::pair<uint64_t, const char*> kBits[] = {
-      {FI_MR_LOCAL, "LOCAL"},         {FI_MR_RAW, "RAW"},           {FI_MR_VIRT_ADDR, "VIRT_ADDR"},
-      {FI_MR_ALLOCATED, "ALLOCATED"}, {FI_MR_PROV_KEY, "PROV_KEY"}, {FI_MR_MMU_NOTIFY, "MMU_NOTIFY"},
-      {FI_MR_RMA_EVENT, "RMA_EVENT"}, {FI_MR_ENDPOINT, "ENDPOINT"}, {FI_MR_HMEM, "HMEM"}};
+  static const std::pair<uint64_t, const char*> kBits[] = {{FI_MR_LOCAL, "LOCAL"},
+                                                           {FI_MR_RAW, "RAW"},
+                                                           {FI_MR_VIRT_ADDR, "VIRT_ADDR"},
+                                                           {FI_MR_ALLOCATED, "ALLOCATED"},
+                                                           {FI_MR_PROV_KEY, "PROV_KEY"},
+                                                           {FI_MR_MMU_NOTIFY, "MMU_NOTIFY"},
+                                                           {FI_MR_RMA_EVENT, "RMA_EVENT"},
+                                                           {FI_MR_ENDPOINT, "ENDPOINT"},
+                                                           {FI_MR_HMEM, "HMEM"}};
   std::string s;
   for (const auto& [bit, name] : kBits) {
     if (m & bit) s += (s.empty() ? "" : "|") + std::string(name);
@@ -68,8 +73,8 @@ fi_info* GetInfo(const char* provider, const char* node, bool rma_event, std::st
   if (rma_event) hints->caps |= FI_RMA_EVENT;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
-                                FI_MR_ENDPOINT | FI_MR_RAW;
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT | FI_MR_RAW;
   hints->domain_attr->threading = FI_THREAD_SAFE;
   // SUCCESS means delivered: a WRITE completes once the target holds the data.
   hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
@@ -81,15 +86,14 @@ fi_info* GetInfo(const char* provider, const char* node, bool rma_event, std::st
   if (rc != 0) {
     if (why)
       *why = std::string("fi_getinfo(") + (provider ? provider : "any provider") +
-             (node ? std::string(", ") + node : std::string()) + ") found no RDM endpoint with RMA: " +
-             FiErr(rc);
+             (node ? std::string(", ") + node : std::string()) +
+             ") found no RDM endpoint with RMA: " + FiErr(rc);
     return nullptr;
   }
   return out;
 }
 
-Endpoint::Endpoint(const ferry_host_v1* host, const Settings& s)
-    : host_(host), settings_(s) {}
+Endpoint::Endpoint(const ferry_host_v1* host, const Settings& s) : host_(host), settings_(s) {}
 
 std::unique_ptr<Endpoint> Endpoint::Open(const ferry_host_v1* host, const fi_info* info,
                                          const Settings& s, std::string* why) {
@@ -163,12 +167,14 @@ bool Endpoint::OpenAll(const fi_info* info, std::string* why) {
   addr_.resize(blob::kMaxAddr);
   size_t len = addr_.size();
   rc = fi_getname(&ep_->fid, addr_.data(), &len);
-  if (rc != 0 || len == 0 || len > blob::kMaxAddr) return fail("fi_getname", rc ? rc : -FI_ETOOSMALL);
+  if (rc != 0 || len == 0 || len > blob::kMaxAddr)
+    return fail("fi_getname", rc ? rc : -FI_ETOOSMALL);
   addr_.resize(len);
   addr_format_ = info_->addr_format;
   mr_mode_ = info_->domain_attr->mr_mode;
   chunk_ = settings_.chunk_bytes != 0 ? settings_.chunk_bytes : kDefaultChunk;
-  if (info_->ep_attr->max_msg_size > 0) chunk_ = std::min<uint64_t>(chunk_, info_->ep_attr->max_msg_size);
+  if (info_->ep_attr->max_msg_size > 0)
+    chunk_ = std::min<uint64_t>(chunk_, info_->ep_attr->max_msg_size);
   ep_window_ = static_cast<uint32_t>(std::clamp<size_t>(info_->tx_attr->size, 1, 65536));
   window_ = std::min<uint32_t>(static_cast<uint32_t>(settings_.window), ep_window_);
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -190,7 +196,8 @@ Endpoint::~Endpoint() {
   if (av_) fi_close(&av_->fid);
   if (domain_) {
     if (int rc = fi_close(&domain_->fid); rc != 0)
-      Log(host_, FERRY_LOG_WARN, "%s: closing the domain: %s", provider_.c_str(), FiErr(rc).c_str());
+      Log(host_, FERRY_LOG_WARN, "%s: closing the domain: %s", provider_.c_str(),
+          FiErr(rc).c_str());
   }
   if (fabric_) fi_close(&fabric_->fid);
   if (info_) fi_freeinfo(info_);
@@ -205,7 +212,12 @@ void Endpoint::CloseEp() {
 }
 
 void Endpoint::Start() {
-  thread_ = std::thread([this] { Main(); });
+  thread_ = std::thread([this] {
+    // The life mark (doorbell.h) is this thread's: it ends with the endpoint.
+    if (doorbell_) doorbell_->HoldLife();
+    Main();
+    if (doorbell_) doorbell_->ReleaseLife();
+  });
 }
 
 void Endpoint::Stop(int status, const std::string& msg) {
@@ -222,7 +234,8 @@ void Endpoint::Stop(int status, const std::string& msg) {
   Deliver(&done);
   stop_.store(true);
   const uint64_t one = 1;
-  if (event_fd_ >= 0) [[maybe_unused]] ssize_t w = write(event_fd_, &one, sizeof(one));
+  if (event_fd_ >= 0) [[maybe_unused]]
+    ssize_t w = write(event_fd_, &one, sizeof(one));
   if (doorbell_) doorbell_->Ring();
   if (thread_.joinable()) thread_.join();
   StopGpu();
@@ -333,8 +346,8 @@ void Endpoint::DropOps() {
   ops_.clear();
 }
 
-int Endpoint::ImportKey(const blob::MemKey& k, uint64_t region_size, uint64_t* rkey,
-                        uint64_t* base, bool* mapped, std::string* why) {
+int Endpoint::ImportKey(const blob::MemKey& k, uint64_t region_size, uint64_t* rkey, uint64_t* base,
+                        bool* mapped, std::string* why) {
   *mapped = false;
   if (k.raw) {
     if (!(mr_mode_ & FI_MR_RAW)) {
@@ -413,7 +426,8 @@ void Endpoint::RemovePeer(const std::shared_ptr<PeerEp>& p) {
     for (const auto& [k, x] : active_) {
       if (x->peer == p) mine.push_back(x);
     }
-    for (const auto& x : mine) EndLocked(x, FERRY_ERR_BAD_STATE, "peer " + p->key + " was removed", &done);
+    for (const auto& x : mine)
+      EndLocked(x, FERRY_ERR_BAD_STATE, "peer " + p->key + " was removed", &done);
     quiet = quiet && p->inflight == 0;
   }
   Deliver(&done);
@@ -462,6 +476,19 @@ void Endpoint::Kick() {
 ssize_t Endpoint::PostRmaLocked(const std::shared_ptr<Xfer>& x, uint8_t* local, void* desc,
                                 uint64_t remote, uint64_t n, int slot) {
   PeerEp* p = x->peer.get();
+  if (p->doorbell && p->doorbell->OwnerDied()) {
+    // Its shm region may be locked for ever (doorbell.h): never call the
+    // provider for it again. What is in flight to it ends by its deadline.
+    if (!p->died) {
+      p->died = true;
+      Log(host_, FERRY_LOG_WARN, "%s: the process of peer %s died: no more RMAs to it",
+          provider_.c_str(), p->key.c_str());
+    }
+    x->failed = true;
+    x->status = FERRY_ERR_TRANSPORT;
+    x->msg = "the process of " + p->key + " died: no more RMAs to it over " + provider_;
+    return -FI_EIO;
+  }
   Op* op;
   if (!free_ops_.empty()) {
     op = free_ops_.back();
@@ -862,7 +889,8 @@ void Endpoint::ExpireLocked(uint64_t now, std::vector<Done>* done) {
 
 void Endpoint::Deliver(std::vector<Done>* done) {
   for (auto& d : *done)
-    host_->complete(host_->host_ctx, d.ctx, d.status, d.status == FERRY_OK ? nullptr : d.msg.c_str());
+    host_->complete(host_->host_ctx, d.ctx, d.status,
+                    d.status == FERRY_OK ? nullptr : d.msg.c_str());
   done->clear();
 }
 
@@ -890,8 +918,8 @@ bool Endpoint::Drain(std::vector<Done>* done) {
   std::lock_guard lk(mu_);
   Op* op = static_cast<Op*>(err.op_context);
   if (op == nullptr || ops_.count(op) == 0) {
-    Log(host_, FERRY_LOG_WARN, "%s: completion error without a transfer: %s (%s)", provider_.c_str(),
-        fi_strerror(err.err), detail.c_str());
+    Log(host_, FERRY_LOG_WARN, "%s: completion error without a transfer: %s (%s)",
+        provider_.c_str(), fi_strerror(err.err), detail.c_str());
     return true;
   }
   const Xfer& x = *op->xfer;
@@ -921,7 +949,7 @@ void Endpoint::Main() {
   uint64_t nap_ns = 0;
   last_cntr_ = cntr_ ? fi_cntr_read(cntr_) : 0;
   int trywait_fails = 0;
-  bool nudge = false;   // the last sleep ended by its timeout
+  bool nudge = false;          // the last sleep ended by its timeout
   bool served_before = false;  // the counter moved during the last look before sleeping
   while (!stop_.load()) {
     const uint64_t seen_gen = gen_.load();

@@ -51,9 +51,10 @@ struct PeerEp {
   Endpoint* ep = nullptr;
   fi_addr_t addr = FI_ADDR_UNSPEC;
   std::unique_ptr<Doorbell> doorbell;  // the peer's, where its provider has no wait fd
-  uint32_t inflight = 0;  // RMAs to this peer inside the provider
-  uint32_t stuck = 0;     // ... of which belong to transfers that already ended
+  uint32_t inflight = 0;               // RMAs to this peer inside the provider
+  uint32_t stuck = 0;                  // ... of which belong to transfers that already ended
   bool removed = false;
+  bool died = false;  // its process died (doorbell.h): said once in the log
 };
 
 // One bounce buffer of a staged transfer (gpu_stage.h) and the piece in it.
@@ -84,10 +85,10 @@ struct Xfer {
   uint64_t rkey = 0;
   std::vector<ferry_iov_v1> iov;
   // Guarded by the endpoint's mutex.
-  size_t item = 0;           // posting cursor: iov index ...
-  uint64_t item_off = 0;     // ... and bytes of it already posted
-  uint32_t inflight = 0;     // RMAs posted and not yet completed
-  bool ended = false;        // complete() has been (or is being) called
+  size_t item = 0;        // posting cursor: iov index ...
+  uint64_t item_off = 0;  // ... and bytes of it already posted
+  uint32_t inflight = 0;  // RMAs posted and not yet completed
+  bool ended = false;     // complete() has been (or is being) called
   bool failed = false;
   int status = FERRY_OK;
   std::string msg;

@@ -4,6 +4,9 @@
 // messages to the other, over the shm and tcp;ofi_rxm providers. Every wait is
 // on a completion with a bound.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +23,7 @@
 
 #include "../../tcp/tests/fake_gpu.h"
 #include "blob.h"
+#include "doorbell.h"
 #include "ferry/plugin.h"
 #include "testing/plugin_harness.h"
 
@@ -721,6 +725,44 @@ TEST(OfiProgress, ForgedDoorbellNamesAreRefused) {
     EXPECT_EQ(a.AddPeer("b", blob::EncodeConn(forged), &rc), nullptr) << bad;
     EXPECT_NE(rc, FERRY_OK);
   }
+}
+
+// A doorbell's life mark (doorbell.h): a peer sees the owner's death with
+// one load, and only its death - not a live holder, nor one that let go. The
+// holder is a forked child that only locks the mark and waits (no allocation
+// after the fork), killed as engine_process_test kills a target.
+TEST(OfiProgress, DoorbellSaysWhenItsOwnerDiedAndOnlyThen) {
+  std::string why;
+  auto owner = ferry_ofi::Doorbell::Create(&why);
+  ASSERT_NE(owner, nullptr) << why;
+  auto peer = ferry_ofi::Doorbell::Open(owner->name(), &why);
+  ASSERT_NE(peer, nullptr) << why;
+  EXPECT_FALSE(peer->OwnerDied()) << "not held yet";
+  owner->HoldLife();
+  EXPECT_FALSE(peer->OwnerDied()) << "held by a live thread";
+  owner->ReleaseLife();
+  EXPECT_FALSE(peer->OwnerDied()) << "let go by a closing endpoint";
+
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    owner->HoldLife();
+    const char one = 1;
+    if (write(ready[1], &one, 1) != 1) _exit(1);
+    for (;;) pause();
+  }
+  char got = 0;
+  ASSERT_EQ(read(ready[0], &got, 1), 1);  // the child holds the mark now
+  EXPECT_FALSE(peer->OwnerDied()) << "held by a live process";
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_TRUE(peer->OwnerDied()) << "the kernel did not mark the dead holder's mutex";
+  close(ready[0]);
+  close(ready[1]);
 }
 
 }  // namespace
