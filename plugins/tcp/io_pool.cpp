@@ -108,7 +108,7 @@ bool IoPool::Rearm(Handler* h, uint32_t events) {
 bool IoPool::Kick(Handler* h, uint32_t events) {
   {
     std::lock_guard k(kick_mu_);
-    if (polling_) {
+    if (taking_kicks_) {
       h->turns_.fetch_add(1, std::memory_order_release);
       kicked_.emplace_back(h, events);
       return true;  // the poller checks that it is still registered
@@ -197,11 +197,17 @@ void IoPool::Turn(Handler* h, uint32_t events) {
   Finish(h);
 }
 
+void IoPool::TakeKicks(bool on) {
+  std::lock_guard k(kick_mu_);
+  taking_kicks_ = on;
+}
+
 void IoPool::Poll() {
   {
     std::lock_guard k(kick_mu_);
-    if (polling_) return;  // another thread polls
-    polling_ = true;
+    if (poller_) return;  // another thread polls
+    poller_ = true;
+    taking_kicks_ = true;
   }
   auto until = std::chrono::steady_clock::now() + spin_;
   std::vector<std::pair<Handler*, uint32_t>> work;
@@ -212,11 +218,19 @@ void IoPool::Poll() {
       work.swap(kicked_);
       // Decided under the lock a kick takes: a kick after this re-arms instead.
       if (work.empty() && std::chrono::steady_clock::now() >= until) {
-        polling_ = false;
+        poller_ = taking_kicks_ = false;
         return;
       }
+      if (!work.empty()) taking_kicks_ = false;
     }
-    for (auto& [h, events] : work) {
+    // The first kick is this thread's; the others go to the pool's threads
+    // (a re-arm wakes one), so several lanes still send at once.
+    for (size_t i = 0; i < work.size(); ++i) {
+      auto [h, events] = work[i];
+      if (i > 0) {
+        Rearm(h, events);
+        continue;
+      }
       {
         // Parked handlers end only by their own turn, or by Stop, which
         // joins this thread first: registered now means registered for the turn.
@@ -230,10 +244,12 @@ void IoPool::Poll() {
     const int n = epoll_wait(epfd_, &ev, 1, 0);
     if (n == 1) {
       if (ev.data.ptr == nullptr) break;  // Stop (level-triggered: Main sees it too)
+      if (work.empty()) TakeKicks(false);
       Turn(static_cast<Handler*>(ev.data.ptr), ev.events);
     }
     SweepIfDue();
     if (n == 1 || !work.empty()) {
+      TakeKicks(true);
       until = std::chrono::steady_clock::now() + spin_;
     } else {
       // Not a pause: on a core shared with the thread that has the work (the
@@ -243,7 +259,7 @@ void IoPool::Poll() {
     }
   }
   std::lock_guard k(kick_mu_);
-  polling_ = false;  // stopping: what is still kicked is Stop's to delete
+  poller_ = taking_kicks_ = false;  // stopping: what is still kicked is Stop's to delete
   kicked_.clear();
 }
 

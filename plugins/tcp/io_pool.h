@@ -111,6 +111,8 @@ class IoPool {
   void Turn(Handler* h, uint32_t events);
   // Polls until spin_ passes with nothing to do (one thread at a time).
   void Poll();
+  // The poller takes kicks (between its turns) or not (during one).
+  void TakeKicks(bool on);
   void SweepIfDue();
   void Sweep();
   void Finish(Handler* h);
@@ -128,8 +130,13 @@ class IoPool {
   std::unordered_map<Handler*, std::unique_ptr<Handler>> handlers_;
   std::mutex sweep_mu_;  // one sweeper at a time
   const std::chrono::microseconds spin_;
-  std::mutex kick_mu_;  // polling_ and kicked_
-  bool polling_ = false;
+  std::mutex kick_mu_;   // poller_, taking_kicks_ and kicked_
+  bool poller_ = false;  // a thread is in Poll
+  // ... and between turns: a kick goes to kicked_. During a turn of its own a
+  // kick re-arms instead, so another thread takes it (on 16 cores, kicks kept
+  // for the one poller serialised a large transfer's four lanes: 64 MiB WRITE
+  // 11.4 -> 3.9 GB/s).
+  bool taking_kicks_ = false;
   std::vector<std::pair<Handler*, uint32_t>> kicked_;
   std::atomic<uint64_t> kicks_caught_{0};
 };
