@@ -111,6 +111,7 @@ bool IoPool::Kick(Handler* h, uint32_t events) {
     if (taking_kicks_) {
       h->turns_.fetch_add(1, std::memory_order_release);
       kicked_.emplace_back(h, events);
+      kicks_waiting_.store(true, std::memory_order_release);
       return true;  // the poller checks that it is still registered
     }
   }
@@ -213,9 +214,14 @@ void IoPool::Poll() {
   std::vector<std::pair<Handler*, uint32_t>> work;
   while (!stopping_.load(std::memory_order_relaxed)) {
     work.clear();
-    {
+    // The lock only when there is something to take or the spin is over: a
+    // poller taking it every round would make post()'s kick wait for it (on
+    // the futex, when they collide on two cores).
+    if (kicks_waiting_.load(std::memory_order_acquire) ||
+        std::chrono::steady_clock::now() >= until) {
       std::lock_guard k(kick_mu_);
       work.swap(kicked_);
+      kicks_waiting_.store(false, std::memory_order_relaxed);
       // Decided under the lock a kick takes: a kick after this re-arms instead.
       if (work.empty() && std::chrono::steady_clock::now() >= until) {
         poller_ = taking_kicks_ = false;
@@ -261,6 +267,7 @@ void IoPool::Poll() {
   std::lock_guard k(kick_mu_);
   poller_ = taking_kicks_ = false;  // stopping: what is still kicked is Stop's to delete
   kicked_.clear();
+  kicks_waiting_.store(false, std::memory_order_relaxed);
 }
 
 void IoPool::Main() {

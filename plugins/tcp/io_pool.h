@@ -138,6 +138,7 @@ class IoPool {
   // 11.4 -> 3.9 GB/s).
   bool taking_kicks_ = false;
   std::vector<std::pair<Handler*, uint32_t>> kicked_;
+  std::atomic<bool> kicks_waiting_{false};  // kicked_ is not empty (a hint read without the lock)
   std::atomic<uint64_t> kicks_caught_{0};
 };
 
