@@ -122,6 +122,36 @@ TEST(MultiRegion, WriteAndReadManyRegionPairsAsOneTransfer) {
       << "one part per region pair";
 }
 
+// FERRY_XFER_MORE (plugin.h): every part of a multi-region call but the last
+// reaches a plugin with FERRY_CAP_POST_MORE flagged, a one-pair call never.
+// (The fault plugin claims the capability and ignores the flag, which is
+// always correct; tcp does not claim it and is never sent it.)
+TEST(MultiRegion, EveryPartButTheLastSaysMoreFollow) {
+  Rig rig("ok");
+  auto counter = [&](const char* key) {
+    auto st = rig.ini->stats().backends["fault"];
+    auto it = st.plugin.find(key);
+    return it == st.plugin.end() ? uint64_t{0} : it->second;
+  };
+  rig.fill(3);
+  auto items = rig.items(64, 1);
+  auto st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, items,
+                              rig.ini->allocate_transfer_uid(), false, std::nullopt);
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  EXPECT_TRUE(rig.landed(items, Op::WRITE));
+  const uint64_t parts = rig.ini->stats().backends["fault"].transfers;
+  ASSERT_GT(parts, 1u);
+  EXPECT_EQ(counter("posts_more"), parts - 1);
+  EXPECT_EQ(counter("posts_last"), 1u);
+  // One pair: a plain post.
+  std::vector<TransferItem> one = {items.front()};
+  auto lone = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, one,
+                                rig.ini->allocate_transfer_uid(), false, std::nullopt);
+  ASSERT_EQ(lone.Wait(), StatusCode::SUCCESS) << lone.Message();
+  EXPECT_EQ(counter("posts_more"), parts - 1);
+  EXPECT_EQ(counter("posts_last"), 2u);
+}
+
 TEST(MultiRegion, BadItemsAreRefusedBeforeAnythingMoves) {
   Rig rig;
   auto st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, {}, 1);

@@ -402,6 +402,9 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   // A READ's target is told by the core once the data is here: the target itself
   // cannot know whether what it sent arrived.
   x.flags = t->op == FERRY_OP_READ ? t->flags & ~FERRY_XFER_NOTIFY : t->flags;
+  // Only the first attempt: a failover runs alone, with no part after it.
+  if (t->more_follows && t->attempts == 1 && (b->caps & FERRY_CAP_POST_MORE))
+    x.flags |= FERRY_XFER_MORE;
   x.n_iov = static_cast<uint32_t>(t->iov.size());
   x.peer = h.peer;
   x.local_mem = h.local;

@@ -55,6 +55,9 @@ struct Transfer {
   // failovers and the notification all fit inside it.
   std::chrono::steady_clock::time_point deadline;
   size_t next = 0;
+  // A part of a multi-region call with more parts posted right after it
+  // (FERRY_XFER_MORE on its first attempt, for backends that take it).
+  bool more_follows = false;
   uint32_t attempts = 0;
   StatusCode last_code = StatusCode::ERR_BAD_STATE;
   std::string history;  // "tcp: connection reset; ofi: timeout"

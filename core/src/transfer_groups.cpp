@@ -135,10 +135,12 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
   call->status.SetCanceller([parts] {
     for (const auto& p : *parts) p.Cancel();
   });
-  for (auto& g : groups) {
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    Group& g = groups[gi];
     auto t =
         make_transfer(op, 0, uid);  // no flags: the target hears of the call once, after every part
     t->iov = std::move(g.iov);
+    t->more_follows = gi + 1 < groups.size();
     const std::string name = part_name(g);
     t->on_end = [shared_end, name](StatusCode code, const std::string& why) {
       (*shared_end)(name, code, why);

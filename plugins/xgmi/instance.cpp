@@ -35,9 +35,12 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
     } else if (key == "idle_spin_us") {
       if (!ferry::plugin_kit::GetInt(v, "idle_spin_us", 0, 100000, &n, why)) return nullptr;
       in->idle_spin_ = std::chrono::microseconds(n);
+    } else if (key == "hold_us") {
+      if (!ferry::plugin_kit::GetInt(v, "hold_us", 0, 100000, &n, why)) return nullptr;
+      in->hold_ = std::chrono::microseconds(n);
     } else {
-      *why =
-          "unknown setting '" + key + "' (known: num_streams, batch_copy, spin_us, idle_spin_us)";
+      *why = "unknown setting '" + key +
+             "' (known: num_streams, batch_copy, spin_us, idle_spin_us, hold_us)";
       return nullptr;
     }
   }
@@ -107,16 +110,27 @@ uint64_t ns_between(std::chrono::steady_clock::time_point a,
 // not through a condition variable's wake-up (5-20 us); only after idle_spin_
 // without work does the thread block, so an idle engine costs no CPU.
 bool Instance::NextPending(std::unique_lock<std::mutex>& lk) {
-  if (pending_.empty() && !stop_ && idle_spin_.count() > 0) {
-    lk.unlock();
-    poll_until(Clock::now() + idle_spin_,
-               [&] { return pending_count_.load(std::memory_order_acquire) != 0; });
-    lk.lock();
-  }
-  if (pending_.empty() && !stop_) {
+  for (;;) {
+    // Held parts whose last part did not come (or fini): launched from here.
+    if (!held_.parts.empty() && (stop_ || Clock::now() - held_.last >= hold_)) {
+      ++held_by_timeout_;
+      LaunchHeld(lk);
+    }
+    if (!pending_.empty() || (stop_ && held_.parts.empty())) break;
+    if (!held_.parts.empty()) {
+      cv_.wait_until(lk, held_.last + hold_);
+      continue;
+    }
+    if (!stop_ && idle_spin_.count() > 0) {
+      lk.unlock();
+      poll_until(Clock::now() + idle_spin_,
+                 [&] { return pending_count_.load(std::memory_order_acquire) != 0; });
+      lk.lock();
+      if (!pending_.empty() || !held_.parts.empty() || stop_) continue;
+    }
     ++stages_.sleeps;
     completer_sleeping_ = true;
-    cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+    cv_.wait(lk, [&] { return stop_ || !pending_.empty() || !held_.parts.empty(); });
     completer_sleeping_ = false;
   }
   return !pending_.empty();  // empty here: stop requested and nothing left
@@ -174,7 +188,7 @@ bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc
   pending_.pop_front();
   PublishFrontLocked();
   const auto d = static_cast<size_t>(p.device);
-  if (p.event) free_events_[d].push_back(p.event);
+  if (p.event && p.owns_event) free_events_[d].push_back(p.event);
   --stream_copies_[d][p.stream_index];
   --p.peer->inflight;
   lk.unlock();
@@ -379,6 +393,117 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, v
   return rc;
 }
 
+int Instance::ChooseStreamLocked(int dev, size_t* si_out, void** event_out) {
+  const auto d = static_cast<size_t>(dev);
+  auto& pool = streams_[d];
+  auto& copies = stream_copies_[d];
+  // An idle stream, a new one while fewer than num_streams, else round robin.
+  size_t si = std::find(copies.begin(), copies.end(), 0) - copies.begin();
+  if (si == pool.size() && pool.size() < static_cast<size_t>(streams_per_device_)) {
+    void* s = nullptr;
+    if (gpu_->stream_create(gpu_->gpu_ctx, &s) != FERRY_OK) return FERRY_ERR_GPU;
+    pool.push_back(s);
+    copies.push_back(0);
+  }
+  if (si == pool.size()) si = next_stream_[d]++ % pool.size();
+  // Alone on its stream: querying the stream says when it is done, no event
+  // needed. (A copy queued behind it later makes that answer come later only:
+  // beyond num_streams copies in flight.)
+  const bool alone = copies[si] == 0 && FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, stream_query) &&
+                     gpu_->stream_query != nullptr;
+  void* event = nullptr;
+  auto& evs = free_events_[d];
+  if (!alone && !evs.empty()) {
+    event = evs.back();
+    evs.pop_back();
+  } else if (!alone && gpu_->event_create(gpu_->gpu_ctx, &event) != FERRY_OK) {
+    return FERRY_ERR_GPU;
+  }
+  *si_out = si;
+  *event_out = event;
+  return FERRY_OK;
+}
+
+void Instance::HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase) {
+  const bool write = x->op == FERRY_OP_WRITE;
+  Held& h = held_;
+  for (uint32_t i = 0; i < x->n_iov; ++i) {
+    const ferry_iov_v1& v = x->iov[i];
+    char* l = local.addr + v.local_off;
+    char* r = rbase + v.remote_off;
+    char* dst = write ? r : l;
+    const char* src = write ? l : r;
+    const size_t k = h.sizes.size();
+    if (k > 0 && static_cast<char*>(h.dsts[k - 1]) + h.sizes[k - 1] == dst &&
+        static_cast<const char*>(h.srcs[k - 1]) + h.sizes[k - 1] == src) {
+      h.sizes[k - 1] += v.len;
+      continue;
+    }
+    h.dsts.push_back(dst);
+    h.srcs.push_back(src);
+    h.sizes.push_back(v.len);
+  }
+  h.parts.push_back({x->xfer_ctx, static_cast<Peer*>(x->peer)});
+  h.bytes += x->total_bytes;
+  h.last = Clock::now();
+}
+
+int Instance::LaunchHeld(std::unique_lock<std::mutex>& lk) {
+  Held h;
+  std::swap(h, held_);
+  // The next call's table is as large: no regrowing it piece by piece.
+  held_.dsts.reserve(h.dsts.capacity());
+  held_.srcs.reserve(h.srcs.capacity());
+  held_.sizes.reserve(h.sizes.capacity());
+  held_.parts.reserve(h.parts.capacity());
+  const int dev = h.device;
+  const auto d = static_cast<size_t>(dev);
+  size_t si = 0;
+  void* event = nullptr;
+  int rc = gpu_->set_device(gpu_->gpu_ctx, dev);
+  if (rc == FERRY_OK) rc = ChooseStreamLocked(dev, &si, &event);
+  // Several parts share one stream and one event: each is a copy pending on it.
+  if (rc == FERRY_OK) stream_copies_[d][si] += static_cast<int>(h.parts.size());
+  void* stream = rc == FERRY_OK ? streams_[d][si] : nullptr;
+  lk.unlock();
+  if (rc == FERRY_OK) {
+    rc = h.sizes.size() == 1
+             ? gpu_->memcpy_async(gpu_->gpu_ctx, h.dsts[0], h.srcs[0], h.sizes[0], stream)
+             : gpu_->memcpy_batch_async(gpu_->gpu_ctx, h.dsts.data(), h.srcs.data(), h.sizes.data(),
+                                        h.sizes.size(), stream);
+    if (rc == FERRY_ERR_UNSUPPORTED) {
+      rc = FERRY_OK;
+      for (size_t i = 0; i < h.sizes.size() && rc == FERRY_OK; ++i)
+        rc = gpu_->memcpy_async(gpu_->gpu_ctx, h.dsts[i], h.srcs[i], h.sizes[i], stream);
+    }
+    if (rc == FERRY_OK && event) rc = gpu_->event_record(gpu_->gpu_ctx, event, stream);
+  }
+  const auto recorded = Clock::now();
+  if (rc != FERRY_OK) {
+    const std::string why = "GPU copy failed: " + GpuError();
+    LogLine(FERRY_LOG_WARN, "launching " + std::to_string(h.parts.size()) + " held parts: " + why);
+    for (const HeldPart& p : h.parts)
+      host_->complete(host_->host_ctx, p.xfer_ctx, FERRY_ERR_GPU, why.c_str());
+    lk.lock();
+    if (stream != nullptr) {
+      stream_copies_[d][si] -= static_cast<int>(h.parts.size());
+      if (event) free_events_[d].push_back(event);
+    }
+    for (const HeldPart& p : h.parts) --p.peer->inflight;
+    drained_.notify_all();
+    return FERRY_ERR_GPU;
+  }
+  lk.lock();
+  for (size_t i = 0; i < h.parts.size(); ++i)
+    pending_.push_back({next_seq_++, event, stream, si, dev, h.parts[i].xfer_ctx, h.parts[i].peer,
+                        h.bytes, recorded, i + 1 == h.parts.size()});
+  PublishFrontLocked();
+  ++held_launches_;
+  held_parts_ += h.parts.size();
+  if (completer_sleeping_) cv_.notify_one();
+  return FERRY_OK;
+}
+
 int Instance::Post(const ferry_xfer_v1* x) {
   if (!FERRY_HAS_FIELD(ferry_xfer_v1, x, total_bytes)) return FERRY_ERR_INVALID_ARGS;
   auto* local = static_cast<Local*>(x->local_mem);
@@ -408,33 +533,34 @@ int Instance::Post(const ferry_xfer_v1* x) {
     TellRefusal(x, why.c_str());
     return FERRY_ERR_GPU;
   }
-  const auto d = static_cast<size_t>(dev);
-  auto& pool = streams_[d];
-  auto& copies = stream_copies_[d];
   if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK) return FERRY_ERR_GPU;
-  // An idle stream, a new one while fewer than num_streams, else round robin.
-  size_t si = std::find(copies.begin(), copies.end(), 0) - copies.begin();
-  if (si == pool.size() && pool.size() < static_cast<size_t>(streams_per_device_)) {
-    void* s = nullptr;
-    if (gpu_->stream_create(gpu_->gpu_ctx, &s) != FERRY_OK) return FERRY_ERR_GPU;
-    pool.push_back(s);
-    copies.push_back(0);
+  // A part of a multi-region call with more to come: held for one launch.
+  const bool more = (x->flags & FERRY_XFER_MORE) != 0 && hold_.count() > 0 && batch_copy_;
+  // Held parts of another device go first (LaunchHeld releases mu_ meanwhile:
+  // look again until what is held, if anything, is this device's).
+  while (!held_.parts.empty() && held_.device != dev) LaunchHeld(lk);
+  if (more || !held_.parts.empty()) {
+    const bool first = held_.parts.empty();
+    HoldLocked(x, *local, rbase);
+    held_.device = dev;
+    ++peer->inflight;
+    if (!more) {
+      // Accepted either way: a failed launch completes every part with GPU_ERROR.
+      LaunchHeld(lk);
+      return FERRY_OK;
+    }
+    const bool wake = first && completer_sleeping_;
+    lk.unlock();
+    if (wake) cv_.notify_one();  // it launches them if the last part never comes
+    return FERRY_OK;
   }
-  if (si == pool.size()) si = next_stream_[d]++ % pool.size();
-  void* stream = pool[si];
-  // Alone on its stream: querying the stream says when it is done, no event
-  // needed. (A copy queued behind it later makes that answer come later only:
-  // beyond num_streams copies in flight.)
-  const bool alone = copies[si] == 0 && FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, stream_query) &&
-                     gpu_->stream_query != nullptr;
-  void* event = nullptr;
+  const auto d = static_cast<size_t>(dev);
+  auto& copies = stream_copies_[d];
   auto& evs = free_events_[d];
-  if (!alone && !evs.empty()) {
-    event = evs.back();
-    evs.pop_back();
-  } else if (!alone && gpu_->event_create(gpu_->gpu_ctx, &event) != FERRY_OK) {
-    return FERRY_ERR_GPU;
-  }
+  size_t si = 0;
+  void* event = nullptr;
+  if (ChooseStreamLocked(dev, &si, &event) != FERRY_OK) return FERRY_ERR_GPU;
+  void* stream = streams_[d][si];
   ++copies[si];
   lk.unlock();
 
@@ -454,7 +580,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   }
   ++peer->inflight;
   pending_.push_back(
-      {next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes, recorded});
+      {next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes, recorded, true});
   PublishFrontLocked();
   stages_.post_ns += ns_between(entered, recorded);
   stages_.setup_ns += ns_between(entered, ready);
@@ -478,12 +604,16 @@ int Instance::Describe(char* buf, size_t len) {
 
 int Instance::Counters(char* buf, size_t len) {
   size_t in_flight = 0, opened = 0;
+  uint64_t held_launches = 0, held_parts = 0, held_by_timeout = 0;
   Stages st;
   {
     std::lock_guard<std::mutex> lk(mu_);
     in_flight = pending_.size();
     opened = opened_.size();
     st = stages_;
+    held_launches = held_launches_;
+    held_parts = held_parts_;
+    held_by_timeout = held_by_timeout_;
   }
   const std::pair<const char*, uint64_t> fields[] = {
       {"copies_in_flight", in_flight},   {"ipc_handles_open", opened},
@@ -492,7 +622,8 @@ int Instance::Counters(char* buf, size_t len) {
       {"stage_merge_ns", st.merge_ns},   {"stage_pickup_ns", st.pickup_ns},
       {"stage_gpu_ns", st.gpu_ns},       {"stage_complete_ns", st.complete_ns},
       {"completer_sleeps", st.sleeps},   {"event_blocks", st.event_blocks},
-      {"stage_by_waiter", st.by_waiter}};
+      {"stage_by_waiter", st.by_waiter}, {"held_launches", held_launches},
+      {"held_parts", held_parts},        {"held_by_timeout", held_by_timeout}};
   std::string out = "{";
   for (const auto& [k, v] : fields)
     out += (out.size() > 1 ? ",\"" : "\"") + std::string(k) + "\":" + std::to_string(v);

@@ -20,6 +20,12 @@
 // itself, in the same order: whichever of the two sees the front copy done
 // first reports it, once (its sequence number decides). Each stage's time is
 // summed in the counters (stage_*_ns), which ferry-gpu-bench prints.
+// The parts of one multi-region call (FERRY_XFER_MORE on all but the last,
+// plugin.h) are held, their pieces merged into one table, and launched as one
+// batch call with the last part: a KV request of 64 region pairs was 64
+// launches of ~10-15 us each where the copy itself takes ~0.1 ms
+// (docs/benchmarks.md). Held parts that wait hold_us without another part
+// are launched by the completion thread.
 // No native notification: the core tells the target over its control plane.
 // Methods may throw (std::bad_alloc, std::system_error); the plugin kit's entry
 // points (xgmi_plugin.cpp) catch.
@@ -92,6 +98,21 @@ class Instance {
     Peer* peer;
     uint64_t bytes;
     Clock::time_point posted;  // when its event was recorded
+    bool owns_event;           // the last of the parts launched together returns the event
+  };
+  // Held parts (FERRY_XFER_MORE) and their merged pieces, all on one device.
+  struct HeldPart {
+    void* xfer_ctx;
+    Peer* peer;
+  };
+  struct Held {
+    int device = -1;
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    std::vector<HeldPart> parts;
+    uint64_t bytes = 0;
+    Clock::time_point last;  // the last part added
   };
   // Nanoseconds summed per stage over every transfer (guarded by mu_).
   struct Stages {
@@ -122,7 +143,16 @@ class Instance {
   // mu_ held: report p if it is still the front (else false: reported already).
   bool Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc, Clock::time_point watched,
               Clock::time_point done, bool by_waiter);
-  void PublishFrontLocked();                                  // front_seq_, pending_count_
+  void PublishFrontLocked();  // front_seq_, pending_count_
+  // mu_ held: a stream of `device` for new copies (*si its index), and an event
+  // unless the copies will be alone on it. FERRY_OK or FERRY_ERR_GPU.
+  int ChooseStreamLocked(int device, size_t* si, void** event);
+  // mu_ held: adds x's pieces (merged where contiguous) and x itself to held_.
+  void HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase);
+  // mu_ held on entry and exit (released while launching): launches held_ as
+  // one batch and queues its parts for completion; on failure completes them
+  // with FERRY_ERR_GPU. FERRY_OK or FERRY_ERR_GPU.
+  int LaunchHeld(std::unique_lock<std::mutex>& lk);
   char* RemoteBase(Remote& r, int device, std::string* why);  // mu_ held
   int Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, void* stream,
               Clock::time_point* merged);  // *merged: when the pieces were merged
@@ -135,6 +165,7 @@ class Instance {
   bool batch_copy_ = true;
   std::chrono::microseconds spin_{200};       // poll a finishing copy this long before blocking
   std::chrono::microseconds idle_spin_{200};  // poll for the next post this long before blocking
+  std::chrono::microseconds hold_{100};       // held parts wait at most this long for the next part
 
   std::mutex mu_;
   std::condition_variable cv_;                   // pending work for the completion thread
@@ -152,6 +183,10 @@ class Instance {
   // completion thread does not query them too (both would take the runtime's lock).
   std::atomic<int64_t> driven_at_ns_{0};
   bool completer_sleeping_ = false;  // guarded by mu_: post() notifies only then
+  Held held_;                        // guarded by mu_
+  uint64_t held_launches_ = 0;       // guarded by mu_: batches launched for held parts
+  uint64_t held_parts_ = 0;          // ... and the parts they carried
+  uint64_t held_by_timeout_ = 0;     // ... launched by the completion thread (no last part came)
   Stages stages_;
   bool stop_ = false;
   std::thread completer_;

@@ -261,6 +261,59 @@ TEST(GpuPolicy, ManyBlocksMoveInOneBatch) {
   EXPECT_EQ(r.remote_hash(ro, sz), expect);
 }
 
+// One call over several region pairs (the KV-cache shape): the core posts
+// one part per pair with FERRY_XFER_MORE on all but the last, and xgmi
+// launches them together - one batch for every part. Every byte verified,
+// WRITE and READ; the counters say the parts were held and launched together.
+TEST(GpuPolicy, MultiRegionPartsLaunchAsOne) {
+  REQUIRE_GPU();
+  Rig r("xgmi");
+  constexpr size_t kParts = 4, kPer = 64, blk = 16 << 10;
+  const size_t slice = kRegion / kParts;
+  std::vector<MemoryDesc> locals;
+  for (size_t p = 0; p < kParts; ++p)
+    locals.push_back(r.engine->register_memory(r.buf->data() + p * slice, slice));
+  std::vector<TransferItem> items;
+  std::vector<size_t> ro, sz;
+  for (size_t p = 0; p < kParts; ++p)
+    for (size_t i = 0; i < kPer; ++i) {
+      const size_t lo = ((i * 37) % kPer) * blk * 2;  // scattered inside its slice
+      const size_t off = (p * kPer + i) * blk * 3;    // and on the remote side
+      items.push_back({p, lo, 0, off, blk});
+      ro.push_back(off);
+      sz.push_back(blk);
+    }
+  auto counter = [&](const char* key) {
+    auto st = r.engine->stats().backends["xgmi"];
+    auto it = st.plugin.find(key);
+    return it == st.plugin.end() ? uint64_t{0} : it->second;
+  };
+  auto local_hash = [&] {
+    const auto& h = r.buf->pull();
+    uint64_t expect = test::kFnvBasis;
+    for (const auto& it : items)
+      expect = test::fnv1a(h.data() + it.local * slice + it.local_offset, blk, expect);
+    return expect;
+  };
+  r.buf->fill(11);
+  auto w = r.engine->transfer(Op::WRITE, locals, {r.remote}, items,
+                              r.engine->allocate_transfer_uid(), false, std::nullopt);
+  ASSERT_EQ(w.Wait(), StatusCode::SUCCESS) << w.Message();
+  EXPECT_EQ(r.remote_hash(ro, sz), local_hash()) << "WRITE";
+  EXPECT_EQ(counter("held_parts"), kParts);
+  EXPECT_EQ(counter("held_launches"), 1u);
+  EXPECT_EQ(counter("held_by_timeout"), 0u);
+  // READ them back over zeroes.
+  const uint64_t want = local_hash();
+  r.buf->zero();
+  auto rd = r.engine->transfer(Op::READ, locals, {r.remote}, items,
+                               r.engine->allocate_transfer_uid(), false, std::nullopt);
+  ASSERT_EQ(rd.Wait(), StatusCode::SUCCESS) << rd.Message();
+  EXPECT_EQ(local_hash(), want) << "READ";
+  EXPECT_EQ(counter("held_parts"), 2 * kParts);
+  EXPECT_EQ(counter("held_launches"), 2u);
+}
+
 TEST(GpuFailover, IpcOpenFailureFailsOverToTheNextBackend) {
   REQUIRE_GPU();
   // A forged descriptor with a garbage IPC handle: xgmi cannot open it, and the

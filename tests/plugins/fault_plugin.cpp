@@ -64,6 +64,9 @@ struct Instance {
   std::vector<void*> hung;         // xfer_ctx of hung transfers, completed at fini
   std::vector<Deferred> deferred;  // guarded by mu: reported by progress()
   std::atomic<uint64_t> progress_calls{0}, by_progress{0};
+  // Posts that came with FERRY_XFER_MORE, and those without it (it claims
+  // FERRY_CAP_POST_MORE and ignores the flag, which is always correct).
+  std::atomic<uint64_t> posts_more{0}, posts_last{0};
   std::vector<std::thread> threads;
 };
 
@@ -180,6 +183,7 @@ void notify_target(Instance* in, const ferry_xfer_v1* x) {
 int f_post(void* ctx, const ferry_xfer_v1* x) {
   auto* in = static_cast<Instance*>(ctx);
   int nth = in->seen.fetch_add(1);
+  ((x->flags & FERRY_XFER_MORE) ? in->posts_more : in->posts_last).fetch_add(1);
   void* hc = in->host->host_ctx;
   switch (in->mode) {
     case Mode::FAIL_SUBMIT:
@@ -257,9 +261,13 @@ int f_progress(void* ctx) {
 
 int f_counters(void* ctx, char* buf, size_t len) {
   auto* in = static_cast<Instance*>(ctx);
-  std::snprintf(buf, len, "{\"progress_calls\":%llu,\"by_progress\":%llu}",
+  std::snprintf(buf, len,
+                "{\"progress_calls\":%llu,\"by_progress\":%llu,\"posts_more\":%llu,"
+                "\"posts_last\":%llu}",
                 static_cast<unsigned long long>(in->progress_calls.load()),
-                static_cast<unsigned long long>(in->by_progress.load()));
+                static_cast<unsigned long long>(in->by_progress.load()),
+                static_cast<unsigned long long>(in->posts_more.load()),
+                static_cast<unsigned long long>(in->posts_last.load()));
   return FERRY_OK;
 }
 
@@ -280,7 +288,7 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     .version = "0.1-test",
     // A memcpy in post(): the initiator's own copy is the whole transfer.
     .caps = FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
-            FERRY_CAP_INITIATOR_COPY,
+            FERRY_CAP_INITIATOR_COPY | FERRY_CAP_POST_MORE,
     .init = f_init,
     .fini = f_fini,
     .conn_info = f_conn_info,

@@ -24,7 +24,10 @@
  * (link_prove / link_check: per-instance secrets on a plugin's own connections);
  * 1.5 counters() (a live instance's counters in Engine::stats() and `ferry
  * stats`), describe() called on live instances too, the unload rule stated;
- * 1.6 progress() (completions driven by a thread that waits for a transfer).
+ * 1.6 progress() (completions driven by a thread that waits for a transfer);
+ * later in 1.6, with no struct change: FERRY_CAP_POST_MORE / FERRY_XFER_MORE
+ * (the parts of one multi-region call may start as one), set by the core only
+ * for a plugin that claims the capability, so neither side needs the other new.
  * A plugin built against any 1.x header keeps loading and working: CI builds the
  * plugin template against tests/plugins/abi-1.1 (a frozen copy of the 1.1 header)
  * and runs ferry-plugin-check on it (ctest plugin_check_abi11).
@@ -114,6 +117,8 @@ extern "C" {
 #define FERRY_CAP_FENCE (1ull << 7)
 #define FERRY_CAP_INITIATOR_COPY (1ull << 8)
 #define FERRY_CAP_NO_TARGET_CHECK (1ull << 9)
+/* POST_MORE: the plugin understands FERRY_XFER_MORE (below). */
+#define FERRY_CAP_POST_MORE (1ull << 10)
 
 /* ---- enums ---------------------------------------------------------------- */
 #define FERRY_OP_READ 1u  /* remote -> local */
@@ -129,6 +134,14 @@ extern "C" {
 
 /* Transfer flags (ferry_xfer_v1.flags) */
 #define FERRY_XFER_NOTIFY (1u << 0) /* the target must learn of this transfer */
+/* Set only for plugins with FERRY_CAP_POST_MORE, on every part of one
+ * multi-region call but the last (each part is its own post and completes on
+ * its own): more posts follow at once, so the plugin may hold this one's work
+ * and start it together with them (one GPU launch for every part) when a post
+ * without the flag comes. The last part may never reach the plugin (routed
+ * elsewhere, refused): a plugin that holds work must start it on its own
+ * within a short bound of the last post. Ignoring the flag is always correct. */
+#define FERRY_XFER_MORE (1u << 1)
 
 /* Largest opaque blob (connection info, memory info) a plugin may produce. */
 #define FERRY_MAX_BLOB 4096u
