@@ -156,6 +156,10 @@ class Instance {
   char* RemoteBase(Remote& r, int device, std::string* why);  // mu_ held
   int Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, void* stream,
               Clock::time_point* merged);  // *merged: when the pieces were merged
+  // k pieces on `stream`: one batched call (a gather launch) for several where
+  // the runtime has one, else a copy each. FERRY_OK or the runtime's error.
+  int CopyPieces(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t k,
+                 void* stream);
   void LogLine(int level, const std::string& m) const;
   std::string GpuError() const { return gpu_->last_error(gpu_->gpu_ctx); }
 
