@@ -88,6 +88,22 @@ run_ctest() {  # run_ctest STAGE BUILD_DIR [ctest args...]: JUnit + labels for t
      --test-output-size-passed 4194304 --test-output-size-failed 4194304 --test-output-truncation middle "$@")
 }
 
+# The ASan stage's ctest. LeakSanitizer's tracer thread sometimes dies at a
+# process's exit (a sanitizer bug: google/sanitizers#1353; seen once in the
+# runs of this stage so far, at the exit of failover_test after all its cases
+# passed): then no leak check ran. When every failure is that and nothing a
+# sanitizer or a test reported, those tests run once more and their second
+# result counts; the summary names them.
+asan_ctest() {
+  local rc=0 again
+  local -x ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  run_ctest asan build-asan --timeout 900 -L 'core|tcp' || rc=$?
+  [ "$rc" != 0 ] || return 0
+  again=$(/usr/bin/python3 scripts/ci_summary.py --lsan-crashes "$report/junit-asan.xml") || return "$rc"
+  echo "== LeakSanitizer's tracer crashed at the exit of: $again (no leak check ran); once more"
+  run_ctest asan-rerun build-asan --timeout 900 -R "^($again)\$"
+}
+
 # ---- rdma: its tests need a verbs device; Soft-RoCE in a qemu guest is one.
 # rdma_prepare (before the build) finds the VM scripts and installs their
 # prerequisites; rdma_vm_tests runs `ctest -L rdma` inside the guest.
@@ -223,9 +239,7 @@ case "$mode" in
     echo "== core + tcp tests again under AddressSanitizer + UBSan"
     t=$SECONDS; rc=0
     build build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON -DFERRY_BUILD_BENCH=OFF || rc=$?
-    [ "$rc" != 0 ] || ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      run_ctest asan build-asan --timeout 900 -L 'core|tcp' || rc=$?
+    [ "$rc" != 0 ] || asan_ctest || rc=$?
     record_stage asan "$t" "$rc" "ctest -L 'core|tcp', Debug, -fsanitize=address,undefined"
 
     echo "== fuzzing: each libFuzzer target for ${FERRY_FUZZ_SECONDS:-30}s (clang, ASan + UBSan)"

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "channel.h"
 
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <utility>
 
 namespace ferry_tcp {
@@ -93,6 +96,63 @@ class RingReader final : public ByteReader {
 
 Channel::Channel(int fd, shm::Ring out, shm::Ring in, std::chrono::milliseconds io_timeout)
     : fd_(fd), out_(std::move(out)), in_(std::move(in)), io_timeout_(io_timeout) {}
+
+Channel::~Channel() {
+  if (wait_set_ >= 0) ::close(wait_set_);
+}
+
+int Channel::WaitSet() {
+  if (wait_set_ >= 0 || !on_rings()) return on_rings() ? wait_set_ : fd_;
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) return -1;
+  // Level-triggered: a bell stays readable until Woken quiets it, and a socket
+  // that is over stays so; the pool re-arms its one-shot watch of this set
+  // after every turn, so nothing that fired during a turn is missed.
+  const std::pair<int, uint32_t> watched[] = {{in_.handover().data_bell, EPOLLIN},
+                                              {out_.handover().space_bell, EPOLLIN},
+                                              {fd_, EPOLLIN | EPOLLRDHUP}};
+  for (const auto& [fd, events] : watched) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = fd;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      const int err = errno;
+      ::close(ep);
+      errno = err;
+      return -1;
+    }
+  }
+  wait_set_ = ep;
+  return ep;
+}
+
+bool Channel::Woken() {
+  in_.AwakeForData();
+  out_.AwakeForRoom();
+  if (wait_set_ < 0) return false;
+  epoll_event evs[3];
+  int n;
+  while ((n = epoll_wait(wait_set_, evs, 3, 0)) < 0 && errno == EINTR) {
+  }
+  bool gone = false;
+  for (int i = 0; i < n; ++i) {
+    const int fd = evs[i].data.fd;
+    if (fd == fd_) {
+      gone = true;
+    } else {
+      uint64_t v;  // a rung bell: read it quiet (non-blocking)
+      while (::read(fd, &v, sizeof v) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  return gone;
+}
+
+void Channel::Nudge() {
+  const uint64_t one = 1;
+  while (::write(in_.handover().data_bell, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
 
 void Channel::SetSpin(std::chrono::microseconds spin) {
   out_.waiting.spin = in_.waiting.spin = spin;

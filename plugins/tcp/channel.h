@@ -38,6 +38,7 @@ class Channel {
   // a stall of one write or read (as SO_SNDTIMEO / SO_RCVTIMEO do on a socket
   // lane); 0 = wait as long as the peer lives and the socket is not shut down.
   Channel(int fd, shm::Ring out, shm::Ring in, std::chrono::milliseconds io_timeout);
+  ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
@@ -59,6 +60,24 @@ class Channel {
   // once the socket says the lane is over; ETIMEDOUT per the io timeout.
   int WaitReadable();
 
+  // A ring lane driven by an event loop (the target's I/O pool,
+  // polled_lane.h) rather than by threads that wait: an epoll descriptor,
+  // readable while the incoming ring's data bell or the outgoing ring's space
+  // bell has rung or the socket has an event. Made on the first call, closed
+  // with the channel; -1 (errno set) when it cannot be made.
+  int WaitSet();
+  // At the start of each turn: quiets the bells that rang and clears both
+  // sleep flags. True once the socket fired: the peer is gone, or a thread of
+  // ours shut it down; what the rings hold is still read, then the lane ends.
+  bool Woken();
+  // Before the loop waits for bytes (for room): announces the sleep, so the
+  // peer rings; false when they are there after all (do not wait).
+  bool SleepIn() { return in_.SleepForData(); }
+  bool SleepOut() { return out_.SleepForRoom(); }
+  // Makes the wait set readable at once (our own data bell): the loop comes
+  // back for bytes it left in the ring to let other lanes have a turn.
+  void Nudge();
+
   // The lane breaks while frames are on their way: the peer must not apply
   // what it has not read yet (a socket lane's abortive close does the same
   // with a RST). Then shut the socket down as always.
@@ -70,6 +89,7 @@ class Channel {
   const int fd_;
   shm::Ring out_, in_;
   std::chrono::milliseconds io_timeout_{0};
+  int wait_set_ = -1;
 };
 
 }  // namespace ferry_tcp

@@ -16,18 +16,22 @@ constexpr int kFramesPerTurn = 16;
 
 }  // namespace
 
-PolledLane::PolledLane(TargetServer* server, TargetServer::Conn* conn, int fd,
+PolledLane::PolledLane(TargetServer* server, TargetServer::Conn* conn, std::unique_ptr<Channel> ch,
                        TargetServer::LaneCtx ctx, std::string from, TargetServer::LaneProof proven,
                        uint64_t registrations_seen)
     : s_(server),
       conn_(conn),
-      fd_(fd),
+      ch_(std::move(ch)),
+      fd_(ch_->fd()),
       ctx_(std::move(ctx)),
       from_(std::move(from)),
       proven_(std::move(proven)),
       registrations_seen_(registrations_seen),
-      in_(fd) {
+      in_(ch_->Reader()) {
   ExpectHeader();
+  // The initiator may have written frames already, with nobody asleep to ring
+  // for: the first turn comes at once and looks.
+  if (ch_->on_rings()) ch_->Nudge();
 }
 
 PolledLane::~PolledLane() {
@@ -69,7 +73,17 @@ PolledLane::Step PolledLane::Close(std::string why) {
   return Step::kClose;
 }
 
+PolledLane::Step PolledLane::WaitFor(Step wait) {
+  if (!ch_->on_rings()) return wait;
+  // The socket fired and the rings have nothing more for us: the lane is over
+  // (a ring read ends as a socket's at end of stream, a write as EPIPE).
+  if (gone_) return wait == Step::kWaitIn ? Step::kGoOn : Step::kClose;
+  const bool sleep = wait == Step::kWaitIn ? ch_->SleepIn() : ch_->SleepOut();
+  return sleep ? wait : Step::kGoOn;
+}
+
 uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
+  if (ch_->on_rings() && ch_->Woken()) gone_ = true;
   int frames = 0;
   size_t moved_total = 0;
   for (;;) {
@@ -78,11 +92,14 @@ uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
     if (phase_ == Phase::kSend) {
       const size_t before = out_progress_;
       // MSG_MORE before a held-back byte: it follows at once, in the same segment.
-      const int err = SendIov(fd_, out_iov_.data(), out_iov_.size(), &out_progress_,
-                              MSG_DONTWAIT | (then_ == Then::kNotifyTail ? MSG_MORE : 0));
+      const int err = ch_->Send(out_iov_.data(), out_iov_.size(), &out_progress_,
+                                MSG_DONTWAIT | (then_ == Then::kNotifyTail ? MSG_MORE : 0));
       moved = out_progress_ - before;
       if (err == EAGAIN || err == EWOULDBLOCK) {
-        st = Step::kWaitOut;
+        st = WaitFor(Step::kWaitOut);
+        if (st == Step::kClose)
+          st = Close(expired_.load() ? IoErrorString(EAGAIN)
+                                     : "cannot answer: " + IoErrorString(EPIPE));
       } else if (err != 0) {
         st =
             Close(expired_.load() ? IoErrorString(EAGAIN) : "cannot answer: " + IoErrorString(err));
@@ -90,8 +107,14 @@ uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
         st = Sent();
         if (st == Step::kGoOn && phase_ == Phase::kHeader && ++frames >= kFramesPerTurn) {
           // Another lane's turn. Bytes read ahead raise no event: EPOLLOUT,
-          // ready at once on a writable socket, brings this lane back for them.
-          return EPOLLIN | (in_.buffered() ? uint32_t{EPOLLOUT} : 0u);
+          // ready at once on a writable socket, brings this lane back for
+          // them; on rings, a sleep announced where bytes wait is refused,
+          // and our own bell rung brings it back.
+          if (ch_->on_rings()) {
+            if (!ch_->SleepIn()) ch_->Nudge();
+            return EPOLLIN;
+          }
+          return EPOLLIN | (in_->buffered() ? uint32_t{EPOLLOUT} : 0u);
         }
       }
     } else {
@@ -110,7 +133,8 @@ uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
         } else if (moved_total > 0 || !stall_set()) {
           SetStall(std::chrono::milliseconds(s_->settings_.io_timeout_ms));
         }
-        return st == Step::kWaitIn ? EPOLLIN : EPOLLOUT;
+        // A ring lane's wait set is one readable descriptor, whatever it waits for.
+        return st == Step::kWaitIn || ch_->on_rings() ? EPOLLIN : EPOLLOUT;
     }
   }
 }
@@ -118,12 +142,16 @@ uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
 PolledLane::Step PolledLane::ReadPhase(size_t* moved) {
   int err;
   if (phase_ == Phase::kDiscard) {
-    err = in_.DiscardSome(&discard_left_, moved);
+    err = in_->DiscardSome(&discard_left_, moved);
   } else {
-    err = in_.ReadSome(want_, &want_first_, moved);
+    err = in_->ReadSome(want_, &want_first_, moved);
     if (phase_ == Phase::kHeader) piece_got_ += *moved;
   }
-  if (err == EAGAIN || err == EWOULDBLOCK) return Step::kWaitIn;
+  if (err == EAGAIN || err == EWOULDBLOCK) {
+    const Step st = WaitFor(Step::kWaitIn);
+    if (st != Step::kGoOn || !gone_) return st;
+    err = kEof;  // the socket fired and the ring is empty
+  }
   if (err != 0) {
     if (expired_.load()) return Close(IoErrorString(EAGAIN));
     // End of stream between frames is the initiator closing an idle lane.
@@ -269,12 +297,16 @@ PolledLane::Step PolledLane::Sent() {
 
 PolledLane::Step PolledLane::ServeBlocking() {
   region_.reset();
-  ClearStall();  // the socket's own timeouts (SO_RCVTIMEO, SO_SNDTIMEO) bound it now
-  if (!SetNonBlocking(fd_, false)) return Close(std::string("fcntl: ") + IoErrorString(errno));
-  Channel ch(fd_);
+  // The socket's own timeouts (SO_RCVTIMEO, SO_SNDTIMEO), or the rings' io
+  // timeout, bound it now.
+  ClearStall();
+  const bool socket = !ch_->on_rings();
+  if (socket && !SetNonBlocking(fd_, false))
+    return Close(std::string("fcntl: ") + IoErrorString(errno));
   // The reader keeps what it read ahead: the blocking reads continue from it.
-  const bool go_on = s_->ServeFrame(ch, in_, ctx_, h_, items_, &close_why_);
-  if (!SetNonBlocking(fd_, true)) return Close(std::string("fcntl: ") + IoErrorString(errno));
+  const bool go_on = s_->ServeFrame(*ch_, *in_, ctx_, h_, items_, &close_why_);
+  if (socket && !SetNonBlocking(fd_, true))
+    return Close(std::string("fcntl: ") + IoErrorString(errno));
   if (!go_on) return Step::kClose;
   ExpectHeader();
   return Step::kGoOn;

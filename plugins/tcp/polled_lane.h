@@ -1,11 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// An admitted TCP lane on the target side, served by the I/O pool (io_pool.h)
+// An admitted lane on the target side, served by the I/O pool (io_pool.h)
 // with non-blocking I/O: the same protocol as the blocking loop in
 // target.cpp (TargetServer::ServeRequest) - every request checked before
 // memory is touched, a WRITE applied between the fence's BeginApply and
 // EndApply and acknowledged only after it is stored and counted, a notify
 // READ holding back its last byte until it is counted - as a state machine
 // that gives its thread back whenever the socket has nothing for it.
+//
+// A same-host lane runs the same machine over its shared rings (channel.h):
+// the pool watches the channel's wait set - the rings' bells and the socket -
+// instead of the socket, the lane reads and writes the rings without waiting,
+// and announces its sleep (Channel::SleepIn / SleepOut) before it gives the
+// thread back, so the peer rings it awake. The socket firing means the lane
+// is over once the rings hold nothing more (a blocked ring wait's rule).
 //
 // A frame moves through kHeader -> kItems -> kPayload (a WRITE's bytes, straight
 // into registered memory) or kDiscard (a refused WRITE's) -> kSend (the
@@ -29,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "channel.h"
 #include "io_pool.h"
 #include "region.h"
 #include "socket_util.h"
@@ -41,16 +49,21 @@ class PolledLane final : public IoPool::Handler {
  public:
   static constexpr uint32_t kFirstEvents = EPOLLIN;
 
-  // fd: the admitted lane's socket, non-blocking; owned from here on.
-  PolledLane(TargetServer* server, TargetServer::Conn* conn, int fd, TargetServer::LaneCtx ctx,
-             std::string from, TargetServer::LaneProof proven, uint64_t registrations_seen);
+  // ch: the admitted lane's byte stream - its socket (non-blocking; owned
+  // from here on, as the Conn's) or its rings with a wait set made
+  // (Channel::WaitSet).
+  PolledLane(TargetServer* server, TargetServer::Conn* conn, std::unique_ptr<Channel> ch,
+             TargetServer::LaneCtx ctx, std::string from, TargetServer::LaneProof proven,
+             uint64_t registrations_seen);
   ~PolledLane() override;
 
-  int fd() const override { return fd_; }
+  int fd() const override { return ch_->on_rings() ? ch_->WaitSet() : fd_; }
   uint32_t OnEvents(uint32_t events) override;
   void Expire() override;
   // The pool refused the lane: the caller serves it and keeps what it holds.
   void Disown() { disowned_ = true; }
+  // After Disown: the lane's byte stream, for the caller to serve.
+  std::unique_ptr<Channel> TakeChannel() { return std::move(ch_); }
 
  private:
   enum class Phase { kHeader, kItems, kPayload, kDiscard, kSend };
@@ -60,6 +73,10 @@ class PolledLane final : public IoPool::Handler {
   enum class Step { kGoOn, kWaitIn, kWaitOut, kClose };
 
   Step ReadPhase(size_t* moved);
+  // Nothing more to read (kWaitIn) or no room to send (kWaitOut) for now: on
+  // rings, announce the sleep (or go on: it came meanwhile), and the end once
+  // the socket fired.
+  Step WaitFor(Step wait);
   Step HeaderDone();
   Step ItemsDone();
   // The request is whole up to its payload: check it and start serving it.
@@ -75,12 +92,14 @@ class PolledLane final : public IoPool::Handler {
 
   TargetServer* const s_;
   TargetServer::Conn* const conn_;
-  const int fd_;
+  std::unique_ptr<Channel> ch_;
+  const int fd_;  // the socket: the lane's identity at the target (fences, Detach)
   TargetServer::LaneCtx ctx_;
   const std::string from_;
   const TargetServer::LaneProof proven_;
   uint64_t registrations_seen_;
-  SocketReader in_;
+  const std::unique_ptr<ByteReader> in_;
+  bool gone_ = false;  // rings: the socket fired
 
   Phase phase_ = Phase::kHeader;
   std::vector<iovec> want_;  // what the read phase fills

@@ -43,7 +43,9 @@ struct Settings {
   // than chunk_bytes, so a 1 MiB transfer is four frames copied by four lanes
   // at once (16-core host: READ 1 MiB 3.5-4.0 -> 19-21 GB/s; docs/benchmarks.md).
   uint64_t ring_chunk_bytes = 256 << 10;
-  // How long a ring lane's waiting thread polls before it sleeps. 0: at once
+  // How long a ring lane's waiting thread polls before it sleeps (the
+  // initiator's; the target's ring lanes are on the I/O pool and sleep at
+  // once, except while serving GPU memory with blocking ring I/O). 0: at once
   // (measured: on two vCPUs the lane's pollers take the CPU from the thread
   // that has work, 4 KiB WRITE 82 us at 50 us vs 30 us at 0; on 16 cores 50 us
   // gained nothing at 4 KiB and lost at 4-16 MiB).

@@ -441,6 +441,35 @@ int Ring::ReadSome(void* buf, size_t len, size_t* got) {
   return 0;
 }
 
+bool Ring::SleepForData() {
+  if (ctl_ == nullptr) return false;
+  ctl_->reader_sleeping.store(1, std::memory_order_seq_cst);  // as in Wait: then look
+  uint64_t avail = 0;
+  if (Available(&avail) == kNotYet) return true;
+  ctl_->reader_sleeping.store(0, std::memory_order_relaxed);
+  return false;
+}
+
+bool Ring::SleepForRoom() {
+  if (ctl_ == nullptr) return false;
+  ctl_->writer_sleeping.store(1, std::memory_order_seq_cst);
+  const uint64_t tail = ctl_->tail.load(std::memory_order_seq_cst);
+  // Room, a corrupt index or a close: a write would not wait (it says which).
+  if (InOrder(head_, tail, capacity_) && head_ - tail == capacity_ &&
+      ctl_->closed.load(std::memory_order_acquire) == kOpen)
+    return true;
+  ctl_->writer_sleeping.store(0, std::memory_order_relaxed);
+  return false;
+}
+
+void Ring::AwakeForData() {
+  if (ctl_ != nullptr) ctl_->reader_sleeping.store(0, std::memory_order_relaxed);
+}
+
+void Ring::AwakeForRoom() {
+  if (ctl_ != nullptr) ctl_->writer_sleeping.store(0, std::memory_order_relaxed);
+}
+
 int Ring::WaitReadable(std::chrono::milliseconds timeout, int liveness_fd) {
   if (ctl_ == nullptr) return EBADF;
   // From the published indices only: another thread may be reading (and

@@ -107,6 +107,18 @@ class Ring {
   // Bytes readable now (0 after a corrupt index: the next Read says EPROTO).
   uint64_t Readable() const;
 
+  // An end driven by an event loop instead of a waiting thread (the target's
+  // I/O pool, polled_lane.h): it watches the bell in its own wait set
+  // (data_bell as the consumer, space_bell as the producer) and announces its
+  // sleep with these. Each sets this end's sleeping flag and looks once more:
+  // false - a read (a write) would not wait after all, do not sleep; true -
+  // sleep: the peer rings the bell once it publishes. Awake clears the flag
+  // after a wake-up (the bell is the caller's to quiet).
+  bool SleepForData();
+  bool SleepForRoom();
+  void AwakeForData();
+  void AwakeForRoom();
+
   // Either end: no more bytes from this side; wakes the peer. Idempotent.
   void Close();
   // The producer gives up on what it wrote: the consumer's next Read fails

@@ -480,7 +480,7 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   // A same-host lane switches to the rings its initiator hands over; the
   // socket stays as the lane's identity (fences and revocations shut it down)
   // and its liveness signal.
-  std::optional<Channel> ch;
+  std::unique_ptr<Channel> ch;
   if (c->local) {
     shm::Ring out, in;
     if (!AcceptRings(fd, deadline, &out, &in, &why)) {
@@ -488,12 +488,12 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
       Refuse(fd, from, why, FERRY_ERR_UNSUPPORTED);
       return false;
     }
-    ch.emplace(fd, std::move(out), std::move(in),
-               std::chrono::milliseconds(settings_.io_timeout_ms));
+    ch = std::make_unique<Channel>(fd, std::move(out), std::move(in),
+                                   std::chrono::milliseconds(settings_.io_timeout_ms));
     ch->SetSpin(std::chrono::microseconds(settings_.ring_spin_us));
     ++ring_lanes_;
   } else {
-    ch.emplace(fd);
+    ch = std::make_unique<Channel>(fd);
   }
   // Request expiries are compared on our clock. An initiator on this kernel
   // shares it (steady_clock is CLOCK_MONOTONIC). Another host's is mapped by the
@@ -512,12 +512,13 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   LaneCtx ctx{tp, key, "'" + key + "' (" + from + ")", clock_offset};
   Log(host_, FERRY_LOG_DEBUG, "lane from %s open", ctx.who.c_str());
 
-  if (!ch->on_rings()) {
-    // From here on the I/O pool serves it: this thread ends.
+  {
+    // From here on the I/O pool serves it (a ring lane through its wait set:
+    // the rings' bells and the socket): this thread ends.
     std::string err_msg;
-    if (SetNonBlocking(fd, true)) {
+    if (SetNonBlocking(fd, true) && ch->WaitSet() >= 0) {
       std::unique_ptr<IoPool::Handler> back;
-      auto lane = std::make_unique<PolledLane>(this, c, fd, ctx, from, std::move(proven),
+      auto lane = std::make_unique<PolledLane>(this, c, std::move(ch), ctx, from, proven,
                                                registrations_seen);
       {
         std::lock_guard lk(mu_);
@@ -528,8 +529,11 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
         std::lock_guard lk(mu_);
         c->pooled = false;
       }
-      // The lane's destructor would release the Conn: take the lane back apart instead.
-      static_cast<PolledLane*>(back.get())->Disown();
+      // The lane's destructor would release the Conn: take the lane back apart
+      // (its channel with it) and serve it here.
+      auto* lane_back = static_cast<PolledLane*>(back.get());
+      lane_back->Disown();
+      ch = lane_back->TakeChannel();
     } else {
       err_msg = std::strerror(errno);
     }

@@ -84,7 +84,7 @@ class TargetServer {
 
   struct Conn {
     int fd = -1;               // guarded by mu_, so Stop's shutdown never hits a reused number
-    std::thread thread;        // the handshake, then a ring lane's serving
+    std::thread thread;        // the handshake (and serving, when the pool refuses the lane)
     bool thread_done = false;  // the thread has returned (joined by ReapLocked)
     bool done = false;         // the lane is closed (fd closed); erased once joined
     bool pooled = false;       // served by the I/O pool (a PolledLane owns fd)
@@ -197,7 +197,7 @@ class TargetServer {
   std::string unix_name_;
   Waker stop_waker_;  // ends AcceptOne's poll at Stop
   std::thread accept_thread_;
-  IoPool* const pool_;  // serves admitted TCP lanes
+  IoPool* const pool_;  // serves admitted lanes (TCP and rings)
 
   std::mutex mu_;
   std::condition_variable cv_;

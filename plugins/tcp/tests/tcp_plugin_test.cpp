@@ -1506,6 +1506,88 @@ TEST(TcpRings, AHostileHandoverIsRefusedAndOthersAreServed) {
   EXPECT_GT(Counter(b, "ring_lanes_served"), 0u);
 }
 
+// A raw ring lane from "a" (the rings a hostile peer controls): HELLO on the
+// unix socket, then the two rings handed over. *req carries our frames, *resp
+// the target's.
+int RawRingLane(const std::string& name, shm::Ring* req, shm::Ring* resp) {
+  std::string why;
+  *req = shm::Ring::Create(64 << 10, &why);
+  *resp = shm::Ring::Create(64 << 10, &why);
+  EXPECT_TRUE(req->ok() && resp->ok()) << why;
+  const uint8_t tag[16] = {'F', 'R', 'R', 'Y', 'R', 'I', 'N', 'G', 1, 0, 0, 0, 0, 0, 0, 0};
+  const shm::Handover &x = req->handover(), &y = resp->handover();
+  const int fds[6] = {x.memfd, x.data_bell, x.space_bell, y.memfd, y.data_bell, y.space_bell};
+  const int fd = RawUnixLane(name, "a");
+  EXPECT_EQ(ferry_tcp::SendWithFds(fd, tag, sizeof tag, fds, 6), 0);
+  uint8_t answer[16] = {};
+  EXPECT_EQ(recv(fd, answer, sizeof answer, MSG_WAITALL), 16);
+  EXPECT_EQ(std::memcmp(answer, tag, sizeof tag), 0) << "the target refused the rings";
+  return fd;
+}
+
+// Ring lanes are served by the target's I/O pool, not a thread each: a peer
+// that stops mid-frame, or never reads its responses, holds no pool thread
+// (the only one here: the real peer's transfers still go through meanwhile)
+// and is cut after io_timeout_ms.
+TEST(TcpRings, StalledRingLanesHoldNoPoolThreadAndAreCut) {
+  Pair p({.settings = R"({"io_timeout_ms": 300, "io_threads": 1})", .same_host = 1});
+  Instance &a = p.a, &b = p.b;
+  const std::string name = InfoOf(b.ConnBlob()).unix_name;
+  b.Register(1, 4096);
+  auto put = [](shm::Ring& ring, const std::vector<uint8_t>& bytes) {
+    iovec v{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+    size_t progress = 0;
+    return ring.Write(&v, 1, &progress, 0ms, -1) == 0 ? progress : 0;
+  };
+  {  // A WRITE whose payload stops after 100 of its 4096 bytes.
+    const size_t threads = CountEntries("/proc/self/task");
+    shm::Ring req, resp;
+    const int fd = RawRingLane(name, &req, &resp);
+    // Its handshake borrowed a thread; the open lane keeps none.
+    EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads, 10s), threads)
+        << "an open ring lane kept a thread at the target";
+    wire::Header h;
+    h.type = wire::Type::kWrite;
+    h.n_items = 1;
+    h.frame_count = 1;
+    h.region_id = 1;
+    h.payload_len = 4096;
+    std::vector<uint8_t> bytes = wire::EncodeFrameHead(h, {{0, 4096}});
+    bytes.resize(bytes.size() + 100);
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(put(req, bytes), bytes.size());
+    WriteChecked(a, p.pb, b, 3);
+    EXPECT_TRUE(ClosedByPeer(fd)) << "a stalled ring lane was not cut";
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, 290ms);
+    close(fd);
+  }
+  {  // READ requests (refused: wrong key) whose answers are never read.
+    shm::Ring req, resp;
+    const int fd = RawRingLane(name, &req, &resp);
+    wire::Header h;
+    h.type = wire::Type::kRead;
+    h.n_items = 1;
+    h.frame_count = 1;
+    h.region_id = 1;
+    const std::vector<uint8_t> frame = wire::EncodeFrameHead(h, {{0, 4096}});
+    int sent = 0;
+    // The answers fill the 64 KiB ring after a few hundred; requests stop
+    // fitting once the target stops reading.
+    for (; sent < 4000; ++sent) {
+      h.req_id = static_cast<uint64_t>(sent + 1);
+      if (put(req, wire::EncodeFrameHead(h, {{0, 4096}})) != frame.size()) break;
+    }
+    EXPECT_GT(sent, 300);
+    const auto t0 = std::chrono::steady_clock::now();
+    WriteChecked(a, p.pb, b, 4);
+    EXPECT_TRUE(ClosedByPeer(fd)) << "a ring lane whose answers are never read was not cut";
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
+    close(fd);
+  }
+  WriteChecked(a, p.pb, b, 5);
+  EXPECT_GE(Counter(b, "ring_lanes_served"), 3u);
+}
+
 TEST(TcpPerf, DISABLED_Bandwidth) {
   Engine a("a"), b("b");
   void* pb = a.AddPeer("b", b.ConnBlob());
