@@ -98,41 +98,47 @@ Channel::Channel(int fd, shm::Ring out, shm::Ring in, std::chrono::milliseconds 
     : fd_(fd), out_(std::move(out)), in_(std::move(in)), io_timeout_(io_timeout) {}
 
 Channel::~Channel() {
-  if (wait_set_ >= 0) ::close(wait_set_);
+  for (int ep : wait_sets_)
+    if (ep >= 0) ::close(ep);
 }
 
-int Channel::WaitSet() {
-  if (wait_set_ >= 0 || !on_rings()) return on_rings() ? wait_set_ : fd_;
-  const int ep = epoll_create1(EPOLL_CLOEXEC);
-  if (ep < 0) return -1;
+int Channel::WaitSet(Side side) {
+  if (!on_rings()) return fd_;
+  int& ep = wait_sets_[static_cast<int>(side)];
+  if (ep >= 0) return ep;
+  const int made = epoll_create1(EPOLL_CLOEXEC);
+  if (made < 0) return -1;
   // Level-triggered: a bell stays readable until Woken quiets it, and a socket
   // that is over stays so; the pool re-arms its one-shot watch of this set
   // after every turn, so nothing that fired during a turn is missed.
-  const std::pair<int, uint32_t> watched[] = {{in_.handover().data_bell, EPOLLIN},
-                                              {out_.handover().space_bell, EPOLLIN},
-                                              {fd_, EPOLLIN | EPOLLRDHUP}};
-  for (const auto& [fd, events] : watched) {
+  std::pair<int, uint32_t> watched[3];
+  size_t n = 0;
+  if (side != Side::kOut) watched[n++] = {in_.handover().data_bell, EPOLLIN};
+  if (side != Side::kIn) watched[n++] = {out_.handover().space_bell, EPOLLIN};
+  watched[n++] = {fd_, EPOLLIN | EPOLLRDHUP};
+  for (size_t i = 0; i < n; ++i) {
     epoll_event ev{};
-    ev.events = events;
-    ev.data.fd = fd;
-    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    ev.events = watched[i].second;
+    ev.data.fd = watched[i].first;
+    if (epoll_ctl(made, EPOLL_CTL_ADD, watched[i].first, &ev) != 0) {
       const int err = errno;
-      ::close(ep);
+      ::close(made);
       errno = err;
       return -1;
     }
   }
-  wait_set_ = ep;
+  ep = made;
   return ep;
 }
 
-bool Channel::Woken() {
-  in_.AwakeForData();
-  out_.AwakeForRoom();
-  if (wait_set_ < 0) return false;
+bool Channel::Woken(Side side) {
+  if (side != Side::kOut) in_.AwakeForData();
+  if (side != Side::kIn) out_.AwakeForRoom();
+  const int ep = wait_sets_[static_cast<int>(side)];
+  if (ep < 0) return false;
   epoll_event evs[3];
   int n;
-  while ((n = epoll_wait(wait_set_, evs, 3, 0)) < 0 && errno == EINTR) {
+  while ((n = epoll_wait(ep, evs, 3, 0)) < 0 && errno == EINTR) {
   }
   bool gone = false;
   for (int i = 0; i < n; ++i) {
@@ -148,9 +154,10 @@ bool Channel::Woken() {
   return gone;
 }
 
-void Channel::Nudge() {
+void Channel::Nudge(Side side) {
+  const int bell = side == Side::kOut ? out_.handover().space_bell : in_.handover().data_bell;
   const uint64_t one = 1;
-  while (::write(in_.handover().data_bell, &one, sizeof one) < 0 && errno == EINTR) {
+  while (::write(bell, &one, sizeof one) < 0 && errno == EINTR) {
   }
 }
 

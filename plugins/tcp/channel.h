@@ -60,23 +60,28 @@ class Channel {
   // once the socket says the lane is over; ETIMEDOUT per the io timeout.
   int WaitReadable();
 
-  // A ring lane driven by an event loop (the target's I/O pool,
-  // polled_lane.h) rather than by threads that wait: an epoll descriptor,
-  // readable while the incoming ring's data bell or the outgoing ring's space
-  // bell has rung or the socket has an event. Made on the first call, closed
-  // with the channel; -1 (errno set) when it cannot be made.
-  int WaitSet();
-  // At the start of each turn: quiets the bells that rang and clears both
-  // sleep flags. True once the socket fired: the peer is gone, or a thread of
-  // ours shut it down; what the rings hold is still read, then the lane ends.
-  bool Woken();
+  // A ring lane driven by an event loop (the I/O pool: the target's
+  // polled_lane.h, the initiator's sender and responses, lane.h) rather than
+  // by threads that wait. A wait set is an epoll descriptor, readable while
+  // the socket has an event or a bell of its side has rung: kIn, the incoming
+  // ring's data bell; kOut, the outgoing ring's space bell; kBoth, both (a
+  // target lane, one handler for both directions). Made on the first call,
+  // closed with the channel; -1 (errno set) when it cannot be made.
+  enum class Side { kBoth = 0, kIn = 1, kOut = 2 };
+  int WaitSet(Side side = Side::kBoth);
+  // At the start of each turn of that side's handler: clears its sleep
+  // flag(s) and quiets its bells that rang. True once the socket fired: the
+  // peer is gone, or a thread of ours shut it down; what the rings hold is
+  // still read (and room in them still used), then the lane ends.
+  bool Woken(Side side = Side::kBoth);
   // Before the loop waits for bytes (for room): announces the sleep, so the
   // peer rings; false when they are there after all (do not wait).
   bool SleepIn() { return in_.SleepForData(); }
   bool SleepOut() { return out_.SleepForRoom(); }
-  // Makes the wait set readable at once (our own data bell): the loop comes
-  // back for bytes it left in the ring to let other lanes have a turn.
-  void Nudge();
+  // Makes that side's wait set readable at once (one of our own bells): its
+  // handler gets a turn without anything having arrived - its first, or one
+  // to go on with what it left to let other lanes have a turn.
+  void Nudge(Side side = Side::kBoth);
 
   // The lane breaks while frames are on their way: the peer must not apply
   // what it has not read yet (a socket lane's abortive close does the same
@@ -89,7 +94,7 @@ class Channel {
   const int fd_;
   shm::Ring out_, in_;
   std::chrono::milliseconds io_timeout_{0};
-  int wait_set_ = -1;
+  int wait_sets_[3] = {-1, -1, -1};  // by Side
 };
 
 }  // namespace ferry_tcp

@@ -94,10 +94,11 @@ bool IoPool::Add(std::unique_ptr<Handler> h, uint32_t events, std::unique_ptr<Ha
   return true;
 }
 
-bool IoPool::Rearm(Handler* h, uint32_t events) {
+bool IoPool::Rearm(Handler* h, uint32_t events, bool nudge) {
   // Only while it is registered: a handler the pool finished meanwhile is gone.
   std::lock_guard lk(mu_);
   if (handlers_.count(h) == 0) return false;
+  if (nudge) h->Nudge();  // still registered, so not deleted under us
   epoll_event ev{};
   ev.events = events | EPOLLONESHOT;
   ev.data.ptr = h;
@@ -115,7 +116,7 @@ bool IoPool::Kick(Handler* h, uint32_t events) {
       return true;  // the poller checks that it is still registered
     }
   }
-  return Rearm(h, events);
+  return Rearm(h, events, /*nudge=*/true);
 }
 
 size_t IoPool::handlers() const {
@@ -234,7 +235,7 @@ void IoPool::Poll() {
     for (size_t i = 0; i < work.size(); ++i) {
       auto [h, events] = work[i];
       if (i > 0) {
-        Rearm(h, events);
+        Rearm(h, events, /*nudge=*/true);  // as Kick does when nobody polls
         continue;
       }
       {

@@ -53,6 +53,10 @@ class IoPool {
     // The stall deadline passed while the handler waited: called from another
     // pool thread, maybe while OnEvents runs; it must only shut its socket down.
     virtual void Expire() = 0;
+    // Kick's turn when no thread polls: makes fd() ready for the events
+    // kicked for. A socket's EPOLLOUT is ready by itself (nothing to do); a
+    // ring lane's wait set is not, and rings one of its own bells.
+    virtual void Nudge() {}
 
     // Mid-frame: give up once nothing moved for `timeout` (a stall, as
     // SO_RCVTIMEO measures it). Between frames: ClearStall.
@@ -90,9 +94,11 @@ class IoPool {
            std::string* err);
   // Arms a parked handler again (EPOLLONESHOT: one event, to one thread);
   // false when it is no longer registered.
-  bool Rearm(Handler* h, uint32_t events);
+  // nudge: Handler::Nudge first (under the pool's lock: it is not deleted meanwhile).
+  bool Rearm(Handler* h, uint32_t events, bool nudge = false);
   // Gives a parked handler a turn for `events`: the polling thread takes it
-  // with no system call while one polls, else Rearm. false: no longer registered.
+  // with no system call while one polls, else Rearm (and the handler's
+  // Nudge). false: no longer registered.
   bool Kick(Handler* h, uint32_t events);
   // Kicks the polling thread took (a turn given without a system call).
   uint64_t kicks_caught() const { return kicks_caught_.load(std::memory_order_relaxed); }

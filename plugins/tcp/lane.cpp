@@ -35,21 +35,27 @@ constexpr int kFramesPerTurn = 16;
 
 // The pool's handle on a lane's sending side: registered on a duplicate of the
 // lane's socket (epoll keeps the responses' registration on the original),
-// EPOLLOUT, parked while there is nothing to send. Its destructor closes the
-// duplicate only: the lane closes its own descriptor when it retires the
-// connection, and the last close ends the socket.
+// EPOLLOUT - or, on rings, of the channel's kOut wait set, readable once the
+// target made room (or nudged) - and parked while there is nothing to send.
+// Its destructor closes the duplicate only: the lane closes its own
+// descriptors when it retires the connection, and the last close ends them.
 class PooledSender final : public IoPool::Handler {
  public:
-  PooledSender(Lane* lane, int fd) : lane_(lane), fd_(fd) {}
+  PooledSender(Lane* lane, int fd, Channel* ring) : lane_(lane), fd_(fd), ring_(ring) {}
   ~PooledSender() override { ::close(fd_); }
   int fd() const override { return fd_; }
   uint32_t OnEvents(uint32_t) override { return lane_->PoolSend(this); }
   // No stall limit of its own, as a sender thread had none (deadlines do that).
   void Expire() override {}
+  // The lane arms it (holding its lock: the channel is there until retired).
+  void Nudge() override {
+    if (ring_ != nullptr) ring_->Nudge(Channel::Side::kOut);
+  }
 
  private:
   Lane* const lane_;
   const int fd_;
+  Channel* const ring_;
 };
 
 Lane::Lane(const PeerInfo* info, int index) : info_(info), index_(index) {}
@@ -63,8 +69,8 @@ void Lane::EnsureStarted() {
 }
 
 bool Lane::UsesConnector() const {
-  // Not a candidate for rings (their lane keeps its thread).
-  return info_->connector != nullptr && info_->pool != nullptr && info_->unix_name.empty();
+  // TCP or rings: both are served by the pool once connected.
+  return info_->connector != nullptr && info_->pool != nullptr;
 }
 
 void Lane::Connect() {
@@ -567,12 +573,17 @@ int Lane::ReceiveStaged(ByteReader& in, Frame& f, int* status, std::string* msg)
 }
 
 void Lane::StartReceiverLocked(Channel* chan) {
-  if (info_->pool != nullptr && !chan->on_rings()) {
-    auto polled = std::make_shared<PolledResponses>(this, chan->Reader(), chan->fd(), info_->pool);
+  const bool rings = chan->on_rings();
+  if (info_->pool != nullptr && (!rings || chan->WaitSet(Channel::Side::kIn) >= 0)) {
+    auto polled = std::make_shared<PolledResponses>(this, chan->Reader(), chan->fd(), info_->pool,
+                                                    rings ? chan : nullptr);
     auto handler = std::make_unique<PooledResponses>(polled);
     polled->Bind(handler.get());
     std::unique_ptr<IoPool::Handler> back;
     std::string why;
+    // A ring's first turn comes at once: it announces the sleep the target's
+    // first response will ring for.
+    if (rings) chan->Nudge(Channel::Side::kIn);
     if (info_->pool->Add(std::move(handler), EPOLLIN, &back, &why)) {
       polled_ = polled;
       pumped_ = std::move(polled);
@@ -665,19 +676,23 @@ void Lane::ReceiverEnded(int status, const std::string& msg, FramePtr current) {
 
 bool Lane::StartPooledSenderLocked() {
   if (polled_ == nullptr) return false;
-  const int dup_fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  const bool rings = chan_->on_rings();
+  const int watched = rings ? chan_->WaitSet(Channel::Side::kOut) : fd_;
+  const int dup_fd = watched < 0 ? -1 : ::fcntl(watched, F_DUPFD_CLOEXEC, 0);
   if (dup_fd < 0) {
-    Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: sends by a thread of their own: dup: %s",
-        index_, info_->label.c_str(), std::strerror(errno));
+    Log(info_->host, FERRY_LOG_WARN, "lane %d to %s: sends by a thread of their own: %s: %s",
+        index_, info_->label.c_str(), watched < 0 ? "wait set" : "dup", std::strerror(errno));
     return false;
   }
-  auto h = std::make_unique<PooledSender>(this, dup_fd);
+  auto h = std::make_unique<PooledSender>(this, dup_fd, rings ? chan_.get() : nullptr);
   // Set before it is registered: its first turn may start at once (and waits for mu_).
   send_handler_ = h.get();
   send_armed_ = true;
   std::unique_ptr<IoPool::Handler> back;
   std::string why;
-  if (info_->pool->Add(std::move(h), EPOLLOUT, &back, &why)) {
+  // A writable socket's EPOLLOUT gives the first turn at once; rings are nudged.
+  if (rings) chan_->Nudge(Channel::Side::kOut);
+  if (info_->pool->Add(std::move(h), rings ? EPOLLIN : EPOLLOUT, &back, &why)) {
     if (info_->reaper != nullptr && info_->idle_close_ms > 0) info_->reaper->Watch(this);
     return true;
   }
@@ -691,9 +706,11 @@ bool Lane::StartPooledSenderLocked() {
 void Lane::ArmSenderLocked() {
   if (!Pooled() || send_armed_) return;
   send_armed_ = true;
-  // EPOLLOUT fires at once on a socket with room (or one shut down); a
-  // polling pool thread (sender_spin_us) takes the kick without a system call.
-  if (!info_->pool->Kick(send_handler_, EPOLLOUT)) send_armed_ = false;
+  // EPOLLOUT fires at once on a socket with room (or one shut down), a ring's
+  // wait set once the kick nudged it; a polling pool thread (sender_spin_us)
+  // takes the kick without a system call.
+  if (!info_->pool->Kick(send_handler_, chan_->on_rings() ? EPOLLIN : EPOLLOUT))
+    send_armed_ = false;
 }
 
 uint32_t Lane::PoolSend(IoPool::Handler* h) {
@@ -702,6 +719,11 @@ uint32_t Lane::PoolSend(IoPool::Handler* h) {
   {
     std::unique_lock s(send_mu_);
     std::unique_lock lk(mu_);
+    // A ring lane's sends wait on its kOut wait set (EPOLLIN), a socket's on EPOLLOUT.
+    const bool rings = send_handler_ == h && chan_ != nullptr && chan_->on_rings();
+    const uint32_t wait = rings ? uint32_t{EPOLLIN} : uint32_t{EPOLLOUT};
+    // The socket fired (rings): room that does not come means the lane is over.
+    const bool gone = rings && chan_->Woken(Channel::Side::kOut);
     int budget = kFramesPerTurn;
     for (;;) {
       if (send_handler_ != h) break;  // not ours any more (cannot happen): end
@@ -723,7 +745,9 @@ uint32_t Lane::PoolSend(IoPool::Handler* h) {
         next = IoPool::kParked;
         break;
       } else if (budget-- == 0) {
-        next = EPOLLOUT;
+        // Another handler's turn; a writable socket (a nudged wait set) brings us back.
+        if (rings) chan_->Nudge(Channel::Side::kOut);
+        next = wait;
         break;
       } else if (!(f = TakeQueuedLocked(&doomed))) {
         continue;
@@ -733,9 +757,16 @@ uint32_t Lane::PoolSend(IoPool::Handler* h) {
       // until its copies are through, as a staged READ's receive does.
       const int err = SendOne(*f, MSG_DONTWAIT);
       lk.lock();
+      if ((err == EAGAIN || err == EWOULDBLOCK) && rings && gone) {
+        AfterSendLocked(f, EPIPE, &doomed);  // breaks the lane
+        continue;
+      }
       if (err == EAGAIN || err == EWOULDBLOCK) {
         partial_ = std::move(f);
-        next = EPOLLOUT;  // still armed: the socket's room gives the next turn
+        // Still armed: the socket's room gives the next turn - on rings once
+        // the sleep is announced (unless the room came meanwhile: go on).
+        if (rings && !chan_->SleepOut()) continue;
+        next = wait;
         break;
       }
       AfterSendLocked(f, err, &doomed);

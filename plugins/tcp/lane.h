@@ -4,24 +4,25 @@
 // A thread connects the lane lazily (never inside post()) - over the peer's
 // unix socket and then shared rings when it is on this host, else TCP
 // (channel.h) - and says HELLO (authenticating both ways when the host has a
-// secret, handshake.h): one of the engine's Connector threads for a lane to
-// another host that the pool will serve, else the lane's own thread. What
-// happens next depends on the connection:
-// - a TCP connection with the engine's I/O pool is served by the pool
-//   (issue 20): the thread ends, a PooledSender on the pool writes queued
-//   frames with non-blocking sends (waiting for EPOLLOUT when the socket is
-//   full; with sender_spin_us a polling pool thread takes them without a
-//   wake-up), the responses are read there too, the
-//   engine's IdleReaper closes the lane when idle, and whichever of the two
-//   pool handlers finishes last retires the connection. An open TCP lane
-//   costs no thread;
-// - otherwise (shared rings, whose waits are not epoll events; no pool) the
-//   thread stays as the lane's sender and writes frames
-//   from its queue with blocking sends, and times the idle close.
+// secret, handshake.h): one of the engine's Connector threads for a lane the
+// pool will serve, else the lane's own thread. What happens next depends on
+// the connection:
+// - with the engine's I/O pool, TCP or rings, the pool serves it (issue 20):
+//   the thread ends, a PooledSender on the pool writes queued frames without
+//   blocking (waiting for EPOLLOUT when the socket is full - on rings, for
+//   the channel's kOut wait set, after announcing the sleep so the target
+//   rings once it made room; with sender_spin_us a polling pool thread takes
+//   them without a wake-up), the responses are read there too (a ring's
+//   kIn wait set), the engine's IdleReaper closes the lane when idle, and
+//   whichever of the two pool handlers finishes last retires the connection.
+//   An open lane costs no thread;
+// - otherwise (no pool, or the pool refused it) the thread stays as the
+//   lane's sender and writes frames from its queue with blocking sends, and
+//   times the idle close; a receiver thread reads the responses.
 // Responses are matched to frames in flight and completed by a
-// ResponseReader (responses.h): on a TCP lane the I/O pool runs it, on a ring
-// lane the lane's receiver thread - and on either a thread waiting for a
-// transfer (progress()), whichever comes first. A broken connection fails
+// ResponseReader (responses.h): the I/O pool runs it (or the receiver
+// thread) - and a thread waiting for a transfer (progress()), whichever
+// comes first. A broken connection fails
 // every frame queued or in flight on it, and the next frame submitted
 // reconnects.
 //

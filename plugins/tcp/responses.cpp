@@ -152,12 +152,27 @@ void ResponseReader::End() {
   lane_->ReceiverEnded(status_, msg_, std::move(current_));
 }
 
+bool PolledResponses::PumpInTurn() {
+  if (over_) return true;
+  if (ring_ != nullptr && ring_->Woken(Channel::Side::kIn)) gone_ = true;
+  for (;;) {
+    if (reader_.Pump(/*may_block=*/true) == ResponseReader::Pumped::kOver) return over_ = true;
+    if (ring_ == nullptr) return false;
+    if (gone_) {
+      // The socket fired and the ring has nothing more: the lane is over (a
+      // ring wait's EPIPE, read as a socket's end of stream).
+      reader_.Lost(kEof);
+      return over_ = true;
+    }
+    if (ring_->SleepIn()) return false;  // else it came meanwhile: pump again
+  }
+}
+
 uint32_t PolledResponses::OnEvents(IoPool::Handler* h) {
   for (;;) {
     if (turn_.TryTake()) {
       handler_ = h;
-      if (!over_) over_ = reader_.Pump(/*may_block=*/true) == ResponseReader::Pumped::kOver;
-      const bool over = over_;
+      const bool over = PumpInTurn();
       turn_.Release();
       return over ? 0u : uint32_t{EPOLLIN};
     }
@@ -182,7 +197,7 @@ uint64_t PolledResponses::TryPump() {
         break;
       case ResponseReader::Pumped::kNeedsBlocking:
         // For the pool, at once: EPOLLOUT fires on a writable socket even when
-        // the payload is already read ahead.
+        // the payload is already read ahead; a ring's wait set is nudged.
         rearm = EPOLLIN | EPOLLOUT;
         break;
     }
@@ -192,7 +207,7 @@ uint64_t PolledResponses::TryPump() {
   turn_.Release();
   if (h == nullptr) return done;  // closed
   if (missed_.exchange(false)) rearm |= EPOLLIN;
-  if (rearm != 0) pool_->Rearm(h, rearm);
+  if (rearm != 0) pool_->Rearm(h, rearm, /*nudge=*/ring_ != nullptr);
   return done;
 }
 

@@ -2,13 +2,14 @@
 // The initiator side of a lane's incoming stream: response frames (WRITE_ACK,
 // READ_DATA, ERROR), matched to the frames in flight and completed.
 //
-// One state machine, three drivers. A TCP lane's responses are read by the
-// engine's I/O pool (io_pool.h) as they arrive - no thread per lane - or by an
-// application thread waiting for a transfer (plugin.h progress(): the
-// response is read where it is awaited, without waking a pool thread and
-// then the waiter), whichever gets there first; a ring lane's by the lane's
-// own receiver thread, which sleeps on the ring between responses (ring waits
-// are not epoll events), or by a waiting application thread likewise.
+// One state machine, three drivers. A lane's responses are read by the
+// engine's I/O pool (io_pool.h) as they arrive - no thread per lane; on rings
+// through the channel's kIn wait set - or by an application thread waiting
+// for a transfer (plugin.h progress(): the response is read where it is
+// awaited, without waking a pool thread and then the waiter), whichever gets
+// there first; without the pool, a ring lane's by its own receiver thread,
+// which sleeps on the ring between responses, or by a waiting application
+// thread likewise.
 // Pump() reads until nothing more has arrived, completing what it can, and
 // the frame being received keeps its place between calls. A READ into GPU
 // memory is received with blocking reads through the staging pipeline
@@ -108,13 +109,22 @@ class Pumpable {
   virtual uint64_t TryPump() = 0;
 };
 
-// A TCP lane's ResponseReader, shared by the I/O pool and the threads that
-// call progress(): one of them at a time holds the turn and pumps.
+// A lane's ResponseReader on the I/O pool, shared with the threads that call
+// progress(): one of them at a time holds the turn and pumps. On a TCP lane
+// the pool watches the socket; on a ring lane (ring: its channel) the
+// channel's kIn wait set, and the pool's turn announces its sleep on the ring
+// before it gives the thread back.
 class PolledResponses final : public Pumpable {
  public:
-  PolledResponses(Lane* lane, std::unique_ptr<ByteReader> in, int fd, IoPool* pool)
-      : fd_(fd), pool_(pool), reader_(lane, std::move(in), fd) {}
-  int fd() const { return fd_; }
+  PolledResponses(Lane* lane, std::unique_ptr<ByteReader> in, int fd, IoPool* pool,
+                  Channel* ring = nullptr)
+      : fd_(fd), pool_(pool), ring_(ring), reader_(lane, std::move(in), fd) {}
+  // What the pool watches.
+  int fd() const { return ring_ != nullptr ? ring_->WaitSet(Channel::Side::kIn) : fd_; }
+  // IoPool::Handler::Nudge for its handler.
+  void Nudge() {
+    if (ring_ != nullptr) ring_->Nudge(Channel::Side::kIn);
+  }
   // The pool's event (from its handler): the events to wait for next, 0 when
   // the connection is over, IoPool::kParked when a waiting thread holds the turn.
   uint32_t OnEvents(IoPool::Handler* h);
@@ -132,8 +142,14 @@ class PolledResponses final : public Pumpable {
   }
 
  private:
+  // The pool's turn: pumps until nothing more has arrived (on rings: and the
+  // sleep is announced); true once the connection is over.
+  bool PumpInTurn();
+
   const int fd_;
   IoPool* const pool_;
+  Channel* const ring_;  // owned by the lane, which outlives the pool's handler
+  bool gone_ = false;    // rings: the socket fired (under the turn)
   ResponseReader reader_;
   Turn turn_;
   // The pool's event came while a waiting thread held the turn: that thread
@@ -174,6 +190,7 @@ class PooledResponses final : public IoPool::Handler {
   ~PooledResponses() override { r_->Close(); }
   int fd() const override { return r_->fd(); }
   uint32_t OnEvents(uint32_t events) override { return r_->OnEvents(this); }
+  void Nudge() override { r_->Nudge(); }
   // The initiator's lanes have no stall limit of their own (deadlines do that).
   void Expire() override {}
 

@@ -43,21 +43,21 @@ struct Settings {
   // than chunk_bytes, so a 1 MiB transfer is four frames copied by four lanes
   // at once (16-core host: READ 1 MiB 3.5-4.0 -> 19-21 GB/s; docs/benchmarks.md).
   uint64_t ring_chunk_bytes = 256 << 10;
-  // How long a ring lane's waiting thread polls before it sleeps (the
-  // initiator's; the target's ring lanes are on the I/O pool and sleep at
-  // once, except while serving GPU memory with blocking ring I/O). 0: at once
+  // How long a blocking ring wait polls before it sleeps: a GPU frame staged
+  // over rings, and the threads of a ring lane the I/O pool did not take.
+  // Lanes on the pool announce their sleep at once (the pool's sender_spin_us
+  // polls instead). 0: at once
   // (measured: on two vCPUs the lane's pollers take the CPU from the thread
   // that has work, 4 KiB WRITE 82 us at 50 us vs 30 us at 0; on 16 cores 50 us
   // gained nothing at 4 KiB and lost at 4-16 MiB).
   int ring_spin_us = 0;
   // How long senders poll for the next frame after a send before they sleep:
   // on TCP lanes one I/O pool thread at a time (which also takes the
-  // sockets' events without waiting, so the target's pool polls too), on
-  // ring lanes each lane's sender thread. While one polls, post() queues a
-  // small frame without a system call (no send from the posting thread, no
-  // wake-up); 0: they sleep at once and post() sends small frames itself.
-  // Costs up to one CPU for this long after the last work (per ring lane
-  // with rings).
+  // sockets' events without waiting, so the target's pool polls too; ring
+  // lanes are on the same pool). While one polls, post() queues a small frame
+  // without a system call (no send from the posting thread, no wake-up); 0:
+  // they sleep at once and post() sends small frames itself. Costs up to one
+  // CPU for this long after the pool's last work.
   int sender_spin_us = 0;
 };
 

@@ -1122,13 +1122,10 @@ TEST(TcpIdle, IdleLanesCloseEverywhereAndReopenOnTheNextTransfer) {
       ASSERT_EQ(w.status, FERRY_OK) << w.msg;
       EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 1 << 20));
       ASSERT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 0, 4096}}).status, FERRY_OK);
-      // Open lanes hold descriptors; ring lanes threads too (TCP lanes are
+      // Open lanes hold descriptors, and no thread (both byte streams are
       // served by the engines' I/O pools, TcpPool below).
       EXPECT_GT(CountEntries("/proc/self/fd"), fds) << "lanes have descriptors while open";
-      if (stream == Stream::kRings) {
-        EXPECT_GT(CountEntries("/proc/self/task"), threads) << "ring lanes have threads while open";
-      }
-      // Then nothing: every lane thread (sender, receiver, the target's) ends.
+      // Then nothing: every lane thread (a connect's, or one the pool refused) ends.
       EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads, 10s), threads) << "round " << round;
       EXPECT_EQ(CountEntriesSettled("/proc/self/fd", fds, 5s), fds) << "round " << round;
     }
@@ -1160,11 +1157,27 @@ class TcpPool : public ::testing::TestWithParam<int> {
     json.pop_back();
     return json + ", \"sender_spin_us\": " + std::to_string(GetParam()) + "}";
   }
+  void OpenLanesCostNoThread(Stream stream);
+  void RaceTheIdleClose(Stream stream);
 };
 
 TEST_P(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
-  Pair p({.settings = With(R"({"lanes": 4, "chunk_bytes": 262144, "io_threads": 2})"),
-          .same_host = SameHost(Stream::kTcp)});
+  for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
+    SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
+    OpenLanesCostNoThread(stream);
+  }
+}
+
+// 16 MiB each way, three times, over four lanes: 64 TCP frames, far more than
+// the sockets hold at once; 256 ring frames over rings that hold one each.
+// The senders wait for room on the pool, the targets for bytes; over rings
+// the pools watch each lane's wait sets (the rings' bells and the socket)
+// instead of a socket, and nothing else changes.
+void TcpPool::OpenLanesCostNoThread(Stream stream) {
+  const bool rings = stream == Stream::kRings;
+  Pair p({.settings = With(R"({"lanes": 4, "chunk_bytes": 262144, "io_threads": 2,
+                               "ring_chunk_bytes": 65536, "ring_bytes": 65536})"),
+          .same_host = SameHost(stream)});
   Instance &a = p.a, &b = p.b;
   void* pb = p.pb;
   constexpr size_t kBytes = 16 << 20;
@@ -1175,7 +1188,6 @@ TEST_P(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
   const size_t fds = CountEntries("/proc/self/fd");
   for (uint8_t round = 1; round <= 3; ++round) {
     Fill(src->data, round);
-    // 64 frames over 4 lanes: far more than the sockets hold at once.
     Result w = Transfer(a, FERRY_OP_WRITE, pb, src, remote, {{0, 0, kBytes}});
     ASSERT_EQ(w.status, FERRY_OK) << w.msg;
     ASSERT_TRUE(SameBytes(src->data.data(), dst->data.data(), kBytes)) << "round " << round;
@@ -1184,12 +1196,17 @@ TEST_P(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
     ASSERT_EQ(r.status, FERRY_OK) << r.msg;
     ASSERT_TRUE(SameBytes(src->data.data(), dst->data.data(), kBytes)) << "round " << round;
   }
+  EXPECT_EQ(Counter(a, "ring_lanes_opened"), rings ? 4u : 0u);
   // Connecting borrowed a thread per lane; once connected, none is left.
   EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads, 10s), threads)
-      << "an open TCP lane kept a thread";
-  // Four lanes: the initiator's socket and the duplicate its sends are
-  // registered on, the target's socket.
-  EXPECT_EQ(CountEntries("/proc/self/fd"), fds + 4 * 3) << "lanes not open, or more than 4";
+      << "an open lane kept a thread";
+  // Per lane over TCP: the initiator's socket and the duplicate its sends are
+  // registered on, the target's socket. Over rings the initiator: its socket,
+  // four bells, the responses' wait set, the sends' wait set and the
+  // duplicate the pool watches; the target: its socket, four bells and its
+  // wait set.
+  EXPECT_EQ(CountEntries("/proc/self/fd"), fds + 4 * (rings ? 8 + 6 : 3))
+      << "lanes not open, or more than 4";
   ops.mem_release(a.ctx(), remote);
 }
 
@@ -1198,8 +1215,16 @@ TEST_P(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
 // connection to be retired and goes out on the next one; every transfer
 // completes once and every byte read back is the byte written.
 TEST_P(TcpPool, TransfersRacingTheIdleCloseAllLand) {
-  Pair p({.settings = With(R"({"lane_idle_ms": 2, "chunk_bytes": 65536, "io_threads": 2})"),
-          .same_host = SameHost(Stream::kTcp)});
+  for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
+    SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
+    RaceTheIdleClose(stream);
+  }
+}
+
+void TcpPool::RaceTheIdleClose(Stream stream) {
+  Pair p({.settings = With(R"({"lane_idle_ms": 2, "chunk_bytes": 65536,
+                               "ring_chunk_bytes": 65536, "io_threads": 2})"),
+          .same_host = SameHost(stream)});
   Instance &a = p.a, &b = p.b;
   constexpr int kThreads = 4, kPerThread = 120;
   constexpr size_t kSlice = 256 * 1024;
