@@ -206,8 +206,13 @@ uint64_t PolledResponses::TryPump() {
   const uint64_t done = reader_.resolved() - before;
   turn_.Release();
   if (h == nullptr) return done;  // closed
+  // A missed event is still there (the descriptor is level-triggered, and a
+  // ring's bell was not quieted by the turn that found it held); a READ for
+  // the GPU stage read ahead has no event of its own: a ring's wait set is
+  // nudged (a socket's EPOLLOUT is ready by itself).
+  const bool nudge = ring_ != nullptr && (rearm & EPOLLOUT) != 0;
   if (missed_.exchange(false)) rearm |= EPOLLIN;
-  if (rearm != 0) pool_->Rearm(h, rearm, /*nudge=*/ring_ != nullptr);
+  if (rearm != 0) pool_->Rearm(h, rearm, nudge);
   return done;
 }
 
