@@ -810,10 +810,30 @@ void Lane::RetireLocked(Doomed* doomed) {
 }
 
 FramePtr Lane::TakeQueuedLocked(Doomed* doomed) {
-  FramePtr f = std::move(queue_.front());
-  queue_.pop_front();
+  FramePtr f;
+  if (queue_.front()->run && !queue_.front()->xfer->failed()) {
+    // A run's next frame, built now; the entry stays first while it stands for more.
+    Frame& entry = *queue_.front();
+    try {
+      f = entry.run->Build(entry.run_next);
+    } catch (const std::exception& e) {
+      // Nothing of the frame went out: fail what the entry stands for.
+      FramePtr gone = std::move(queue_.front());
+      queue_.pop_front();
+      doomed->emplace_back(
+          std::move(gone), FERRY_ERR_NO_MEMORY,
+          std::string("cannot build a frame to ") + info_->label + ": " + e.what());
+      return nullptr;
+    }
+    entry.run_next += entry.run_stride;
+    if (--entry.count == 0) queue_.pop_front();
+  } else {
+    f = std::move(queue_.front());
+    queue_.pop_front();
+  }
   if (f->xfer->failed()) {
-    // Another frame of it already failed: don't spend the bandwidth.
+    // Another frame of it already failed: don't spend the bandwidth (a run's
+    // entry: on any of the frames it still stands for).
     int status;
     std::string msg;
     f->xfer->Error(&status, &msg);

@@ -85,18 +85,28 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
       return FERRY_ERR_INVALID_ARGS;
     }
   }
-  std::vector<PlannedFrame> plan =
-      PlanFrames(x.iov, x.n_iov, local->addr(), local->on_gpu() ? gpu_chunk_bytes_ : chunk_bytes_,
-                 wire::kMaxItems);
-  if (plan.empty()) {
+  const uint64_t chunk = local->on_gpu() ? gpu_chunk_bytes_ : chunk_bytes_;
+  // One item of more frames than lanes: each lane builds its frames as it
+  // sends them (FrameRun), so post() costs the same at 64 MiB as at 4 MiB.
+  // GPU memory keeps the planned frames (its staging is per frame anyway).
+  const bool as_run = x.n_iov == 1 && !local->on_gpu() && x.iov[0].len > chunk * lanes_.size();
+  std::vector<PlannedFrame> plan;
+  uint64_t frames_needed;
+  if (as_run) {
+    frames_needed = (x.iov[0].len + chunk - 1) / chunk;
+  } else {
+    plan = PlanFrames(x.iov, x.n_iov, local->addr(), chunk, wire::kMaxItems);
+    frames_needed = plan.size();
+  }
+  if (frames_needed == 0) {
     *why = "transfer has no bytes";
     return FERRY_ERR_INVALID_ARGS;
   }
-  if (plan.size() > UINT32_MAX) {
+  if (frames_needed > UINT32_MAX) {
     *why = "transfer too large";
     return FERRY_ERR_INVALID_ARGS;
   }
-  const auto n_frames = static_cast<uint32_t>(plan.size());
+  const auto n_frames = static_cast<uint32_t>(frames_needed);
 
   auto xfer = std::make_shared<Xfer>();
   xfer->host = info_.host;
@@ -124,8 +134,8 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
     lanes_[(first_lane + i) % lanes_.size()]->EnsureStarted();
   }
 
+  const bool is_write = x.op == FERRY_OP_WRITE;
   std::vector<FramePtr> frames;
-  frames.reserve(n_frames);
   uint64_t low_seq;
   {
     std::lock_guard lk(seq_mu_);
@@ -134,31 +144,56 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
     low_seq = notify_inflight_.empty() ? xfer->seq : std::min(*notify_inflight_.begin(), xfer->seq);
   }
   try {
-    for (PlannedFrame& p : plan) {
-      auto f = std::make_shared<Frame>();
-      f->xfer = xfer;
-      f->req_id = next_req_.fetch_add(1);
-      f->is_write = x.op == FERRY_OP_WRITE;
-      f->payload_bytes = p.bytes;
-      wire::Header h;
-      h.type = f->is_write ? wire::Type::kWrite : wire::Type::kRead;
-      h.flags = xfer->notify ? wire::kFlagNotify : 0;
-      h.n_items = static_cast<uint32_t>(p.remote.size());
-      h.frame_count = n_frames;
-      h.req_id = f->req_id;
-      h.region_id = remote_id;
-      h.region_key = remote_key;
-      h.payload_len = f->is_write ? p.bytes : 0;
-      h.xfer_seq = xfer->seq;
-      h.uid = x.uid;
-      h.low_seq = low_seq;
-      h.attempt_id = x.struct_size >= offsetof(ferry_xfer_v1, attempt_id) + sizeof x.attempt_id
-                         ? x.attempt_id
-                         : 0;  // a core before ABI 1.2: no fences
-      h.expires_ns = x.deadline_ns;
-      f->head = wire::EncodeFrameHead(h, p.remote);
-      f->local = std::move(p.local);
-      frames.push_back(std::move(f));
+    // What every frame of the transfer says; each adds its req_id, items and payload.
+    wire::Header h;
+    h.type = is_write ? wire::Type::kWrite : wire::Type::kRead;
+    h.flags = xfer->notify ? wire::kFlagNotify : 0;
+    h.frame_count = n_frames;
+    h.region_id = remote_id;
+    h.region_key = remote_key;
+    h.xfer_seq = xfer->seq;
+    h.uid = x.uid;
+    h.low_seq = low_seq;
+    h.attempt_id = x.struct_size >= offsetof(ferry_xfer_v1, attempt_id) + sizeof x.attempt_id
+                       ? x.attempt_id
+                       : 0;  // a core before ABI 1.2: no fences
+    h.expires_ns = x.deadline_ns;
+    if (as_run) {
+      // One queue entry per lane: lane l sends frames l, l + lanes, ...
+      auto run = std::make_shared<FrameRun>();
+      run->xfer = xfer;
+      run->head = h;
+      run->local = local->addr() + x.iov[0].local_off;
+      run->remote_off = x.iov[0].remote_off;
+      run->len = x.iov[0].len;
+      run->chunk = chunk;
+      run->is_write = is_write;
+      run->next_req = &next_req_;
+      for (size_t l = 0; l < used_lanes; ++l) {
+        auto entry = std::make_shared<Frame>();
+        entry->xfer = xfer;
+        entry->is_write = is_write;
+        entry->run = run;
+        entry->count = static_cast<uint32_t>((n_frames - l + used_lanes - 1) / used_lanes);
+        entry->run_next = l;
+        entry->run_stride = used_lanes;
+        frames.push_back(std::move(entry));
+      }
+    } else {
+      frames.reserve(n_frames);
+      for (PlannedFrame& p : plan) {
+        auto f = std::make_shared<Frame>();
+        f->xfer = xfer;
+        f->req_id = next_req_.fetch_add(1);
+        f->is_write = is_write;
+        f->payload_bytes = p.bytes;
+        h.req_id = f->req_id;
+        h.n_items = static_cast<uint32_t>(p.remote.size());
+        h.payload_len = is_write ? p.bytes : 0;
+        f->head = wire::EncodeFrameHead(h, p.remote);
+        f->local = std::move(p.local);
+        frames.push_back(std::move(f));
+      }
     }
     watcher_->Add(xfer);
   } catch (...) {
@@ -178,7 +213,7 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   // With sender_spin_us the senders send everything: post() makes no system
   // call while a sender polls, and each send starts the sender's next poll.
   const bool direct =
-      info_.sender_spin_us == 0 && n_frames <= lanes_.size() &&
+      !as_run && info_.sender_spin_us == 0 && n_frames <= lanes_.size() &&
       (is_read || (n_frames == 1 && plan[0].bytes <= kDirectSendMax && !local->on_gpu()));
   std::shared_lock no_reset(reset_mu_);
   if (direct || n_frames == 1) {
@@ -192,8 +227,10 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
     }
     return FERRY_OK;
   }
+  // A run's entries are one per lane already, in lane order.
   std::vector<std::vector<FramePtr>> per_lane(used_lanes);
-  for (uint32_t i = 0; i < n_frames; ++i) per_lane[i % used_lanes].push_back(std::move(frames[i]));
+  for (size_t i = 0; i < frames.size(); ++i)
+    per_lane[i % used_lanes].push_back(std::move(frames[i]));
   for (size_t l = 0; l < used_lanes; ++l) {
     try {
       lanes_[(first_lane + l) % lanes_.size()]->SubmitAll(per_lane[l]);

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "xfer.h"
 
+#include <algorithm>
+
 #include "deadline.h"
 #include "peer.h"
 
@@ -48,7 +50,25 @@ void Xfer::Error(int* status, std::string* msg) const {
 
 void Frame::Resolve(int status, const std::string& msg) {
   if (resolved.exchange(true)) return;
-  xfer->FrameDone(status, msg);
+  // The last FrameDone may complete the transfer: count is read before any.
+  for (uint32_t i = count; i > 0; --i) xfer->FrameDone(status, msg);
+}
+
+FramePtr FrameRun::Build(uint64_t k) const {
+  auto f = std::make_shared<Frame>();
+  f->xfer = xfer;
+  f->req_id = next_req->fetch_add(1);
+  f->is_write = is_write;
+  const uint64_t off = k * chunk;
+  const uint64_t bytes = std::min(chunk, len - off);
+  f->payload_bytes = bytes;
+  wire::Header h = head;
+  h.req_id = f->req_id;
+  h.n_items = 1;
+  h.payload_len = is_write ? bytes : 0;
+  f->head = wire::EncodeFrameHead(h, {{remote_off + off, bytes}});
+  f->local.push_back({local + off, static_cast<size_t>(bytes)});
+  return f;
 }
 
 std::vector<iovec> Frame::WireIov() {
