@@ -131,6 +131,8 @@ int Channel::WaitSet(Side side) {
   return ep;
 }
 
+uint32_t Channel::RoomEvents() const { return on_rings() ? EPOLLIN : EPOLLOUT; }
+
 bool Channel::Woken(Side side) {
   if (side != Side::kOut) in_.AwakeForData();
   if (side != Side::kIn) out_.AwakeForRoom();

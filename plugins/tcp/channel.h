@@ -76,6 +76,9 @@ class Channel {
   bool Woken(Side side = Side::kBoth);
   // Before the loop waits for bytes (for room): announces the sleep, so the
   // peer rings; false when they are there after all (do not wait).
+  // The epoll events that give a handler waiting to send its turn: a
+  // socket's EPOLLOUT, a wait set's EPOLLIN (it is readable, never writable).
+  uint32_t RoomEvents() const;
   bool SleepIn() { return in_.SleepForData(); }
   bool SleepOut() { return out_.SleepForRoom(); }
   // Makes that side's wait set readable at once (one of our own bells): its

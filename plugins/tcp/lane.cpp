@@ -692,7 +692,7 @@ bool Lane::StartPooledSenderLocked() {
   std::string why;
   // A writable socket's EPOLLOUT gives the first turn at once; rings are nudged.
   if (rings) chan_->Nudge(Channel::Side::kOut);
-  if (info_->pool->Add(std::move(h), rings ? EPOLLIN : EPOLLOUT, &back, &why)) {
+  if (info_->pool->Add(std::move(h), chan_->RoomEvents(), &back, &why)) {
     if (info_->reaper != nullptr && info_->idle_close_ms > 0) info_->reaper->Watch(this);
     return true;
   }
@@ -709,8 +709,7 @@ void Lane::ArmSenderLocked() {
   // EPOLLOUT fires at once on a socket with room (or one shut down), a ring's
   // wait set once the kick nudged it; a polling pool thread (sender_spin_us)
   // takes the kick without a system call.
-  if (!info_->pool->Kick(send_handler_, chan_->on_rings() ? EPOLLIN : EPOLLOUT))
-    send_armed_ = false;
+  if (!info_->pool->Kick(send_handler_, chan_->RoomEvents())) send_armed_ = false;
 }
 
 uint32_t Lane::PoolSend(IoPool::Handler* h) {
@@ -719,9 +718,8 @@ uint32_t Lane::PoolSend(IoPool::Handler* h) {
   {
     std::unique_lock s(send_mu_);
     std::unique_lock lk(mu_);
-    // A ring lane's sends wait on its kOut wait set (EPOLLIN), a socket's on EPOLLOUT.
     const bool rings = send_handler_ == h && chan_ != nullptr && chan_->on_rings();
-    const uint32_t wait = rings ? uint32_t{EPOLLIN} : uint32_t{EPOLLOUT};
+    const uint32_t wait = rings ? chan_->RoomEvents() : uint32_t{EPOLLOUT};
     // The socket fired (rings): room that does not come means the lane is over.
     const bool gone = rings && chan_->Woken(Channel::Side::kOut);
     int budget = kFramesPerTurn;

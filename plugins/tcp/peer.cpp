@@ -167,7 +167,6 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
       run->remote_off = x.iov[0].remote_off;
       run->len = x.iov[0].len;
       run->chunk = chunk;
-      run->is_write = is_write;
       run->next_req = &next_req_;
       for (size_t l = 0; l < used_lanes; ++l) {
         auto entry = std::make_shared<Frame>();
@@ -181,19 +180,9 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
       }
     } else {
       frames.reserve(n_frames);
-      for (PlannedFrame& p : plan) {
-        auto f = std::make_shared<Frame>();
-        f->xfer = xfer;
-        f->req_id = next_req_.fetch_add(1);
-        f->is_write = is_write;
-        f->payload_bytes = p.bytes;
-        h.req_id = f->req_id;
-        h.n_items = static_cast<uint32_t>(p.remote.size());
-        h.payload_len = is_write ? p.bytes : 0;
-        f->head = wire::EncodeFrameHead(h, p.remote);
-        f->local = std::move(p.local);
-        frames.push_back(std::move(f));
-      }
+      for (PlannedFrame& p : plan)
+        frames.push_back(
+            MakeFrame(xfer, h, next_req_.fetch_add(1), p.remote, std::move(p.local), p.bytes));
     }
     watcher_->Add(xfer);
   } catch (...) {

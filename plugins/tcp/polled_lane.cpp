@@ -133,8 +133,7 @@ uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
         } else if (moved_total > 0 || !stall_set()) {
           SetStall(std::chrono::milliseconds(s_->settings_.io_timeout_ms));
         }
-        // A ring lane's wait set is one readable descriptor, whatever it waits for.
-        return st == Step::kWaitIn || ch_->on_rings() ? EPOLLIN : EPOLLOUT;
+        return st == Step::kWaitIn ? uint32_t{EPOLLIN} : ch_->RoomEvents();
     }
   }
 }

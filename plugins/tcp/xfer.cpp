@@ -54,21 +54,27 @@ void Frame::Resolve(int status, const std::string& msg) {
   for (uint32_t i = count; i > 0; --i) xfer->FrameDone(status, msg);
 }
 
-FramePtr FrameRun::Build(uint64_t k) const {
+FramePtr MakeFrame(const std::shared_ptr<Xfer>& xfer, wire::Header head, uint64_t req_id,
+                   const std::vector<wire::Item>& remote, std::vector<iovec> local,
+                   uint64_t bytes) {
   auto f = std::make_shared<Frame>();
   f->xfer = xfer;
-  f->req_id = next_req->fetch_add(1);
-  f->is_write = is_write;
+  f->req_id = req_id;
+  f->is_write = head.type == wire::Type::kWrite;
+  f->payload_bytes = bytes;
+  head.req_id = req_id;
+  head.n_items = static_cast<uint32_t>(remote.size());
+  head.payload_len = f->is_write ? bytes : 0;
+  f->head = wire::EncodeFrameHead(head, remote);
+  f->local = std::move(local);
+  return f;
+}
+
+FramePtr FrameRun::Build(uint64_t k) const {
   const uint64_t off = k * chunk;
   const uint64_t bytes = std::min(chunk, len - off);
-  f->payload_bytes = bytes;
-  wire::Header h = head;
-  h.req_id = f->req_id;
-  h.n_items = 1;
-  h.payload_len = is_write ? bytes : 0;
-  f->head = wire::EncodeFrameHead(h, {{remote_off + off, bytes}});
-  f->local.push_back({local + off, static_cast<size_t>(bytes)});
-  return f;
+  return MakeFrame(xfer, head, next_req->fetch_add(1), {{remote_off + off, bytes}},
+                   {{local + off, static_cast<size_t>(bytes)}}, bytes);
 }
 
 std::vector<iovec> Frame::WireIov() {

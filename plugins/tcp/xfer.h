@@ -92,6 +92,11 @@ struct Frame {
 };
 using FramePtr = std::shared_ptr<Frame>;
 
+// A frame of xfer: `head` says everything the transfer's frames share; the
+// frame adds its req_id, its items and (WRITE) its payload length.
+FramePtr MakeFrame(const std::shared_ptr<Xfer>& xfer, wire::Header head, uint64_t req_id,
+                   const std::vector<wire::Item>& remote, std::vector<iovec> local, uint64_t bytes);
+
 // The frames of one contiguous item, cut into chunk-size pieces: post() of a
 // large transfer queues one entry per lane (Frame::run) instead of building a
 // frame object and header per chunk (64 at 64 MiB: post() was 14-74 us p99,
@@ -104,7 +109,6 @@ struct FrameRun {
   uint64_t remote_off = 0;
   uint64_t len = 0;
   uint64_t chunk = 0;
-  bool is_write = false;
   std::atomic<uint64_t>* next_req = nullptr;  // the peer's request ids
   // Builds frame k (its req_id taken now).
   FramePtr Build(uint64_t k) const;

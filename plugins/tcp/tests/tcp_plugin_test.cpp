@@ -84,6 +84,19 @@ std::vector<uint8_t> Hello(const std::string& key) {
   return out;
 }
 
+// The head of a one-frame request for [0, len) of region 1: header and item
+// (a WRITE's payload is the caller's to follow).
+std::vector<uint8_t> OneItemRequest(wire::Type type, uint64_t len, uint64_t req_id = 0) {
+  wire::Header h;
+  h.type = type;
+  h.n_items = 1;
+  h.frame_count = 1;
+  h.region_id = 1;
+  h.req_id = req_id;
+  h.payload_len = type == wire::Type::kWrite ? len : 0;
+  return wire::EncodeFrameHead(h, {{0, len}});
+}
+
 // Reads until the plugin closes the connection; false on timeout.
 bool ClosedByPeer(int fd) {
   char buf[4096];
@@ -1045,14 +1058,8 @@ TEST(TcpTarget, StalledFrameIsDroppedAfterIoTimeout) {
   b.AddPeer("a", a.ConnBlob());
   b.Register(1, 4096);
   const int fd = RawConnect(PortOf(b.ConnBlob()));
-  wire::Header h;
-  h.type = wire::Type::kWrite;
-  h.n_items = 1;
-  h.frame_count = 1;
-  h.region_id = 1;
-  h.payload_len = 4096;
   std::vector<uint8_t> bytes = Hello("a");
-  const std::vector<uint8_t> head = wire::EncodeFrameHead(h, {{0, 4096}});
+  const std::vector<uint8_t> head = OneItemRequest(wire::Type::kWrite, 4096);
   bytes.insert(bytes.end(), head.begin(), head.end());
   bytes.resize(bytes.size() + 100);  // then the payload stops coming
   const auto t0 = std::chrono::steady_clock::now();
@@ -1612,13 +1619,7 @@ TEST(TcpRings, StalledRingLanesHoldNoPoolThreadAndAreCut) {
     // Its handshake borrowed a thread; the open lane keeps none.
     EXPECT_EQ(CountEntriesSettled("/proc/self/task", threads, 10s), threads)
         << "an open ring lane kept a thread at the target";
-    wire::Header h;
-    h.type = wire::Type::kWrite;
-    h.n_items = 1;
-    h.frame_count = 1;
-    h.region_id = 1;
-    h.payload_len = 4096;
-    std::vector<uint8_t> bytes = wire::EncodeFrameHead(h, {{0, 4096}});
+    std::vector<uint8_t> bytes = OneItemRequest(wire::Type::kWrite, 4096);
     bytes.resize(bytes.size() + 100);
     const auto t0 = std::chrono::steady_clock::now();
     ASSERT_EQ(put(req, bytes), bytes.size());
@@ -1630,18 +1631,13 @@ TEST(TcpRings, StalledRingLanesHoldNoPoolThreadAndAreCut) {
   {  // READ requests (refused: wrong key) whose answers are never read.
     shm::Ring req, resp;
     const int fd = RawRingLane(name, &req, &resp);
-    wire::Header h;
-    h.type = wire::Type::kRead;
-    h.n_items = 1;
-    h.frame_count = 1;
-    h.region_id = 1;
-    const std::vector<uint8_t> frame = wire::EncodeFrameHead(h, {{0, 4096}});
+    const size_t frame_bytes = OneItemRequest(wire::Type::kRead, 4096).size();
     int sent = 0;
     // The answers fill the 64 KiB ring after a few hundred; requests stop
     // fitting once the target stops reading.
     for (; sent < 4000; ++sent) {
-      h.req_id = static_cast<uint64_t>(sent + 1);
-      if (put(req, wire::EncodeFrameHead(h, {{0, 4096}})) != frame.size()) break;
+      const auto frame = OneItemRequest(wire::Type::kRead, 4096, static_cast<uint64_t>(sent + 1));
+      if (put(req, frame) != frame_bytes) break;
     }
     EXPECT_GT(sent, 300);
     const auto t0 = std::chrono::steady_clock::now();
