@@ -73,7 +73,7 @@ bool IoPool::Add(std::unique_ptr<Handler> h, uint32_t events, std::unique_ptr<Ha
                  std::string* err) {
   Handler* raw = h.get();
   raw->pool_ = this;
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
   if (stopping_.load()) {
     *err = "the I/O pool is stopping";
     *back = std::move(h);
@@ -96,7 +96,7 @@ bool IoPool::Add(std::unique_ptr<Handler> h, uint32_t events, std::unique_ptr<Ha
 
 bool IoPool::Rearm(Handler* h, uint32_t events, bool nudge) {
   // Only while it is registered: a handler the pool finished meanwhile is gone.
-  std::lock_guard lk(mu_);
+  std::shared_lock lk(mu_);
   if (handlers_.count(h) == 0) return false;
   if (nudge) h->Nudge();  // still registered, so not deleted under us
   epoll_event ev{};
@@ -119,8 +119,51 @@ bool IoPool::Kick(Handler* h, uint32_t events) {
   return Rearm(h, events, /*nudge=*/true);
 }
 
+void IoPool::KickAll(Kicks& kicks) {
+  if (kicks.empty()) return;
+  Kicks mine;
+  mine.swap(kicks);
+  bool deferred = false;
+  try {
+    std::lock_guard k(kick_mu_);
+    if (taking_kicks_) {
+      // The poller runs the first and re-arms the rest (Poll).
+      kicked_.reserve(kicked_.size() + mine.size());
+      for (auto& [h, events] : mine) {
+        h->turns_.fetch_add(1, std::memory_order_release);
+        kicked_.emplace_back(h, events);
+      }
+      kicks_waiting_.store(true, std::memory_order_release);
+      return;
+    }
+    deferred_.insert(deferred_.end(), mine.begin() + 1, mine.end());
+    if (mine.size() > 1) deferred_waiting_.store(true, std::memory_order_release);
+    deferred = true;
+  } catch (...) {
+    // Out of memory: every kick made here (a kick must not get lost).
+  }
+  if (!deferred) {
+    for (auto& [h, events] : mine) Rearm(h, events, /*nudge=*/true);
+    return;
+  }
+  // No wake-up came of it (no longer registered): nobody is coming for the
+  // rest either, so they are re-armed here.
+  if (!Rearm(mine[0].first, mine[0].second, /*nudge=*/true)) RearmDeferred();
+}
+
+void IoPool::RearmDeferred() {
+  if (!deferred_waiting_.load(std::memory_order_acquire)) return;
+  Kicks work;
+  {
+    std::lock_guard k(kick_mu_);
+    work.swap(deferred_);
+    deferred_waiting_.store(false, std::memory_order_relaxed);
+  }
+  for (auto& [h, events] : work) Rearm(h, events, /*nudge=*/true);
+}
+
 size_t IoPool::handlers() const {
-  std::lock_guard lk(mu_);
+  std::shared_lock lk(mu_);
   return handlers_.size();
 }
 
@@ -135,7 +178,7 @@ void IoPool::Stop() {
   }
   std::unordered_map<Handler*, std::unique_ptr<Handler>> left;
   {
-    std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_);
     left.swap(handlers_);
     for (auto& [raw, h] : left) {
       if (epfd_ >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, raw->fd(), nullptr);
@@ -147,7 +190,7 @@ void IoPool::Stop() {
 void IoPool::Finish(Handler* h) {
   std::unique_ptr<Handler> owned;
   {
-    std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_);
     epoll_ctl(epfd_, EPOLL_CTL_DEL, h->fd(), nullptr);
     auto it = handlers_.find(h);
     if (it == handlers_.end()) return;  // Stop took it
@@ -163,7 +206,7 @@ void IoPool::Sweep() {
   if (!s.owns_lock()) return;
   const int64_t now = NowNs();
   last_sweep_ns_.store(now);
-  std::lock_guard lk(mu_);
+  std::shared_lock lk(mu_);
   for (auto& [raw, h] : handlers_) {
     const int64_t at = raw->stall_at_ns_.load();
     if (at == 0 || now < at) continue;
@@ -230,6 +273,7 @@ void IoPool::Poll() {
       }
       if (!work.empty()) taking_kicks_ = false;
     }
+    RearmDeferred();
     // The first kick is this thread's; the others go to the pool's threads
     // (a re-arm wakes one), so several lanes still send at once.
     for (size_t i = 0; i < work.size(); ++i) {
@@ -241,7 +285,7 @@ void IoPool::Poll() {
       {
         // Parked handlers end only by their own turn, or by Stop, which
         // joins this thread first: registered now means registered for the turn.
-        std::lock_guard lk(mu_);
+        std::shared_lock lk(mu_);
         if (handlers_.count(h) == 0) continue;
       }
       kicks_caught_.fetch_add(1, std::memory_order_relaxed);
@@ -268,6 +312,7 @@ void IoPool::Poll() {
   std::lock_guard k(kick_mu_);
   poller_ = taking_kicks_ = false;  // stopping: what is still kicked is Stop's to delete
   kicked_.clear();
+  deferred_.clear();
   kicks_waiting_.store(false, std::memory_order_relaxed);
 }
 
@@ -284,6 +329,7 @@ void IoPool::Main() {
     SweepIfDue();
     if (n == 0) continue;
     if (ev.data.ptr == nullptr) return;  // Stop
+    RearmDeferred();  // first: they may be other lanes of the transfer this turn sends
     Turn(static_cast<Handler*>(ev.data.ptr), ev.events);
     if (spin_.count() > 0) Poll();
   }

@@ -304,7 +304,7 @@ void Lane::Submit(FramePtr f, bool try_direct) {
   f->Resolve(FERRY_ERR_BAD_STATE, "tcp lane to " + info_->label + " is shut down");
 }
 
-void Lane::SubmitAll(std::vector<FramePtr>& frames) {
+void Lane::SubmitAll(std::vector<FramePtr>& frames, IoPool::Kicks* kicks) {
   if (frames.empty()) return;
   {
     std::lock_guard lk(mu_);
@@ -316,7 +316,7 @@ void Lane::SubmitAll(std::vector<FramePtr>& frames) {
       frames.clear();
       work_posted_.store(true, std::memory_order_release);
       if (Pooled())
-        ArmSenderLocked();
+        ArmSenderLocked(kicks);
       else if (was_empty)
         cv_.notify_all();
       return;
@@ -703,9 +703,14 @@ bool Lane::StartPooledSenderLocked() {
   return false;  // `back` closes the duplicate
 }
 
-void Lane::ArmSenderLocked() {
+void Lane::ArmSenderLocked(IoPool::Kicks* kicks) {
   if (!Pooled() || send_armed_) return;
   send_armed_ = true;
+  if (kicks != nullptr) {
+    // Parked until this kick: the handler cannot finish (and go) before it.
+    kicks->emplace_back(send_handler_, chan_->RoomEvents());
+    return;
+  }
   // EPOLLOUT fires at once on a socket with room (or one shut down), a ring's
   // wait set once the kick nudged it; a polling pool thread (sender_spin_us)
   // takes the kick without a system call.

@@ -111,7 +111,10 @@ class Lane final : public IdleReaper::Target, public Connector::Client {
   // wake-up however many there are (a large transfer's frames on this lane).
   // Takes them (the vector is left empty) unless it throws (std::system_error:
   // no sender thread), when they are still the caller's to fail.
-  void SubmitAll(std::vector<FramePtr>& frames);
+  // kicks (a pool-served lane): where its sender's kick goes, for the caller's
+  // IoPool::KickAll over every lane it filled (made with no lane lock held);
+  // it must have room for one more (push_back does not throw).
+  void SubmitAll(std::vector<FramePtr>& frames, IoPool::Kicks* kicks = nullptr);
   // Its sender thread polls for frames now (sender_spin_us): one submitted is
   // sent without a wake-up.
   bool SenderPolling() const { return spinning_.load(std::memory_order_relaxed); }
@@ -156,8 +159,9 @@ class Lane final : public IdleReaper::Target, public Connector::Client {
   // frame excepted: staging waits on copies), retires the connection once it
   // is over. Returns the events to wait for, IoPool::kParked, or 0 (done).
   uint32_t PoolSend(IoPool::Handler* h);
-  // Gives the PooledSender a turn, unless it has one coming.
-  void ArmSenderLocked();
+  // Gives the PooledSender a turn, unless it has one coming; with kicks, the
+  // kick is added there for the caller to make.
+  void ArmSenderLocked(IoPool::Kicks* kicks = nullptr);
   // Both pool handlers are done with a broken connection: closes it, fails
   // what was in flight, and connects again if frames are queued.
   void RetireLocked(Doomed* doomed);

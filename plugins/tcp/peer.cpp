@@ -192,27 +192,27 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
 
   // Accepted: from here on every outcome goes through complete().
   // A READ request is a header and its items whatever the size it asks for, so
-  // its frames may go out from here; a WRITE only when it is small. Only while
-  // each lane gets one frame: a larger transfer's frames are queued for the
-  // senders in one go per lane, so post() does not pay a send per frame (a 64
-  // MiB READ was 64 sends from post(): 0.3-3.8 ms on loopback, where the
-  // kernel runs the receiver's side inside each send).
+  // it may go out from here; a WRITE only when it is small. Only a transfer of
+  // one frame: a larger one's frames are queued for the senders in one go per
+  // lane, so post() does not pay a send per frame (a 64 MiB READ was 64 sends
+  // from post(): 0.3-3.8 ms on loopback, where the kernel runs the receiver's
+  // side inside each send).
   const bool is_read = x.op == FERRY_OP_READ;
   // A WRITE from GPU memory never goes out from here: staging it waits on copies.
   // With sender_spin_us the senders send everything: post() makes no system
   // call while a sender polls, and each send starts the sender's next poll.
-  const bool direct =
-      !as_run && info_.sender_spin_us == 0 && n_frames <= lanes_.size() &&
-      (is_read || (n_frames == 1 && plan[0].bytes <= kDirectSendMax && !local->on_gpu()));
+  // One frame only: each direct send runs the target's side of loopback
+  // inside it (7-10 us on the 16-core GPU host), so a 4-frame READ's post()
+  // cost 28-42 us; its other lanes are kicked together instead (one wake-up).
+  const bool direct = !as_run && info_.sender_spin_us == 0 && n_frames == 1 &&
+                      (is_read || (plan[0].bytes <= kDirectSendMax && !local->on_gpu()));
   std::shared_lock no_reset(reset_mu_);
-  if (direct || n_frames == 1) {
-    for (uint32_t i = 0; i < n_frames; ++i) {
-      FramePtr& f = frames[i];
-      try {
-        lanes_[(first_lane + i) % lanes_.size()]->Submit(f, direct);
-      } catch (...) {
-        f->Resolve(FERRY_ERR_NO_MEMORY, "out of memory queueing a frame to " + info_.label);
-      }
+  if (n_frames == 1) {
+    FramePtr& f = frames[0];
+    try {
+      lanes_[first_lane % lanes_.size()]->Submit(f, direct);
+    } catch (...) {
+      f->Resolve(FERRY_ERR_NO_MEMORY, "out of memory queueing a frame to " + info_.label);
     }
     return FERRY_OK;
   }
@@ -220,15 +220,28 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   std::vector<std::vector<FramePtr>> per_lane(used_lanes);
   for (size_t i = 0; i < frames.size(); ++i)
     per_lane[i % used_lanes].push_back(std::move(frames[i]));
+  // The pool-served lanes' senders are kicked together once every lane has
+  // its frames: one wake-up from post(), the pool wakes the rest.
+  IoPool::Kicks kicks;
+  IoPool::Kicks* batch = nullptr;
+  if (info_.pool != nullptr) {
+    try {
+      kicks.reserve(used_lanes);
+      batch = &kicks;
+    } catch (...) {
+      batch = nullptr;  // each lane kicks its own
+    }
+  }
   for (size_t l = 0; l < used_lanes; ++l) {
     try {
-      lanes_[(first_lane + l) % lanes_.size()]->SubmitAll(per_lane[l]);
+      lanes_[(first_lane + l) % lanes_.size()]->SubmitAll(per_lane[l], batch);
     } catch (...) {
       for (auto& f : per_lane[l]) {
         if (f) f->Resolve(FERRY_ERR_NO_MEMORY, "out of memory queueing a frame to " + info_.label);
       }
     }
   }
+  if (batch != nullptr) info_.pool->KickAll(kicks);
   return FERRY_OK;
 }
 
