@@ -27,8 +27,9 @@ namespace {
 // Two engines in this process, both with the null backend; "a" writes to "b".
 struct Rig {
   std::unique_ptr<Engine> a, b;
-  std::vector<uint8_t> la_mem = std::vector<uint8_t>(1 << 20),
-                       rb_mem = std::vector<uint8_t>(1 << 20);
+  // 32 MiB: a batch of 4096 strided 4 KiB items (the KV case of issue 19).
+  std::vector<uint8_t> la_mem = std::vector<uint8_t>(32 << 20),
+                       rb_mem = std::vector<uint8_t>(32 << 20);
   MemoryDesc la, rb;
   std::mutex mu;
   std::vector<std::unique_ptr<Session>> sessions;  // one per benchmark thread
@@ -133,7 +134,7 @@ void BM_SessionBatchWrite(benchmark::State& state) {
   check(state, st);
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(n));
 }
-BENCHMARK(BM_SessionBatchWrite)->Arg(1)->Arg(16)->Arg(128);
+BENCHMARK(BM_SessionBatchWrite)->Arg(1)->Arg(16)->Arg(128)->Arg(1024)->Arg(4096);
 
 // ---- a KV-cache request: 10,000 blocks over 32 layers x {K, V} regions ------------
 // The same items posted three ways: by index into prepared lists, as one
