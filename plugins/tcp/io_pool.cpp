@@ -106,13 +106,17 @@ bool IoPool::Rearm(Handler* h, uint32_t events, bool nudge) {
   return epoll_ctl(epfd_, EPOLL_CTL_MOD, h->fd(), &ev) == 0;
 }
 
+void IoPool::ForPollerLocked(Handler* h, uint32_t events) {
+  h->turns_.fetch_add(1, std::memory_order_release);
+  kicked_.emplace_back(h, events);
+  kicks_waiting_.store(true, std::memory_order_release);
+}
+
 bool IoPool::Kick(Handler* h, uint32_t events) {
   {
     std::lock_guard k(kick_mu_);
     if (taking_kicks_) {
-      h->turns_.fetch_add(1, std::memory_order_release);
-      kicked_.emplace_back(h, events);
-      kicks_waiting_.store(true, std::memory_order_release);
+      ForPollerLocked(h, events);
       return true;  // the poller checks that it is still registered
     }
   }
@@ -128,12 +132,8 @@ void IoPool::KickAll(Kicks& kicks) {
     std::lock_guard k(kick_mu_);
     if (taking_kicks_) {
       // The poller runs the first and re-arms the rest (Poll).
-      kicked_.reserve(kicked_.size() + mine.size());
-      for (auto& [h, events] : mine) {
-        h->turns_.fetch_add(1, std::memory_order_release);
-        kicked_.emplace_back(h, events);
-      }
-      kicks_waiting_.store(true, std::memory_order_release);
+      kicked_.reserve(kicked_.size() + mine.size());  // throws before any is queued
+      for (auto& [h, events] : mine) ForPollerLocked(h, events);
       return;
     }
     deferred_.insert(deferred_.end(), mine.begin() + 1, mine.end());
@@ -313,6 +313,7 @@ void IoPool::Poll() {
   poller_ = taking_kicks_ = false;  // stopping: what is still kicked is Stop's to delete
   kicked_.clear();
   deferred_.clear();
+  deferred_waiting_.store(false, std::memory_order_relaxed);
   kicks_waiting_.store(false, std::memory_order_relaxed);
 }
 

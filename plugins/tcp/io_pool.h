@@ -127,6 +127,8 @@ class IoPool {
   void Poll();
   // The poller takes kicks (between its turns) or not (during one).
   void TakeKicks(bool on);
+  // kick_mu_ held, a thread taking kicks: queues h's turn for it (Poll).
+  void ForPollerLocked(Handler* h, uint32_t events);
   // Re-arms what KickAll left for the pool's threads (any thread back from
   // epoll_wait, before its turn: the first kick's wake-up guarantees one).
   void RearmDeferred();

@@ -66,25 +66,35 @@ class CountingHandler final : public IoPool::Handler {
   int fd_ = -1;
 };
 
-class IoPoolKicks : public ::testing::TestWithParam<int> {};
+class IoPoolKicks : public ::testing::TestWithParam<int> {
+ protected:
+  // Starts `pool` and registers n handlers counted in turns_, each parked
+  // (registered for no events) until kicked; their pointers in handlers_.
+  void StartWithParkedHandlers(IoPool& pool, int n) {
+    std::string err;
+    ASSERT_TRUE(pool.Start(&err)) << err;
+    turns_.count.assign(static_cast<size_t>(n), 0);
+    for (int i = 0; i < n; ++i) {
+      auto h = std::make_unique<CountingHandler>(&turns_, i);
+      ASSERT_GE(h->fd(), 0);
+      handlers_.push_back(h.get());
+      std::unique_ptr<IoPool::Handler> back;
+      ASSERT_TRUE(pool.Add(std::move(h), 0, &back, &err)) << err;
+    }
+  }
+  std::chrono::microseconds spin() const { return std::chrono::microseconds(GetParam()); }
+
+  Turns turns_;
+  std::vector<IoPool::Handler*> handlers_;
+};
 
 TEST_P(IoPoolKicks, KickAllGivesEveryParkedHandlerExactlyOneTurn) {
   constexpr int kHandlers = 8;
   constexpr int kRounds = 200;
-  IoPool pool(4, 100ms, std::chrono::microseconds(GetParam()));
-  std::string err;
-  ASSERT_TRUE(pool.Start(&err)) << err;
-  Turns turns;
-  turns.count.assign(kHandlers, 0);
-  std::vector<IoPool::Handler*> handlers;
-  for (int i = 0; i < kHandlers; ++i) {
-    auto h = std::make_unique<CountingHandler>(&turns, i);
-    ASSERT_GE(h->fd(), 0);
-    handlers.push_back(h.get());
-    std::unique_ptr<IoPool::Handler> back;
-    // No events: registered and parked until kicked.
-    ASSERT_TRUE(pool.Add(std::move(h), 0, &back, &err)) << err;
-  }
+  IoPool pool(4, 100ms, spin());
+  ASSERT_NO_FATAL_FAILURE(StartWithParkedHandlers(pool, kHandlers));
+  Turns& turns = turns_;
+  const std::vector<IoPool::Handler*>& handlers = handlers_;
   for (int round = 1; round <= kRounds; ++round) {
     IoPool::Kicks kicks;
     for (auto* h : handlers) kicks.emplace_back(h, EPOLLOUT);
@@ -104,18 +114,10 @@ TEST_P(IoPoolKicks, OneKickAndKickAllMixFromManyThreads) {
   // both in turn: no kick lost, none doubled, while the others kick too.
   constexpr int kThreads = 4;
   constexpr int kRounds = 300;
-  IoPool pool(3, 100ms, std::chrono::microseconds(GetParam()));
-  std::string err;
-  ASSERT_TRUE(pool.Start(&err)) << err;
-  Turns turns;
-  turns.count.assign(kThreads * 2, 0);
-  std::vector<IoPool::Handler*> handlers;
-  for (int i = 0; i < kThreads * 2; ++i) {
-    auto h = std::make_unique<CountingHandler>(&turns, i);
-    handlers.push_back(h.get());
-    std::unique_ptr<IoPool::Handler> back;
-    ASSERT_TRUE(pool.Add(std::move(h), 0, &back, &err)) << err;
-  }
+  IoPool pool(3, 100ms, spin());
+  ASSERT_NO_FATAL_FAILURE(StartWithParkedHandlers(pool, kThreads * 2));
+  Turns& turns = turns_;
+  const std::vector<IoPool::Handler*>& handlers = handlers_;
   std::vector<std::thread> posters;
   std::vector<int> failures(kThreads, 0);
   for (int t = 0; t < kThreads; ++t) {
@@ -158,18 +160,10 @@ TEST_P(IoPoolKicks, OneKickAndKickAllMixFromManyThreads) {
 }
 
 TEST_P(IoPoolKicks, AStoppedPoolTakesKicksWithoutTurns) {
-  IoPool pool(2, 100ms, std::chrono::microseconds(GetParam()));
-  std::string err;
-  ASSERT_TRUE(pool.Start(&err)) << err;
-  Turns turns;
-  turns.count.assign(2, 0);
-  std::vector<IoPool::Handler*> handlers;
-  for (int i = 0; i < 2; ++i) {
-    auto h = std::make_unique<CountingHandler>(&turns, i);
-    handlers.push_back(h.get());
-    std::unique_ptr<IoPool::Handler> back;
-    ASSERT_TRUE(pool.Add(std::move(h), 0, &back, &err)) << err;
-  }
+  IoPool pool(2, 100ms, spin());
+  ASSERT_NO_FATAL_FAILURE(StartWithParkedHandlers(pool, 2));
+  Turns& turns = turns_;
+  const std::vector<IoPool::Handler*>& handlers = handlers_;
   pool.Stop();  // deletes the handlers: the pointers are only compared now
   IoPool::Kicks kicks{{handlers[0], EPOLLOUT}, {handlers[1], EPOLLOUT}};
   pool.KickAll(kicks);
