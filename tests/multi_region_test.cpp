@@ -172,6 +172,56 @@ TEST(MultiRegion, BadItemsAreRefusedBeforeAnythingMoves) {
   EXPECT_EQ(rig.dst[0], std::vector<uint8_t>(kRegionBytes, 0)) << "nothing moved";
 }
 
+// A batch over one region pair (Session::batch_write, Engine::batch_read):
+// its items are copied, checked and counted in one pass; a bad item anywhere
+// - size 0, past either region's end, an offset or length that wraps - refuses
+// the whole batch at once, naming the first bad item, and nothing moves.
+TEST(Batches, BadItemsAreRefusedByNumberBeforeAnythingMoves) {
+  Rig rig;
+  rig.fill(7);
+  auto session = rig.ini->create_session(rig.local[0], rig.remote[0]);
+  ASSERT_TRUE(session);
+  constexpr size_t n = 4096, blk = kRegionBytes / n;
+  std::vector<size_t> lo(n), ro(n), sz(n, blk);
+  for (size_t i = 0; i < n; ++i) lo[i] = ro[i] = i * blk;
+  struct Bad {
+    size_t item;
+    size_t lo, ro, size;
+    const char* says;
+  };
+  const Bad cases[] = {
+      {0, 0, 0, 0, "item 0 has size 0"},
+      {4095, 0, 0, 0, "item 4095 has size 0"},
+      {17, kRegionBytes - 8, 0, 16, "item 17: local range"},
+      {2048, 0, kRegionBytes - 8, 16, "item 2048: remote range"},
+      {5, kRegionBytes + 1, 0, 1, "item 5: local range"},
+      {6, 0, SIZE_MAX - 4, 8, "item 6: remote range"},  // offset + size wraps
+      {7, 8, 0, SIZE_MAX, "item 7: local range"},       // size alone wraps
+  };
+  for (const Bad& b : cases)
+    for (bool second : {false, true}) {
+      auto blo = lo, bro = ro, bsz = sz;
+      blo[b.item] = b.lo;
+      bro[b.item] = b.ro;
+      bsz[b.item] = b.size;
+      // Alone, and with a second bad item after it: the first is named.
+      if (second && b.item + 1 < n) bsz[b.item + 1] = 0;
+      for (Op op : {Op::WRITE, Op::READ}) {
+        auto st = op == Op::WRITE ? session->batch_write(blo, bro, bsz, 0, false)
+                                  : rig.ini->batch_read(rig.local[0], blo, rig.remote[0], bro, bsz,
+                                                        rig.ini->allocate_transfer_uid());
+        EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS) << b.says;
+        EXPECT_NE(st.Message().find(b.says), std::string::npos) << st.Message();
+      }
+    }
+  EXPECT_EQ(rig.dst[0], std::vector<uint8_t>(kRegionBytes, 0)) << "nothing moved";
+  EXPECT_EQ(rig.ini->stats().backends["tcp"].transfers, 0u);
+  // The same batch, every item good: it moves, every byte.
+  auto st = session->batch_write(lo, ro, sz, 0, false);
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  EXPECT_EQ(rig.dst[0], rig.src[0]);
+}
+
 TEST(MultiRegion, APartThatFailsFailsTheCallByNameAndTheTargetHearsNothing) {
   Rig rig;
   rig.fill(40);
@@ -256,6 +306,18 @@ TEST(PreparedLists, PostByIndexArrays) {
   EXPECT_THROW(rig.ini->prepare_list(rig.remote, {{5, 0, 1}}), Error);
   EXPECT_THROW(rig.ini->prepare_list({rig.local[0], rig.remote[0]}, {{0, 0, 1}}), Error);
   EXPECT_THROW(rig.ini->prepare_list(rig.remote, {}), Error);
+  // A list prepared over a descriptor claiming more than was registered: its
+  // entries past the real region are refused when posted, by the call's item
+  // number, and nothing moves.
+  MemoryDesc claims = rig.local[1];
+  claims.size = 2 * kRegionBytes;
+  PreparedList big = rig.ini->prepare_list({claims}, {{0, 0, kBlock}, {0, kRegionBytes, kBlock}});
+  rig.fill(70);
+  st = rig.ini->transfer(Op::WRITE, big, std::vector<int64_t>{0, 0, 1}, rp,
+                         std::vector<int64_t>{0, 1, 2}, 1);
+  EXPECT_EQ(st.Wait(), StatusCode::ERR_INVALID_ARGS) << st.Message();
+  EXPECT_NE(st.Message().find("item 2: local range"), std::string::npos) << st.Message();
+  EXPECT_EQ(rig.dst[0], std::vector<uint8_t>(kRegionBytes, 0)) << "nothing moved";
   // A peer gone: the cached pairs are not used; the post fails, saying why.
   ASSERT_TRUE(rig.ini->deregister_remote_engine("tgt"));
   st = rig.ini->transfer(Op::WRITE, lp, std::vector<int64_t>{0}, rp, std::vector<int64_t>{0}, 1);

@@ -149,10 +149,10 @@ std::vector<BackendPtr> Transfers::route_for(const MemPair& pair, Op op, uint64_
   return out;
 }
 
-std::string Transfers::check_items(const MemPair& pair, const std::vector<ferry_iov_v1>& iov,
+std::string Transfers::check_items(const MemPair& pair, const ferry_iov_v1* iov, size_t n,
                                    const size_t* item_numbers) {
   const uint64_t lsize = pair.local->desc.size, rsize = pair.remote->desc.size;
-  for (size_t i = 0; i < iov.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const uint64_t lo = iov[i].local_off, ro = iov[i].remote_off, len = iov[i].len;
     if (len != 0 && lo <= lsize && len <= lsize - lo && ro <= rsize && len <= rsize - ro) continue;
     const std::string item = "item " + std::to_string(item_numbers ? item_numbers[i] : i);
@@ -177,10 +177,22 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
   // Unset: the engine's default (EngineConfig::notify, else the policy's `notify`).
   auto t = make_transfer(op, notify.value_or(policy_.notify) ? FERRY_XFER_NOTIFY : 0, uid);
   t->message = std::move(message);
-  t->iov.reserve(n);
-  for (size_t i = 0; i < n; ++i) t->iov.push_back({local_offs[i], remote_offs[i], sizes[i]});
-  if (std::string bad = check_items(pair, t->iov); !bad.empty())
-    return failed(StatusCode::ERR_INVALID_ARGS, bad);
+  // One pass copies, checks and counts the items; the check only notes a bad
+  // item, and check_items then says which and why. Three passes (append,
+  // check, sum) were a 4096-item batch's ~23 us of core time on the GPU host.
+  t->iov.resize(n);
+  ferry_iov_v1* out = t->iov.data();
+  const uint64_t lsize = pair.local->desc.size, rsize = pair.remote->desc.size;
+  uint64_t total = 0;
+  bool bad = false;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t lo = local_offs[i], ro = remote_offs[i], len = sizes[i];
+    out[i] = {lo, ro, len};
+    total += len;
+    bad |= (len == 0) | (lo > lsize) | (len > lsize - lo) | (ro > rsize) | (len > rsize - ro);
+  }
+  if (bad) return failed(StatusCode::ERR_INVALID_ARGS, check_items(pair, out, n));
+  t->total = total;
   return start(pair, t);
 }
 
@@ -199,7 +211,8 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t) {
                   "remote engine '" + pair.peer->desc.key +
                       "' was deregistered or registered again since this session was created; "
                       "create a new session");
-  for (const auto& v : t->iov) t->total += v.len;
+  if (t->total == 0)
+    for (const auto& v : t->iov) t->total += v.len;
   std::string why;
   t->route = route_for(pair, t->op == FERRY_OP_READ ? Op::READ : Op::WRITE, t->total, why);
   if (t->route.empty()) return failed(StatusCode::ERR_BAD_STATE, why);

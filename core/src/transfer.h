@@ -13,6 +13,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "async_runner.h"
@@ -29,6 +31,29 @@ namespace ferry {
 
 class ControlPlane;
 class Transfers;
+
+// A vector whose resize() leaves new items uninitialised, for item lists that
+// the caller fills in full right after (a value-initialising resize cleared
+// ~100 KB of a 4096-item batch before it was written).
+template <typename T>
+struct UninitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() = default;
+  template <typename U>
+  UninitAllocator(const UninitAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using IovList = std::vector<ferry_iov_v1, UninitAllocator<ferry_iov_v1>>;
 
 // One logical transfer, across however many backends it takes.
 struct Attempt;
@@ -48,8 +73,8 @@ struct Transfer {
   std::weak_ptr<Attempt> current;  // the attempt in flight (guarded by current_mu)
   // A part of a multi-region transfer: told once when this part ends.
   std::function<void(StatusCode code, const std::string& why)> on_end;
-  std::vector<ferry_iov_v1> iov;
-  uint64_t total = 0;
+  IovList iov;
+  uint64_t total = 0;  // of iov's lengths (0 until counted: no item has length 0)
   std::vector<BackendPtr> route;
   // The whole transfer ends by this (submit + policy timeout): attempts, fences,
   // failovers and the notification all fit inside it.
@@ -107,15 +132,15 @@ class Transfers {
   // then, once, the target's notification and the message.
   struct Group {
     MemPair pair;
-    std::vector<ferry_iov_v1> iov;
-    std::vector<size_t> items;  // each iov's item number in the call (for errors)
-    bool checked = false;       // ranges known to fit (a prepared list's entries)
+    IovList iov;
+    // Ranges known to fit (checked item by item as grouped, or a prepared list's entries).
+    bool checked = false;
   };
   TransferStatus submit_groups(std::vector<Group> groups, Op op, TransferUid uid,
                                std::optional<bool> notify, std::optional<std::string> message);
   // "" when every range fits its pair's regions, else why not (item numbers
   // from item_numbers, else 0..n-1).
-  static std::string check_items(const MemPair& pair, const std::vector<ferry_iov_v1>& iov,
+  static std::string check_items(const MemPair& pair, const ferry_iov_v1* iov, size_t n,
                                  const size_t* item_numbers = nullptr);
   // "" when a notification message of `n` bytes may be sent, else why not.
   static std::string check_message_size(size_t n);
