@@ -101,6 +101,8 @@ class Instance {
     bool owns_event;           // the last of the parts launched together returns the event
   };
   // Held parts (FERRY_XFER_MORE) and their merged pieces, all on one device.
+  // The piece arrays only grow and `pieces` says how many are in use: resizing
+  // them part by part zero-filled every new piece before the merge wrote it.
   struct HeldPart {
     void* xfer_ctx;
     Peer* peer;
@@ -110,6 +112,7 @@ class Instance {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> sizes;
+    size_t pieces = 0;
     std::vector<HeldPart> parts;
     uint64_t bytes = 0;
     Clock::time_point last;  // the last part added
@@ -147,15 +150,19 @@ class Instance {
   // mu_ held: a stream of `device` for new copies (*si its index), and an event
   // unless the copies will be alone on it. FERRY_OK or FERRY_ERR_GPU.
   int ChooseStreamLocked(int device, size_t* si, void** event);
-  // mu_ held: adds x's pieces (merged where contiguous) and x itself to held_.
-  void HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase);
+  // mu_ held: adds x's pieces (merged where contiguous) and x itself to held_;
+  // false (held_ unchanged) when a piece is outside the regions.
+  bool HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize);
   // mu_ held on entry and exit (released while launching): launches held_ as
   // one batch and queues its parts for completion; on failure completes them
   // with FERRY_ERR_GPU. FERRY_OK or FERRY_ERR_GPU.
   int LaunchHeld(std::unique_lock<std::mutex>& lk);
   char* RemoteBase(Remote& r, int device, std::string* why);  // mu_ held
-  int Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, void* stream,
-              Clock::time_point* merged);  // *merged: when the pieces were merged
+  // kPieceOutside (nothing launched) when a piece is outside the regions;
+  // *merged: when the pieces were merged.
+  static constexpr int kPieceOutside = 3;
+  int Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize, void* stream,
+              Clock::time_point* merged);
   // k pieces on `stream`: one batched call (a gather launch) for several where
   // the runtime has one, else a copy each. FERRY_OK or the runtime's error.
   int CopyPieces(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t k,

@@ -314,6 +314,65 @@ TEST(GpuPolicy, MultiRegionPartsLaunchAsOne) {
   EXPECT_EQ(counter("held_launches"), 2u);
 }
 
+// A descriptor claiming more than the target registered (its xgmi blob says
+// the real size): xgmi will not import it, so a batch and a multi-region call
+// that reach past the real region end with that reason and none of their
+// pieces lands - not even those inside the region. (xgmi's post() checks
+// every piece against the imported size too, while merging them; with the
+// import refused first, no test through the engine reaches that check.)
+TEST(GpuPolicy, XgmiRefusesADescriptorClaimingMoreThanRegistered) {
+  REQUIRE_GPU();
+  Rig r("xgmi");
+  MemoryDesc forged = r.remote;
+  forged.size = kRegion + (4u << 20);
+  const size_t blk = 16 << 10, n = 8;
+  std::vector<size_t> lo(n), ro(n), sz(n, blk);
+  for (size_t i = 0; i < n; ++i) {
+    lo[i] = i * blk;
+    ro[i] = i * blk * 2;
+  }
+  ro[n - 1] = kRegion;  // past the registered region, inside the claim
+  const std::vector<size_t> in_ro(ro.begin(), ro.end() - 1), in_sz(n - 1, blk);
+  r.buf->fill(3);
+  const uint64_t before = r.remote_hash(in_ro, in_sz);
+  auto st = r.engine->batch_write(r.local, lo, forged, ro, sz, r.engine->allocate_transfer_uid());
+  ASSERT_TRUE(st.WaitFor(30s));
+  EXPECT_FALSE(st.Succeeded());
+  EXPECT_NE(st.Message().find("could not be imported"), std::string::npos) << st.Message();
+  EXPECT_EQ(r.remote_hash(in_ro, in_sz), before) << "a piece of the refused batch landed";
+
+  // Two parts over two local regions, the second reaching past the region.
+  const size_t half = kRegion / 2;
+  std::vector<MemoryDesc> locals{r.engine->register_memory(r.buf->data(), half),
+                                 r.engine->register_memory(r.buf->data() + half, half)};
+  std::vector<TransferItem> items;
+  std::vector<size_t> mr_ro;
+  for (size_t i = 0; i < 8; ++i) {
+    items.push_back({i / 4, (i % 4) * blk, 0, (16 + i) * blk, blk});
+    mr_ro.push_back((16 + i) * blk);
+  }
+  items.back().remote_offset = kRegion + blk;
+  mr_ro.pop_back();
+  const std::vector<size_t> mr_sz(mr_ro.size(), blk);
+  r.buf->fill(5);
+  const uint64_t mr_before = r.remote_hash(mr_ro, mr_sz);
+  auto mr = r.engine->transfer(Op::WRITE, locals, {forged}, items,
+                               r.engine->allocate_transfer_uid(), false, std::nullopt);
+  ASSERT_TRUE(mr.WaitFor(30s));
+  EXPECT_FALSE(mr.Succeeded());
+  EXPECT_NE(mr.Message().find("could not be imported"), std::string::npos) << mr.Message();
+  EXPECT_EQ(r.remote_hash(mr_ro, mr_sz), mr_before) << "a piece of the refused call landed";
+  // The real descriptor still works for the pieces inside the region.
+  const std::vector<size_t> in_lo(lo.begin(), lo.end() - 1);
+  auto ok = r.engine->batch_write(r.local, in_lo, r.remote, in_ro, in_sz,
+                                  r.engine->allocate_transfer_uid());
+  ASSERT_EQ(ok.Wait(), StatusCode::SUCCESS) << ok.Message();
+  const auto& h = r.buf->pull();
+  uint64_t want = test::kFnvBasis;
+  for (size_t off : in_lo) want = test::fnv1a(h.data() + off, blk, want);
+  EXPECT_EQ(r.remote_hash(in_ro, in_sz), want);
+}
+
 TEST(GpuFailover, IpcOpenFailureFailsOverToTheNextBackend) {
   REQUIRE_GPU();
   // A forged descriptor with a garbage IPC handle: xgmi cannot open it, and the
