@@ -5,6 +5,7 @@
 // run on one machine state.
 //   usage: ferry-gpu-bench BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE] [--runs N]
 //          [--settings JSON (the first backend's, on both sides)] [--method M]
+//          [--rows all|blocks|batches]
 // A device of -1 is host memory on that side: `ferry-gpu-bench tcp -1 -1` is the
 // CPU->CPU reference for tcp's staged GPU->GPU figures in the same run.
 //
@@ -21,8 +22,17 @@
 // fired), complete (the core's completion and notification), wake (status
 // final -> Wait() returned in this thread), and the share of transfers the
 // waiting thread reported itself (plugin ABI 1.6 progress(); for those, pickup
-// is 0 and gpu runs from the event's record). Data of the last iteration of each
+// is 0 and gpu runs from the event's record). Two more columns split the
+// fixed costs the stages do not cover: **call**, the mean time the session's
+// call took to return to this thread (the core's submit plus the backend's
+// post), and **raw call**, the mean time the raw reference's copy call took (the
+// batch rows: the gather table written and the kernel launched); **faults**, the
+// minor page faults per transfer in this process (memory the allocator handed
+// back to the system and touched again). `--rows
+// blocks|batches` runs only those rows. Data of the last iteration of each
 // WRITE row is verified (hash of the target's region vs ours).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -88,8 +98,9 @@ class Raw {
     gpu::free(a_);
     gpu::free(b_);
   }
-  // GB/s of `iters` one-at-a-time rounds of the pieces (a -> b for WRITE, b -> a for READ).
-  double measure(Op op, const Pieces& p, int iters) {
+  // GB/s of `iters` one-at-a-time rounds of the pieces (a -> b for WRITE, b -> a for READ);
+  // the copy calls' time is added to *call_ns.
+  double measure(Op op, const Pieces& p, int iters, double* call_ns) {
     std::vector<void*> d(p.sz.size());
     std::vector<const void*> s(p.sz.size());
     for (size_t i = 0; i < p.sz.size(); ++i) {
@@ -98,19 +109,21 @@ class Raw {
       d[i] = op == Op::WRITE ? r : l;
       s[i] = op == Op::WRITE ? l : r;
     }
-    auto round = [&] {
+    auto round = [&](double* call) {
+      const auto c0 = Clock::now();
       int rc = p.sz.size() == 1 ? g_->memcpy_async(g_->gpu_ctx, d[0], s[0], p.sz[0], stream_)
                                 : g_->memcpy_batch_async(g_->gpu_ctx, d.data(), s.data(),
                                                          p.sz.data(), p.sz.size(), stream_);
+      if (call) *call += std::chrono::duration<double, std::nano>(Clock::now() - c0).count();
       if (rc == FERRY_OK) rc = g_->stream_sync(g_->gpu_ctx, stream_);
       if (rc != FERRY_OK) {
         std::fprintf(stderr, "raw copy failed: %s\n", g_->last_error(g_->gpu_ctx));
         std::exit(1);
       }
     };
-    for (int i = 0; i < 2; ++i) round();
+    for (int i = 0; i < 2; ++i) round(nullptr);
     auto t0 = Clock::now();
-    for (int i = 0; i < iters; ++i) round();
+    for (int i = 0; i < iters; ++i) round(call_ns);
     double s_total = std::chrono::duration<double>(Clock::now() - t0).count();
     return static_cast<double>(p.bytes()) * iters / s_total / 1e9;
   }
@@ -126,12 +139,19 @@ const char* kStages[] = {"stage_post_ns",   "stage_setup_ns", "stage_enqueue_ns"
                          "stage_pickup_ns", "stage_gpu_ns",   "stage_complete_ns"};
 constexpr size_t kNumStages = sizeof kStages / sizeof kStages[0];
 
+// Minor page faults of this process so far (all its threads).
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> pos;
   int runs = 5;
-  std::string settings, method = "auto";
+  std::string settings, method = "auto", rows = "all";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
       runs = std::max(1, std::stoi(argv[++i]));
@@ -139,13 +159,16 @@ int main(int argc, char** argv) {
       settings = argv[++i];
     else if (std::strcmp(argv[i], "--method") == 0 && i + 1 < argc)
       method = argv[++i];
+    else if (std::strcmp(argv[i], "--rows") == 0 && i + 1 < argc)
+      rows = argv[++i];
     else
       pos.emplace_back(argv[i]);
   }
-  if (pos.empty()) {
+  if (pos.empty() || (rows != "all" && rows != "blocks" && rows != "batches")) {
     std::fprintf(stderr,
                  "usage: %s BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE] [--runs N] "
-                 "[--settings JSON] [--method auto|gather|runtime|copies]\n",
+                 "[--settings JSON] [--method auto|gather|runtime|copies] "
+                 "[--rows all|blocks|batches]\n",
                  argv[0]);
     return 2;
   }
@@ -226,8 +249,10 @@ int main(int argc, char** argv) {
         if (k.rfind("gpu_", 0) == 0) out[k] = v;
     return out;
   };
-  // One run: `iters` transfers, each waited for; GB/s, and the waiter's wake-up ns summed.
-  auto run_once = [&](Op op, const Pieces& p, bool notify, int iters, double* wake_ns) {
+  // One run: `iters` transfers, each waited for; GB/s, and the waiter's wake-up
+  // and the session call's ns summed.
+  auto run_once = [&](Op op, const Pieces& p, bool notify, int iters, double* wake_ns,
+                      double* call_ns) {
     double total_s = 0;
     for (int i = -2; i < iters; ++i) {
       auto t0 = Clock::now();
@@ -236,6 +261,7 @@ int main(int argc, char** argv) {
                                               : session->read(p.lo[0], p.ro[0], p.sz[0], 0, notify))
                            : (op == Op::WRITE ? session->batch_write(p.lo, p.ro, p.sz, 0, notify)
                                               : session->batch_read(p.lo, p.ro, p.sz, 0, notify));
+      const auto called = Clock::now();
       if (st.Wait() != StatusCode::SUCCESS) {
         std::fprintf(stderr, "transfer failed: %s\n", st.Message().c_str());
         std::exit(1);
@@ -243,6 +269,7 @@ int main(int argc, char** argv) {
       auto t1 = Clock::now();
       if (i >= 0) {
         total_s += std::chrono::duration<double>(t1 - t0).count();
+        *call_ns += std::chrono::duration<double, std::nano>(called - t0).count();
         // Elapsed runs from the status' creation (inside the post, after t0) to its end.
         double end_after_t0 = std::chrono::duration<double, std::nano>(st.Elapsed()).count();
         *wake_ns +=
@@ -263,13 +290,15 @@ int main(int argc, char** argv) {
   };
   auto row = [&](const char* name, Op op, const Pieces& p, bool notify, int iters) {
     std::vector<double> ferry_gbs, raw_gbs;
-    double wake = 0;
+    double wake = 0, call = 0, raw_call = 0, faults = 0;
     const auto before = stage_totals();
     const auto staged_before = staging();
     for (int r = 0; r < runs; ++r) {
       // Alternate the reference and ferry, so both see the same machine state.
-      if (raw) raw_gbs.push_back(raw->measure(op, p, iters));
-      ferry_gbs.push_back(run_once(op, p, notify, iters, &wake));
+      if (raw) raw_gbs.push_back(raw->measure(op, p, iters, &raw_call));
+      const long f0 = minor_faults();
+      ferry_gbs.push_back(run_once(op, p, notify, iters, &wake, &call));
+      faults += static_cast<double>(minor_faults() - f0);
     }
     const auto after = stage_totals();
     const bool ok = op == Op::WRITE ? verify_write(p) : true;
@@ -293,10 +322,16 @@ int main(int argc, char** argv) {
     }
     std::printf(" %6.1f", wake / n / 1e3);
     if (counted > 0)
-      std::printf(" %5.0f%%\n", 100.0 * static_cast<double>(after.back() - before.back()) /
-                                    static_cast<double>(counted));
+      std::printf(" %5.0f%%", 100.0 * static_cast<double>(after.back() - before.back()) /
+                                  static_cast<double>(counted));
     else
-      std::printf(" %6s\n", "-");
+      std::printf(" %6s", "-");
+    std::printf(" %6.1f", call / n / 1e3);
+    if (raw)
+      std::printf(" %8.1f", raw_call / n / 1e3);
+    else
+      std::printf(" %8s", "-");
+    std::printf(" %6.1f\n", faults / n);
     auto staged = staging();
     for (auto& [k, v] : staged) v -= staged_before.count(k) ? staged_before.at(k) : 0;
     auto per = [&](const char* k, const char* frames) {
@@ -320,14 +355,16 @@ int main(int argc, char** argv) {
       "batch method %s, settings %s\n",
       backends.c_str(), idev, tdev, runs, method.c_str(),
       settings.empty() ? "{}" : settings.c_str());
-  std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %6s %6s %6s %6s %6s %6s %6s %6s %6s\n",
-              "op", "bytes", "notify", "GB/s", "min", "max", "raw GB/s", "ratio", "ok", "post",
-              "setup", "enq", "merge", "pickup", "gpu", "compl", "wake", "waiter");
+  std::printf(
+      "%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %6s %6s %6s %6s %6s %6s %6s %6s %6s %6s %8s %6s\n",
+      "op", "bytes", "notify", "GB/s", "min", "max", "raw GB/s", "ratio", "ok", "post", "setup",
+      "enq", "merge", "pickup", "gpu", "compl", "wake", "waiter", "call", "raw call", "faults");
   std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %55s\n", "", "", "", "(median)", "", "",
               "(median)", "", "", "us per transfer, mean");
   bool all_ok = true;
   for (size_t n :
        {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20, size_t{256} << 20}) {
+    if (rows == "batches") break;
     const int iters = n >= (64u << 20) ? 20 : 100;
     const std::string name = std::to_string(n);
     for (bool notify : {false, true})
@@ -335,6 +372,7 @@ int main(int argc, char** argv) {
         all_ok &= row(name.c_str(), op, one_block(n), notify, iters);
   }
   for (auto [count, blk] : {std::pair<size_t, size_t>{1024, 16 << 10}, {4096, 4 << 10}}) {
+    if (rows == "blocks") break;
     const std::string name = std::to_string(count) + "x" + std::to_string(blk >> 10) + "KiB";
     for (bool notify : {false, true})
       for (Op op : {Op::WRITE, Op::READ})
