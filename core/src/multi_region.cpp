@@ -61,22 +61,27 @@ class Grouper {
     remember(l, r, static_cast<size_t>(at));
     return &groups[last_];
   }
-  Transfers::Group& add(size_t l, size_t r, MemPair pair) {
+  // `trusted`: its ranges need no check per item (a prepared list's entries
+  // that fit the registered regions).
+  Transfers::Group& add(size_t l, size_t r, MemPair pair, bool trusted = false) {
     const size_t at = groups.size();
     if (!flat_.empty())
       flat_[l * n_remote_ + r] = static_cast<int64_t>(at);
     else
       index_.emplace(uint64_t{l} << 32 | r, at);
-    groups.push_back({std::move(pair), {}, false});
+    groups.push_back({std::move(pair), {}});
     const MemPair& p = groups.back().pair;
-    limits_.push_back({p.local->desc.size, p.remote->desc.size});
+    limits_.push_back({p.local->desc.size, p.remote->desc.size, trusted});
     counts_.push_back(0);
     remember(l, r, at);
     return groups.back();
   }
-  // The local and remote region sizes of the group find/add returned last.
-  uint64_t local_size() const { return limits_[last_].first; }
-  uint64_t remote_size() const { return limits_[last_].second; }
+  // Whether the ranges of an item of the group find/add returned last fit its
+  // regions (always, for a trusted group).
+  bool fits(uint64_t lo, uint64_t ro, uint64_t len) const {
+    const Limits& m = limits_[last_];
+    return m.trusted || range_fits(lo, ro, len, m.local, m.remote);
+  }
   // Item i, ranges v, belongs to the group find/add returned last. Its ranges
   // are kept in call order, so Fill reads them in one sequential pass (a
   // prepared list's entries, read again by index, were a second random pass).
@@ -105,10 +110,14 @@ class Grouper {
     last_ = at;
   }
   const size_t n_remote_;
-  std::vector<uint32_t> group_of_;                     // per item
-  IovList staged_;                                     // per item, in call order
-  std::vector<size_t> counts_;                         // per group
-  std::vector<std::pair<uint64_t, uint64_t>> limits_;  // per group: local, remote region size
+  std::vector<uint32_t> group_of_;  // per item
+  IovList staged_;                  // per item, in call order
+  std::vector<size_t> counts_;      // per group
+  struct Limits {
+    uint64_t local, remote;  // region sizes
+    bool trusted;
+  };
+  std::vector<Limits> limits_;  // per group
   std::vector<int64_t> flat_;
   std::unordered_map<uint64_t, size_t> index_;
   size_t last_l_ = SIZE_MAX, last_r_ = SIZE_MAX, last_ = 0;
@@ -147,11 +156,10 @@ TransferStatus Engine::transfer(Op op, const std::vector<MemoryDesc>& local_regi
           impl_->registry().resolve(local_regions[it.local], remote_regions[it.remote], pair, why);
       if (c != StatusCode::SUCCESS) return failed(c, "item " + std::to_string(i) + ": " + why);
       grp = &g.add(it.local, it.remote, std::move(pair));
-      grp->checked = true;  // each item's ranges are checked here, by its number in the call
     }
-    const uint64_t lsize = g.local_size(), rsize = g.remote_size();
+    // Checked here, so an error names the item by its number in the call.
     const uint64_t lo = it.local_offset, ro = it.remote_offset, len = it.size;
-    if (len == 0 || lo > lsize || len > lsize - lo || ro > rsize || len > rsize - ro) {
+    if (!g.fits(lo, ro, len)) {
       const ferry_iov_v1 v{lo, ro, len};
       return failed(StatusCode::ERR_INVALID_ARGS, Transfers::check_items(grp->pair, &v, 1, &i));
     }
@@ -249,22 +257,16 @@ TransferStatus Engine::transfer(Op op, const PreparedList& local, const int64_t*
       // Entries were checked against the caller's descriptor when prepared; that
       // holds for the registered region only if its size is no larger (a stale
       // or forged descriptor): else every range is checked below, item by item.
-      const bool fits = L.regions[le.region].size <= pair.local->desc.size &&
-                        R.regions[re.region].size <= pair.remote->desc.size;
-      grp = &g.add(le.region, re.region, std::move(pair));
-      grp->checked = fits;
+      const bool trusted = L.regions[le.region].size <= pair.local->desc.size &&
+                           R.regions[re.region].size <= pair.remote->desc.size;
+      grp = &g.add(le.region, re.region, std::move(pair), trusted);
     }
-    if (!grp->checked) {  // each range here, so an error names the item by its number
-      const uint64_t lsize = g.local_size(), rsize = g.remote_size();
-      const uint64_t lo = le.offset, ro = re.offset, len = le.size;
-      if (lo > lsize || len > lsize - lo || ro > rsize || len > rsize - ro) {
-        const ferry_iov_v1 v{lo, ro, len};
-        return failed(StatusCode::ERR_INVALID_ARGS, Transfers::check_items(grp->pair, &v, 1, &i));
-      }
+    if (!g.fits(le.offset, re.offset, le.size)) {  // an error names the item by its number
+      const ferry_iov_v1 v{le.offset, re.offset, le.size};
+      return failed(StatusCode::ERR_INVALID_ARGS, Transfers::check_items(grp->pair, &v, 1, &i));
     }
     g.Note(i, {le.offset, re.offset, le.size});
   }
-  for (auto& grp : g.groups) grp.checked = true;  // every range fits, by the list or above
   g.Fill();
   return impl_->transfers().submit_groups(std::move(g.groups), op, uid, notify, std::move(message));
 }

@@ -154,7 +154,7 @@ std::string Transfers::check_items(const MemPair& pair, const ferry_iov_v1* iov,
   const uint64_t lsize = pair.local->desc.size, rsize = pair.remote->desc.size;
   for (size_t i = 0; i < n; ++i) {
     const uint64_t lo = iov[i].local_off, ro = iov[i].remote_off, len = iov[i].len;
-    if (len != 0 && lo <= lsize && len <= lsize - lo && ro <= rsize && len <= rsize - ro) continue;
+    if (range_fits(lo, ro, len, lsize, rsize)) continue;
     const std::string item = "item " + std::to_string(item_numbers ? item_numbers[i] : i);
     if (len == 0) return item + " has size 0";
     if (lo > lsize || len > lsize - lo)
@@ -189,7 +189,7 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
     const uint64_t lo = local_offs[i], ro = remote_offs[i], len = sizes[i];
     out[i] = {lo, ro, len};
     total += len;
-    bad |= (len == 0) | (lo > lsize) | (len > lsize - lo) | (ro > rsize) | (len > rsize - ro);
+    bad |= !range_fits(lo, ro, len, lsize, rsize);
   }
   if (bad) return failed(StatusCode::ERR_INVALID_ARGS, check_items(pair, out, n));
   t->total = total;

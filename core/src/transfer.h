@@ -55,6 +55,13 @@ struct UninitAllocator : std::allocator<T> {
 };
 using IovList = std::vector<ferry_iov_v1, UninitAllocator<ferry_iov_v1>>;
 
+// Whether [lo, lo + len) lies in a local region of lsize bytes and [ro, ro +
+// len) in a remote one of rsize, len > 0. Without branches, so a loop over
+// many items stays one straight pass.
+inline bool range_fits(uint64_t lo, uint64_t ro, uint64_t len, uint64_t lsize, uint64_t rsize) {
+  return !((len == 0) | (lo > lsize) | (len > lsize - lo) | (ro > rsize) | (len > rsize - ro));
+}
+
 // One logical transfer, across however many backends it takes.
 struct Attempt;
 struct Transfer {
@@ -132,9 +139,7 @@ class Transfers {
   // then, once, the target's notification and the message.
   struct Group {
     MemPair pair;
-    IovList iov;
-    // Ranges known to fit (checked item by item as grouped, or a prepared list's entries).
-    bool checked = false;
+    IovList iov;  // every range fits the pair's regions (the caller checked them as it grouped)
   };
   TransferStatus submit_groups(std::vector<Group> groups, Op op, TransferUid uid,
                                std::optional<bool> notify, std::optional<std::string> message);

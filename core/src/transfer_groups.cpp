@@ -49,9 +49,6 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, Op op, Transf
                     "a transfer goes to one remote engine; it names '" + peer->desc.key +
                         "' and '" + g.pair.peer->desc.key + "'");
     if (g.iov.empty()) return failed(StatusCode::ERR_INVALID_ARGS, "empty part");
-    if (g.checked) continue;
-    if (std::string bad = check_items(g.pair, g.iov.data(), g.iov.size()); !bad.empty())
-      return failed(StatusCode::ERR_INVALID_ARGS, bad);
   }
   if (groups.size() == 1) {  // one pair: the ordinary path (a backend may notify natively)
     Group& g = groups.front();
