@@ -19,7 +19,7 @@ expect() { # expect DESCRIPTION COMMAND...
 }
 expect "the check exits 1 (one rule failed)" test "$rc" -eq 1
 expect "it saw ABI 1.1" grep -qE '^PASS  abi: abi_minor +1\.1 ' <<<"$out"
-expect "all 10 data rules passed" test "$(grep -cE '^PASS  data: ' <<<"$out")" -eq 10
+expect "all 12 data rules passed" test "$(grep -cE '^PASS  data: ' <<<"$out")" -eq 12
 expect "notify and message exactly once" test "$(grep -cE '^PASS  notify: ' <<<"$out")" -eq 2
 expect "the one FAIL is the revocation rule" \
   test "$(grep -E '^FAIL  ' <<<"$out" | grep -v 'rule(s) failed')" = \

@@ -2,6 +2,8 @@
 /* libferry-null.so: a bench-only backend that moves nothing and completes every
  * transfer inside post(). With it, a transfer's cost is the core's own: the
  * submit path (validation, route lookup, attempt bookkeeping) plus completion.
+ * It takes several region pairs per post (MULTI_PAIR), as xgmi does, so a
+ * multi-region call is measured as the one transfer it is there.
  * Never installed; the micro benches load it from their own folder. */
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +105,7 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     .name = "null",
     .version = "0.1",
     .caps = FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_NATIVE_NOTIFY |
-            FERRY_CAP_INITIATOR_COPY,
+            FERRY_CAP_INITIATOR_COPY | FERRY_CAP_MULTI_PAIR,
     .init = null_init,
     .fini = null_fini,
     .conn_info = null_conn_info,

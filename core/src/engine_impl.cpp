@@ -170,6 +170,9 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   // FENCE is believed only from a plugin whose table has a fence() to call.
   if (!FERRY_HAS_FIELD(ferry_plugin_ops_v1, b->ops, fence) || b->ops->fence == nullptr)
     b->caps &= ~FERRY_CAP_FENCE;
+  // MULTI_PAIR only from a plugin built against 1.7 or later: an older one
+  // cannot know what the bit (or ferry_xfer_v1.pairs) means.
+  if (b->ops->abi_minor < 7) b->caps &= ~FERRY_CAP_MULTI_PAIR;
   b->engine = this;
   init_host_services(*b);
   std::string settings = settings_json.empty() ? policy_.settings_for(name) : settings_json;

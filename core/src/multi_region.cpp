@@ -36,11 +36,12 @@ TransferStatus failed(StatusCode code, std::string msg) {
 // Groups items by region pair: a flat table when the two region lists are
 // small (the common case: a few dozen layers), a hash map otherwise. Two
 // passes: the first finds each item's group (Note) and counts, the second
-// (Fill) writes the items into groups sized exactly - growing 64 vectors item
-// by item, and an item-number array beside each for error messages, was
-// most of a 10,000-item post's 22 ns an item. Each group's region sizes sit
-// beside its index (reaching them through the pair was two dependent loads
-// an item).
+// (Fill) writes the items into one list, group after group, each group's
+// items together - growing 64 vectors item by item, and an item-number array
+// beside each for error messages, was most of a 10,000-item post's 22 ns an
+// item; one list is what a multi-pair post (plugin ABI 1.7) hands the
+// backend as it is. Each group's region sizes sit beside its index (reaching
+// them through the pair was two dependent loads an item).
 class Grouper {
  public:
   Grouper(size_t n_local, size_t n_remote, size_t n_items) : n_remote_(n_remote) {
@@ -66,10 +67,10 @@ class Grouper {
   Transfers::Group& add(size_t l, size_t r, MemPair pair, bool trusted = false) {
     const size_t at = groups.size();
     if (!flat_.empty())
-      flat_[l * n_remote_ + r] = static_cast<int64_t>(at);
+      flat_[l * n_remote_ + r] = static_cast<int32_t>(at);
     else
       index_.emplace(uint64_t{l} << 32 | r, at);
-    groups.push_back({std::move(pair), {}});
+    groups.push_back({std::move(pair), 0, 0, 0});
     const MemPair& p = groups.back().pair;
     limits_.push_back({p.local->desc.size, p.remote->desc.size, trusted});
     counts_.push_back(0);
@@ -90,17 +91,37 @@ class Grouper {
     staged_[i] = v;
     ++counts_[last_];
   }
-  // Writes every noted item into its group, each group sized first.
+  // Writes every noted item into `iov`, group after group, and each group's
+  // place and bytes into it. With one group the staged list is the list.
   void Fill() {
-    std::vector<ferry_iov_v1*> next(groups.size());
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      groups[gi].iov.resize(counts_[gi]);
-      next[gi] = groups[gi].iov.data();
-    }
     const size_t n = staged_.size();
-    for (size_t i = 0; i < n; ++i) *next[group_of_[i]]++ = staged_[i];
+    if (groups.size() == 1) {
+      uint64_t bytes = 0;
+      for (size_t i = 0; i < n; ++i) bytes += staged_[i].len;
+      groups[0].n = n;
+      groups[0].bytes = bytes;
+      iov = std::move(staged_);
+      return;
+    }
+    std::vector<ferry_iov_v1*> next(groups.size());
+    iov.resize(n);
+    size_t first = 0;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      groups[gi].first = first;
+      groups[gi].n = counts_[gi];
+      next[gi] = iov.data() + first;
+      first += counts_[gi];
+    }
+    std::vector<uint64_t> bytes(groups.size());
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t g = group_of_[i];
+      *next[g]++ = staged_[i];
+      bytes[g] += staged_[i].len;
+    }
+    for (size_t gi = 0; gi < groups.size(); ++gi) groups[gi].bytes = bytes[gi];
   }
   std::vector<Transfers::Group> groups;
+  IovList iov;  // after Fill: every item, grouped
 
  private:
   static constexpr size_t kFlatMax = 1 << 16;
@@ -110,15 +131,15 @@ class Grouper {
     last_ = at;
   }
   const size_t n_remote_;
-  std::vector<uint32_t> group_of_;  // per item
-  IovList staged_;                  // per item, in call order
-  std::vector<size_t> counts_;      // per group
+  std::vector<uint32_t, UninitAllocator<uint32_t>> group_of_;  // per item, each set by Note
+  IovList staged_;                                             // per item, in call order
+  std::vector<size_t> counts_;                                 // per group
   struct Limits {
     uint64_t local, remote;  // region sizes
     bool trusted;
   };
   std::vector<Limits> limits_;  // per group
-  std::vector<int64_t> flat_;
+  std::vector<int32_t> flat_;   // group index by (local, remote), -1 none
   std::unordered_map<uint64_t, size_t> index_;
   size_t last_l_ = SIZE_MAX, last_r_ = SIZE_MAX, last_ = 0;
 };
@@ -166,7 +187,8 @@ TransferStatus Engine::transfer(Op op, const std::vector<MemoryDesc>& local_regi
     g.Note(i, {lo, ro, len});
   }
   g.Fill();
-  return impl_->transfers().submit_groups(std::move(g.groups), op, uid, notify, std::move(message));
+  return impl_->transfers().submit_groups(std::move(g.groups), std::move(g.iov), op, uid, notify,
+                                          std::move(message));
 }
 
 PreparedList Engine::prepare_list(const std::vector<MemoryDesc>& regions,
@@ -268,7 +290,8 @@ TransferStatus Engine::transfer(Op op, const PreparedList& local, const int64_t*
     g.Note(i, {le.offset, re.offset, le.size});
   }
   g.Fill();
-  return impl_->transfers().submit_groups(std::move(g.groups), op, uid, notify, std::move(message));
+  return impl_->transfers().submit_groups(std::move(g.groups), std::move(g.iov), op, uid, notify,
+                                          std::move(message));
 }
 
 TransferStatus Engine::transfer(Op op, const PreparedList& local,

@@ -58,10 +58,20 @@ TransferStatus failed(StatusCode code, std::string msg) {
 
 }  // namespace
 
+namespace {
+void release(LocalMem& m) {
+  std::lock_guard<std::mutex> lk(m.mu);
+  if (--m.inflight == 0) m.idle.notify_all();
+}
+}  // namespace
+
 Transfer::~Transfer() {
   if (!pair.local) return;
-  std::lock_guard<std::mutex> lk(pair.local->mu);
-  if (--pair.local->inflight == 0) pair.local->idle.notify_all();
+  if (parts.empty()) {
+    release(*pair.local);
+    return;
+  }
+  for (const Part& p : parts) release(*p.pair.local);
 }
 
 Attempt::~Attempt() { transfer->owner->watchdog_.disarm(this); }
@@ -205,7 +215,8 @@ TransferPtr Transfers::make_transfer(Op op, uint32_t flags, TransferUid uid) {
   return t;
 }
 
-TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t) {
+TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t,
+                                const std::vector<BackendPtr>* route) {
   if (pair.peer->gone.load(std::memory_order_relaxed))
     return failed(StatusCode::ERR_NOT_FOUND,
                   "remote engine '" + pair.peer->desc.key +
@@ -214,14 +225,23 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t) {
   if (t->total == 0)
     for (const auto& v : t->iov) t->total += v.len;
   std::string why;
-  t->route = route_for(pair, t->op == FERRY_OP_READ ? Op::READ : Op::WRITE, t->total, why);
+  if (route)
+    t->route = *route;
+  else
+    t->route = route_for(pair, t->op == FERRY_OP_READ ? Op::READ : Op::WRITE, t->total, why);
   if (t->route.empty()) return failed(StatusCode::ERR_BAD_STATE, why);
-  t->deadline = std::chrono::steady_clock::now() + policy_.timeout;
-  {
+  if (t->deadline == std::chrono::steady_clock::time_point{})
+    t->deadline = std::chrono::steady_clock::now() + policy_.timeout;
+  if (t->parts.empty()) {
     std::lock_guard<std::mutex> lk(pair.local->mu);
     ++pair.local->inflight;
+  } else {
+    for (const auto& p : t->parts) {
+      std::lock_guard<std::mutex> lk(p.pair.local->mu);
+      ++p.pair.local->inflight;
+    }
   }
-  t->pair = pair;  // from here on ~Transfer releases the local region
+  t->pair = pair;  // from here on ~Transfer releases the local regions
   t->status.SetInProgress();
   // Weak: the status may outlive the transfer (Cancel() of an ended one returns first).
   std::weak_ptr<Transfer> weak = t;
@@ -242,10 +262,14 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t) {
 
 void Transfers::drive_progress(const TransferPtr& t) {
   std::shared_ptr<Attempt> a;
+  std::vector<TransferStatus> split;
   {
     std::lock_guard<std::mutex> lk(t->current_mu);
     a = t->current.lock();
+    split = t->split;
   }
+  for (const auto& s : split)  // it runs as one transfer per pair now: the first still going
+    if (s.InProgress()) return s.Progress();
   if (!a || a->settled.load(std::memory_order_acquire) || !a->backend->has_progress) return;
   Backend& b = *a->backend;
   // Removal holds `life` exclusively around fini(): then the waiter just polls.
@@ -257,10 +281,13 @@ void Transfers::drive_progress(const TransferPtr& t) {
 void Transfers::cancel(const TransferPtr& t) {
   t->cancelled = true;
   std::shared_ptr<Attempt> a;
+  std::vector<TransferStatus> split;
   {
     std::lock_guard<std::mutex> lk(t->current_mu);
     a = t->current.lock();
+    split = t->split;
   }
+  for (const auto& s : split) s.Cancel();  // (split() passes on a cancel it started under)
   // No attempt in flight: the next step (start_next, a fence's answer) ends it.
   if (!a || a->settled) return;
   Backend& b = *a->backend;
@@ -369,6 +396,11 @@ void Transfers::start_next(const TransferPtr& t) {
       add_history(t->history, b->name + ": quarantined");
       continue;
     }
+    if (!t->parts.empty() && !(b->caps & FERRY_CAP_MULTI_PAIR)) {
+      --t->next;  // b takes one region pair per post: one transfer per pair from b on
+      split(t);
+      return;
+    }
     ++t->attempts;
     int rc = post_attempt(t, b, why);
     if (rc == FERRY_OK) return;  // the completion continues from attempt_done
@@ -396,6 +428,22 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   if (!registry_.handles(t->pair, b->name, h)) {
     why = "the peer or the memory is no longer registered with this backend";
     return FERRY_ERR_NOT_FOUND;
+  }
+  // A multi-pair transfer (only on a MULTI_PAIR backend: start_next splits it
+  // before any other): each pair's handles beside its item count.
+  std::vector<ferry_pair_v1> pairs;
+  if (!t->parts.empty()) {
+    pairs.reserve(t->parts.size());
+    for (const auto& p : t->parts) {
+      Registry::Handles ph;
+      if (!registry_.handles(p.pair, b->name, ph)) {
+        why = "the peer or the memory of regions " + std::to_string(p.pair.local->desc.id) +
+              " -> " + std::to_string(p.pair.remote->desc.id) +
+              " is no longer registered with this backend";
+        return FERRY_ERR_NOT_FOUND;
+      }
+      pairs.push_back({ph.local, ph.remote, p.n});
+    }
   }
   auto a = std::make_shared<Attempt>();
   a->transfer = t;
@@ -427,6 +475,8 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   x.deadline_ns = to_ns(attempt_deadline);
   x.total_bytes = t->total;
   x.attempt_id = a->id;
+  x.n_pairs = static_cast<uint32_t>(pairs.size());
+  x.pairs = pairs.empty() ? nullptr : pairs.data();
   auto* ref = new std::shared_ptr<Attempt>(a);
   x.xfer_ctx = ref;
   char reason[256] = {};

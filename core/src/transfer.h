@@ -68,6 +68,17 @@ struct Transfer {
   Transfers* owner = nullptr;
   TransferStatus status;
   MemPair pair;
+  // A transfer over several region pairs in one attempt (plugin ABI 1.7,
+  // FERRY_CAP_MULTI_PAIR): per pair, how many of iov's items are over it, in
+  // iov's order; parts[0].pair is `pair`. Empty for one pair.
+  struct Part {
+    MemPair pair;
+    uint32_t n;
+  };
+  std::vector<Part> parts;
+  // What it became when its route reached a backend without MULTI_PAIR: one
+  // transfer per pair (guarded by current_mu; cancel and progress go to them).
+  std::vector<TransferStatus> split;
   uint32_t op = FERRY_OP_WRITE;
   uint32_t flags = 0;
   uint64_t uid = 0;
@@ -137,11 +148,15 @@ class Transfers {
   // prepared lists): per pair one part, routed, fenced and failed over on its
   // own; one status, which ends when every part has, SUCCESS when all landed -
   // then, once, the target's notification and the message.
+  // Where a backend of the route takes several region pairs in one post
+  // (FERRY_CAP_MULTI_PAIR) the whole call is one transfer, one attempt; it
+  // splits into parts only if it fails over to a backend that does not.
   struct Group {
     MemPair pair;
-    IovList iov;  // every range fits the pair's regions (the caller checked them as it grouped)
+    size_t first = 0, n = 0;  // its items: iov[first, first + n), each range fits the pair
+    uint64_t bytes = 0;       // their lengths' sum
   };
-  TransferStatus submit_groups(std::vector<Group> groups, Op op, TransferUid uid,
+  TransferStatus submit_groups(std::vector<Group> groups, IovList iov, Op op, TransferUid uid,
                                std::optional<bool> notify, std::optional<std::string> message);
   // "" when every range fits its pair's regions, else why not (item numbers
   // from item_numbers, else 0..n-1).
@@ -170,8 +185,29 @@ class Transfers {
   friend struct Attempt;
   // A new transfer owned by this lifecycle, not yet started.
   TransferPtr make_transfer(Op op, uint32_t flags, TransferUid uid);
-  // Routes a built, checked transfer and posts its first attempt.
-  TransferStatus start(const MemPair& pair, const TransferPtr& t);
+  // Routes a built, checked transfer (unless `route` is given) and posts its
+  // first attempt. Its deadline is set here unless it has one.
+  TransferStatus start(const MemPair& pair, const TransferPtr& t,
+                       const std::vector<BackendPtr>* route = nullptr);
+  // One transfer per group (items iov[first, first + n)), each routed on its
+  // own unless `route` is given; done(code, why) once, when the last has
+  // ended: SUCCESS only when every part landed, and then after the target's
+  // NOTIFY (owes_notify) and the message. Their statuses go to *statuses.
+  struct PartsSpec {
+    uint32_t op;
+    uint64_t uid;
+    bool owes_notify;
+    std::optional<std::string> message;
+    std::chrono::steady_clock::time_point deadline;
+    const std::vector<BackendPtr>* route;  // nullptr: each part routes itself
+    uint32_t attempts_used;                // of policy max_attempts, by the caller
+  };
+  void start_parts(const std::vector<Group>& groups, const ferry_iov_v1* iov, PartsSpec spec,
+                   std::function<void(StatusCode, const std::string&)> done,
+                   std::vector<TransferStatus>* statuses);
+  // A multi-pair transfer whose next backend (t->route[t->next]) cannot take
+  // several pairs: from there on it runs as one transfer per pair.
+  void split(const TransferPtr& t);
   void start_next(const TransferPtr& t);
   // A waiter's progress hook: the attempt in flight's backend reports what has
   // finished, on the waiting thread (plugin ABI 1.6). Touches only the transfer

@@ -111,20 +111,20 @@ bool Inside(const ferry_iov_v1& v, uint64_t lsize, uint64_t rsize) {
            (v.remote_off > rsize) | (v.len > rsize - v.remote_off));
 }
 
-// Appends x's pieces to dsts/srcs/sizes from index k on (there must be room for
-// x->n_iov more), merging a piece into the one before it - also one appended
-// earlier - where both sides are contiguous; returns the new count. Writes by
-// index: push_back's checks cost ~16 ns a piece on the H200 host (18 us for
-// 1024 pieces), more than the batch call itself. It also checks every piece
-// against the regions (lsize, rsize bytes) and sets *outside for one that is
-// not inside both: a separate pass over a 4096-piece batch cost the GPU host
-// about as much as the merge. Nothing may be launched then.
-size_t MergePieces(const ferry_xfer_v1* x, char* lbase, uint64_t lsize, char* rbase, uint64_t rsize,
-                   void** dsts, const void** srcs, size_t* sizes, size_t k, bool* outside) {
-  const bool write = x->op == FERRY_OP_WRITE;
+// Appends n pieces (iov, of a transfer with `op`) to dsts/srcs/sizes from
+// index k on (there must be room for n more), merging a piece into the one before it - also one
+// appended earlier - where both sides are contiguous; returns the new count. Writes by index:
+// push_back's checks cost ~16 ns a piece on the H200 host (18 us for 1024 pieces), more than the
+// batch call itself. It also checks every piece against the regions (lsize, rsize bytes) and sets
+// *outside for one that is not inside both: a separate pass over a 4096-piece batch cost the GPU
+// host about as much as the merge. Nothing may be launched then.
+size_t MergePieces(uint32_t op, const ferry_iov_v1* iov, uint64_t n, char* lbase, uint64_t lsize,
+                   char* rbase, uint64_t rsize, void** dsts, const void** srcs, size_t* sizes,
+                   size_t k, bool* outside) {
+  const bool write = op == FERRY_OP_WRITE;
   bool bad = false;
-  for (uint32_t i = 0; i < x->n_iov; ++i) {
-    const ferry_iov_v1& v = x->iov[i];
+  for (uint64_t i = 0; i < n; ++i) {
+    const ferry_iov_v1& v = iov[i];
     bad |= !Inside(v, lsize, rsize);
     char* l = lbase + v.local_off;
     char* r = rbase + v.remote_off;
@@ -231,8 +231,29 @@ bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc
   if (p.event && p.owns_event) free_events_[d].push_back(p.event);
   --stream_copies_[d][p.stream_index];
   --p.peer->inflight;
-  lk.unlock();
   std::string why = rc == FERRY_OK ? std::string() : "GPU copy failed: " + GpuError();
+  if (rc == FERRY_OK && p.fail_rc != FERRY_OK) {
+    rc = p.fail_rc;
+    why = "launching the copies failed (what was launched has ended)";
+  }
+  // A multi-pair transfer over several devices: one entry per device, in a
+  // row; only the last reports, with the first failure of any of them.
+  if (p.xfer_ctx == nullptr) {
+    if (rc != FERRY_OK && group_rc_ == FERRY_OK) {
+      group_rc_ = rc;
+      group_why_ = why;
+    }
+    drained_.notify_all();
+    return true;
+  }
+  if (group_rc_ != FERRY_OK) {
+    if (rc == FERRY_OK) {
+      rc = group_rc_;
+      why = group_why_;
+    }
+    group_rc_ = FERRY_OK;
+  }
+  lk.unlock();
   host_->complete(host_->host_ctx, p.xfer_ctx, rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU,
                   why.empty() ? nullptr : why.c_str());
   const auto reported = Clock::now();
@@ -401,8 +422,8 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, u
     zv.resize(x->n_iov);
   }
   bool outside = false;
-  const size_t k = MergePieces(x, local.addr, local.size, rbase, rsize, dv.data(), sv.data(),
-                               zv.data(), 0, &outside);
+  const size_t k = MergePieces(x->op, x->iov, x->n_iov, local.addr, local.size, rbase, rsize,
+                               dv.data(), sv.data(), zv.data(), 0, &outside);
   *merged = Clock::now();
   if (outside) return kPieceOutside;
   return CopyPieces(dv.data(), sv.data(), zv.data(), k, stream);
@@ -464,8 +485,8 @@ bool Instance::HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbas
   const size_t before = h.pieces;
   const size_t last_size = before > 0 ? h.sizes[before - 1] : 0;
   bool outside = false;
-  const size_t k = MergePieces(x, local.addr, local.size, rbase, rsize, h.dsts.data(),
-                               h.srcs.data(), h.sizes.data(), before, &outside);
+  const size_t k = MergePieces(x->op, x->iov, x->n_iov, local.addr, local.size, rbase, rsize,
+                               h.dsts.data(), h.srcs.data(), h.sizes.data(), before, &outside);
   if (outside) {
     if (before > 0) h.sizes[before - 1] = last_size;
     return false;
@@ -527,8 +548,172 @@ int Instance::LaunchHeld(std::unique_lock<std::mutex>& lk) {
   return FERRY_OK;
 }
 
+// ABI 1.7: the items of several region pairs in one post - a KV request's
+// every layer. The pieces of all pairs whose local memory is on one device are
+// merged into one table and launched as one batch call (one launch for the
+// request where an engine has one GPU); pairs on several devices are one
+// launch per device, reported as one transfer when the last is done. Every
+// piece is checked against its own pair's regions before anything launches.
+int Instance::PostPairs(const ferry_xfer_v1* x) {
+  auto* peer = static_cast<Peer*>(x->peer);
+  if (peer == nullptr || x->pairs == nullptr || x->iov == nullptr || x->n_iov == 0 ||
+      (x->op != FERRY_OP_READ && x->op != FERRY_OP_WRITE)) {
+    TellRefusal(x, "missing handle, no pieces or unknown op");
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  struct Seg {
+    const Local* local;
+    char* rbase;
+    uint64_t rsize;
+    const ferry_iov_v1* iov;
+    uint64_t n;
+  };
+  thread_local std::vector<Seg> segs;
+  thread_local std::vector<int> devices;  // in order of first use
+  segs.clear();
+  devices.clear();
+  uint64_t at = 0;
+  for (uint32_t i = 0; i < x->n_pairs; ++i) {
+    const ferry_pair_v1& pr = x->pairs[i];
+    const auto* local = static_cast<const Local*>(pr.local_mem);
+    if (local == nullptr || pr.remote_mem == nullptr || pr.n_iov == 0 || pr.n_iov > x->n_iov - at) {
+      TellRefusal(x, "a region pair without handles or items, or more items than the transfer");
+      return FERRY_ERR_INVALID_ARGS;
+    }
+    segs.push_back(
+        {local, nullptr, static_cast<Remote*>(pr.remote_mem)->blob.size, x->iov + at, pr.n_iov});
+    if (std::find(devices.begin(), devices.end(), local->device) == devices.end())
+      devices.push_back(local->device);
+    at += pr.n_iov;
+  }
+  if (at != x->n_iov) {
+    TellRefusal(x, "the pairs' item counts do not add up to the transfer's");
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  const auto entered = Clock::now();
+  struct Launch {
+    int device;
+    size_t si;
+    void* event;
+    void* stream;
+    size_t first, k;  // its merged pieces
+  };
+  thread_local std::vector<Launch> launches;
+  launches.clear();
+  std::unique_lock<std::mutex> lk(mu_);
+  for (size_t i = 0; i < segs.size(); ++i) {
+    std::string why;
+    segs[i].rbase =
+        RemoteBase(*static_cast<Remote*>(x->pairs[i].remote_mem), segs[i].local->device, &why);
+    if (!segs[i].rbase) {
+      lk.unlock();
+      LogLine(FERRY_LOG_WARN, why);
+      TellRefusal(x, why.c_str());
+      return FERRY_ERR_GPU;
+    }
+  }
+  // Parts held for a launch go first: they were posted before this.
+  while (!held_.parts.empty()) LaunchHeld(lk);
+  // A stream per device; given back below if a piece is outside its regions.
+  auto give_back = [&] {
+    for (const Launch& l : launches) {
+      if (l.event) free_events_[static_cast<size_t>(l.device)].push_back(l.event);
+      --stream_copies_[static_cast<size_t>(l.device)][l.si];
+    }
+  };
+  for (int dev : devices) {
+    Launch l{dev, 0, nullptr, nullptr, 0, 0};
+    if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK ||
+        ChooseStreamLocked(dev, &l.si, &l.event) != FERRY_OK) {
+      give_back();
+      lk.unlock();
+      LogLine(FERRY_LOG_WARN, "no stream for the copies: " + GpuError());
+      return FERRY_ERR_GPU;
+    }
+    l.stream = streams_[static_cast<size_t>(dev)][l.si];
+    ++stream_copies_[static_cast<size_t>(dev)][l.si];
+    launches.push_back(l);
+  }
+  lk.unlock();
+  const auto ready = Clock::now();
+  // Every pair's pieces, merged where contiguous, device by device (never
+  // across two devices), each checked against its own pair's regions.
+  thread_local std::vector<void*> dv;
+  thread_local std::vector<const void*> sv;
+  thread_local std::vector<size_t> zv;
+  if (dv.size() < x->n_iov) {
+    dv.resize(x->n_iov);
+    sv.resize(x->n_iov);
+    zv.resize(x->n_iov);
+  }
+  bool outside = false;
+  size_t k = 0;
+  for (Launch& l : launches) {
+    l.first = k;
+    for (const Seg& sg : segs) {
+      if (sg.local->device != l.device) continue;
+      bool bad = false;
+      k = l.first + MergePieces(x->op, sg.iov, sg.n, sg.local->addr, sg.local->size, sg.rbase,
+                                sg.rsize, dv.data() + l.first, sv.data() + l.first,
+                                zv.data() + l.first, k - l.first, &bad);
+      outside |= bad;
+    }
+    l.k = k - l.first;
+  }
+  const auto merged = Clock::now();
+  if (outside) {
+    lk.lock();
+    give_back();
+    lk.unlock();
+    TellRefusal(x, "a piece is outside its region pair's regions");
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  // Launched device by device; a launch that fails stops the rest, and the
+  // transfer then fails once what was launched has ended (nothing lands later).
+  int rc = FERRY_OK;
+  size_t launched = 0;
+  for (const Launch& l : launches) {
+    rc = gpu_->set_device(gpu_->gpu_ctx, l.device);
+    if (rc == FERRY_OK)
+      rc = CopyPieces(dv.data() + l.first, sv.data() + l.first, zv.data() + l.first, l.k, l.stream);
+    if (rc == FERRY_OK && l.event) rc = gpu_->event_record(gpu_->gpu_ctx, l.event, l.stream);
+    ++launched;  // (on failure too: some of its copies may be queued)
+    if (rc != FERRY_OK) break;
+  }
+  const auto recorded = Clock::now();
+  if (rc != FERRY_OK) LogLine(FERRY_LOG_WARN, "launching the copies failed: " + GpuError());
+  lk.lock();
+  for (size_t i = launched; i < launches.size(); ++i) {  // never launched: given back
+    const Launch& l = launches[i];
+    if (l.event) free_events_[static_cast<size_t>(l.device)].push_back(l.event);
+    --stream_copies_[static_cast<size_t>(l.device)][l.si];
+  }
+  for (size_t i = 0; i < launched; ++i) {
+    const Launch& l = launches[i];
+    const bool last = i + 1 == launched;
+    // The failed launch is waited for on its stream (its event may not be recorded).
+    void* event = last && rc != FERRY_OK ? nullptr : l.event;
+    if (l.event && !event) free_events_[static_cast<size_t>(l.device)].push_back(l.event);
+    ++peer->inflight;
+    pending_.push_back({next_seq_++, event, l.stream, l.si, l.device, last ? x->xfer_ctx : nullptr,
+                        peer, x->total_bytes, recorded, true, last ? rc : FERRY_OK});
+  }
+  PublishFrontLocked();
+  ++pair_posts_;
+  pair_launches_ += launched;
+  stages_.post_ns += ns_between(entered, recorded);
+  stages_.setup_ns += ns_between(entered, ready);
+  stages_.enqueue_ns += ns_between(ready, recorded);
+  stages_.merge_ns += ns_between(ready, merged);
+  const bool wake = completer_sleeping_;
+  lk.unlock();
+  if (wake) cv_.notify_one();
+  return FERRY_OK;
+}
+
 int Instance::Post(const ferry_xfer_v1* x) {
   if (!FERRY_HAS_FIELD(ferry_xfer_v1, x, total_bytes)) return FERRY_ERR_INVALID_ARGS;
+  if (FERRY_HAS_FIELD(ferry_xfer_v1, x, pairs) && x->n_pairs > 0) return PostPairs(x);
   auto* local = static_cast<Local*>(x->local_mem);
   auto* remote = static_cast<Remote*>(x->remote_mem);
   auto* peer = static_cast<Peer*>(x->peer);
@@ -635,7 +820,8 @@ int Instance::Describe(char* buf, size_t len) {
 
 int Instance::Counters(char* buf, size_t len) {
   size_t in_flight = 0, opened = 0;
-  uint64_t held_launches = 0, held_parts = 0, held_by_timeout = 0;
+  uint64_t held_launches = 0, held_parts = 0, held_by_timeout = 0, pair_posts = 0,
+           pair_launches = 0;
   Stages st;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -645,6 +831,8 @@ int Instance::Counters(char* buf, size_t len) {
     held_launches = held_launches_;
     held_parts = held_parts_;
     held_by_timeout = held_by_timeout_;
+    pair_posts = pair_posts_;
+    pair_launches = pair_launches_;
   }
   const std::pair<const char*, uint64_t> fields[] = {
       {"copies_in_flight", in_flight},   {"ipc_handles_open", opened},
@@ -654,7 +842,8 @@ int Instance::Counters(char* buf, size_t len) {
       {"stage_gpu_ns", st.gpu_ns},       {"stage_complete_ns", st.complete_ns},
       {"completer_sleeps", st.sleeps},   {"event_blocks", st.event_blocks},
       {"stage_by_waiter", st.by_waiter}, {"held_launches", held_launches},
-      {"held_parts", held_parts},        {"held_by_timeout", held_by_timeout}};
+      {"held_parts", held_parts},        {"held_by_timeout", held_by_timeout},
+      {"pair_posts", pair_posts},        {"pair_launches", pair_launches}};
   std::string out = "{";
   for (const auto& [k, v] : fields)
     out += (out.size() > 1 ? ",\"" : "\"") + std::string(k) + "\":" + std::to_string(v);

@@ -82,6 +82,8 @@ class Instance {
                 void** handle);
   void MemRelease(void* handle);
   int Post(const ferry_xfer_v1* x);
+  // ABI 1.7 (FERRY_CAP_MULTI_PAIR): one transfer over several region pairs.
+  int PostPairs(const ferry_xfer_v1* x);
   int Describe(char* buf, size_t len);
   int Counters(char* buf, size_t len);  // ABI 1.5: copies in flight, IPC handles open
   int Progress();                       // ABI 1.6: report finished copies on this thread
@@ -99,6 +101,7 @@ class Instance {
     uint64_t bytes;
     Clock::time_point posted;  // when its event was recorded
     bool owns_event;           // the last of the parts launched together returns the event
+    int fail_rc = FERRY_OK;    // reported instead of success (a launch failed after others ran)
   };
   // Held parts (FERRY_XFER_MORE) and their merged pieces, all on one device.
   // The piece arrays only grow and `pieces` says how many are in use: resizing
@@ -195,9 +198,15 @@ class Instance {
   std::atomic<int64_t> driven_at_ns_{0};
   bool completer_sleeping_ = false;  // guarded by mu_: post() notifies only then
   Held held_;                        // guarded by mu_
-  uint64_t held_launches_ = 0;       // guarded by mu_: batches launched for held parts
-  uint64_t held_parts_ = 0;          // ... and the parts they carried
-  uint64_t held_by_timeout_ = 0;     // ... launched by the completion thread (no last part came)
+  // A multi-pair transfer's entries before its last (one per device): the
+  // first failure among them, reported with the last (guarded by mu_).
+  int group_rc_ = FERRY_OK;
+  std::string group_why_;
+  uint64_t held_launches_ = 0;    // guarded by mu_: batches launched for held parts
+  uint64_t held_parts_ = 0;       // ... and the parts they carried
+  uint64_t held_by_timeout_ = 0;  // ... launched by the completion thread (no last part came)
+  uint64_t pair_posts_ = 0;       // guarded by mu_: multi-pair posts (ABI 1.7)
+  uint64_t pair_launches_ = 0;    // ... and their launches (one per device)
   Stages stages_;
   bool stop_ = false;
   std::thread completer_;

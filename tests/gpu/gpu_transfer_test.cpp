@@ -261,57 +261,79 @@ TEST(GpuPolicy, ManyBlocksMoveInOneBatch) {
   EXPECT_EQ(r.remote_hash(ro, sz), expect);
 }
 
-// One call over several region pairs (the KV-cache shape): the core posts
-// one part per pair with FERRY_XFER_MORE on all but the last, and xgmi
-// launches them together - one batch for every part. Every byte verified,
-// WRITE and READ; the counters say the parts were held and launched together.
-TEST(GpuPolicy, MultiRegionPartsLaunchAsOne) {
+// One call over several region pairs (the KV-cache shape). xgmi takes several
+// pairs in one post (plugin ABI 1.7, FERRY_CAP_MULTI_PAIR): the call is one
+// post and one launch. Where the parts route differently (here: a rule by
+// size sends the larger part to [xgmi, tcp], the others to [xgmi] alone) the
+// core posts one part per pair with FERRY_XFER_MORE on all but the last, and
+// xgmi holds them and launches them together. Every byte verified, WRITE and
+// READ, both ways; the counters say which way each call went.
+TEST(GpuPolicy, MultiRegionCallIsOneLaunch) {
   REQUIRE_GPU();
-  Rig r("xgmi");
-  constexpr size_t kParts = 4, kPer = 64, blk = 16 << 10;
-  const size_t slice = kRegion / kParts;
-  std::vector<MemoryDesc> locals;
-  for (size_t p = 0; p < kParts; ++p)
-    locals.push_back(r.engine->register_memory(r.buf->data() + p * slice, slice));
-  std::vector<TransferItem> items;
-  std::vector<size_t> ro, sz;
-  for (size_t p = 0; p < kParts; ++p)
-    for (size_t i = 0; i < kPer; ++i) {
-      const size_t lo = ((i * 37) % kPer) * blk * 2;  // scattered inside its slice
-      const size_t off = (p * kPer + i) * blk * 3;    // and on the remote side
-      items.push_back({p, lo, 0, off, blk});
-      ro.push_back(off);
-      sz.push_back(blk);
+  const auto policy = std::filesystem::temp_directory_path() /
+                      ("ferry-gpu-parts-" + std::to_string(getpid()) + ".yaml");
+  std::ofstream(policy) << "rules:\n"
+                           "  - match: { min_bytes: 1536KiB }\n"
+                           "    prefer: [xgmi, tcp]\n"
+                           "    trust_descriptors: true\n"
+                           "  - prefer: [xgmi]\n"
+                           "    trust_descriptors: true\n";
+  for (bool apart : {false, true}) {
+    SCOPED_TRACE(apart ? "parts routed apart" : "one route");
+    Rig r("xgmi,tcp", apart ? policy.string() : std::string());
+    constexpr size_t kParts = 4, kPer = 64, blk = 16 << 10;
+    const size_t slice = kRegion / kParts;
+    std::vector<MemoryDesc> locals;
+    for (size_t p = 0; p < kParts; ++p)
+      locals.push_back(r.engine->register_memory(r.buf->data() + p * slice, slice));
+    std::vector<TransferItem> items;
+    std::vector<size_t> ro, sz;
+    for (size_t p = 0; p < kParts; ++p)
+      for (size_t i = 0; i < (p == 0 ? 2 * kPer : kPer); ++i) {  // part 0: 2 MiB, others 1 MiB
+        const size_t lo = ((i * 37) % (2 * kPer)) * blk * 2;     // scattered inside its slice
+        const size_t off = (p * 2 * kPer + i) * blk * 3;         // and on the remote side
+        items.push_back({p, lo, 0, off, blk});
+        ro.push_back(off);
+        sz.push_back(blk);
+      }
+    auto counter = [&](const char* key) {
+      auto st = r.engine->stats().backends["xgmi"];
+      auto it = st.plugin.find(key);
+      return it == st.plugin.end() ? uint64_t{0} : it->second;
+    };
+    auto local_hash = [&] {
+      const auto& h = r.buf->pull();
+      uint64_t expect = test::kFnvBasis;
+      for (const auto& it : items)
+        expect = test::fnv1a(h.data() + it.local * slice + it.local_offset, blk, expect);
+      return expect;
+    };
+    r.buf->fill(11);
+    auto w = r.engine->transfer(Op::WRITE, locals, {r.remote}, items,
+                                r.engine->allocate_transfer_uid(), false, std::nullopt);
+    ASSERT_EQ(w.Wait(), StatusCode::SUCCESS) << w.Message();
+    EXPECT_EQ(r.remote_hash(ro, sz), local_hash()) << "WRITE";
+    // READ them back over zeroes.
+    const uint64_t want = local_hash();
+    r.buf->zero();
+    auto rd = r.engine->transfer(Op::READ, locals, {r.remote}, items,
+                                 r.engine->allocate_transfer_uid(), false, std::nullopt);
+    ASSERT_EQ(rd.Wait(), StatusCode::SUCCESS) << rd.Message();
+    EXPECT_EQ(local_hash(), want) << "READ";
+    EXPECT_EQ(r.engine->stats().backends["tcp"].transfers, 0u);
+    if (!apart) {
+      EXPECT_EQ(counter("pair_posts"), 2u);
+      EXPECT_EQ(counter("pair_launches"), 2u);
+      EXPECT_EQ(counter("held_parts"), 0u);
+      EXPECT_EQ(r.engine->stats().backends["xgmi"].transfers, 2u);
+    } else {
+      EXPECT_EQ(counter("pair_posts"), 0u);
+      EXPECT_EQ(counter("held_parts"), 2 * kParts);
+      EXPECT_EQ(counter("held_launches"), 2u);
+      EXPECT_EQ(counter("held_by_timeout"), 0u);
     }
-  auto counter = [&](const char* key) {
-    auto st = r.engine->stats().backends["xgmi"];
-    auto it = st.plugin.find(key);
-    return it == st.plugin.end() ? uint64_t{0} : it->second;
-  };
-  auto local_hash = [&] {
-    const auto& h = r.buf->pull();
-    uint64_t expect = test::kFnvBasis;
-    for (const auto& it : items)
-      expect = test::fnv1a(h.data() + it.local * slice + it.local_offset, blk, expect);
-    return expect;
-  };
-  r.buf->fill(11);
-  auto w = r.engine->transfer(Op::WRITE, locals, {r.remote}, items,
-                              r.engine->allocate_transfer_uid(), false, std::nullopt);
-  ASSERT_EQ(w.Wait(), StatusCode::SUCCESS) << w.Message();
-  EXPECT_EQ(r.remote_hash(ro, sz), local_hash()) << "WRITE";
-  EXPECT_EQ(counter("held_parts"), kParts);
-  EXPECT_EQ(counter("held_launches"), 1u);
-  EXPECT_EQ(counter("held_by_timeout"), 0u);
-  // READ them back over zeroes.
-  const uint64_t want = local_hash();
-  r.buf->zero();
-  auto rd = r.engine->transfer(Op::READ, locals, {r.remote}, items,
-                               r.engine->allocate_transfer_uid(), false, std::nullopt);
-  ASSERT_EQ(rd.Wait(), StatusCode::SUCCESS) << rd.Message();
-  EXPECT_EQ(local_hash(), want) << "READ";
-  EXPECT_EQ(counter("held_parts"), 2 * kParts);
-  EXPECT_EQ(counter("held_launches"), 2u);
+  }
+  std::filesystem::remove(policy);
 }
 
 // A descriptor claiming more than the target registered (its xgmi blob says

@@ -20,6 +20,9 @@
 //                      drives it
 // On success it notifies the target itself AND lacks FERRY_CAP_NATIVE_NOTIFY, so
 // the core notifies too: the target must still see each transfer once.
+// Built twice: as 'fault' (FERRY_CAP_POST_MORE) and, with FAULT_MULTI_PAIR, as
+// 'faultmp', which also takes several region pairs in one post (ABI 1.7
+// FERRY_CAP_MULTI_PAIR) and counts those posts and their pairs.
 #include <unistd.h>
 
 #include <atomic>
@@ -67,6 +70,8 @@ struct Instance {
   // Posts that came with FERRY_XFER_MORE, and those without it (it claims
   // FERRY_CAP_POST_MORE and ignores the flag, which is always correct).
   std::atomic<uint64_t> posts_more{0}, posts_last{0};
+  // Posts over several region pairs (faultmp), and the pairs they carried.
+  std::atomic<uint64_t> multi_posts{0}, multi_pairs{0};
   std::vector<std::thread> threads;
 };
 
@@ -161,15 +166,33 @@ int f_mem_import(void*, void*, uint64_t, uint64_t size, const void* blob, size_t
 }
 void f_mem_release(void*, void* h) { delete static_cast<Mem*>(h); }
 
-void copy(const ferry_xfer_v1* x) {
-  auto* l = static_cast<Mem*>(x->local_mem);
-  auto* r = static_cast<Mem*>(x->remote_mem);
-  for (uint32_t i = 0; i < x->n_iov; ++i) {
-    const auto& v = x->iov[i];
-    if (x->op == FERRY_OP_WRITE)
+void copy_items(uint32_t op, const Mem* l, const Mem* r, const ferry_iov_v1* iov, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    const auto& v = iov[i];
+    if (op == FERRY_OP_WRITE)
       std::memcpy(r->addr + v.remote_off, l->addr + v.local_off, v.len);
     else
       std::memcpy(l->addr + v.local_off, r->addr + v.remote_off, v.len);
+  }
+}
+
+// Several pairs (ABI 1.7): each pair's items over its own regions, in order.
+bool has_pairs(const ferry_xfer_v1* x) {
+  return FERRY_HAS_FIELD(ferry_xfer_v1, x, pairs) && x->n_pairs > 0;
+}
+
+void copy(const ferry_xfer_v1* x) {
+  if (!has_pairs(x)) {
+    copy_items(x->op, static_cast<Mem*>(x->local_mem), static_cast<Mem*>(x->remote_mem), x->iov,
+               x->n_iov);
+    return;
+  }
+  uint64_t at = 0;
+  for (uint32_t p = 0; p < x->n_pairs; ++p) {
+    const ferry_pair_v1& pr = x->pairs[p];
+    copy_items(x->op, static_cast<Mem*>(pr.local_mem), static_cast<Mem*>(pr.remote_mem),
+               x->iov + at, pr.n_iov);
+    at += pr.n_iov;
   }
 }
 
@@ -184,6 +207,16 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
   auto* in = static_cast<Instance*>(ctx);
   int nth = in->seen.fetch_add(1);
   ((x->flags & FERRY_XFER_MORE) ? in->posts_more : in->posts_last).fetch_add(1);
+  if (has_pairs(x)) {
+#ifndef FAULT_MULTI_PAIR
+    return FERRY_ERR_INTERNAL;  // the core must never send pairs to a plugin without the cap
+#endif
+    uint64_t n = 0;
+    for (uint32_t p = 0; p < x->n_pairs; ++p) n += x->pairs[p].n_iov;
+    if (n != x->n_iov || x->pairs[0].local_mem != x->local_mem) return FERRY_ERR_INTERNAL;
+    ++in->multi_posts;
+    in->multi_pairs += x->n_pairs;
+  }
   void* hc = in->host->host_ctx;
   switch (in->mode) {
     case Mode::FAIL_SUBMIT:
@@ -263,11 +296,13 @@ int f_counters(void* ctx, char* buf, size_t len) {
   auto* in = static_cast<Instance*>(ctx);
   std::snprintf(buf, len,
                 "{\"progress_calls\":%llu,\"by_progress\":%llu,\"posts_more\":%llu,"
-                "\"posts_last\":%llu}",
+                "\"posts_last\":%llu,\"multi_posts\":%llu,\"multi_pairs\":%llu}",
                 static_cast<unsigned long long>(in->progress_calls.load()),
                 static_cast<unsigned long long>(in->by_progress.load()),
                 static_cast<unsigned long long>(in->posts_more.load()),
-                static_cast<unsigned long long>(in->posts_last.load()));
+                static_cast<unsigned long long>(in->posts_last.load()),
+                static_cast<unsigned long long>(in->multi_posts.load()),
+                static_cast<unsigned long long>(in->multi_pairs.load()));
   return FERRY_OK;
 }
 
@@ -284,11 +319,19 @@ void f_on_ctrl(void* ctx, const char* peer, const void* msg, size_t len) {
 extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     .struct_size = sizeof(ferry_plugin_ops_v1),
     .abi_minor = FERRY_PLUGIN_ABI_MINOR,
+#ifdef FAULT_MULTI_PAIR
+    .name = "faultmp",
+#else
     .name = "fault",
+#endif
     .version = "0.1-test",
     // A memcpy in post(): the initiator's own copy is the whole transfer.
     .caps = FERRY_CAP_MEM_CPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE | FERRY_CAP_SAME_HOST_ONLY |
-            FERRY_CAP_INITIATOR_COPY | FERRY_CAP_POST_MORE,
+            FERRY_CAP_INITIATOR_COPY | FERRY_CAP_POST_MORE
+#ifdef FAULT_MULTI_PAIR
+            | FERRY_CAP_MULTI_PAIR
+#endif
+    ,
     .init = f_init,
     .fini = f_fini,
     .conn_info = f_conn_info,

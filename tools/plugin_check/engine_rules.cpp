@@ -300,6 +300,54 @@ class Checker {
     r_.pass(rule, "verified");
   }
 
+  // One call over 4 region pairs (4 slices of our memory, the target's one
+  // region), 16 scattered 4 KiB pieces each, every byte verified. A plugin
+  // that claims FERRY_CAP_MULTI_PAIR (ABI 1.7) gets it as one transfer - one
+  // post over every pair - the others one transfer per pair.
+  void multi_region(Op op) {
+    const std::string rule = std::string("data: one call over 4 region pairs, ") +
+                             (op == Op::WRITE ? "WRITE" : "READ") +
+                             ((f_.caps & FERRY_CAP_MULTI_PAIR) ? " (one multi-pair post)" : "");
+    constexpr size_t kPairs = 4, kPer = 16, kPiece = 4096, kSlice = 1 << 20;
+    std::vector<MemoryDesc> slices;
+    try {
+      for (size_t p = 0; p < kPairs; ++p)
+        slices.push_back(engine_->register_memory(seg_->data() + p * kSlice, kSlice,
+                                                  seg_->registration_device(), seg_->location()));
+    } catch (const Error& e) {
+      return r_.fail(rule, std::string("register_memory of a slice: ") + e.what());
+    }
+    std::vector<TransferItem> items;
+    for (size_t p = 0; p < kPairs; ++p)
+      for (size_t i = 0; i < kPer; ++i)
+        items.push_back({p, ((i * 5) % kPer) * 2 * kPiece, 0,
+                         (((kPairs - p) * kPer + i) * 3) * kPiece + 7, kPiece});
+    const uint64_t seed = ++seed_;
+    if (op == Op::WRITE)
+      seg_->fill_pattern(0, kPairs * kSlice, seed);
+    else if (!fill_target(0, (2 * kPairs * kPer * 3 + 3) * kPiece, seed))
+      return r_.fail(rule, "the target could not fill its region");
+    const auto before = engine_->stats().backends[f_.name].transfers;
+    auto s = engine_->transfer(op, slices, {t_.mem}, items, ++uid_, false);
+    std::string why;
+    if (!ended(s)) {
+      why = "did not end within the timeout + 10 s";
+    } else if (!s.Succeeded()) {
+      why = code_text(s);
+    } else {
+      for (size_t i = 0; i < items.size() && why.empty(); ++i)
+        if (local_hash(items[i].local * kSlice + items[i].local_offset, kPiece) !=
+            t_.hash(items[i].remote_offset, kPiece))
+          why = "piece " + std::to_string(i) + " differs";
+      const auto n = engine_->stats().backends[f_.name].transfers - before;
+      const uint64_t want = (f_.caps & FERRY_CAP_MULTI_PAIR) ? 1 : kPairs;
+      if (why.empty() && n != want)
+        why = std::to_string(n) + " transfers counted, expected " + std::to_string(want);
+    }
+    for (const auto& m : slices) engine_->deregister_memory(m);
+    r_.check(why.empty(), rule, why.empty() ? "verified" : why);
+  }
+
   void data_rules() {
     std::vector<uint64_t> sizes = {1, 4096, kMiB};
     if (!o_.quick) sizes.push_back(64 * kMiB + 1);
@@ -310,6 +358,8 @@ class Checker {
     }
     if (w) batch(Op::WRITE);
     if (rd) batch(Op::READ);
+    if (w) multi_region(Op::WRITE);
+    if (rd) multi_region(Op::READ);
     const auto st = engine_->stats();
     auto it = st.backends.find(f_.name);
     r_.check(it != st.backends.end() && it->second.transfers > 0 && it->second.failovers == 0,

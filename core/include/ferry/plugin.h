@@ -28,6 +28,8 @@
  * later in 1.6, with no struct change: FERRY_CAP_POST_MORE / FERRY_XFER_MORE
  * (the parts of one multi-region call may start as one), set by the core only
  * for a plugin that claims the capability, so neither side needs the other new.
+ * 1.7 transfers over several region pairs in one post (FERRY_CAP_MULTI_PAIR,
+ * ferry_xfer_v1.n_pairs / pairs), sent only to plugins that claim it.
  * A plugin built against any 1.x header keeps loading and working: CI builds the
  * plugin template against tests/plugins/abi-1.1 (a frozen copy of the 1.1 header)
  * and runs ferry-plugin-check on it (ctest plugin_check_abi11).
@@ -62,7 +64,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 6
+#define FERRY_PLUGIN_ABI_MINOR 7
 
 /* Name of the entry symbol for ABI major 1 (for dlsym). */
 #define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
@@ -119,6 +121,12 @@ extern "C" {
 #define FERRY_CAP_NO_TARGET_CHECK (1ull << 9)
 /* POST_MORE: the plugin understands FERRY_XFER_MORE (below). */
 #define FERRY_CAP_POST_MORE (1ull << 10)
+/* ABI 1.7 - MULTI_PAIR: post() takes one transfer over several region pairs of
+ * one peer (ferry_xfer_v1.n_pairs > 0): one attempt, one completion, one fence
+ * by its attempt_id for all of them. The core sends such a transfer only to a
+ * plugin that claims this; a multi-region call whose route reaches a backend
+ * without it runs there as one transfer per pair. */
+#define FERRY_CAP_MULTI_PAIR (1ull << 11)
 
 /* ---- enums ---------------------------------------------------------------- */
 #define FERRY_OP_READ 1u  /* remote -> local */
@@ -313,6 +321,14 @@ typedef struct ferry_iov_v1 {
   uint64_t len;
 } ferry_iov_v1;
 
+/* ABI 1.7: one region pair of a multi-pair transfer (ferry_xfer_v1.pairs):
+ * the next n_iov items of ferry_xfer_v1.iov are over these regions. */
+typedef struct ferry_pair_v1 {
+  void* local_mem;  /* plugin-owned handle from mem_register() */
+  void* remote_mem; /* plugin-owned handle from mem_import()   */
+  uint64_t n_iov;   /* >= 1                                     */
+} ferry_pair_v1;
+
 /* One transfer (single or batch). All pointers borrowed for the duration of
  * post(); a plugin that needs them later copies them. */
 typedef struct ferry_xfer_v1 {
@@ -339,6 +355,18 @@ typedef struct ferry_xfer_v1 {
    * the core puts it in the transfer's message. Unused on FERRY_OK. */
   char* reason;
   size_t reason_len;
+  /* ---- ABI 1.7 ---- */
+  /* 0: one region pair (local_mem, remote_mem) for every item. Else (only for
+   * plugins with FERRY_CAP_MULTI_PAIR, only when struct_size covers `pairs`):
+   * n_pairs >= 2 region pairs of this one peer, in the order of iov - the first
+   * pairs[0].n_iov items are over pairs[0]'s regions, the next pairs[1].n_iov
+   * over pairs[1]'s, ...; the counts sum to n_iov. local_mem / remote_mem are
+   * pairs[0]'s. The core has checked every item against its own pair's
+   * regions; the target still checks what it serves. All or nothing as
+   * always: post() refuses the whole, or accepts it and completes it once. */
+  uint32_t n_pairs;
+  uint32_t reserved2;
+  const ferry_pair_v1* pairs; /* n_pairs entries; borrowed, NULL when n_pairs is 0 */
 } ferry_xfer_v1;
 
 /* ---- fencing (ABI 1.2) -----------------------------------------------------
