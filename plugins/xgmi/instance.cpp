@@ -548,6 +548,17 @@ int Instance::LaunchHeld(std::unique_lock<std::mutex>& lk) {
   return FERRY_OK;
 }
 
+void Instance::Posted(std::unique_lock<std::mutex>& lk, const PostTimes& t) {
+  PublishFrontLocked();
+  stages_.post_ns += ns_between(t.entered, t.recorded);
+  stages_.setup_ns += ns_between(t.entered, t.ready);
+  stages_.enqueue_ns += ns_between(t.ready, t.enqueued);
+  stages_.merge_ns += ns_between(t.ready, t.merged);
+  const bool wake = completer_sleeping_;
+  lk.unlock();
+  if (wake) cv_.notify_one();
+}
+
 // ABI 1.7: the items of several region pairs in one post - a KV request's
 // every layer. The pieces of all pairs whose local memory is on one device are
 // merged into one table and launched as one batch call (one launch for the
@@ -698,16 +709,9 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
     pending_.push_back({next_seq_++, event, l.stream, l.si, l.device, last ? x->xfer_ctx : nullptr,
                         peer, x->total_bytes, recorded, true, last ? rc : FERRY_OK});
   }
-  PublishFrontLocked();
   ++pair_posts_;
   pair_launches_ += launched;
-  stages_.post_ns += ns_between(entered, recorded);
-  stages_.setup_ns += ns_between(entered, ready);
-  stages_.enqueue_ns += ns_between(ready, recorded);
-  stages_.merge_ns += ns_between(ready, merged);
-  const bool wake = completer_sleeping_;
-  lk.unlock();
-  if (wake) cv_.notify_one();
+  Posted(lk, {entered, ready, merged, recorded, recorded});
   return FERRY_OK;
 }
 
@@ -797,14 +801,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   ++peer->inflight;
   pending_.push_back(
       {next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes, recorded, true});
-  PublishFrontLocked();
-  stages_.post_ns += ns_between(entered, recorded);
-  stages_.setup_ns += ns_between(entered, ready);
-  stages_.enqueue_ns += ns_between(ready, enqueued);
-  stages_.merge_ns += ns_between(ready, merged);
-  const bool wake = completer_sleeping_;
-  lk.unlock();
-  if (wake) cv_.notify_one();
+  Posted(lk, {entered, ready, merged, enqueued, recorded});
   return FERRY_OK;
 }
 

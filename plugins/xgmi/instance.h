@@ -160,6 +160,12 @@ class Instance {
   // one batch and queues its parts for completion; on failure completes them
   // with FERRY_ERR_GPU. FERRY_OK or FERRY_ERR_GPU.
   int LaunchHeld(std::unique_lock<std::mutex>& lk);
+  // mu_ held on entry, released on return: a post's copies are pending (the
+  // front published), its stage times counted, the completion thread woken.
+  struct PostTimes {
+    Clock::time_point entered, ready, merged, enqueued, recorded;
+  };
+  void Posted(std::unique_lock<std::mutex>& lk, const PostTimes& t);
   char* RemoteBase(Remote& r, int device, std::string* why);  // mu_ held
   // kPieceOutside (nothing launched) when a piece is outside the regions;
   // *merged: when the pieces were merged.
