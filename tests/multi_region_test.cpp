@@ -301,6 +301,101 @@ TEST(MultiPair, OneCallIsOnePostOverEveryPair) {
   EXPECT_EQ(rig.ini->stats().backends["tcp"].transfers, 0u);
 }
 
+// Items usually come pair by pair (a connector's layer after layer): they go
+// to the backend in call order, as they are. When a pair comes back after
+// another, every item is regrouped. Both ways, each pair's items reach the
+// backend over that pair's regions, and every byte lands where its item said.
+TEST(MultiPair, ItemsPairByPairAndMixedBothLandWhereTheySaid) {
+  Rig rig("ok", "faultmp");
+  auto block = [](size_t l, size_t lb, size_t r, size_t rb) {
+    return TransferItem{l, lb * kBlock, r, rb * kBlock, kBlock};
+  };
+  const std::vector<std::vector<TransferItem>> calls = {
+      // pair by pair: (0,0) x3, (1,2) x2, (2,1) x2
+      {block(0, 0, 0, 5), block(0, 1, 0, 6), block(0, 2, 0, 7), block(1, 3, 2, 8),
+       block(1, 4, 2, 9), block(2, 5, 1, 10), block(2, 6, 1, 11)},
+      // (0,0) comes back after (1,2), then a new pair, then (1,2) again
+      {block(0, 0, 0, 5), block(0, 1, 0, 6), block(1, 3, 2, 8), block(0, 2, 0, 7),
+       block(2, 5, 1, 10), block(1, 4, 2, 9), block(2, 6, 1, 11)},
+      // a new pair's second item after another pair
+      {block(0, 0, 0, 5), block(1, 3, 2, 8), block(2, 5, 1, 10), block(1, 4, 2, 9)},
+  };
+  uint64_t seed = 140;
+  for (const auto& items : calls) {
+    for (Op op : {Op::WRITE, Op::READ}) {
+      rig.fill(++seed);
+      if (op == Op::READ)
+        for (size_t i = 0; i < kRegions; ++i)
+          test::fill_pattern(rig.dst[i].data(), 0, kRegionBytes, seed * 10 + i);
+      const uint64_t pairs = rig.counter("multi_pairs");
+      auto st = rig.ini->transfer(op, rig.local, rig.remote, items,
+                                  rig.ini->allocate_transfer_uid(), false);
+      ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+      EXPECT_TRUE(rig.landed(items, op));
+      EXPECT_EQ(rig.counter("multi_pairs") - pairs, Rig::pairs_of(items));
+      // Nothing else was touched: a WRITE leaves every other destination byte 0.
+      if (op == Op::WRITE) {
+        size_t written = 0;
+        for (size_t r = 0; r < kRegions; ++r)
+          for (uint8_t b : rig.dst[r]) written += b != 0;
+        size_t said = 0;
+        for (const auto& it : items)
+          for (size_t k = 0; k < it.size; ++k) said += rig.src[it.local][it.local_offset + k] != 0;
+        EXPECT_EQ(written, said);
+      }
+    }
+  }
+}
+
+// Long region lists (here 300 x 300 descriptors, each naming one of the
+// three regions: more index pairs than the grouper's flat table holds) group
+// through its hash table; the same region pair under several index pairs is
+// simply several groups. Every byte lands where its item said.
+TEST(MultiPair, LongRegionListsGroupThroughTheHashTable) {
+  Rig rig("ok", "faultmp");
+  constexpr size_t kDescs = 300;
+  std::vector<MemoryDesc> local, remote;
+  for (size_t i = 0; i < kDescs; ++i) {
+    local.push_back(rig.local[i % kRegions]);
+    remote.push_back(rig.remote[(i / 7) % kRegions]);
+  }
+  std::mt19937_64 rng(77);
+  std::vector<TransferItem> items;
+  const size_t per = kRegionBytes / kBlock;
+  std::vector<size_t> free_blocks(kRegions * per);
+  for (size_t i = 0; i < free_blocks.size(); ++i) free_blocks[i] = i;
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  for (size_t i = 0; i < 150; ++i) {  // each destination block once
+    const size_t rb = free_blocks[i];
+    size_t r = rng() % kDescs;
+    while ((r / 7) % kRegions != rb / per) r = rng() % kDescs;
+    const size_t l = rng() % kDescs;
+    items.push_back({l, (rng() % per) * kBlock, r, (rb % per) * kBlock, kBlock});
+  }
+  for (Op op : {Op::WRITE, Op::READ}) {
+    rig.fill(op == Op::WRITE ? 150 : 160);
+    if (op == Op::READ) {
+      for (size_t i = 0; i < kRegions; ++i)
+        test::fill_pattern(rig.dst[i].data(), 0, kRegionBytes, 170 + i);
+      // A READ writes local blocks: keep one item per local block.
+      std::set<std::pair<size_t, size_t>> seen;
+      std::vector<TransferItem> once;
+      for (const auto& it : items)
+        if (seen.insert({it.local % kRegions, it.local_offset}).second) once.push_back(it);
+      items = once;
+    }
+    auto st = rig.ini->transfer(op, local, remote, items, rig.ini->allocate_transfer_uid(), false);
+    ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+    for (size_t i = 0; i < items.size(); ++i) {
+      const auto& it = items[i];
+      const uint8_t* l = rig.src[it.local % kRegions].data() + it.local_offset;
+      const uint8_t* r = rig.dst[(it.remote / 7) % kRegions].data() + it.remote_offset;
+      ASSERT_EQ(std::memcmp(l, r, it.size), 0) << "item " << i;
+    }
+  }
+  EXPECT_EQ(rig.counter("multi_posts"), 2u);
+}
+
 // The whole call fails on the multi-pair backend; the next one (tcp) takes
 // one pair per post, so the call goes on there as one transfer per pair -
 // every byte lands, the target is told once, and the message says both.
@@ -383,6 +478,80 @@ TEST(MultiPair, EveryPairsLocalRegionIsHeldUntilTheTransferEnds) {
   EXPECT_TRUE(ok);
   EXPECT_FALSE(in_flight_then) << "deregistered while the transfer was still in flight";
   EXPECT_EQ(rig.counter("multi_posts"), 1u);
+}
+
+// Items of one pair in a row are checked as one run: a bad one in the middle
+// of a run is still refused by its number in the call, for items and for
+// prepared lists (an index outside the lists, unequal entry sizes, a range
+// past a region that a stale descriptor claimed), and nothing moves.
+TEST(MultiRegion, ABadItemInsideARunIsNamedByItsNumber) {
+  Rig rig("ok", "faultmp");
+  rig.fill(180);
+  std::vector<TransferItem> items;
+  for (size_t i = 0; i < 64; ++i) items.push_back({0, i * kBlock, 1, i * kBlock, kBlock});
+  for (size_t i = 0; i < 16; ++i) items.push_back({2, i * kBlock, 2, i * kBlock, kBlock});
+  auto bad = items;
+  bad[37].remote_offset = kRegionBytes - kBlock / 2;
+  auto st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, bad, 1, false);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS);
+  EXPECT_NE(st.Message().find("item 37: remote range"), std::string::npos) << st.Message();
+  bad = items;
+  bad[70].size = 0;
+  st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, bad, 1, false);
+  EXPECT_NE(st.Message().find("item 70 has size 0"), std::string::npos) << st.Message();
+  bad = items;
+  bad[5].local = 9;
+  st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, bad, 1, false);
+  EXPECT_NE(st.Message().find("item 5 names region 9"), std::string::npos) << st.Message();
+
+  std::vector<ListEntry> entries;
+  const size_t per = kRegionBytes / kBlock;
+  for (size_t r = 0; r < kRegions; ++r)
+    for (size_t b = 0; b < per; ++b) entries.push_back({r, b * kBlock, kBlock});
+  entries.push_back({0, 0, kBlock / 2});  // the last entry: half a block
+  MemoryDesc claims = rig.local[0];
+  claims.size = 2 * kRegionBytes;
+  std::vector<ListEntry> big_entries = entries;
+  big_entries.push_back({0, kRegionBytes, kBlock});  // past the registered region
+  PreparedList lp = rig.ini->prepare_list({claims, rig.local[1], rig.local[2]}, big_entries);
+  PreparedList rp = rig.ini->prepare_list(rig.remote, entries);
+  std::vector<int64_t> li, ri;
+  for (int64_t i = 0; i < 48; ++i) {
+    li.push_back(i);
+    ri.push_back(i + 3);
+  }
+  auto post = [&](const std::vector<int64_t>& l, const std::vector<int64_t>& r) {
+    return rig.ini->transfer(Op::WRITE, lp, l, rp, r, 1, false);
+  };
+  auto l2 = li, r2 = ri;
+  r2[21] = 1 << 30;
+  st = post(l2, r2);
+  EXPECT_NE(st.Message().find("item 21: index"), std::string::npos) << st.Message();
+  l2 = li, r2 = ri;
+  r2[30] = static_cast<int64_t>(entries.size() - 1);  // half a block against a whole one
+  st = post(l2, r2);
+  EXPECT_NE(st.Message().find("item 30: local entry"), std::string::npos) << st.Message();
+  l2 = li, r2 = ri;
+  l2[44] = static_cast<int64_t>(big_entries.size() - 1);  // past the real local region
+  st = post(l2, r2);
+  EXPECT_EQ(st.Code(), StatusCode::ERR_INVALID_ARGS);
+  EXPECT_NE(st.Message().find("item 44: local range"), std::string::npos) << st.Message();
+  // Two bad items, a range at 10 and an index at 12: the first is named.
+  l2 = li, r2 = ri;
+  l2[10] = static_cast<int64_t>(big_entries.size() - 1);
+  r2[12] = -4;
+  st = post(l2, r2);
+  EXPECT_NE(st.Message().find("item 10: local range"), std::string::npos) << st.Message();
+  for (size_t r = 0; r < kRegions; ++r)
+    EXPECT_EQ(rig.dst[r], std::vector<uint8_t>(kRegionBytes, 0)) << "nothing moved";
+  // The same runs, every item good: all of it lands.
+  st = post(li, ri);
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  for (size_t i = 0; i < li.size(); ++i)
+    EXPECT_EQ(std::memcmp(rig.src[0].data() + entries[li[i]].offset,
+                          rig.dst[0].data() + entries[ri[i]].offset, kBlock),
+              0)
+        << "item " << i;
 }
 
 TEST(PreparedLists, PostByIndexArrays) {

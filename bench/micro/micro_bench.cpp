@@ -9,6 +9,7 @@
 //   run: build/bin/ferry-micro-bench [--benchmark_filter=Session]
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -145,7 +146,8 @@ struct KvRig {
   static constexpr size_t kRegions = 64, kRegionBytes = 1 << 20, kBlock = 4096, kItems = 10000;
   std::vector<std::vector<uint8_t>> lmem, rmem;
   std::vector<MemoryDesc> local, remote;
-  std::vector<TransferItem> items;
+  std::vector<TransferItem> items;     // interleaved: each item another pair's
+  std::vector<TransferItem> by_layer;  // the same, pair by pair (a connector's order)
   std::vector<int64_t> li, ri;
   std::unique_ptr<PreparedList> lp, rp;
   KvRig() {
@@ -172,6 +174,10 @@ struct KvRig {
       li.push_back(static_cast<int64_t>(g * per + lb));
       ri.push_back(static_cast<int64_t>(g * per + rb));
     }
+    by_layer = items;
+    std::stable_sort(
+        by_layer.begin(), by_layer.end(),
+        [](const TransferItem& a, const TransferItem& b) { return a.local < b.local; });
   }
 };
 KvRig& kv() {
@@ -208,6 +214,22 @@ void BM_KvItems(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(KvRig::kItems));
 }
 BENCHMARK(BM_KvItems)->UseRealTime();
+
+// The same items pair by pair: they need no regrouping (multi_region.cpp).
+void BM_KvItemsByLayer(benchmark::State& state) {
+  KvRig& k = kv();
+  Engine& a = *rig().a;
+  TransferUid uid = a.allocate_transfer_uid();
+  TransferStatus st;
+  for (auto _ : state) {
+    st = a.transfer(Op::WRITE, k.local, k.remote, k.by_layer, uid++, false);
+    benchmark::DoNotOptimize(st);
+  }
+  st.Wait();
+  check(state, st);
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(KvRig::kItems));
+}
+BENCHMARK(BM_KvItemsByLayer)->UseRealTime();
 
 void BM_KvPerRegionBatches(benchmark::State& state) {
   KvRig& k = kv();

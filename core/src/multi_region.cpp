@@ -4,7 +4,6 @@
 // A prepared list checks its slices once and keeps, per region pair it has
 // been posted with, the resolved pair, so a post costs per index, not per
 // list entry or region descriptor.
-#include <unordered_map>
 
 #include "engine_impl.h"
 
@@ -33,114 +32,163 @@ TransferStatus failed(StatusCode code, std::string msg) {
   return s;
 }
 
-// Groups items by region pair: a flat table when the two region lists are
-// small (the common case: a few dozen layers), a hash map otherwise. Two
-// passes: the first finds each item's group (Note) and counts, the second
-// (Fill) writes the items into one list, group after group, each group's
-// items together - growing 64 vectors item by item, and an item-number array
-// beside each for error messages, was most of a 10,000-item post's 22 ns an
-// item; one list is what a multi-pair post (plugin ABI 1.7) hands the
-// backend as it is. Each group's region sizes sit beside its index (reaching
-// them through the pair was two dependent loads an item).
+// Groups items by region pair, in one pass over the items: each item's pair
+// found (the last pair's group first, then a flat table by region indices, or
+// an open-addressing table where the region lists are long),
+// its ranges checked, the item written in call order. Items that come pair
+// by pair - a connector's layer after layer, the usual order - are then
+// already grouped, and the list goes to the transfer as it is. Only when a
+// pair comes back after another one does the grouper note each item's group
+// and, at the end, write the items into one list, group after group (a second
+// pass). One list, each group's items together, is what a multi-pair post
+// (plugin ABI 1.7) hands the backend. Each group's region sizes sit beside
+// its index (reaching them through the pair was two dependent loads an item).
 class Grouper {
  public:
   Grouper(size_t n_local, size_t n_remote, size_t n_items) : n_remote_(n_remote) {
-    if (n_local * n_remote <= kFlatMax) flat_.assign(n_local * n_remote, -1);
-    group_of_.resize(n_items);
+    if (n_local * n_remote <= kFlatMax)
+      flat_.assign(n_local * n_remote, -1);
+    else
+      slots_.resize(kFirstSlots);
     staged_.resize(n_items);
   }
   // The group of (l, r), or nullptr before add().
   Transfers::Group* find(size_t l, size_t r) {
     if (l == last_l_ && r == last_r_) return &groups[last_];
-    int64_t at = -1;
     if (!flat_.empty()) {
-      at = flat_[l * n_remote_ + r];
-    } else if (auto it = index_.find(uint64_t{l} << 32 | r); it != index_.end()) {
-      at = static_cast<int64_t>(it->second);
+      const int32_t at = flat_[l * n_remote_ + r];
+      if (at < 0) return nullptr;
+      remember(l, r, static_cast<size_t>(at));
+      return &groups[last_];
     }
-    if (at < 0) return nullptr;
-    remember(l, r, static_cast<size_t>(at));
-    return &groups[last_];
+    const uint64_t key = uint64_t{l} << 32 | r;
+    for (size_t at = slot_of(key);; at = (at + 1) & (slots_.size() - 1)) {
+      const Slot& e = slots_[at];
+      if (e.group == kEmpty) return nullptr;
+      if (e.key == key) {
+        remember(l, r, e.group);
+        return &groups[last_];
+      }
+    }
   }
   // `trusted`: its ranges need no check per item (a prepared list's entries
   // that fit the registered regions).
   Transfers::Group& add(size_t l, size_t r, MemPair pair, bool trusted = false) {
     const size_t at = groups.size();
-    if (!flat_.empty())
+    if (!flat_.empty()) {
       flat_[l * n_remote_ + r] = static_cast<int32_t>(at);
-    else
-      index_.emplace(uint64_t{l} << 32 | r, at);
+    } else {
+      if (2 * (at + 1) > slots_.size()) grow();
+      place(uint64_t{l} << 32 | r, static_cast<uint32_t>(at));
+    }
     groups.push_back({std::move(pair), 0, 0, 0});
     const MemPair& p = groups.back().pair;
     limits_.push_back({p.local->desc.size, p.remote->desc.size, trusted});
-    counts_.push_back(0);
     remember(l, r, at);
     return groups.back();
   }
-  // Whether the ranges of an item of the group find/add returned last fit its
-  // regions (always, for a trusted group).
-  bool fits(uint64_t lo, uint64_t ro, uint64_t len) const {
+  // The group find/add returned last: its region sizes, and whether its ranges
+  // need no check (a prepared list's entries that fit the registered regions).
+  struct Fit {
+    uint64_t local, remote;
+    bool trusted;
+  };
+  Fit fit() const {
     const Limits& m = limits_[last_];
-    return m.trusted || range_fits(lo, ro, len, m.local, m.remote);
+    return {m.local, m.remote, m.trusted};
   }
-  // Item i, ranges v, belongs to the group find/add returned last. Its ranges
-  // are kept in call order, so Fill reads them in one sequential pass (a
-  // prepared list's entries, read again by index, were a second random pass).
-  void Note(size_t i, const ferry_iov_v1& v) {
-    group_of_[i] = static_cast<uint32_t>(last_);
-    staged_[i] = v;
-    ++counts_[last_];
+  // Where the caller writes item i's ranges (in call order).
+  ferry_iov_v1* staged() { return staged_.data(); }
+  // Items [i, j), written to staged(), `bytes` long together, belong to the
+  // group find/add returned last.
+  void NoteRun(size_t i, size_t j, uint64_t bytes) {
+    Limits& m = limits_[last_];
+    m.count += j - i;
+    m.bytes += bytes;
+    if (last_ == run_) return;  // the run before went on (a hole in it was an error)
+    if (in_order_ && last_ + 1 == groups.size() && m.count == j - i) {  // a new pair's first run
+      run_ = last_;
+      return;
+    }
+    if (in_order_) Unsort(j - i);  // a pair came back after another
+    for (size_t k = i; k < j; ++k) group_of_[k] = static_cast<uint32_t>(last_);
   }
-  // Writes every noted item into `iov`, group after group, and each group's
-  // place and bytes into it. With one group the staged list is the list.
+  // Each group's place, count and bytes; `iov` every item, group after group.
   void Fill() {
-    const size_t n = staged_.size();
-    if (groups.size() == 1) {
-      uint64_t bytes = 0;
-      for (size_t i = 0; i < n; ++i) bytes += staged_[i].len;
-      groups[0].n = n;
-      groups[0].bytes = bytes;
+    size_t first = 0;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      groups[gi].first = first;
+      groups[gi].n = limits_[gi].count;
+      groups[gi].bytes = limits_[gi].bytes;
+      first += limits_[gi].count;
+    }
+    if (in_order_) {
       iov = std::move(staged_);
       return;
     }
     std::vector<ferry_iov_v1*> next(groups.size());
-    iov.resize(n);
-    size_t first = 0;
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      groups[gi].first = first;
-      groups[gi].n = counts_[gi];
-      next[gi] = iov.data() + first;
-      first += counts_[gi];
-    }
-    std::vector<uint64_t> bytes(groups.size());
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t g = group_of_[i];
-      *next[g]++ = staged_[i];
-      bytes[g] += staged_[i].len;
-    }
-    for (size_t gi = 0; gi < groups.size(); ++gi) groups[gi].bytes = bytes[gi];
+    iov.resize(staged_.size());
+    for (size_t gi = 0; gi < groups.size(); ++gi) next[gi] = iov.data() + groups[gi].first;
+    const size_t n = staged_.size();
+    for (size_t i = 0; i < n; ++i) *next[group_of_[i]]++ = staged_[i];
   }
   std::vector<Transfers::Group> groups;
   IovList iov;  // after Fill: every item, grouped
 
  private:
-  static constexpr size_t kFlatMax = 1 << 16;
+  static constexpr uint32_t kEmpty = UINT32_MAX;
+  static constexpr size_t kFirstSlots = 128;   // room for 64 pairs before it grows
+  static constexpr size_t kFlatMax = 1 << 16;  // region lists up to this product: a flat table
+  struct Slot {
+    uint64_t key = 0;
+    uint32_t group = kEmpty;
+  };
+  size_t slot_of(uint64_t key) const {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 40) & (slots_.size() - 1);
+  }
+  void place(uint64_t key, uint32_t group) {
+    size_t at = slot_of(key);
+    while (slots_[at].group != kEmpty) at = (at + 1) & (slots_.size() - 1);
+    slots_[at] = {key, group};
+  }
+  void grow() {
+    std::vector<Slot> old(2 * slots_.size());
+    old.swap(slots_);
+    for (const Slot& e : old)
+      if (e.group != kEmpty) place(e.key, e.group);
+  }
   void remember(size_t l, size_t r, size_t at) {
     last_l_ = l;
     last_r_ = r;
     last_ = at;
   }
-  const size_t n_remote_;
-  std::vector<uint32_t, UninitAllocator<uint32_t>> group_of_;  // per item, each set by Note
-  IovList staged_;                                             // per item, in call order
-  std::vector<size_t> counts_;                                 // per group
+  // A run of `run` items belongs to a pair that came before another: from
+  // here every item notes its group. Those before the run came pair by pair,
+  // each group's items together, in group order (the run is counted already).
+  void Unsort(size_t run) {
+    in_order_ = false;
+    run_ = SIZE_MAX;
+    group_of_.resize(staged_.size());
+    size_t at = 0;
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+      for (size_t n = limits_[gi].count - (gi == last_ ? run : 0); n > 0; --n)
+        group_of_[at++] = static_cast<uint32_t>(gi);
+  }
+  IovList staged_;  // per item, in call order
   struct Limits {
     uint64_t local, remote;  // region sizes
     bool trusted;
+    size_t count = 0;    // items
+    uint64_t bytes = 0;  // their lengths' sum
   };
   std::vector<Limits> limits_;  // per group
-  std::vector<int32_t> flat_;   // group index by (local, remote), -1 none
-  std::unordered_map<uint64_t, size_t> index_;
+  const size_t n_remote_;
+  std::vector<int32_t> flat_;  // group by local * n_remote + remote, -1 none (small lists)
+  std::vector<Slot> slots_;    // else (local, remote) -> group, open addressing
+  // Out of order only: each item's group.
+  std::vector<uint32_t, UninitAllocator<uint32_t>> group_of_;
+  bool in_order_ = true;   // items so far came pair by pair
+  size_t run_ = SIZE_MAX;  // in order: the group of the run going on
   size_t last_l_ = SIZE_MAX, last_r_ = SIZE_MAX, last_ = 0;
 };
 
@@ -159,33 +207,58 @@ TransferStatus Engine::transfer(Op op, const std::vector<MemoryDesc>& local_regi
   const size_t n_items = items.size();
   const TransferItem* item = items.data();
   Grouper g(n_local, n_remote, n_items);
+  ferry_iov_v1* out = g.staged();
+  // One pass. The items of a run (the same pair as the item before: a layer's
+  // blocks, as connectors post them) are copied, checked and summed in the
+  // short branch; a new pair closes the run and finds (or resolves) its group.
+  size_t l = SIZE_MAX, r = SIZE_MAX, run = 0;  // the run: its pair, its first item
+  Transfers::Group* grp = nullptr;
+  Grouper::Fit f{0, 0, false};
+  uint64_t bytes = 0;
+  bool bad = false;
+  // The run [run, end) ends: its first bad item refused by its number, else noted.
+  auto close = [&](size_t end) -> std::string {
+    if (bad) {
+      size_t k = run;
+      while (range_fits(out[k].local_off, out[k].remote_off, out[k].len, f.local, f.remote)) ++k;
+      return Transfers::check_items(grp->pair, &out[k], 1, &k);
+    }
+    g.NoteRun(run, end, bytes);
+    return {};
+  };
   for (size_t i = 0; i < n_items; ++i) {
     const TransferItem& it = item[i];
-    if (it.local >= n_local || it.remote >= n_remote)
-      return failed(StatusCode::ERR_INVALID_ARGS,
-                    "item " + std::to_string(i) + " names region " +
-                        std::to_string(it.local >= local_regions.size() ? it.local : it.remote) +
-                        " of " +
-                        std::to_string(it.local >= local_regions.size() ? local_regions.size()
-                                                                        : remote_regions.size()) +
-                        (it.local >= local_regions.size() ? " local" : " remote") + " regions");
-    Transfers::Group* grp = g.find(it.local, it.remote);
-    if (!grp) {
-      MemPair pair;
-      std::string why;
-      StatusCode c =
-          impl_->registry().resolve(local_regions[it.local], remote_regions[it.remote], pair, why);
-      if (c != StatusCode::SUCCESS) return failed(c, "item " + std::to_string(i) + ": " + why);
-      grp = &g.add(it.local, it.remote, std::move(pair));
+    if (it.local != l || it.remote != r) {
+      if (grp)
+        if (std::string why = close(i); !why.empty())
+          return failed(StatusCode::ERR_INVALID_ARGS, why);
+      if (it.local >= n_local || it.remote >= n_remote)
+        return failed(StatusCode::ERR_INVALID_ARGS,
+                      "item " + std::to_string(i) + " names region " +
+                          std::to_string(it.local >= n_local ? it.local : it.remote) + " of " +
+                          std::to_string(it.local >= n_local ? n_local : n_remote) +
+                          (it.local >= n_local ? " local" : " remote") + " regions");
+      grp = g.find(it.local, it.remote);
+      if (!grp) {
+        MemPair pair;
+        std::string why;
+        StatusCode c = impl_->registry().resolve(local_regions[it.local], remote_regions[it.remote],
+                                                 pair, why);
+        if (c != StatusCode::SUCCESS) return failed(c, "item " + std::to_string(i) + ": " + why);
+        grp = &g.add(it.local, it.remote, std::move(pair));
+      }
+      l = it.local;
+      r = it.remote;
+      run = i;
+      f = g.fit();
+      bytes = 0;
     }
-    // Checked here, so an error names the item by its number in the call.
-    const uint64_t lo = it.local_offset, ro = it.remote_offset, len = it.size;
-    if (!g.fits(lo, ro, len)) {
-      const ferry_iov_v1 v{lo, ro, len};
-      return failed(StatusCode::ERR_INVALID_ARGS, Transfers::check_items(grp->pair, &v, 1, &i));
-    }
-    g.Note(i, {lo, ro, len});
+    out[i] = {it.local_offset, it.remote_offset, it.size};
+    bytes += it.size;
+    bad |= !range_fits(it.local_offset, it.remote_offset, it.size, f.local, f.remote);
   }
+  if (std::string why = close(n_items); !why.empty())
+    return failed(StatusCode::ERR_INVALID_ARGS, why);
   g.Fill();
   return impl_->transfers().submit_groups(std::move(g.groups), std::move(g.iov), op, uid, notify,
                                           std::move(message));
@@ -241,54 +314,83 @@ TransferStatus Engine::transfer(Op op, const PreparedList& local, const int64_t*
   if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
   if (n > UINT32_MAX) return failed(StatusCode::ERR_INVALID_ARGS, "too many items");
   Grouper g(L.regions.size(), R.regions.size(), n);
+  ferry_iov_v1* out = g.staged();
   const uint64_t n_lentries = L.entries.size(), n_rentries = R.entries.size();
   const ListEntry* lentry = L.entries.data();
   const ListEntry* rentry = R.entries.data();
+  // One pass, a run at a time, as for items (Engine::transfer above).
+  size_t lr = SIZE_MAX, rr = SIZE_MAX, run = 0;
+  Transfers::Group* grp = nullptr;
+  Grouper::Fit f{0, 0, false};
+  uint64_t bytes = 0;
+  bool bad = false;
+  auto close = [&](size_t end) -> std::string {
+    if (bad && !f.trusted) {
+      size_t k = run;
+      while (range_fits(out[k].local_off, out[k].remote_off, out[k].len, f.local, f.remote)) ++k;
+      return Transfers::check_items(grp->pair, &out[k], 1, &k);
+    }
+    g.NoteRun(run, end, bytes);
+    return {};
+  };
+  // An item refused for its indices or sizes: a bad range earlier in the run
+  // going on is named first (the first bad item of the call).
+  auto refuse = [&](size_t i, std::string why) {
+    if (grp && bad && !f.trusted) why = close(i);
+    return failed(StatusCode::ERR_INVALID_ARGS, why);
+  };
   for (size_t i = 0; i < n; ++i) {
     if (li[i] < 0 || static_cast<uint64_t>(li[i]) >= n_lentries || ri[i] < 0 ||
         static_cast<uint64_t>(ri[i]) >= n_rentries)
-      return failed(StatusCode::ERR_INVALID_ARGS,
-                    "item " + std::to_string(i) + ": index " + std::to_string(li[i]) + " / " +
-                        std::to_string(ri[i]) + " outside the lists (" +
-                        std::to_string(L.entries.size()) + " local, " +
-                        std::to_string(R.entries.size()) + " remote entries)");
+      return refuse(i, "item " + std::to_string(i) + ": index " + std::to_string(li[i]) + " / " +
+                           std::to_string(ri[i]) + " outside the lists (" +
+                           std::to_string(L.entries.size()) + " local, " +
+                           std::to_string(R.entries.size()) + " remote entries)");
     const ListEntry& le = lentry[li[i]];
     const ListEntry& re = rentry[ri[i]];
     if (le.size != re.size)
-      return failed(StatusCode::ERR_INVALID_ARGS,
-                    "item " + std::to_string(i) + ": local entry " + std::to_string(li[i]) +
-                        " is " + std::to_string(le.size) + " bytes, remote entry " +
-                        std::to_string(ri[i]) + " " + std::to_string(re.size));
-    Transfers::Group* grp = g.find(le.region, re.region);
-    if (!grp) {
-      MemPair pair;
-      const auto key = std::make_pair(L.regions[le.region].id, re.region);
-      {
-        std::lock_guard<std::mutex> lk(R.mu);
-        if (auto it = R.pairs.find(key); it != R.pairs.end()) pair = it->second;
+      return refuse(i, "item " + std::to_string(i) + ": local entry " + std::to_string(li[i]) +
+                           " is " + std::to_string(le.size) + " bytes, remote entry " +
+                           std::to_string(ri[i]) + " " + std::to_string(re.size));
+    if (le.region != lr || re.region != rr) {
+      if (grp)
+        if (std::string why = close(i); !why.empty())
+          return failed(StatusCode::ERR_INVALID_ARGS, why);
+      grp = g.find(le.region, re.region);
+      if (!grp) {
+        MemPair pair;
+        const auto key = std::make_pair(L.regions[le.region].id, re.region);
+        {
+          std::lock_guard<std::mutex> lk(R.mu);
+          if (auto it = R.pairs.find(key); it != R.pairs.end()) pair = it->second;
+        }
+        // A cached pair stays good while its peer and local region are the ones registered.
+        if (!pair.peer || pair.peer->gone || !impl_->registry().alive(pair)) {
+          std::string why;
+          StatusCode c =
+              impl_->registry().resolve(L.regions[le.region], R.regions[re.region], pair, why);
+          if (c != StatusCode::SUCCESS) return failed(c, "item " + std::to_string(i) + ": " + why);
+          std::lock_guard<std::mutex> lk(R.mu);
+          R.pairs[key] = pair;
+        }
+        // Entries were checked against the caller's descriptor when prepared; that
+        // holds for the registered region only if its size is no larger (a stale
+        // or forged descriptor): else every range is checked, item by item.
+        const bool trusted = L.regions[le.region].size <= pair.local->desc.size &&
+                             R.regions[re.region].size <= pair.remote->desc.size;
+        grp = &g.add(le.region, re.region, std::move(pair), trusted);
       }
-      // A cached pair stays good while its peer and local region are the ones registered.
-      if (!pair.peer || pair.peer->gone || !impl_->registry().alive(pair)) {
-        std::string why;
-        StatusCode c =
-            impl_->registry().resolve(L.regions[le.region], R.regions[re.region], pair, why);
-        if (c != StatusCode::SUCCESS) return failed(c, "item " + std::to_string(i) + ": " + why);
-        std::lock_guard<std::mutex> lk(R.mu);
-        R.pairs[key] = pair;
-      }
-      // Entries were checked against the caller's descriptor when prepared; that
-      // holds for the registered region only if its size is no larger (a stale
-      // or forged descriptor): else every range is checked below, item by item.
-      const bool trusted = L.regions[le.region].size <= pair.local->desc.size &&
-                           R.regions[re.region].size <= pair.remote->desc.size;
-      grp = &g.add(le.region, re.region, std::move(pair), trusted);
+      lr = le.region;
+      rr = re.region;
+      run = i;
+      f = g.fit();
+      bytes = 0;
     }
-    if (!g.fits(le.offset, re.offset, le.size)) {  // an error names the item by its number
-      const ferry_iov_v1 v{le.offset, re.offset, le.size};
-      return failed(StatusCode::ERR_INVALID_ARGS, Transfers::check_items(grp->pair, &v, 1, &i));
-    }
-    g.Note(i, {le.offset, re.offset, le.size});
+    out[i] = {le.offset, re.offset, le.size};
+    bytes += le.size;
+    bad |= !range_fits(le.offset, re.offset, le.size, f.local, f.remote);
   }
+  if (std::string why = close(n); !why.empty()) return failed(StatusCode::ERR_INVALID_ARGS, why);
   g.Fill();
   return impl_->transfers().submit_groups(std::move(g.groups), std::move(g.iov), op, uid, notify,
                                           std::move(message));
