@@ -113,6 +113,22 @@ class Grouper {
     if (in_order_) Unsort(j - i);  // a pair came back after another
     for (size_t k = i; k < j; ++k) group_of_[k] = static_cast<uint32_t>(last_);
   }
+  // Ends the run of items [first, end) of the group find/add returned last
+  // (their lengths summing to `bytes`; `bad`: one of them is outside its
+  // regions): "" once it is noted, else why its first bad item is refused,
+  // named by its number in the call.
+  std::string EndRun(size_t first, size_t end, uint64_t bytes, bool bad) {
+    const Limits& m = limits_[last_];
+    if (bad && !m.trusted) {
+      size_t k = first;
+      while (range_fits(staged_[k].local_off, staged_[k].remote_off, staged_[k].len, m.local,
+                        m.remote))
+        ++k;
+      return Transfers::check_items(groups[last_].pair, &staged_[k], 1, &k);
+    }
+    NoteRun(first, end, bytes);
+    return {};
+  }
   // Each group's place, count and bytes; `iov` every item, group after group.
   void Fill() {
     size_t first = 0;
@@ -216,16 +232,7 @@ TransferStatus Engine::transfer(Op op, const std::vector<MemoryDesc>& local_regi
   Grouper::Fit f{0, 0, false};
   uint64_t bytes = 0;
   bool bad = false;
-  // The run [run, end) ends: its first bad item refused by its number, else noted.
-  auto close = [&](size_t end) -> std::string {
-    if (bad) {
-      size_t k = run;
-      while (range_fits(out[k].local_off, out[k].remote_off, out[k].len, f.local, f.remote)) ++k;
-      return Transfers::check_items(grp->pair, &out[k], 1, &k);
-    }
-    g.NoteRun(run, end, bytes);
-    return {};
-  };
+  auto close = [&](size_t end) { return g.EndRun(run, end, bytes, bad); };
   for (size_t i = 0; i < n_items; ++i) {
     const TransferItem& it = item[i];
     if (it.local != l || it.remote != r) {
@@ -252,6 +259,7 @@ TransferStatus Engine::transfer(Op op, const std::vector<MemoryDesc>& local_regi
       run = i;
       f = g.fit();
       bytes = 0;
+      bad = false;
     }
     out[i] = {it.local_offset, it.remote_offset, it.size};
     bytes += it.size;
@@ -324,15 +332,7 @@ TransferStatus Engine::transfer(Op op, const PreparedList& local, const int64_t*
   Grouper::Fit f{0, 0, false};
   uint64_t bytes = 0;
   bool bad = false;
-  auto close = [&](size_t end) -> std::string {
-    if (bad && !f.trusted) {
-      size_t k = run;
-      while (range_fits(out[k].local_off, out[k].remote_off, out[k].len, f.local, f.remote)) ++k;
-      return Transfers::check_items(grp->pair, &out[k], 1, &k);
-    }
-    g.NoteRun(run, end, bytes);
-    return {};
-  };
+  auto close = [&](size_t end) { return g.EndRun(run, end, bytes, bad); };
   // An item refused for its indices or sizes: a bad range earlier in the run
   // going on is named first (the first bad item of the call).
   auto refuse = [&](size_t i, std::string why) {
@@ -385,6 +385,7 @@ TransferStatus Engine::transfer(Op op, const PreparedList& local, const int64_t*
       run = i;
       f = g.fit();
       bytes = 0;
+      bad = false;
     }
     out[i] = {le.offset, re.offset, le.size};
     bytes += le.size;
