@@ -5,12 +5,14 @@
 // data, per-part failover, a failed part failing the call with its name.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "ferry/ferry.hpp"
 #include "pattern.h"
@@ -471,6 +473,38 @@ TEST(MultiPair, FailoverToAOnePairBackendSplitsTheCallPerPair) {
     EXPECT_TRUE(rig.tgt->wait_notifications(100ms).empty());
   }
   EXPECT_EQ(rig.counter("multi_posts"), 2u);
+}
+
+// A cancel that races the split: the multi-pair attempt fails on another
+// thread ('drop') and the call splits onto tcp there, while this thread
+// cancels. Whichever wins, the call ends, and the target hears of it exactly
+// when it ended SUCCESS (a cancelled call tells the target nothing).
+TEST(MultiPair, ACancelRacingTheSplitEndsTheCallAndTheTargetHearsOnlyOfSuccess) {
+  Rig rig("drop", "faultmp");
+  auto items = rig.items(48, 11);
+  int cancelled = 0, landed = 0;
+  for (int round = 0; round < 20; ++round) {
+    const TransferUid uid = rig.ini->allocate_transfer_uid();
+    const uint64_t tcp_before = rig.ini->stats().backends["tcp"].transfers;
+    auto st = rig.ini->transfer(Op::WRITE, rig.local, rig.remote, items, uid, true);
+    // Odd rounds cancel once a part has landed on tcp (the split has run and
+    // the other parts may be in flight), even rounds at once.
+    if (round % 2)
+      while (st.InProgress() && rig.ini->stats().backends["tcp"].transfers == tcp_before)
+        std::this_thread::yield();
+    st.Cancel();
+    ASSERT_TRUE(st.WaitFor(20s)) << "round " << round;
+    if (st.Code() == StatusCode::SUCCESS) {
+      ++landed;
+      EXPECT_TRUE(rig.tgt->wait_inbound_transfer_status("ini", uid, 5s)) << "round " << round;
+    } else {
+      ++cancelled;
+      EXPECT_EQ(st.Code(), StatusCode::ERR_CANCELLED) << st.Message();
+      EXPECT_FALSE(rig.tgt->wait_inbound_transfer_status("ini", uid, 50ms)) << "round " << round;
+    }
+  }
+  EXPECT_EQ(cancelled + landed, 20);
+  std::printf("cancelled %d, landed %d of 20\n", cancelled, landed);
 }
 
 // The split parts keep the call's deadline and what is left of its attempts:
