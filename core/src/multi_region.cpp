@@ -83,7 +83,7 @@ class Grouper {
     }
     groups.push_back({std::move(pair), 0, 0, 0});
     const MemPair& p = groups.back().pair;
-    limits_.push_back({p.local->desc.size, p.remote->desc.size, trusted});
+    fits_.push_back({p.local->desc.size, p.remote->desc.size, trusted});
     remember(l, r, at);
     return groups.back();
   }
@@ -93,32 +93,15 @@ class Grouper {
     uint64_t local, remote;
     bool trusted;
   };
-  Fit fit() const {
-    const Limits& m = limits_[last_];
-    return {m.local, m.remote, m.trusted};
-  }
+  const Fit& fit() const { return fits_[last_]; }
   // Where the caller writes item i's ranges (in call order).
   ferry_iov_v1* staged() { return staged_.data(); }
-  // Items [i, j), written to staged(), `bytes` long together, belong to the
-  // group find/add returned last.
-  void NoteRun(size_t i, size_t j, uint64_t bytes) {
-    Limits& m = limits_[last_];
-    m.count += j - i;
-    m.bytes += bytes;
-    if (last_ == run_) return;  // the run before went on (a hole in it was an error)
-    if (in_order_ && last_ + 1 == groups.size() && m.count == j - i) {  // a new pair's first run
-      run_ = last_;
-      return;
-    }
-    if (in_order_) Unsort(j - i);  // a pair came back after another
-    for (size_t k = i; k < j; ++k) group_of_[k] = static_cast<uint32_t>(last_);
-  }
   // Ends the run of items [first, end) of the group find/add returned last
   // (their lengths summing to `bytes`; `bad`: one of them is outside its
   // regions): "" once it is noted, else why its first bad item is refused,
   // named by its number in the call.
   std::string EndRun(size_t first, size_t end, uint64_t bytes, bool bad) {
-    const Limits& m = limits_[last_];
+    const Fit& m = fits_[last_];
     if (bad && !m.trusted) {
       size_t k = first;
       while (range_fits(staged_[k].local_off, staged_[k].remote_off, staged_[k].len, m.local,
@@ -129,14 +112,12 @@ class Grouper {
     NoteRun(first, end, bytes);
     return {};
   }
-  // Each group's place, count and bytes; `iov` every item, group after group.
+  // Each group's place; `iov` every item, group after group.
   void Fill() {
     size_t first = 0;
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      groups[gi].first = first;
-      groups[gi].n = limits_[gi].count;
-      groups[gi].bytes = limits_[gi].bytes;
-      first += limits_[gi].count;
+    for (auto& g : groups) {
+      g.first = first;
+      first += g.n;
     }
     if (in_order_) {
       iov = std::move(staged_);
@@ -173,6 +154,17 @@ class Grouper {
     for (const Slot& e : old)
       if (e.group != kEmpty) place(e.key, e.group);
   }
+  // Items [i, j) of the group find/add returned last, `bytes` long together,
+  // are counted. The first run of the newest group keeps the order; a group's
+  // second run (its pair came back after another) ends it.
+  void NoteRun(size_t i, size_t j, uint64_t bytes) {
+    Transfers::Group& g = groups[last_];
+    g.n += j - i;
+    g.bytes += bytes;
+    if (in_order_ && last_ + 1 == groups.size() && g.n == j - i) return;
+    if (in_order_) Unsort(j - i);
+    for (size_t k = i; k < j; ++k) group_of_[k] = static_cast<uint32_t>(last_);
+  }
   void remember(size_t l, size_t r, size_t at) {
     last_l_ = l;
     last_r_ = r;
@@ -183,28 +175,20 @@ class Grouper {
   // each group's items together, in group order (the run is counted already).
   void Unsort(size_t run) {
     in_order_ = false;
-    run_ = SIZE_MAX;
     group_of_.resize(staged_.size());
     size_t at = 0;
     for (size_t gi = 0; gi < groups.size(); ++gi)
-      for (size_t n = limits_[gi].count - (gi == last_ ? run : 0); n > 0; --n)
+      for (size_t n = groups[gi].n - (gi == last_ ? run : 0); n > 0; --n)
         group_of_[at++] = static_cast<uint32_t>(gi);
   }
-  IovList staged_;  // per item, in call order
-  struct Limits {
-    uint64_t local, remote;  // region sizes
-    bool trusted;
-    size_t count = 0;    // items
-    uint64_t bytes = 0;  // their lengths' sum
-  };
-  std::vector<Limits> limits_;  // per group
+  IovList staged_;         // per item, in call order
+  std::vector<Fit> fits_;  // per group
   const size_t n_remote_;
   std::vector<int32_t> flat_;  // group by local * n_remote + remote, -1 none (small lists)
   std::vector<Slot> slots_;    // else (local, remote) -> group, open addressing
   // Out of order only: each item's group.
   std::vector<uint32_t, UninitAllocator<uint32_t>> group_of_;
-  bool in_order_ = true;   // items so far came pair by pair
-  size_t run_ = SIZE_MAX;  // in order: the group of the run going on
+  bool in_order_ = true;  // items so far came pair by pair
   size_t last_l_ = SIZE_MAX, last_r_ = SIZE_MAX, last_ = 0;
 };
 

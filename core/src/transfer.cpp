@@ -56,13 +56,17 @@ TransferStatus failed(StatusCode code, std::string msg) {
   return s;
 }
 
-}  // namespace
-
-namespace {
+// A transfer's local region is in use from its start to its end: a
+// deregistration waits for it (Registry, `inflight`).
+void hold(LocalMem& m) {
+  std::lock_guard<std::mutex> lk(m.mu);
+  ++m.inflight;
+}
 void release(LocalMem& m) {
   std::lock_guard<std::mutex> lk(m.mu);
   if (--m.inflight == 0) m.idle.notify_all();
 }
+
 }  // namespace
 
 Transfer::~Transfer() {
@@ -71,7 +75,7 @@ Transfer::~Transfer() {
     release(*pair.local);
     return;
   }
-  for (const Part& p : parts) release(*p.pair.local);
+  for (const PairItems& p : parts) release(*p.pair.local);
 }
 
 Attempt::~Attempt() { transfer->owner->watchdog_.disarm(this); }
@@ -222,8 +226,6 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t,
                   "remote engine '" + pair.peer->desc.key +
                       "' was deregistered or registered again since this session was created; "
                       "create a new session");
-  if (t->total == 0)
-    for (const auto& v : t->iov) t->total += v.len;
   std::string why;
   if (route)
     t->route = *route;
@@ -232,15 +234,10 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t,
   if (t->route.empty()) return failed(StatusCode::ERR_BAD_STATE, why);
   if (t->deadline == std::chrono::steady_clock::time_point{})
     t->deadline = std::chrono::steady_clock::now() + policy_.timeout;
-  if (t->parts.empty()) {
-    std::lock_guard<std::mutex> lk(pair.local->mu);
-    ++pair.local->inflight;
-  } else {
-    for (const auto& p : t->parts) {
-      std::lock_guard<std::mutex> lk(p.pair.local->mu);
-      ++p.pair.local->inflight;
-    }
-  }
+  if (t->parts.empty())
+    hold(*pair.local);
+  else
+    for (const PairItems& p : t->parts) hold(*p.pair.local);
   t->pair = pair;  // from here on ~Transfer releases the local regions
   t->status.SetInProgress();
   // Weak: the status may outlive the transfer (Cancel() of an ended one returns first).

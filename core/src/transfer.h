@@ -62,6 +62,14 @@ inline bool range_fits(uint64_t lo, uint64_t ro, uint64_t len, uint64_t lsize, u
   return !((len == 0) | (lo > lsize) | (len > lsize - lo) | (ro > rsize) | (len > rsize - ro));
 }
 
+// The items of one region pair in a multi-region call: iov[first, first + n)
+// of the call's list, every range inside the pair's regions.
+struct PairItems {
+  MemPair pair;
+  size_t first = 0, n = 0;
+  uint64_t bytes = 0;  // their lengths' sum
+};
+
 // One logical transfer, across however many backends it takes.
 struct Attempt;
 struct Transfer {
@@ -69,13 +77,9 @@ struct Transfer {
   TransferStatus status;
   MemPair pair;
   // A transfer over several region pairs in one attempt (plugin ABI 1.7,
-  // FERRY_CAP_MULTI_PAIR): per pair, how many of iov's items are over it, in
-  // iov's order; parts[0].pair is `pair`. Empty for one pair.
-  struct Part {
-    MemPair pair;
-    uint32_t n;
-  };
-  std::vector<Part> parts;
+  // FERRY_CAP_MULTI_PAIR): each pair's items in iov, in iov's order;
+  // parts[0].pair is `pair`. Empty for one pair.
+  std::vector<PairItems> parts;
   // What it became when its route reached a backend without MULTI_PAIR: one
   // transfer per pair (guarded by current_mu; cancel and progress go to them).
   std::vector<TransferStatus> split;
@@ -92,7 +96,7 @@ struct Transfer {
   // A part of a multi-region transfer: told once when this part ends.
   std::function<void(StatusCode code, const std::string& why)> on_end;
   IovList iov;
-  uint64_t total = 0;  // of iov's lengths (0 until counted: no item has length 0)
+  uint64_t total = 0;  // of iov's lengths (set by whoever builds the transfer)
   std::vector<BackendPtr> route;
   // The whole transfer ends by this (submit + policy timeout): attempts, fences,
   // failovers and the notification all fit inside it.
@@ -151,11 +155,7 @@ class Transfers {
   // Where a backend of the route takes several region pairs in one post
   // (FERRY_CAP_MULTI_PAIR) the whole call is one transfer, one attempt; it
   // splits into parts only if it fails over to a backend that does not.
-  struct Group {
-    MemPair pair;
-    size_t first = 0, n = 0;  // its items: iov[first, first + n), each range fits the pair
-    uint64_t bytes = 0;       // their lengths' sum
-  };
+  using Group = PairItems;
   TransferStatus submit_groups(std::vector<Group> groups, IovList iov, Op op, TransferUid uid,
                                std::optional<bool> notify, std::optional<std::string> message);
   // "" when every range fits its pair's regions, else why not (item numbers

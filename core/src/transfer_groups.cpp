@@ -76,14 +76,12 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, IovList iov, 
     auto t = make_transfer(op, flags, uid);
     t->message = std::move(message);
     t->iov = std::move(iov);
-    t->parts.reserve(groups.size());
     uint64_t total = 0;
-    for (const Group& g : groups) {
-      t->parts.push_back({g.pair, static_cast<uint32_t>(g.n)});
-      total += g.bytes;
-    }
+    for (const Group& g : groups) total += g.bytes;
     t->total = total;
-    return start(groups.front().pair, t, &route);
+    const MemPair first = groups.front().pair;
+    t->parts = std::move(groups);
+    return start(first, t, &route);
   }
   TransferStatus status;
   status.SetInProgress();
@@ -205,18 +203,9 @@ void Transfers::split(const TransferPtr& t) {
   // The parts go on from the backend this transfer had come to, with what is
   // left of its attempts and its deadline; the call ends when the last does.
   std::vector<BackendPtr> rest(t->route.begin() + static_cast<ptrdiff_t>(t->next), t->route.end());
-  std::vector<Group> groups;
-  groups.reserve(t->parts.size());
-  size_t first = 0;
-  for (const auto& p : t->parts) {
-    uint64_t bytes = 0;
-    for (size_t i = first; i < first + p.n; ++i) bytes += t->iov[i].len;
-    groups.push_back({p.pair, first, p.n, bytes});
-    first += p.n;
-  }
   FERRY_LOG(INFO, self_key_,
             "transfer " + std::to_string(t->uid) + " to " + t->pair.peer->desc.key + " goes on " +
-                rest.front()->name + " as " + std::to_string(groups.size()) +
+                rest.front()->name + " as " + std::to_string(t->parts.size()) +
                 " transfers, one per region pair (it takes one pair per post)");
   PartsSpec spec{
       t->op, t->uid,     (t->flags & FERRY_XFER_NOTIFY) != 0, std::move(t->message), t->deadline,
@@ -224,7 +213,7 @@ void Transfers::split(const TransferPtr& t) {
   const std::string before = t->history;
   std::vector<TransferStatus> statuses;
   start_parts(
-      groups, t->iov.data(), std::move(spec),
+      t->parts, t->iov.data(), std::move(spec),
       [this, t, before](StatusCode code, const std::string& why) {
         std::string msg = before;
         if (!why.empty()) msg += (msg.empty() ? "" : "; then per region pair: ") + why;
