@@ -143,6 +143,22 @@ size_t MergePieces(uint32_t op, const ferry_iov_v1* iov, uint64_t n, char* lbase
   *outside = bad;
   return k;
 }
+// Per-thread piece arrays that only grow (MergePieces writes by index), so a
+// post allocates nothing once warm; room for at least n pieces.
+struct Scratch {
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+};
+Scratch& ScratchFor(size_t n) {
+  thread_local Scratch s;
+  if (s.sizes.size() < n) {
+    s.dsts.resize(n);
+    s.srcs.resize(n);
+    s.sizes.resize(n);
+  }
+  return s;
+}
 }  // namespace
 
 // Waits for the next pending copy. A post that comes soon after a completion
@@ -408,25 +424,13 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, u
     if (rc != FERRY_ERR_UNSUPPORTED) return rc;
     return gpu_->memcpy_async(gpu_->gpu_ctx, dst, src, n, stream);
   }
-  // Per-thread arrays that only grow (MergePieces writes by index), so a
-  // post allocates nothing once warm.
-  thread_local std::vector<void*> tls_dsts;
-  thread_local std::vector<const void*> tls_srcs;
-  thread_local std::vector<size_t> tls_sizes;
-  std::vector<void*>& dv = tls_dsts;
-  std::vector<const void*>& sv = tls_srcs;
-  std::vector<size_t>& zv = tls_sizes;
-  if (dv.size() < x->n_iov) {
-    dv.resize(x->n_iov);
-    sv.resize(x->n_iov);
-    zv.resize(x->n_iov);
-  }
+  Scratch& sc = ScratchFor(x->n_iov);
   bool outside = false;
   const size_t k = MergePieces(x->op, x->iov, x->n_iov, local.addr, local.size, rbase, rsize,
-                               dv.data(), sv.data(), zv.data(), 0, &outside);
+                               sc.dsts.data(), sc.srcs.data(), sc.sizes.data(), 0, &outside);
   *merged = Clock::now();
   if (outside) return kPieceOutside;
-  return CopyPieces(dv.data(), sv.data(), zv.data(), k, stream);
+  return CopyPieces(sc.dsts.data(), sc.srcs.data(), sc.sizes.data(), k, stream);
 }
 
 int Instance::CopyPieces(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t k,
@@ -470,6 +474,12 @@ int Instance::ChooseStreamLocked(int dev, size_t* si_out, void** event_out) {
   *si_out = si;
   *event_out = event;
   return FERRY_OK;
+}
+
+void Instance::ReleaseStreamLocked(int dev, size_t si, void* event) {
+  const auto d = static_cast<size_t>(dev);
+  if (event) free_events_[d].push_back(event);
+  --stream_copies_[d][si];
 }
 
 bool Instance::HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize) {
@@ -625,18 +635,13 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   }
   // Parts held for a launch go first: they were posted before this.
   while (!held_.parts.empty()) LaunchHeld(lk);
-  // A stream per device; given back below if a piece is outside its regions.
-  auto give_back = [&] {
-    for (const Launch& l : launches) {
-      if (l.event) free_events_[static_cast<size_t>(l.device)].push_back(l.event);
-      --stream_copies_[static_cast<size_t>(l.device)][l.si];
-    }
-  };
+  // A stream per device; a launch that never runs gives it back (mu_ held).
+  auto give_back = [&](const Launch& l) { ReleaseStreamLocked(l.device, l.si, l.event); };
   for (int dev : devices) {
     Launch l{dev, 0, nullptr, nullptr, 0, 0};
     if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK ||
         ChooseStreamLocked(dev, &l.si, &l.event) != FERRY_OK) {
-      give_back();
+      for (const Launch& taken : launches) give_back(taken);
       lk.unlock();
       LogLine(FERRY_LOG_WARN, "no stream for the copies: " + GpuError());
       return FERRY_ERR_GPU;
@@ -649,14 +654,10 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   const auto ready = Clock::now();
   // Every pair's pieces, merged where contiguous, device by device (never
   // across two devices), each checked against its own pair's regions.
-  thread_local std::vector<void*> dv;
-  thread_local std::vector<const void*> sv;
-  thread_local std::vector<size_t> zv;
-  if (dv.size() < x->n_iov) {
-    dv.resize(x->n_iov);
-    sv.resize(x->n_iov);
-    zv.resize(x->n_iov);
-  }
+  Scratch& sc = ScratchFor(x->n_iov);
+  void** dv = sc.dsts.data();
+  const void** sv = sc.srcs.data();
+  size_t* zv = sc.sizes.data();
   bool outside = false;
   size_t k = 0;
   for (Launch& l : launches) {
@@ -665,8 +666,8 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
       if (sg.local->device != l.device) continue;
       bool bad = false;
       k = l.first + MergePieces(x->op, sg.iov, sg.n, sg.local->addr, sg.local->size, sg.rbase,
-                                sg.rsize, dv.data() + l.first, sv.data() + l.first,
-                                zv.data() + l.first, k - l.first, &bad);
+                                sg.rsize, dv + l.first, sv + l.first, zv + l.first, k - l.first,
+                                &bad);
       outside |= bad;
     }
     l.k = k - l.first;
@@ -674,7 +675,7 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   const auto merged = Clock::now();
   if (outside) {
     lk.lock();
-    give_back();
+    for (const Launch& l : launches) give_back(l);
     lk.unlock();
     TellRefusal(x, "a piece is outside its region pair's regions");
     return FERRY_ERR_INVALID_ARGS;
@@ -685,8 +686,7 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   size_t launched = 0;
   for (const Launch& l : launches) {
     rc = gpu_->set_device(gpu_->gpu_ctx, l.device);
-    if (rc == FERRY_OK)
-      rc = CopyPieces(dv.data() + l.first, sv.data() + l.first, zv.data() + l.first, l.k, l.stream);
+    if (rc == FERRY_OK) rc = CopyPieces(dv + l.first, sv + l.first, zv + l.first, l.k, l.stream);
     if (rc == FERRY_OK && l.event) rc = gpu_->event_record(gpu_->gpu_ctx, l.event, l.stream);
     ++launched;  // (on failure too: some of its copies may be queued)
     if (rc != FERRY_OK) break;
@@ -694,11 +694,7 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   const auto recorded = Clock::now();
   if (rc != FERRY_OK) LogLine(FERRY_LOG_WARN, "launching the copies failed: " + GpuError());
   lk.lock();
-  for (size_t i = launched; i < launches.size(); ++i) {  // never launched: given back
-    const Launch& l = launches[i];
-    if (l.event) free_events_[static_cast<size_t>(l.device)].push_back(l.event);
-    --stream_copies_[static_cast<size_t>(l.device)][l.si];
-  }
+  for (size_t i = launched; i < launches.size(); ++i) give_back(launches[i]);
   for (size_t i = 0; i < launched; ++i) {
     const Launch& l = launches[i];
     const bool last = i + 1 == launched;
@@ -771,13 +767,11 @@ int Instance::Post(const ferry_xfer_v1* x) {
     return FERRY_OK;
   }
   const auto d = static_cast<size_t>(dev);
-  auto& copies = stream_copies_[d];
-  auto& evs = free_events_[d];
   size_t si = 0;
   void* event = nullptr;
   if (ChooseStreamLocked(dev, &si, &event) != FERRY_OK) return FERRY_ERR_GPU;
   void* stream = streams_[d][si];
-  ++copies[si];
+  ++stream_copies_[d][si];
   lk.unlock();
 
   const auto ready = Clock::now();
@@ -788,8 +782,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   const auto recorded = Clock::now();
   lk.lock();
   if (rc != FERRY_OK) {
-    if (event) evs.push_back(event);
-    --copies[si];
+    ReleaseStreamLocked(dev, si, event);
     lk.unlock();
     if (rc == kPieceOutside) {
       TellRefusal(x, kOutside);

@@ -153,6 +153,9 @@ class Instance {
   // mu_ held: a stream of `device` for new copies (*si its index), and an event
   // unless the copies will be alone on it. FERRY_OK or FERRY_ERR_GPU.
   int ChooseStreamLocked(int device, size_t* si, void** event);
+  // mu_ held: what ChooseStreamLocked gave (and the copy counted on the
+  // stream) goes back, for copies that were never enqueued.
+  void ReleaseStreamLocked(int device, size_t si, void* event);
   // mu_ held: adds x's pieces (merged where contiguous) and x itself to held_;
   // false (held_ unchanged) when a piece is outside the regions.
   bool HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize);
