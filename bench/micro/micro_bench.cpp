@@ -200,35 +200,26 @@ void BM_KvPrepared(benchmark::State& state) {
 }
 BENCHMARK(BM_KvPrepared)->UseRealTime();
 
-void BM_KvItems(benchmark::State& state) {
+// One multi-region transfer() of `items` per iteration.
+void kv_items(benchmark::State& state, const std::vector<TransferItem>& items) {
   KvRig& k = kv();
   Engine& a = *rig().a;
   TransferUid uid = a.allocate_transfer_uid();
   TransferStatus st;
   for (auto _ : state) {
-    st = a.transfer(Op::WRITE, k.local, k.remote, k.items, uid++, false);
+    st = a.transfer(Op::WRITE, k.local, k.remote, items, uid++, false);
     benchmark::DoNotOptimize(st);
   }
   st.Wait();
   check(state, st);
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(KvRig::kItems));
 }
+
+void BM_KvItems(benchmark::State& state) { kv_items(state, kv().items); }
 BENCHMARK(BM_KvItems)->UseRealTime();
 
 // The same items pair by pair: they need no regrouping (multi_region.cpp).
-void BM_KvItemsByLayer(benchmark::State& state) {
-  KvRig& k = kv();
-  Engine& a = *rig().a;
-  TransferUid uid = a.allocate_transfer_uid();
-  TransferStatus st;
-  for (auto _ : state) {
-    st = a.transfer(Op::WRITE, k.local, k.remote, k.by_layer, uid++, false);
-    benchmark::DoNotOptimize(st);
-  }
-  st.Wait();
-  check(state, st);
-  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(KvRig::kItems));
-}
+void BM_KvItemsByLayer(benchmark::State& state) { kv_items(state, kv().by_layer); }
 BENCHMARK(BM_KvItemsByLayer)->UseRealTime();
 
 void BM_KvPerRegionBatches(benchmark::State& state) {
