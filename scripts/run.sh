@@ -97,7 +97,7 @@ run_ctest() {  # run_ctest STAGE BUILD_DIR [ctest args...]: JUnit + labels for t
 asan_ctest() {
   local rc=0 again
   local -x ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  run_ctest asan build-asan --timeout 900 -L 'core|tcp' || rc=$?
+  run_ctest asan build-asan --timeout 900 -L 'core|tcp|xgmi' || rc=$?
   [ "$rc" != 0 ] || return 0
   again=$(/usr/bin/python3 scripts/ci_summary.py --lsan-crashes "$report/junit-asan.xml") || return "$rc"
   echo "== LeakSanitizer's tracer crashed at the exit of: $again (no leak check ran); once more"
@@ -183,7 +183,7 @@ tsan_tests() {
   # moved a moment before: with those accesses checked, every byte takes TSan's
   # suppression slow path and the test runs past its timeout (seen in CI once
   # the suppressions matched GCC's interceptor names). They run with the heavy ones.
-  local strict='inbound_table_test|notif_inbox_test|auth_test|shm_ring_test|io_pool_test|progress_test|control_route_test|etcd_json_test|metrics_endpoint_test'
+  local strict='xgmi_plugin_test|inbound_table_test|notif_inbox_test|auth_test|shm_ring_test|io_pool_test|progress_test|control_route_test|etcd_json_test|metrics_endpoint_test'
   # metadata_etcd_test's target is a child process that hashes memory a lane
   # wrote: the order comes through the initiator, which TSan cannot follow.
   local heavy='failover_test|engine_process_test|notification_process_test|cancel_process_test|multi_region_test|tcp_plugin_test|hostile_peer_test|metadata_etcd_test'
@@ -240,7 +240,7 @@ case "$mode" in
     t=$SECONDS; rc=0
     build build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON -DFERRY_BUILD_BENCH=OFF || rc=$?
     [ "$rc" != 0 ] || asan_ctest || rc=$?
-    record_stage asan "$t" "$rc" "ctest -L 'core|tcp', Debug, -fsanitize=address,undefined"
+    record_stage asan "$t" "$rc" "ctest -L 'core|tcp|xgmi', Debug, -fsanitize=address,undefined"
 
     echo "== fuzzing: each libFuzzer target for ${FERRY_FUZZ_SECONDS:-30}s (clang, ASan + UBSan)"
     t=$SECONDS; rc=0

@@ -48,7 +48,11 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
   return in;
 }
 
-Instance::Instance(const ferry_host_v1* host) : host_(host), gpu_(host->gpu) {
+Instance::Instance(const ferry_host_v1* host)
+    : host_(host),
+      gpu_(host->gpu),
+      has_batch_(FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, memcpy_batch_async) &&
+                 gpu_->memcpy_batch_async != nullptr) {
   const size_t n = static_cast<size_t>(gpu_->device_count);
   streams_.resize(n);
   stream_copies_.resize(n);
@@ -229,8 +233,12 @@ int Instance::WaitCopies(const Pending& p) {
 }
 
 int Instance::QueryCopies(const Pending& p) {
-  return p.event ? gpu_->event_query(gpu_->gpu_ctx, p.event)
-                 : gpu_->stream_query(gpu_->gpu_ctx, p.stream);
+  if (p.event) return gpu_->event_query(gpu_->gpu_ctx, p.event);
+  // No event: a copy alone on its stream (only where stream_query exists) or
+  // a failed launch's stream, which a runtime without the query is waited on.
+  if (FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, stream_query) && gpu_->stream_query != nullptr)
+    return gpu_->stream_query(gpu_->gpu_ctx, p.stream);
+  return gpu_->stream_sync(gpu_->gpu_ctx, p.stream);
 }
 
 void Instance::PublishFrontLocked() {
@@ -419,8 +427,9 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, u
     void* dst = write ? r : l;
     const void* src = write ? l : r;
     const size_t n = v.len;
-    int rc = batch_copy_ ? gpu_->memcpy_batch_async(gpu_->gpu_ctx, &dst, &src, &n, 1, stream)
-                         : FERRY_ERR_UNSUPPORTED;
+    int rc = batch_copy_ && has_batch_
+                 ? gpu_->memcpy_batch_async(gpu_->gpu_ctx, &dst, &src, &n, 1, stream)
+                 : FERRY_ERR_UNSUPPORTED;
     if (rc != FERRY_ERR_UNSUPPORTED) return rc;
     return gpu_->memcpy_async(gpu_->gpu_ctx, dst, src, n, stream);
   }
@@ -436,7 +445,7 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, u
 int Instance::CopyPieces(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t k,
                          void* stream) {
   int rc = FERRY_ERR_UNSUPPORTED;
-  if (k > 1 && batch_copy_)
+  if (k > 1 && batch_copy_ && has_batch_)
     rc = gpu_->memcpy_batch_async(gpu_->gpu_ctx, dsts, srcs, sizes, k, stream);
   if (rc != FERRY_ERR_UNSUPPORTED) return rc;
   rc = FERRY_OK;
@@ -530,18 +539,22 @@ int Instance::LaunchHeld(std::unique_lock<std::mutex>& lk) {
   if (rc != FERRY_OK) {
     const std::string why = "GPU copy failed: " + GpuError();
     LogLine(FERRY_LOG_WARN, "launching " + std::to_string(h.parts.size()) + " held parts: " + why);
+  }
+  if (rc != FERRY_OK && stream == nullptr) {  // nothing was launched: fail them now
     for (const HeldPart& p : h.parts)
-      host_->complete(host_->host_ctx, p.xfer_ctx, FERRY_ERR_GPU, why.c_str());
+      host_->complete(host_->host_ctx, p.xfer_ctx, FERRY_ERR_GPU, "no GPU stream for the copies");
     lk.lock();
-    if (stream != nullptr) {
-      stream_copies_[d][si] -= static_cast<int>(h.parts.size());
-      if (event) free_events_[d].push_back(event);
-    }
     for (const HeldPart& p : h.parts) --p.peer->inflight;
     drained_.notify_all();
     return FERRY_ERR_GPU;
   }
   lk.lock();
+  // Some copies may be queued before the call that failed: the parts fail
+  // once the stream has run them (as Post does).
+  if (rc != FERRY_OK && event) {
+    free_events_[d].push_back(event);
+    event = nullptr;
+  }
   // The next call's pieces go into these arrays again, already as large.
   if (held_.parts.empty() && held_.sizes.size() < h.sizes.size()) {
     std::swap(held_.dsts, h.dsts);
@@ -550,12 +563,13 @@ int Instance::LaunchHeld(std::unique_lock<std::mutex>& lk) {
   }
   for (size_t i = 0; i < h.parts.size(); ++i)
     pending_.push_back({next_seq_++, event, stream, si, dev, h.parts[i].xfer_ctx, h.parts[i].peer,
-                        h.bytes, recorded, i + 1 == h.parts.size()});
+                        h.bytes, recorded, i + 1 == h.parts.size(),
+                        rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU});
   PublishFrontLocked();
   ++held_launches_;
   held_parts_ += h.parts.size();
   if (completer_sleeping_) cv_.notify_one();
-  return FERRY_OK;
+  return rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU;
 }
 
 void Instance::Posted(std::unique_lock<std::mutex>& lk, const PostTimes& t) {
@@ -780,20 +794,26 @@ int Instance::Post(const ferry_xfer_v1* x) {
   const auto enqueued = Clock::now();
   if (rc == FERRY_OK && event) rc = gpu_->event_record(gpu_->gpu_ctx, event, stream);
   const auto recorded = Clock::now();
+  if (rc != FERRY_OK && rc != kPieceOutside)
+    LogLine(FERRY_LOG_WARN, "enqueueing the copy failed: " + GpuError());
   lk.lock();
-  if (rc != FERRY_OK) {
+  if (rc == kPieceOutside) {  // refused before anything was enqueued
     ReleaseStreamLocked(dev, si, event);
     lk.unlock();
-    if (rc == kPieceOutside) {
-      TellRefusal(x, kOutside);
-      return FERRY_ERR_INVALID_ARGS;
-    }
-    LogLine(FERRY_LOG_WARN, "enqueueing the copy failed: " + GpuError());
-    return FERRY_ERR_GPU;
+    TellRefusal(x, kOutside);
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  // A copy call that failed may follow others already queued (a piece each
+  // where the runtime has no batch call): the transfer fails only once its
+  // stream has run them, so nothing lands after the failure is reported
+  // (INITIATOR_COPY: the core fences nothing behind it and may retry elsewhere).
+  if (rc != FERRY_OK && event) {
+    free_events_[static_cast<size_t>(dev)].push_back(event);
+    event = nullptr;  // the stream is waited for instead
   }
   ++peer->inflight;
-  pending_.push_back(
-      {next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes, recorded, true});
+  pending_.push_back({next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes,
+                      recorded, true, rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU});
   Posted(lk, {entered, ready, merged, enqueued, recorded});
   return FERRY_OK;
 }

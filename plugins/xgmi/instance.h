@@ -160,8 +160,9 @@ class Instance {
   // false (held_ unchanged) when a piece is outside the regions.
   bool HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize);
   // mu_ held on entry and exit (released while launching): launches held_ as
-  // one batch and queues its parts for completion; on failure completes them
-  // with FERRY_ERR_GPU. FERRY_OK or FERRY_ERR_GPU.
+  // one batch and queues its parts for completion; when a launch fails they
+  // fail (FERRY_ERR_GPU) once what it queued has run, at once when nothing
+  // was launched. FERRY_OK or FERRY_ERR_GPU.
   int LaunchHeld(std::unique_lock<std::mutex>& lk);
   // mu_ held on entry, released on return: a post's copies are pending (the
   // front published), its stage times counted, the completion thread woken.
@@ -184,6 +185,7 @@ class Instance {
 
   const ferry_host_v1* host_;
   const ferry_gpu_v1* gpu_;
+  const bool has_batch_;  // the shim has memcpy_batch_async (a runtime's batch or gather)
   int streams_per_device_ = 4;
   bool batch_copy_ = true;
   std::chrono::microseconds spin_{200};       // poll a finishing copy this long before blocking

@@ -113,7 +113,7 @@ struct Net {
 };
 
 struct HostOptions {
-  const ferry_gpu_v1* gpu = nullptr;  // host->gpu (e.g. tcp/tests/fake_gpu.h), or none
+  const ferry_gpu_v1* gpu = nullptr;  // host->gpu (e.g. testing/fake_gpu.h), or none
   Net* net = nullptr;                 // null: no control channel, ctrl_send is UNSUPPORTED
   int print_level = FERRY_LOG_DEBUG;  // log lines at or below this level go to stderr
   bool landings_only = false;         // record only inbound() calls with FERRY_OK, as the core

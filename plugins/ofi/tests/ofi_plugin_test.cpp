@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../tcp/tests/fake_gpu.h"
+#include "testing/fake_gpu.h"
 #include "blob.h"
 #include "doorbell.h"
 #include "ferry/plugin.h"
@@ -474,7 +474,7 @@ INSTANTIATE_TEST_SUITE_P(Providers, OfiPair, testing::Values("shm", "tcp;ofi_rxm
                          });
 
 // ---- GPU memory: staged by the initiator through registered bounce buffers ----------------
-// The fake runtime (plugins/tcp/tests/fake_gpu.h) runs a queued copy only when
+// The fake runtime (plugins/common/testing/fake_gpu.h) runs a queued copy only when
 // something waits for it, so a pipeline that RMAs a bounce buffer before its
 // device->host copy is done, or calls a READ done before its host->device copy
 // ran, moves stale bytes and these tests fail.

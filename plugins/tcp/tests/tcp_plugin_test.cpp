@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "fake_gpu.h"
+#include "testing/fake_gpu.h"
 #include "ferry/plugin.h"
 #include "planner.h"
 #include "shm_ring.h"

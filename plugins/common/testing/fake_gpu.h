@@ -4,6 +4,8 @@
 // on a stream happens only when something waits for it (event_sync/query of a
 // later event, stream_sync). A stager that reads a staging buffer before waiting
 // for the copy into it sees stale bytes, and a test catches that.
+// The IPC calls (xgmi) pass the allocation's address as its handle: importer
+// and exporter are one process in these tests.
 #pragma once
 
 #include <atomic>
@@ -58,6 +60,26 @@ class FakeGpu {
       if (Self(c)->queries_.fetch_add(1) % 2 == 0) return 1;
       return Self(c)->t_.event_sync(c, e);
     };
+    t_.stream_query = [](void* c, void* s) {
+      if (Self(c)->queries_.fetch_add(1) % 2 == 0) return 1;
+      return Self(c)->Run(s, nullptr);
+    };
+    t_.mem_range = [](void*, const void* p, void** base, size_t* size) {
+      *base = const_cast<void*>(p);
+      *size = 0;  // unknown; nothing here reads it
+      return FERRY_OK;
+    };
+    t_.ipc_get_handle = [](void*, const void* base, uint8_t handle[64]) {
+      std::memset(handle, 0, 64);
+      std::memcpy(handle, &base, sizeof base);
+      return FERRY_OK;
+    };
+    t_.ipc_open = [](void* c, const uint8_t handle[64], int32_t, void** p) {
+      std::memcpy(p, handle, sizeof *p);
+      Self(c)->ipc_opens.fetch_add(1);
+      return FERRY_OK;
+    };
+    t_.ipc_close = [](void*, void*) { return FERRY_OK; };
     t_.host_alloc = [](void* c, void** p, size_t n) {
       *p = std::malloc(n);
       Self(c)->pinned_allocs.fetch_add(1);
@@ -78,6 +100,15 @@ class FakeGpu {
   std::atomic<uint64_t> copied{0};         // bytes moved by copies that ran
   std::atomic<int> pinned_allocs{0};       // host_alloc calls
   std::atomic<int> fail_after_copies{-1};  // >= 0: copies after this many fail
+  std::atomic<int> ipc_opens{0};           // ipc_open calls
+  // Copies queued and not yet run, on every stream.
+  size_t queued() {
+    std::lock_guard lk(mu_);
+    size_t n = 0;
+    for (const Stream& s : streams_)
+      for (const Op& o : s.ops) n += o.mark == nullptr;
+    return n;
+  }
 
  private:
   struct Event;

@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: Apache-2.0
+// The xgmi plugin on a host without a GPU: the fake runtime of
+// testing/fake_gpu.h stands for CUDA/HIP ("device memory" is host memory, a
+// queued copy runs only when something waits for it, a copy call can be made
+// to fail). What it checks is xgmi's own logic - pieces merged and bounded,
+// held parts and multi-pair posts launched together, and above all that a
+// failed launch is reported only once every copy it queued has run: xgmi
+// claims INITIATOR_COPY (nothing lands after complete(), so the core fences
+// nothing and may retry elsewhere at once). The real copies run in
+// tests/gpu/gpu_transfer_test on a GPU host.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/plugin.h"
+#include "testing/fake_gpu.h"
+#include "testing/plugin_harness.h"
+
+extern "C" const ferry_plugin_ops_v1 ferry_plugin_v1;
+
+namespace {
+
+using ferry_plugin_test::Completion;
+using ferry_plugin_test::Fill;
+using ferry_plugin_test::MakeXfer;
+using ferry_plugin_test::Mem;
+using ferry_plugin_test::PairOptions;
+using ferry_plugin_test::PairTest;
+using ferry_plugin_test::XferArgs;
+
+const ferry_plugin_ops_v1& Ops() { return ferry_plugin_v1; }
+
+PairOptions SameHost() {
+  PairOptions o;
+  o.instance.same_host = 1;
+  return o;
+}
+
+// What complete() said, and how often.
+struct Observed {
+  int status;
+  int calls;
+};
+
+class Xgmi : public PairTest<> {
+ protected:
+  Xgmi() : PairTest<>(Ops(), SameHost()) {}
+  // hold_us at its longest: held parts wait for their last part (were the
+  // completion thread to launch them first, the outcomes checked are the
+  // same); idle_spin_us 0, so it sleeps between tests.
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(
+        Connect(R"({"hold_us":100000,"idle_spin_us":0})", gpu_.table(), gpu_.table()));
+    src_ = a_->Register(1, kSize, 0);
+    dst_ = b_->Register(2, kSize, 0);
+    Fill(src_->data, 7);
+    remote_ = a_->Import(a_peer_b_, *dst_);
+  }
+  // As the core does: imports and peers go before the instances, and the
+  // instances before the fake runtime they use (a member of this class, so
+  // destroyed before the base's instances would be).
+  void TearDown() override {
+    if (remote_) a_->plugin().mem_release(a_->ctx(), remote_);
+    a_->plugin().peer_remove(a_->ctx(), a_peer_b_);
+    b_->plugin().peer_remove(b_->ctx(), b_peer_a_);
+    PairTest<>::TearDown();
+  }
+  // Non-contiguous 4 KiB pieces: piece i from src 8 KiB * i to dst 8 KiB * i + 4 KiB,
+  // so none merges with the next and each is a copy call of its own.
+  static std::vector<ferry_iov_v1> Pieces(size_t first, size_t n) {
+    std::vector<ferry_iov_v1> iov;
+    for (size_t i = first; i < first + n; ++i) iov.push_back({8192 * i, 8192 * i + 4096, 4096});
+    return iov;
+  }
+  bool Landed(const ferry_iov_v1& v) const {
+    return std::memcmp(src_->data.data() + v.local_off, dst_->data.data() + v.remote_off, v.len) ==
+           0;
+  }
+  static Observed Wait(Completion& c) {
+    EXPECT_TRUE(c.Wait()) << "never completed";
+    std::lock_guard lk(c.mu);
+    return {c.status, c.calls};
+  }
+
+  static constexpr size_t kSize = 1 << 20;
+  ferry_test::FakeGpu gpu_;
+  Mem* src_ = nullptr;
+  Mem* dst_ = nullptr;
+  void* remote_ = nullptr;
+};
+
+TEST_F(Xgmi, PiecesLandWhereTheySay) {
+  const auto iov = Pieces(0, 16);
+  Completion c;
+  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
+  const Observed o = Wait(c);
+  EXPECT_EQ(o.status, FERRY_OK);
+  for (const auto& v : iov) EXPECT_TRUE(Landed(v));
+  // The gap between two pieces stays untouched.
+  EXPECT_EQ(dst_->data[8192 * 3 + 100], 0);
+}
+
+TEST_F(Xgmi, APieceOutsideARegionQueuesNothing) {
+  auto iov = Pieces(0, 8);
+  iov.back().remote_off = kSize - 100;  // runs past the target's region
+  Completion c;
+  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+  EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_ERR_INVALID_ARGS);
+  EXPECT_EQ(gpu_.queued(), 0u);
+  EXPECT_EQ(gpu_.copied.load(), 0u);
+}
+
+// The fourth copy call of eight fails: three are queued on the stream. The
+// transfer fails, and not before those three have run - a report first would
+// let them land after the core was told the transfer is over.
+TEST_F(Xgmi, AFailedCopyCallFailsOnceWhatItQueuedHasRun) {
+  for (const uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
+    SCOPED_TRACE(op == FERRY_OP_WRITE ? "WRITE" : "READ");
+    gpu_.copied = 0;
+    gpu_.fail_after_copies = 3;
+    const auto iov = Pieces(0, 8);
+    Completion c;
+    const ferry_xfer_v1 x = MakeXfer(op, a_peer_b_, src_, remote_, iov, &c);
+    const int rc = a_->plugin().post(a_->ctx(), &x);
+    ASSERT_EQ(rc, FERRY_OK) << "a launch that may have queued copies is failed by complete()";
+    const Observed o = Wait(c);
+    EXPECT_EQ(o.status, FERRY_ERR_GPU);
+    EXPECT_EQ(o.calls, 1);
+    EXPECT_EQ(gpu_.queued(), 0u) << "copies still queued when the failure was reported";
+    EXPECT_EQ(gpu_.copied.load(), 3u * 4096);
+    gpu_.fail_after_copies = -1;
+  }
+}
+
+// Held parts (FERRY_XFER_MORE) launched as one: the launch fails part-way,
+// every part fails once, after what was queued has run.
+TEST_F(Xgmi, AFailedHeldLaunchFailsEveryPartAfterItsQueuedCopies) {
+  gpu_.fail_after_copies = 5;
+  Completion c1, c2, c3;
+  const auto iov1 = Pieces(0, 4), iov2 = Pieces(4, 4), iov3 = Pieces(8, 4);
+  const ferry_xfer_v1 x1 = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov1, &c1,
+                                    XferArgs{.flags = FERRY_XFER_MORE});
+  const ferry_xfer_v1 x2 = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov2, &c2,
+                                    XferArgs{.flags = FERRY_XFER_MORE});
+  const ferry_xfer_v1 x3 = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov3, &c3);
+  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x1), FERRY_OK);
+  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x2), FERRY_OK);
+  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x3), FERRY_OK);
+  for (Completion* c : {&c1, &c2, &c3}) {
+    const Observed o = Wait(*c);
+    EXPECT_EQ(o.status, FERRY_ERR_GPU);
+    EXPECT_EQ(o.calls, 1);
+  }
+  EXPECT_EQ(gpu_.queued(), 0u);
+  EXPECT_EQ(gpu_.copied.load(), 5u * 4096);
+}
+
+// ABI 1.7: several region pairs in one post. A working one lands every pair;
+// a failing one fails once, after what it queued.
+TEST_F(Xgmi, MultiPairPostLandsEveryPairAndFailsAfterItsCopies) {
+  Mem* src2 = a_->Register(3, kSize, 0);
+  Mem* dst2 = b_->Register(4, kSize, 0);
+  Fill(src2->data, 9);
+  void* remote2 = a_->Import(a_peer_b_, *dst2);
+  std::vector<ferry_iov_v1> iov = Pieces(0, 4);
+  for (const auto& v : Pieces(10, 4)) iov.push_back(v);
+  const ferry_pair_v1 pairs[2] = {{src_->handle, remote_, 4}, {src2->handle, remote2, 4}};
+  for (const int fail_after : {-1, 6}) {
+    SCOPED_TRACE(fail_after);
+    gpu_.copied = 0;
+    gpu_.fail_after_copies = fail_after;
+    Completion c;
+    ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+    x.local_mem = nullptr;
+    x.remote_mem = nullptr;
+    x.n_pairs = 2;
+    x.pairs = pairs;
+    ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
+    const Observed o = Wait(c);
+    EXPECT_EQ(o.calls, 1);
+    EXPECT_EQ(gpu_.queued(), 0u);
+    if (fail_after < 0) {
+      EXPECT_EQ(o.status, FERRY_OK);
+      for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(Landed(iov[i]));
+      for (size_t i = 4; i < 8; ++i)
+        EXPECT_EQ(std::memcmp(src2->data.data() + iov[i].local_off,
+                              dst2->data.data() + iov[i].remote_off, iov[i].len),
+                  0);
+    } else {
+      EXPECT_EQ(o.status, FERRY_ERR_GPU);
+      EXPECT_EQ(gpu_.copied.load(), 6u * 4096);
+    }
+  }
+  gpu_.fail_after_copies = -1;
+  a_->plugin().mem_release(a_->ctx(), remote2);
+}
+
+}  // namespace
