@@ -178,7 +178,12 @@ bool Instance::NextPending(std::unique_lock<std::mutex>& lk) {
     }
     if (!pending_.empty() || (stop_ && held_.parts.empty())) break;
     if (!held_.parts.empty()) {
+      // Asleep for post() too: the last part's launch must wake this thread
+      // to watch it (else its completion waited for the rest of hold_us
+      // wherever no waiter's progress() reports it).
+      completer_sleeping_ = true;
       cv_.wait_until(lk, held_.last + hold_);
+      completer_sleeping_ = false;
       continue;
     }
     if (!stop_ && idle_spin_.count() > 0) {
