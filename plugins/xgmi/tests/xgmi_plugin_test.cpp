@@ -76,10 +76,10 @@ class Xgmi : public PairTest<> {
     for (size_t i = first; i < first + n; ++i) iov.push_back({8192 * i, 8192 * i + 4096, 4096});
     return iov;
   }
-  bool Landed(const ferry_iov_v1& v) const {
-    return std::memcmp(src_->data.data() + v.local_off, dst_->data.data() + v.remote_off, v.len) ==
-           0;
+  static bool LandedIn(const Mem& src, const Mem& dst, const ferry_iov_v1& v) {
+    return std::memcmp(src.data.data() + v.local_off, dst.data.data() + v.remote_off, v.len) == 0;
   }
+  bool Landed(const ferry_iov_v1& v) const { return LandedIn(*src_, *dst_, v); }
   static Observed Wait(Completion& c) {
     EXPECT_TRUE(c.Wait()) << "never completed";
     std::lock_guard lk(c.mu);
@@ -160,98 +160,65 @@ TEST_F(Xgmi, AFailedHeldLaunchFailsEveryPartAfterItsQueuedCopies) {
   EXPECT_EQ(gpu_.copied.load(), 5u * 4096);
 }
 
-// ABI 1.7: several region pairs in one post. A working one lands every pair;
-// a failing one fails once, after what it queued.
-TEST_F(Xgmi, MultiPairPostLandsEveryPairAndFailsAfterItsCopies) {
-  Mem* src2 = a_->Register(3, kSize, 0);
-  Mem* dst2 = b_->Register(4, kSize, 0);
-  Fill(src2->data, 9);
-  void* remote2 = a_->Import(a_peer_b_, *dst2);
-  std::vector<ferry_iov_v1> iov = Pieces(0, 4);
-  for (const auto& v : Pieces(10, 4)) iov.push_back(v);
-  const ferry_pair_v1 pairs[2] = {{src_->handle, remote_, 4}, {src2->handle, remote2, 4}};
-  for (const int fail_after : {-1, 6}) {
-    SCOPED_TRACE(fail_after);
-    gpu_.copied = 0;
-    gpu_.fail_after_copies = fail_after;
-    Completion c;
-    ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
-    x.local_mem = nullptr;
-    x.remote_mem = nullptr;
-    x.n_pairs = 2;
-    x.pairs = pairs;
-    ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
-    const Observed o = Wait(c);
-    EXPECT_EQ(o.calls, 1);
-    EXPECT_EQ(gpu_.queued(), 0u);
-    if (fail_after < 0) {
-      EXPECT_EQ(o.status, FERRY_OK);
-      for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(Landed(iov[i]));
-      for (size_t i = 4; i < 8; ++i)
-        EXPECT_EQ(std::memcmp(src2->data.data() + iov[i].local_off,
-                              dst2->data.data() + iov[i].remote_off, iov[i].len),
-                  0);
-    } else {
-      EXPECT_EQ(o.status, FERRY_ERR_GPU);
-      EXPECT_EQ(gpu_.copied.load(), 6u * 4096);
-    }
-  }
-  gpu_.fail_after_copies = -1;
-  a_->plugin().mem_release(a_->ctx(), remote2);
-}
+// ABI 1.7: several region pairs in one post - src_ -> dst_ and a second pair
+// whose local memory is on `device` - 4 pieces each, one WRITE. Each case
+// makes the copy calls fail after `fail_after` (never when < 0) and expects
+// that many launches and copies run before the one completion.
+struct PairCase {
+  int fail_after;
+  uint64_t launches, copied;
+};
 
-// Pairs whose local memory is on two devices: one launch per device, one
-// completion for the transfer once both ended. The second device's launch
-// fails part-way: the transfer fails once, after the first device's copies
-// and the second's queued ones have run.
-TEST_F(Xgmi, MultiPairOverTwoDevicesCompletesOnceAfterBothLaunches) {
-  Mem* src2 = a_->Register(3, kSize, 1);  // the fake runtime's second device
-  Mem* dst2 = b_->Register(4, kSize, 0);
-  Fill(src2->data, 11);
-  void* remote2 = a_->Import(a_peer_b_, *dst2);
-  std::vector<ferry_iov_v1> iov = Pieces(0, 4);
-  for (const auto& v : Pieces(10, 4)) iov.push_back(v);
-  const ferry_pair_v1 pairs[2] = {{src_->handle, remote_, 4}, {src2->handle, remote2, 4}};
-  auto counter = [&](const char* name) {
+class XgmiPairs : public Xgmi {
+ protected:
+  void Check(int device, std::initializer_list<PairCase> cases) {
+    Mem* src2 = a_->Register(3, kSize, device);
+    Mem* dst2 = b_->Register(4, kSize, 0);
+    Fill(src2->data, 11);
+    void* remote2 = a_->Import(a_peer_b_, *dst2);
+    std::vector<ferry_iov_v1> iov = Pieces(0, 4);
+    for (const auto& v : Pieces(10, 4)) iov.push_back(v);
+    const ferry_pair_v1 pairs[2] = {{src_->handle, remote_, 4}, {src2->handle, remote2, 4}};
+    for (const PairCase& k : cases) {
+      SCOPED_TRACE(k.fail_after);
+      gpu_.copied = 0;
+      gpu_.fail_after_copies = k.fail_after;
+      const uint64_t launches = Counter("pair_launches");
+      Completion c;
+      ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+      x.local_mem = nullptr;
+      x.remote_mem = nullptr;
+      x.n_pairs = 2;
+      x.pairs = pairs;
+      ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
+      const Observed o = Wait(c);
+      EXPECT_EQ(o.calls, 1);
+      EXPECT_EQ(o.status, k.fail_after < 0 ? FERRY_OK : FERRY_ERR_GPU);
+      EXPECT_EQ(gpu_.queued(), 0u) << "copies still queued when the transfer was reported";
+      EXPECT_EQ(gpu_.copied.load(), k.copied * 4096);
+      EXPECT_EQ(Counter("pair_launches") - launches, k.launches);
+      EXPECT_EQ(Counter("copies_in_flight"), 0u);
+      for (size_t i = 0; k.fail_after < 0 && i < iov.size(); ++i)
+        EXPECT_TRUE(i < 4 ? Landed(iov[i]) : LandedIn(*src2, *dst2, iov[i])) << "piece " << i;
+    }
+    gpu_.fail_after_copies = -1;
+    a_->plugin().mem_release(a_->ctx(), remote2);
+  }
+  uint64_t Counter(const char* name) {
     char buf[4096];
     EXPECT_EQ(a_->plugin().counters(a_->ctx(), buf, sizeof buf), FERRY_OK);
     return nlohmann::json::parse(buf)[name].get<uint64_t>();
-  };
-  // Fail after 2 copies: the first device's launch fails and the second is
-  // never launched; after 5: the second device's launch fails.
-  struct Case {
-    int fail_after;
-    uint64_t launches, copied;
-  };
-  for (const Case k : {Case{-1, 2, 8}, Case{2, 1, 2}, Case{5, 2, 5}}) {
-    SCOPED_TRACE(k.fail_after);
-    gpu_.copied = 0;
-    gpu_.fail_after_copies = k.fail_after;
-    const uint64_t launches = counter("pair_launches");
-    Completion c;
-    ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
-    x.local_mem = nullptr;
-    x.remote_mem = nullptr;
-    x.n_pairs = 2;
-    x.pairs = pairs;
-    ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
-    const Observed o = Wait(c);
-    EXPECT_EQ(o.calls, 1);
-    EXPECT_EQ(o.status, k.fail_after < 0 ? FERRY_OK : FERRY_ERR_GPU);
-    EXPECT_EQ(gpu_.queued(), 0u) << "copies still queued when the transfer was reported";
-    EXPECT_EQ(gpu_.copied.load(), k.copied * 4096);
-    EXPECT_EQ(counter("pair_launches") - launches, k.launches);
-    EXPECT_EQ(counter("copies_in_flight"), 0u);
-    if (k.fail_after < 0) {
-      for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(Landed(iov[i]));
-      for (size_t i = 4; i < 8; ++i)
-        EXPECT_EQ(std::memcmp(src2->data.data() + iov[i].local_off,
-                              dst2->data.data() + iov[i].remote_off, iov[i].len),
-                  0);
-    }
   }
-  gpu_.fail_after_copies = -1;
-  a_->plugin().mem_release(a_->ctx(), remote2);
+};
+
+// Both pairs on one device: one launch; failing after 6 copies, once after them.
+TEST_F(XgmiPairs, OneDeviceIsOneLaunchAndFailsAfterItsCopies) { Check(0, {{-1, 1, 8}, {6, 1, 6}}); }
+
+// Two devices (the fake runtime has two): one launch each, one completion.
+// After 2 copies the first device's launch fails and the second is never
+// launched; after 5 the second device's launch fails.
+TEST_F(XgmiPairs, TwoDevicesAreTwoLaunchesAndOneCompletion) {
+  Check(1, {{-1, 2, 8}, {2, 1, 2}, {5, 2, 5}});
 }
 
 }  // namespace
