@@ -107,7 +107,10 @@ extern "C" {
  *    target (over the control plane) to fence the attempt and follows its answer.
  *  INITIATOR_COPY: the initiator's own copy is the whole transfer (process_vm_*,
  *    GPU peer copies): when complete() is called no byte of it can land any more,
- *    so a failure is final without asking the target.
+ *    so a failure is final without asking the target. The same holds for an
+ *    error returned by post(): return one only while nothing was started; a
+ *    copy call that fails after others were queued is reported through
+ *    complete() once they have ended.
  *  Neither: the outcome cannot be settled. The transfer ends
  *    ferry::StatusCode::ERR_OUTCOME_UNKNOWN and the
  *    peer stays fenced - no transfer to it on any backend - until the application
