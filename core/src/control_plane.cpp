@@ -935,6 +935,10 @@ bool ControlPlane::connected(Outbound& o, const std::string& peer_key, const std
   }
   if (o.fd < 0) {
     o.fd = connect_and_hello(peer_key, host, port, deadline, err, status);
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    o.unix_socket = o.fd >= 0 && ::getsockname(o.fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 &&
+                    ss.ss_family == AF_UNIX;
     if (o.fd >= 0) arm_reaper();
   }
   return o.fd >= 0;
@@ -1026,7 +1030,11 @@ bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
     o = it->second;
   }
   OutboundUse use(*o);
-  if (!use.try_acquire() || o->fd < 0 || looks_dead(o->fd)) return false;
+  // A TCP connection whose peer closed still takes a send (the bytes are lost),
+  // so it is checked first; a unix one fails the send instead (EPIPE, nothing
+  // sent), which saves a transfer's notification that system call (a poll
+  // cost ~0.3-1.7 us on our hosts, beside the send's few).
+  if (!use.try_acquire() || o->fd < 0 || (!o->unix_socket && looks_dead(o->fd))) return false;
   auto frame = encode_ctrl_frame(type, body);
   // A blocking socket: a full send buffer (a stopped peer) would block here, so
   // only when the whole frame fits now (MSG_DONTWAIT) does it go.
@@ -1036,6 +1044,13 @@ bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
     return true;
   }
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;  // nothing went out
+  if (k < 0 && o->unix_socket) {
+    // The peer closed its end (its idle close, a restart): nothing went out,
+    // so the caller's slow path connects again and sends it there.
+    ::close(o->fd);
+    o->fd = -1;
+    return false;
+  }
   // Part of a frame went out (or the socket failed): the stream is broken.
   ::close(o->fd);
   o->fd = -1;

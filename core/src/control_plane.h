@@ -139,6 +139,7 @@ class ControlPlane {
     std::condition_variable free;
     bool busy = false;              // guarded by mu
     int fd = -1;                    // used by the sender holding `busy`
+    bool unix_socket = false;       // fd is a same-host unix connection (set with fd)
     Clock::time_point last_used{};  // when `busy` was last released; guarded by mu
   };
   // Holds an Outbound's `busy` for its lifetime once acquired.
