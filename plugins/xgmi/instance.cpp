@@ -52,7 +52,9 @@ Instance::Instance(const ferry_host_v1* host)
     : host_(host),
       gpu_(host->gpu),
       has_batch_(FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, memcpy_batch_async) &&
-                 gpu_->memcpy_batch_async != nullptr) {
+                 gpu_->memcpy_batch_async != nullptr),
+      has_stream_query_(FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, stream_query) &&
+                        gpu_->stream_query != nullptr) {
   const size_t n = static_cast<size_t>(gpu_->device_count);
   streams_.resize(n);
   stream_copies_.resize(n);
@@ -241,8 +243,7 @@ int Instance::QueryCopies(const Pending& p) {
   if (p.event) return gpu_->event_query(gpu_->gpu_ctx, p.event);
   // No event: a copy alone on its stream (only where stream_query exists) or
   // a failed launch's stream, which a runtime without the query is waited on.
-  if (FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, stream_query) && gpu_->stream_query != nullptr)
-    return gpu_->stream_query(gpu_->gpu_ctx, p.stream);
+  if (has_stream_query_) return gpu_->stream_query(gpu_->gpu_ctx, p.stream);
   return gpu_->stream_sync(gpu_->gpu_ctx, p.stream);
 }
 
@@ -475,8 +476,7 @@ int Instance::ChooseStreamLocked(int dev, size_t* si_out, void** event_out) {
   // Alone on its stream: querying the stream says when it is done, no event
   // needed. (A copy queued behind it later makes that answer come later only:
   // beyond num_streams copies in flight.)
-  const bool alone = copies[si] == 0 && FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, stream_query) &&
-                     gpu_->stream_query != nullptr;
+  const bool alone = copies[si] == 0 && has_stream_query_;
   void* event = nullptr;
   auto& evs = free_events_[d];
   if (!alone && !evs.empty()) {
@@ -494,6 +494,12 @@ void Instance::ReleaseStreamLocked(int dev, size_t si, void* event) {
   const auto d = static_cast<size_t>(dev);
   if (event) free_events_[d].push_back(event);
   --stream_copies_[d][si];
+}
+
+void* Instance::EventForLocked(int dev, void* event, int rc) {
+  if (rc == FERRY_OK || event == nullptr) return event;
+  free_events_[static_cast<size_t>(dev)].push_back(event);
+  return nullptr;
 }
 
 bool Instance::HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize) {
@@ -542,24 +548,22 @@ int Instance::LaunchHeld(std::unique_lock<std::mutex>& lk) {
   }
   const auto recorded = Clock::now();
   if (rc != FERRY_OK) {
-    const std::string why = "GPU copy failed: " + GpuError();
+    const std::string why =
+        (stream ? "GPU copy failed: " : "no GPU stream for the copies: ") + GpuError();
     LogLine(FERRY_LOG_WARN, "launching " + std::to_string(h.parts.size()) + " held parts: " + why);
-  }
-  if (rc != FERRY_OK && stream == nullptr) {  // nothing was launched: fail them now
-    for (const HeldPart& p : h.parts)
-      host_->complete(host_->host_ctx, p.xfer_ctx, FERRY_ERR_GPU, "no GPU stream for the copies");
-    lk.lock();
-    for (const HeldPart& p : h.parts) --p.peer->inflight;
-    drained_.notify_all();
-    return FERRY_ERR_GPU;
+    if (stream == nullptr) {  // nothing was launched: fail them now
+      for (const HeldPart& p : h.parts)
+        host_->complete(host_->host_ctx, p.xfer_ctx, FERRY_ERR_GPU, why.c_str());
+      lk.lock();
+      for (const HeldPart& p : h.parts) --p.peer->inflight;
+      drained_.notify_all();
+      return FERRY_ERR_GPU;
+    }
   }
   lk.lock();
   // Some copies may be queued before the call that failed: the parts fail
   // once the stream has run them (as Post does).
-  if (rc != FERRY_OK && event) {
-    free_events_[d].push_back(event);
-    event = nullptr;
-  }
+  event = EventForLocked(dev, event, rc);
   // The next call's pieces go into these arrays again, already as large.
   if (held_.parts.empty() && held_.sizes.size() < h.sizes.size()) {
     std::swap(held_.dsts, h.dsts);
@@ -568,8 +572,7 @@ int Instance::LaunchHeld(std::unique_lock<std::mutex>& lk) {
   }
   for (size_t i = 0; i < h.parts.size(); ++i)
     pending_.push_back({next_seq_++, event, stream, si, dev, h.parts[i].xfer_ctx, h.parts[i].peer,
-                        h.bytes, recorded, i + 1 == h.parts.size(),
-                        rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU});
+                        h.bytes, recorded, i + 1 == h.parts.size(), rc});
   PublishFrontLocked();
   ++held_launches_;
   held_parts_ += h.parts.size();
@@ -718,8 +721,7 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
     const Launch& l = launches[i];
     const bool last = i + 1 == launched;
     // The failed launch is waited for on its stream (its event may not be recorded).
-    void* event = last && rc != FERRY_OK ? nullptr : l.event;
-    if (l.event && !event) free_events_[static_cast<size_t>(l.device)].push_back(l.event);
+    void* event = last ? EventForLocked(l.device, l.event, rc) : l.event;
     ++peer->inflight;
     pending_.push_back({next_seq_++, event, l.stream, l.si, l.device, last ? x->xfer_ctx : nullptr,
                         peer, x->total_bytes, recorded, true, last ? rc : FERRY_OK});
@@ -812,13 +814,10 @@ int Instance::Post(const ferry_xfer_v1* x) {
   // where the runtime has no batch call): the transfer fails only once its
   // stream has run them, so nothing lands after the failure is reported
   // (INITIATOR_COPY: the core fences nothing behind it and may retry elsewhere).
-  if (rc != FERRY_OK && event) {
-    free_events_[static_cast<size_t>(dev)].push_back(event);
-    event = nullptr;  // the stream is waited for instead
-  }
+  event = EventForLocked(dev, event, rc);
   ++peer->inflight;
-  pending_.push_back({next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes,
-                      recorded, true, rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU});
+  pending_.push_back(
+      {next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes, recorded, true, rc});
   Posted(lk, {entered, ready, merged, enqueued, recorded});
   return FERRY_OK;
 }

@@ -156,6 +156,10 @@ class Instance {
   // mu_ held: what ChooseStreamLocked gave (and the copy counted on the
   // stream) goes back, for copies that were never enqueued.
   void ReleaseStreamLocked(int device, size_t si, void* event);
+  // mu_ held: the event a launch's pending entry waits on. After a failed
+  // launch (rc) none - its record may not have happened - and the event goes
+  // back: the entry waits for the stream, which covers whatever was queued.
+  void* EventForLocked(int device, void* event, int rc);
   // mu_ held: adds x's pieces (merged where contiguous) and x itself to held_;
   // false (held_ unchanged) when a piece is outside the regions.
   bool HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize);
@@ -185,7 +189,8 @@ class Instance {
 
   const ferry_host_v1* host_;
   const ferry_gpu_v1* gpu_;
-  const bool has_batch_;  // the shim has memcpy_batch_async (a runtime's batch or gather)
+  const bool has_batch_;         // the shim has memcpy_batch_async (a runtime's batch or gather)
+  const bool has_stream_query_;  // ... and stream_query (ABI 1.6)
   int streams_per_device_ = 4;
   bool batch_copy_ = true;
   std::chrono::microseconds spin_{200};       // poll a finishing copy this long before blocking

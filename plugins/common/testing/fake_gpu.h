@@ -74,9 +74,8 @@ class FakeGpu {
       std::memcpy(handle, &base, sizeof base);
       return FERRY_OK;
     };
-    t_.ipc_open = [](void* c, const uint8_t handle[64], int32_t, void** p) {
+    t_.ipc_open = [](void*, const uint8_t handle[64], int32_t, void** p) {
       std::memcpy(p, handle, sizeof *p);
-      Self(c)->ipc_opens.fetch_add(1);
       return FERRY_OK;
     };
     t_.ipc_close = [](void*, void*) { return FERRY_OK; };
@@ -100,7 +99,6 @@ class FakeGpu {
   std::atomic<uint64_t> copied{0};         // bytes moved by copies that ran
   std::atomic<int> pinned_allocs{0};       // host_alloc calls
   std::atomic<int> fail_after_copies{-1};  // >= 0: copies after this many fail
-  std::atomic<int> ipc_opens{0};           // ipc_open calls
   // Copies queued and not yet run, on every stream.
   size_t queued() {
     std::lock_guard lk(mu_);
