@@ -764,8 +764,9 @@ std::string ControlPlane::same_host_path(const std::string& peer_key) {
 
 int ControlPlane::connect_and_hello(const std::string& peer_key, const std::string& host,
                                     uint16_t port, Clock::time_point deadline, std::string* err,
-                                    int* status) {
+                                    int* status, bool* over_unix) {
   *status = FERRY_ERR_NOT_SENT;
+  if (over_unix) *over_unix = false;
   if (const std::string name = same_host_path(peer_key); !name.empty()) {
     std::string why;
     if (const int ufd = connect_unix(name, &why); ufd >= 0) {
@@ -773,6 +774,7 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
           hello(ufd, peer_key, "'" + peer_key + "' (unix @" + name + ")", deadline, &why, status);
       if (fd >= 0) {
         ++unix_connects_;
+        if (over_unix) *over_unix = true;
         return fd;
       }
     }
@@ -934,11 +936,7 @@ bool ControlPlane::connected(Outbound& o, const std::string& peer_key, const std
     o.fd = -1;
   }
   if (o.fd < 0) {
-    o.fd = connect_and_hello(peer_key, host, port, deadline, err, status);
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    o.unix_socket = o.fd >= 0 && ::getsockname(o.fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 &&
-                    ss.ss_family == AF_UNIX;
+    o.fd = connect_and_hello(peer_key, host, port, deadline, err, status, &o.unix_socket);
     if (o.fd >= 0) arm_reaper();
   }
   return o.fd >= 0;
@@ -1044,16 +1042,12 @@ bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
     return true;
   }
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;  // nothing went out
-  if (k < 0 && o->unix_socket) {
-    // The peer closed its end (its idle close, a restart): nothing went out,
-    // so the caller's slow path connects again and sends it there.
-    ::close(o->fd);
-    o->fd = -1;
-    return false;
-  }
-  // Part of a frame went out (or the socket failed): the stream is broken.
+  // Part of a frame went out, or the socket failed: the stream is broken.
   ::close(o->fd);
   o->fd = -1;
+  // A unix peer that closed its end (its idle close, a restart) failed the
+  // send with nothing sent: the caller's slow path connects again and sends.
+  if (k < 0 && o->unix_socket) return false;
   *err = "control connection to " + peer_key + " failed while sending";
   *rc = FERRY_ERR_TRANSPORT;
   return true;

@@ -181,9 +181,10 @@ class ControlPlane {
   void evict_oldest_pending();
   // A connected, admitted fd, or -1 with *err and *status (NOT_SENT, TIMEOUT, TRANSPORT).
   // Over the peer's same-host unix socket first where one is known, else (or
-  // when that fails) over TCP.
+  // when that fails) over TCP; *over_unix (where given) says which.
   int connect_and_hello(const std::string& peer_key, const std::string& host, uint16_t port,
-                        Clock::time_point deadline, std::string* err, int* status);
+                        Clock::time_point deadline, std::string* err, int* status,
+                        bool* over_unix = nullptr);
   // The HELLO and auth on a connected blocking fd (closed on failure); `where`
   // names the peer in messages.
   int hello(int fd, const std::string& peer_key, const std::string& where,
