@@ -157,13 +157,7 @@ void TargetPeer::EndApply(const wire::Header& h, int fd, bool whole) {
 int TargetPeer::Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::time_point deadline,
                       ferry_fence_result_v1* out) {
   std::unique_lock lk(mu_);
-  for (size_t i = 0; i < n; ++i) {
-    Attempt& a = AttemptLocked(ids[i]);
-    a.fenced = true;
-    // The fd stays open until its lane thread has left EndApply (it closes it
-    // after ServeLane returns), so this cannot hit a reused number.
-    for (int fd : a.lanes) ::shutdown(fd, SHUT_RDWR);
-  }
+  for (size_t i = 0; i < n; ++i) AttemptLocked(ids[i]).fenced = true;
   auto busy = [&] {
     for (size_t i = 0; i < n; ++i) {
       auto it = attempts_.find(ids[i]);
@@ -171,7 +165,17 @@ int TargetPeer::Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::
     }
     return false;
   };
-  if (!applied_.wait_until(lk, deadline, [&] { return !busy(); })) return FERRY_ERR_TIMEOUT;
+  const auto grace = std::min(deadline, std::chrono::steady_clock::now() + kFenceGrace);
+  if (!applied_.wait_until(lk, grace, [&] { return !busy(); })) {
+    for (size_t i = 0; i < n; ++i) {
+      auto it = attempts_.find(ids[i]);
+      if (it == attempts_.end()) continue;
+      // The fd stays open until its lane thread has left EndApply (it closes
+      // it after ServeLane returns), so this cannot hit a reused number.
+      for (int fd : it->second.lanes) ::shutdown(fd, SHUT_RDWR);
+    }
+    if (!applied_.wait_until(lk, deadline, [&] { return !busy(); })) return FERRY_ERR_TIMEOUT;
+  }
   for (size_t i = 0; i < n; ++i) {
     auto it = attempts_.find(ids[i]);
     if (it == attempts_.end()) {  // forgotten already: more ids than the table holds

@@ -61,12 +61,16 @@ class TargetPeer {
   // has given up on (the fence stays the exact answer; this makes it "none").
   bool BeginApply(const wire::Header& h, int fd, int64_t clock_offset_ns);
   void EndApply(const wire::Header& h, int fd, bool whole);
-  // A lane still reading a fenced attempt's payload into memory is cut (its
-  // initiator gave up on everything queued on it), so the fence never waits for
-  // bytes that may not come. FERRY_OK, or FERRY_ERR_TIMEOUT when a frame was
-  // still being applied at `deadline`.
+  // A frame of a fenced attempt already being applied is let finish (at most
+  // one chunk per lane; it counts as landed): its lane also carries other
+  // attempts' frames - a sibling part of the same call, the next call - which
+  // a cut would fail with a lost connection. A lane still applying one after
+  // kFenceGrace has stalled and is cut, so the fence never waits for bytes
+  // that may not come. FERRY_OK, or FERRY_ERR_TIMEOUT when a frame was still
+  // being applied at `deadline`.
   int Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::time_point deadline,
             ferry_fence_result_v1* out);
+  static constexpr std::chrono::milliseconds kFenceGrace{200};
 
   // Attempts remembered for fences (at most kMaxAttempts).
   size_t remembered_attempts() const {

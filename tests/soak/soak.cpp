@@ -29,6 +29,11 @@
 //          expected bytes and every byte is compared afterwards;
 //   notify a sample of transfers asks for a notification: the target must pop
 //          "INBOUND SUCCESS" for it; a sample of the others must pop NONE.
+// Cancels (--cancel-every N): in ordinary windows one transfer in N is cancelled
+// right after its submission or after later ones of its window (its siblings in
+// flight on the same lanes); it ends ERR_CANCELLED (bytes not verified, the
+// target told nothing) or SUCCESS (verified as any), and its siblings must
+// succeed as ever.
 // Every fourth fault is a SIGSTOP longer than the deadline instead (stop_window):
 // transfers in flight end by their deadline (WRITEs ERR_OUTCOME_UNKNOWN when the
 // fence cannot be answered), the peer stays fenced until SIGCONT, and the windows
@@ -109,6 +114,7 @@ struct Options {
   size_t slot = 8u << 20;            // bytes of each in-flight transfer's slot
   int timeout_ms = 5000;             // per-transfer deadline (both engines)
   int pace_ms = 0;                   // each worker rests this long after each window
+  int cancel_every = 0;              // ordinary windows: 1 transfer in N is cancelled (0: none)
   std::string peer = FERRY_TEST_PEER;
   // To check the checker: leak this much heap (touched) per window, and one fd
   // every N windows, in this process; the plateau check must then fail.
@@ -123,7 +129,7 @@ void usage(const char* argv0) {
       "          [--seed N]\n"
       "          [--report FILE.csv] [--sample-every S]\n"
       "          [--depth N] [--max-batch N] [--max-item BYTES] [--timeout-ms MS] [--pace-ms MS]\n"
-      "          [--peer PATH]\n"
+      "          [--cancel-every N] [--peer PATH]\n"
       "          [--inject-leak-kib N] [--inject-fd-leak-every WINDOWS]  (to check the checker)\n"
       "Runs random verified transfers for S seconds (default 60) from this process to N\n"
       "target processes (default 3; the first --stable (1) are never restarted, the others\n"
@@ -132,7 +138,10 @@ void usage(const char* argv0) {
       "--backend tcp,cma ranks tcp first and fails over to cma (opted in as trusted).\n"
       "--link-down-every S (run inside tests/netns/netns_pair.sh, which starts the targets\n"
       "in the other namespace): every S seconds the data link goes down for 1.3 deadlines;\n"
-      "with a second backend that needs no network (cma) every transfer must still succeed.\n",
+      "with a second backend that needs no network (cma) every transfer must still succeed.\n"
+      "--cancel-every N: in ordinary windows one transfer in N is cancelled while in flight;\n"
+      "it must end cancelled or succeed, tell the target only if it succeeded, and the\n"
+      "window's other transfers must succeed and verify as ever.\n",
       argv0);
 }
 
@@ -176,6 +185,8 @@ bool parse(int argc, char** argv, Options& o) {
       o.peer = val();
     else if (a == "--pace-ms")
       o.pace_ms = std::stoi(val());
+    else if (a == "--cancel-every")
+      o.cancel_every = std::stoi(val());
     else if (a == "--inject-leak-kib")
       o.inject_leak_kib = std::stoull(val());
     else if (a == "--inject-fd-leak-every")
@@ -187,7 +198,7 @@ bool parse(int argc, char** argv, Options& o) {
       throw std::runtime_error("unknown option " + a);
   }
   if (o.duration_s <= 0 || o.procs < 1 || o.stable < 0 || o.depth < 1 || o.max_batch < 1 ||
-      o.max_item < 1 || o.timeout_ms < 100 || o.restart_every_s < 0)
+      o.max_item < 1 || o.timeout_ms < 100 || o.restart_every_s < 0 || o.cancel_every < 0)
     throw std::runtime_error("bad option value");
   o.stable = std::min(o.stable, o.procs);
   // Items of a transfer take at most 3/4 of its slot; the rest are the gaps.
@@ -251,6 +262,7 @@ struct Counters {
   std::atomic<uint64_t> restart_failures{0}, restart_ok_verified{0}, restart_ok_unverified{0};
   std::atomic<uint64_t> max_fail_ms{0}, local_reregister{0}, stale_session_failures{0};
   std::atomic<uint64_t> link_downs{0};
+  std::atomic<uint64_t> cancels{0}, cancelled{0}, cancel_too_late{0};
 } C;
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -306,6 +318,7 @@ struct Xfer {
   bool check_silence = false;  // notify off: the target must have nothing to pop
   bool must_fail = false;      // posted to a stopped target
   bool unfilled = false;       // a READ whose source the (stopped) target could not fill
+  int cancel = -1;             // >= 0: cancelled once this many more of its window were submitted
   std::vector<size_t> lo, ro, sz;
   TransferUid uid = 0;
   TransferStatus st;
@@ -505,6 +518,8 @@ class Target {
       x.lo = place(rng, x.sz, order, base);
       std::shuffle(order.begin(), order.end(), rng);
       x.ro = place(rng, x.sz, order, base);
+      if (opt.cancel_every > 0 && rng() % static_cast<uint64_t>(opt.cancel_every) == 0)
+        x.cancel = static_cast<int>(rng() % static_cast<uint64_t>(n - k));
     }
     return xs;
   }
@@ -655,6 +670,7 @@ class Target {
 
   void check_notifications(const std::vector<Xfer>& xs) {
     for (const auto& x : xs) {
+      if (x.st.Code() == StatusCode::ERR_CANCELLED) continue;  // below
       if (x.notify) {
         std::string a =
             child_->ask("pop " + std::string(kInitKey) + " " + std::to_string(x.uid) + " 5000");
@@ -669,6 +685,16 @@ class Target {
                       "'");
         ++C.silence_checked;
       }
+    }
+    // A cancelled transfer tells the target nothing. Asked after the window's
+    // successes were popped, so a notification sent for it before theirs
+    // would be here by now.
+    for (const auto& x : xs) {
+      if (x.st.Code() != StatusCode::ERR_CANCELLED) continue;
+      std::string a =
+          child_->ask("pop " + std::string(kInitKey) + " " + std::to_string(x.uid) + " 0");
+      if (a != "NONE")
+        return fail(name_ + ": the cancelled " + x.describe() + " was notified: '" + a + "'");
     }
   }
 
@@ -691,16 +717,32 @@ class Target {
       digest = h;
     }
     if (!prepare(xs, wseed, false)) return;
-    for (auto& x : xs)
-      if (!submit(x)) return fail(name_ + ": " + x.describe() + ": " + x.st.Message());
+    // A transfer to cancel is cancelled right after its own submission (0) or
+    // after that many of the window's later ones, so siblings are in flight
+    // beside it - on the same lanes - when its attempt is fenced.
+    for (size_t k = 0; k < xs.size(); ++k) {
+      if (!submit(xs[k])) return fail(name_ + ": " + xs[k].describe() + ": " + xs[k].st.Message());
+      for (size_t j = 0; j <= k; ++j)
+        if (xs[j].cancel >= 0 && static_cast<size_t>(xs[j].cancel) == k - j) {
+          xs[j].st.Cancel();
+          ++C.cancels;
+        }
+    }
     std::vector<const Xfer*> ws;
     for (auto& x : xs) {
       if (!await(x, normal_bound()))
         return fail(name_ + ": " + x.describe() + " did not end within " +
                     std::to_string(normal_bound().count()) + " ms");
+      if (x.cancel >= 0 && x.st.Code() == StatusCode::ERR_CANCELLED) {
+        // Its bytes are whatever landed before the fence: not verified here. A
+        // byte of it landing later would show in the next windows on the slot.
+        ++C.cancelled;
+        continue;
+      }
+      if (x.cancel >= 0) ++C.cancel_too_late;
       if (x.st.Code() != StatusCode::SUCCESS)
-        return fail(name_ + ": " + x.describe() + " failed: " + to_string(x.st.Code()) + ": " +
-                    x.st.Message());
+        return fail(name_ + ": " + x.describe() + (x.cancel >= 0 ? " (cancelled)" : "") +
+                    " failed: " + to_string(x.st.Code()) + ": " + x.st.Message());
       if (x.op == Op::READ) {
         if (!verify_read(x, wseed)) return;
       } else {
@@ -1268,6 +1310,8 @@ int main(int argc, char** argv) {
       ")\n  restart-window transfers that succeeded: READ verified %llu, unverifiable (a "
       "WRITE to a target gone, a READ whose stopped target could not fill it) %llu\n",
       u(C.restart_ok_verified), u(C.restart_ok_unverified));
+  std::printf("  cancels %llu: ended cancelled %llu, succeeded (the cancel came too late) %llu\n",
+              u(C.cancels), u(C.cancelled), u(C.cancel_too_late));
   std::printf(
       "  data link down for 1.3 deadlines %llu times\n"
       "  stops longer than the deadline %llu: outcome unknown %llu, WRITEs that succeeded and "

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -26,12 +27,12 @@
 #include <thread>
 #include <vector>
 
-#include "testing/fake_gpu.h"
 #include "ferry/plugin.h"
 #include "planner.h"
 #include "shm_ring.h"
 #include "socket_util.h"
 #include "target_peer.h"
+#include "testing/fake_gpu.h"
 #include "testing/plugin_harness.h"
 #include "wire.h"
 
@@ -663,6 +664,78 @@ TEST_P(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
             FERRY_OK);
   EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
   ops.mem_release(a_->ctx(), remote);
+}
+
+// A fence of an attempt whose frame is being applied lets that frame finish
+// (it counts as landed) and cuts no lane: the lane also carries other
+// attempts' frames - a sibling part, the next call - which a cut would fail.
+TEST(TcpFence, AFrameBeingAppliedFinishesAndItsLaneIsNotCut) {
+  int sp[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+  ferry_tcp::TargetPeer tp("a");
+  wire::Header h;
+  h.type = wire::Type::kWrite;
+  h.frame_count = 1;
+  h.payload_len = 4096;
+  h.attempt_id = 7;
+  ASSERT_TRUE(tp.BeginApply(h, sp[0], 0));  // the lane is reading its payload now
+  ferry_fence_result_v1 res{};
+  auto fence = std::async(std::launch::async, [&] {
+    const uint64_t id = 7;
+    return tp.Fence(&id, 1, std::chrono::steady_clock::now() + 10s, &res);
+  });
+  // Another frame of the attempt, on another lane, is refused once the fence
+  // has marked it: from then on the fence waits for the frame in progress.
+  wire::Header probe = h;
+  for (;;) {
+    if (!tp.BeginApply(probe, sp[1], 0)) break;
+    tp.EndApply(probe, sp[1], /*whole=*/true);  // not fenced yet: it landed
+    ++probe.frame_count;                        // (the table believes the latest count)
+    std::this_thread::yield();
+  }
+  tp.EndApply(h, sp[0], /*whole=*/true);  // the frame in progress is whole
+  ASSERT_EQ(fence.get(), FERRY_OK);
+  EXPECT_NE(res.state, FERRY_FENCE_NONE);
+  EXPECT_EQ(res.landed_bytes % 4096, 0u);
+  EXPECT_GE(res.landed_bytes, 4096u);
+  // Not shut down: the other end would read an end of stream.
+  char c;
+  EXPECT_EQ(recv(sp[1], &c, 1, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  close(sp[0]);
+  close(sp[1]);
+}
+
+// A frame of the fenced attempt that stops moving is not waited for: after
+// the fence's grace its lane is cut (the lane's thread then ends the apply,
+// broken), and the fence answers PARTIAL well before its deadline.
+TEST(TcpFence, AStalledFrameIsCutAfterTheGrace) {
+  int sp[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+  ferry_tcp::TargetPeer tp("a");
+  wire::Header h;
+  h.type = wire::Type::kWrite;
+  h.frame_count = 1;
+  h.payload_len = 4096;
+  h.attempt_id = 9;
+  ASSERT_TRUE(tp.BeginApply(h, sp[0], 0));
+  ferry_fence_result_v1 res{};
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  auto fence = std::async(std::launch::async, [&] {
+    const uint64_t id = 9;
+    return tp.Fence(&id, 1, deadline, &res);
+  });
+  // The lane's reader: its socket ends (the cut), so it ends the apply.
+  timeval tv{15, 0};
+  setsockopt(sp[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char c;
+  EXPECT_EQ(recv(sp[1], &c, 1, 0), 0) << "the stalled lane was not cut";
+  tp.EndApply(h, sp[0], /*whole=*/false);
+  ASSERT_EQ(fence.get(), FERRY_OK);
+  EXPECT_LT(std::chrono::steady_clock::now(), deadline);
+  EXPECT_EQ(res.state, FERRY_FENCE_PARTIAL);
+  close(sp[0]);
+  close(sp[1]);
 }
 
 TEST_P(TcpPair, UnknownPeerHelloIsRejected) {
