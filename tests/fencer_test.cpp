@@ -192,3 +192,52 @@ TEST(Fencer, ShuttingDownFailsTransfersHeldBehindAFenceStillOut) {
   closer.join();
   EXPECT_EQ(held.count(), 1);
 }
+
+// A fence that could not be asked (the peer was deregistered: the control
+// plane proves only registered peers) ends its attempt "unknown" at the
+// deadline and closes the gate. Registering the same life again asks once
+// more at once: transfers wait for that answer instead of failing; if it does
+// not come, the gate closes again.
+TEST(Fencer, RegisteredAgainAsksAnUnansweredFenceAtOnceAndHoldsTransfersForIt) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  Outcome attempt_told;
+  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() - 1ms,
+          [&](const FenceResult& r, const std::string&) {
+            attempt_told.resume()(r.state == FenceState::UNKNOWN, {});
+          });
+  net.wait_asked(1);
+  net.answer(false);
+  ASSERT_TRUE(attempt_told.wait());
+  EXPECT_TRUE(attempt_told.go) << "the attempt was not told 'unknown'";
+  std::string why;
+  Outcome refused;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, refused.resume(), &why), Fencer::Gate::CLOSED);
+
+  // Registered again; the request it asks goes unanswered too.
+  f.retry_now(kTarget.key, kTarget.instance);
+  Outcome first;
+  ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, first.resume(), &why), Fencer::Gate::HELD);
+  net.wait_asked(2);
+  net.answer(false);
+  ASSERT_TRUE(first.wait());
+  EXPECT_FALSE(first.go);
+  EXPECT_NE(first.why.find("still unanswered"), std::string::npos) << first.why;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, refused.resume(), &why), Fencer::Gate::CLOSED);
+
+  // Again, and this time the target answers: the held transfer goes.
+  f.retry_now(kTarget.key, kTarget.instance);
+  Outcome second;
+  ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, second.resume(), &why), Fencer::Gate::HELD);
+  net.wait_asked(3);
+  net.answer(true);
+  ASSERT_TRUE(second.wait());
+  EXPECT_TRUE(second.go) << second.why;
+  Outcome later;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, later.resume(), &why), Fencer::Gate::OPEN);
+  // Another life: retry_now of it changes nothing here.
+  f.retry_now(kTarget.key, kTarget.instance + 1);
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, later.resume(), &why), Fencer::Gate::OPEN);
+  EXPECT_EQ(refused.count(), 0);
+}

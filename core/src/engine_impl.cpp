@@ -170,6 +170,7 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   // FENCE is believed only from a plugin whose table has a fence() to call.
   if (!FERRY_HAS_FIELD(ferry_plugin_ops_v1, b->ops, fence) || b->ops->fence == nullptr)
     b->caps &= ~FERRY_CAP_FENCE;
+  if (!(b->caps & FERRY_CAP_FENCE)) b->caps &= ~FERRY_CAP_FENCE_SELECTIVE;
   // MULTI_PAIR only from a plugin built against 1.7 or later: an older one
   // cannot know what the bit (or ferry_xfer_v1.pairs) means.
   if (b->ops->abi_minor < 7) b->caps &= ~FERRY_CAP_MULTI_PAIR;
@@ -250,7 +251,10 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   if (auto old = registry_.peer_instance(d.key))
     deregister_peer(d.key, /*keep_fence=*/*old == d.instance);
   Result r = registry_.add_peer(d);
-  if (r.ok()) route_control(d);
+  if (r.ok()) {
+    route_control(d);
+    transfers_->peer_registered(d.key, d.instance);
+  }
   return r;
 }
 

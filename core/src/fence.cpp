@@ -103,6 +103,18 @@ void Fencer::close(const Target& t, const std::string& why) {
   p.manual_close = true;
 }
 
+void Fencer::retry_now(const std::string& key, uint64_t instance) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = peers_.find(key);
+  if (it == peers_.end() || it->second->target.instance != instance) return;
+  PeerState& p = *it->second;
+  // A gate closed by an answer (or by close()) waits for a new instance.
+  if (p.pending.empty() || p.manual_close) return;
+  p.closed_why.clear();  // HELD until this request's answer (or its miss)
+  p.kicked = true;
+  cv_.notify_all();
+}
+
 void Fencer::reopen(const std::string& key, uint64_t instance) {
   std::vector<Resume> held;
   {
@@ -196,6 +208,10 @@ void Fencer::run(const std::string& key) {
     if (p->pending.empty()) {
       p->running = false;
       return;
+    }
+    if (p->kicked) {  // registered again: ask now, as if for the first time
+      p->kicked = false;
+      backoff = kRetryMin;
     }
     // Ask for every pending attempt at once, by the earliest deadline still ahead
     // (or, when all have passed and the gate is closed, a retry interval).
@@ -318,6 +334,13 @@ void Fencer::run(const std::string& key) {
           FERRY_LOG(WARN, "fence", p->closed_why);
         }
       }
+      if (p->closed_why.empty() && std::any_of(p->pending.begin(), p->pending.end(),
+                                               [](const Pending& a) { return a.reported; })) {
+        // Opened by retry_now() for this request, which went unanswered too.
+        p->closed_why = "peer '" + key + "' is fenced: a WRITE on " + p->pending.front().backend +
+                        " ended with its outcome unknown and the fence is still unanswered (" +
+                        err + ")";
+      }
       if (!p->closed_why.empty()) {
         for (auto& h : p->held)
           calls.push_back([h = std::move(h), why = p->closed_why] { h(false, why); });
@@ -337,7 +360,7 @@ void Fencer::run(const std::string& key) {
       for (auto& c : calls) c();
       calls.clear();
       lk.lock();
-      if (pause.count() > 0) cv_.wait_for(lk, pause, [&] { return stopping_; });
+      if (pause.count() > 0) cv_.wait_for(lk, pause, [&] { return stopping_ || p->kicked; });
       continue;
     }
     lk.unlock();

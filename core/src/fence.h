@@ -15,7 +15,8 @@
 //   CLOSED   a fence was not answered by an attempt's deadline, or the backend
 //            cannot fence: new transfers fail at once with the reason, until the
 //            target answers (the thread keeps asking) or a new instance of it is
-//            registered (reset()).
+//            registered (reset()); registering the same instance again asks at
+//            once and holds new transfers for that answer (retry_now()).
 //
 // A FENCE already on its way when the target is deregistered still reaches it,
 // and the target retires every lane of ours it finds then - new ones too. So
@@ -67,6 +68,11 @@ class Fencer {
              Clock::time_point deadline, Done done);
   // Close the gate of a target without asking it (a backend that cannot fence).
   void close(const Target& t, const std::string& why);
+  // The same instance of `key` was registered again: a fence that went
+  // unanswered (the peer was not registered, so it could not be asked) is
+  // asked again now, and new transfers wait for that answer instead of
+  // failing; unanswered again, the gate closes again.
+  void retry_now(const std::string& key, uint64_t instance);
   // Reopen a gate closed by close() (the attempt that closed it has ended).
   void reopen(const std::string& key, uint64_t instance);
   // Whether a transfer to `key` may start. HELD: `resume` runs later (not before
@@ -100,6 +106,7 @@ class Fencer {
     bool manual_close = false;
     bool running = false;  // a worker thread runs while pending is not empty
     bool asking = false;   // its worker has a FENCE request out (unlocked)
+    bool kicked = false;   // retry_now(): ask again without waiting out the backoff
   };
   void run(const std::string& key);
   void finish_all(PeerState& p, const std::string& why, std::vector<std::function<void()>>& out);

@@ -43,7 +43,8 @@ std::string caps_to_string(uint64_t caps) {
       {FERRY_CAP_INITIATOR_COPY, "initiator-copy"},
       {FERRY_CAP_NO_TARGET_CHECK, "no-target-check"},
       {FERRY_CAP_POST_MORE, "post-more"},
-      {FERRY_CAP_MULTI_PAIR, "multi-pair"}};
+      {FERRY_CAP_MULTI_PAIR, "multi-pair"},
+      {FERRY_CAP_FENCE_SELECTIVE, "fence-selective"}};
   std::string s;
   for (const auto& [bit, name] : names)
     if (caps & bit) {

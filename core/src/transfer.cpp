@@ -289,8 +289,12 @@ void Transfers::cancel(const TransferPtr& t) {
   if (!a || a->settled) return;
   Backend& b = *a->backend;
   // A READ, or a copy made by this process, ends when the plugin reports it:
-  // until then bytes may still arrive here. attempt_done ends it cancelled.
-  if (t->op != FERRY_OP_WRITE || (b.caps & FERRY_CAP_INITIATOR_COPY) || !(b.caps & FERRY_CAP_FENCE))
+  // until then bytes may still arrive here. attempt_done ends it cancelled. So
+  // does a WRITE on a backend whose fence is not selective (rdma retires every
+  // QP of the initiator: a fence for one cancel would fail every other transfer
+  // in flight to that target).
+  if (t->op != FERRY_OP_WRITE || (b.caps & FERRY_CAP_INITIATOR_COPY) ||
+      !(b.caps & FERRY_CAP_FENCE_SELECTIVE))
     return;
   // A WRITE in flight: the target fences it now - from its answer nothing more
   // lands. The plugin's own completion comes later and changes nothing.

@@ -180,6 +180,10 @@ class Transfers {
     fencer_.reset(peer_key, why);
   }
   Fencer::Counts fence_counts() const { return fencer_.counts(); }
+  // The same instance of a peer was registered again (Fencer::retry_now).
+  void peer_registered(const std::string& key, uint64_t instance) {
+    fencer_.retry_now(key, instance);
+  }
 
  private:
   friend struct Attempt;

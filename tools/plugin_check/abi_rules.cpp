@@ -116,6 +116,8 @@ bool run_abi_rules(const std::string& path, const std::string& settings_json, Re
     caps_why = "neither CPU nor GPU memory";
   if ((caps & FERRY_CAP_FENCE) && !(covers_fence && ops->fence != nullptr))
     caps_why = "FERRY_CAP_FENCE without fence()";
+  if ((caps & FERRY_CAP_FENCE_SELECTIVE) && !(caps & FERRY_CAP_FENCE))
+    caps_why = "FENCE_SELECTIVE without FENCE";
   if ((caps & FERRY_CAP_FENCE) && (caps & FERRY_CAP_INITIATOR_COPY))
     caps_why = "FENCE and INITIATOR_COPY both (one settles an unknown outcome)";
   r.check(caps_why.empty(), "abi: capabilities consistent",

@@ -182,6 +182,7 @@ class Checker {
       r_.pass("engine: two engines connected",
               "target pid " + std::to_string(t_.pid()) + ", " + (o_.gpu ? "VRAM" : "DRAM"));
       data_rules();
+      cancel_rule();
       notify_rules();
       revocation_rule();
       bounds_rule();
@@ -367,6 +368,44 @@ class Checker {
              it == st.backends.end() ? "no transfers counted"
                                      : std::to_string(it->second.transfers) + " transfers, " +
                                            std::to_string(it->second.bytes) + " bytes");
+  }
+
+  // A cancel ends its own transfer only: WRITEs in flight beside it - on the
+  // same connections, lanes or QPs - end as if it had not been made. A round:
+  // a 16 MiB WRITE, seven 1 MiB ones behind it, then the first is cancelled
+  // (its bytes are moving now, the others' queued behind them). It ends
+  // ERR_CANCELLED or (the cancel too late) SUCCESS, verified then.
+  void cancel_rule() {
+    const std::string rule = "cancel: the other transfers in flight go on";
+    if (!(f_.caps & FERRY_CAP_OP_WRITE)) return r_.skip(rule, "no WRITE");
+    constexpr size_t kN = 8, kVictim = 0, kRounds = 4;
+    constexpr uint64_t kVictimBytes = 16 * kMiB, kVictimAt = 8 * kMiB;
+    auto off = [](size_t i) { return i == kVictim ? kVictimAt : i * kMiB; };
+    auto len = [](size_t i) { return i == kVictim ? kVictimBytes : kMiB; };
+    int cancelled = 0;
+    for (size_t round = 0; round < kRounds; ++round) {
+      seg_->fill_pattern(0, kVictimAt + kVictimBytes, ++seed_);
+      std::vector<TransferStatus> st;
+      for (size_t i = 0; i < kN; ++i)
+        st.push_back(engine_->write(local_, off(i), t_.mem, off(i), len(i), ++uid_, false));
+      st[kVictim].Cancel();
+      for (size_t i = 0; i < kN; ++i) {
+        const std::string which = "round " + std::to_string(round) + ", WRITE " + std::to_string(i);
+        if (!ended(st[i])) return r_.fail(rule, which + " did not end within the timeout + 10 s");
+        if (i == kVictim && st[i].Code() == StatusCode::ERR_CANCELLED) {
+          ++cancelled;
+          continue;
+        }
+        if (!st[i].Succeeded())
+          return r_.fail(
+              rule, which + (i == kVictim ? " (the cancelled one)" : "") + ": " + code_text(st[i]));
+        if (local_hash(off(i), len(i)) != t_.hash(off(i), len(i)))
+          return r_.fail(rule, which + " succeeded but its bytes differ");
+      }
+    }
+    r_.pass(rule, std::to_string(kN - 1) + " x " + std::to_string(kRounds) +
+                      " WRITEs beside a cancelled one verified; the cancel took effect " +
+                      std::to_string(cancelled) + " of " + std::to_string(kRounds) + " times");
   }
 
   // The target learns of a notify transfer exactly once, and of a message once.

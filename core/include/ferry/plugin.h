@@ -29,7 +29,9 @@
  * (the parts of one multi-region call may start as one), set by the core only
  * for a plugin that claims the capability, so neither side needs the other new.
  * 1.7 transfers over several region pairs in one post (FERRY_CAP_MULTI_PAIR,
- * ferry_xfer_v1.n_pairs / pairs), sent only to plugins that claim it.
+ * ferry_xfer_v1.n_pairs / pairs), sent only to plugins that claim it; later in
+ * 1.7, with no struct change: FERRY_CAP_FENCE_SELECTIVE (a cancel fences only
+ * on a plugin that claims it).
  * A plugin built against any 1.x header keeps loading and working: CI builds the
  * plugin template against tests/plugins/abi-1.1 (a frozen copy of the 1.1 header)
  * and runs ferry-plugin-check on it (ctest plugin_check_abi11).
@@ -130,6 +132,15 @@ extern "C" {
  * plugin that claims this; a multi-region call whose route reaches a backend
  * without it runs there as one transfer per pair. */
 #define FERRY_CAP_MULTI_PAIR (1ull << 11)
+/* FENCE_SELECTIVE (with FENCE): fence() stops only the attempts it names - the
+ * initiator's other transfers in flight to this target, on the same lanes or
+ * QPs, go on and land. TransferStatus::Cancel() of a WRITE in flight fences its
+ * attempt only on such a plugin; on another (rdma's fence retires every QP of
+ * the initiator) the cancel waits for the plugin's completion instead, so one
+ * cancel does not fail everything else in flight to that target. A plugin
+ * that does not know the bit leaves it clear: its cancels wait, as before the
+ * bit its fences also failed its other transfers. */
+#define FERRY_CAP_FENCE_SELECTIVE (1ull << 12)
 
 /* ---- enums ---------------------------------------------------------------- */
 #define FERRY_OP_READ 1u  /* remote -> local */

@@ -189,7 +189,8 @@ TEST(TcpAbi, TableIsComplete) {
   EXPECT_EQ(ops.abi_minor, FERRY_PLUGIN_ABI_MINOR);
   EXPECT_STREQ(ops.name, "tcp");
   EXPECT_EQ(ops.caps, FERRY_CAP_MEM_CPU | FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ |
-                          FERRY_CAP_OP_WRITE | FERRY_CAP_NATIVE_NOTIFY | FERRY_CAP_FENCE);
+                          FERRY_CAP_OP_WRITE | FERRY_CAP_NATIVE_NOTIFY | FERRY_CAP_FENCE |
+                          FERRY_CAP_FENCE_SELECTIVE);
   EXPECT_NE(ops.fence, nullptr);
 }
 
