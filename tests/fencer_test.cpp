@@ -241,3 +241,32 @@ TEST(Fencer, RegisteredAgainAsksAnUnansweredFenceAtOnceAndHoldsTransfersForIt) {
   EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, later.resume(), &why), Fencer::Gate::OPEN);
   EXPECT_EQ(refused.count(), 0);
 }
+
+// A WRITE that failed after its target was deregistered: its transfer ends
+// "unknown" at once (fence_later), the gate stays closed with the reason while
+// the fence cannot be answered, and the same life registered again is asked
+// at once - transfers wait for that answer, then go.
+TEST(Fencer, AFenceLaterClosesTheGateUntilTheTargetRegisteredAgainAnswers) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  f.fence_later(kTarget, "tcp", 1, "deregistered with a WRITE in flight (test)");
+  std::string why;
+  Outcome refused;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, refused.resume(), &why), Fencer::Gate::CLOSED);
+  EXPECT_NE(why.find("deregistered with a WRITE in flight"), std::string::npos) << why;
+  EXPECT_EQ(f.counts().unknown, 1u);
+  net.wait_asked(1);
+  net.answer(false);  // not registered: it cannot be asked
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, refused.resume(), &why), Fencer::Gate::CLOSED);
+
+  f.retry_now(kTarget.key, kTarget.instance);
+  Outcome held;
+  ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD);
+  net.wait_asked(2);
+  net.answer(true);
+  ASSERT_TRUE(held.wait());
+  EXPECT_TRUE(held.go) << held.why;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::OPEN);
+  EXPECT_EQ(refused.count(), 0);
+}

@@ -96,6 +96,25 @@ void Fencer::fence(const Target& t, const std::string& backend, uint64_t attempt
   cv_.notify_all();
 }
 
+void Fencer::fence_later(const Target& t, const std::string& backend, uint64_t attempt,
+                         const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stopping_) return;
+  PeerState& p = state_for(t);
+  // Reported already (the caller ends the transfer unknown): kept only to learn
+  // the truth before anything new starts.
+  p.pending.push_back({backend, attempt, Clock::now(),
+                       [](const FenceResult&, const std::string&) {},
+                       /*reported=*/true});
+  ++counts_.unknown;
+  if (p.closed_why.empty()) p.closed_why = why;
+  if (!p.running) {
+    p.running = true;
+    workers_.run([this, key = t.key] { run(key); });
+  }
+  cv_.notify_all();
+}
+
 void Fencer::close(const Target& t, const std::string& why) {
   std::lock_guard<std::mutex> lk(mu_);
   PeerState& p = state_for(t);
@@ -334,8 +353,11 @@ void Fencer::run(const std::string& key) {
           FERRY_LOG(WARN, "fence", p->closed_why);
         }
       }
-      if (p->closed_why.empty() && std::any_of(p->pending.begin(), p->pending.end(),
-                                               [](const Pending& a) { return a.reported; })) {
+      // (Kicked meanwhile: this request went out before the registration; the
+      // next one, asked at once, decides.)
+      if (p->closed_why.empty() && !p->kicked &&
+          std::any_of(p->pending.begin(), p->pending.end(),
+                      [](const Pending& a) { return a.reported; })) {
         // Opened by retry_now() for this request, which went unanswered too.
         p->closed_why = "peer '" + key + "' is fenced: a WRITE on " + p->pending.front().backend +
                         " ended with its outcome unknown and the fence is still unanswered (" +

@@ -66,6 +66,13 @@ class Fencer {
   // Fence one attempt on `backend`; `done` runs once, on a fencer thread.
   void fence(const Target& t, const std::string& backend, uint64_t attempt,
              Clock::time_point deadline, Done done);
+  // An attempt whose target cannot be asked now (deregistered: the control
+  // plane talks only to registered peers). The caller reports it unknown; the
+  // gate stays CLOSED with `why` and the attempt pending - asked again and
+  // again, at once when the same instance is registered (retry_now) - until
+  // the target answers.
+  void fence_later(const Target& t, const std::string& backend, uint64_t attempt,
+                   const std::string& why);
   // Close the gate of a target without asking it (a backend that cannot fence).
   void close(const Target& t, const std::string& why);
   // The same instance of `key` was registered again: a fence that went

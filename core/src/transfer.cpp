@@ -558,6 +558,24 @@ void Transfers::attempt_done(const std::shared_ptr<Attempt>& a, int status,
     finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
     return;
   }
+  if (t->pair.peer->gone.load(std::memory_order_acquire) && !registry_.peer_instance(peer)) {
+    // The application deregistered the peer under it, and has not registered
+    // it again: the fence cannot be asked now, so waiting for it would only
+    // hold this transfer to its deadline. It ends unknown at once; the fence
+    // stays pending and closes the gate, so a new transfer to the same engine
+    // registered again waits for the answer (a late byte of this one must not
+    // land over it). (Replaced by another instance, the old one is fenced as
+    // usual: the new one answers "gone".)
+    const std::string& gone = t->pair.peer->gone_why;  // written before `gone`
+    const std::string why = "peer '" + peer + "' was deregistered with a WRITE on " + b.name +
+                            " in flight whose outcome is unknown" +
+                            (gone.empty() ? "" : " (" + gone + ")") +
+                            "; registering it again fences that WRITE first";
+    fencer_.fence_later(fence_target(t), b.name, a->id, why);
+    add_history(t->history, b.name + ": " + message + " (" + why + ")");
+    finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
+    return;
+  }
   auto self = a;
   fencer_.fence(fence_target(t), b.name, a->id, t->deadline,
                 [this, self, status, message](const FenceResult& r, const std::string& why) {

@@ -29,6 +29,9 @@
 //          expected bytes and every byte is compared afterwards;
 //   notify a sample of transfers asks for a notification: the target must pop
 //          "INBOUND SUCCESS" for it; a sample of the others must pop NONE.
+// Peer re-registration (--reregister-peer-every N): every N windows of a target
+// it is deregistered with a window in flight and the same engine registered
+// again; that window may fail, the windows after it must verify.
 // Cancels (--cancel-every N): in ordinary windows one transfer in N is cancelled
 // right after its submission or after later ones of its window (its siblings in
 // flight on the same lanes); it ends ERR_CANCELLED (bytes not verified, the
@@ -115,6 +118,7 @@ struct Options {
   int timeout_ms = 5000;             // per-transfer deadline (both engines)
   int pace_ms = 0;                   // each worker rests this long after each window
   int cancel_every = 0;              // ordinary windows: 1 transfer in N is cancelled (0: none)
+  int reregister_peer_every = 0;     // per target: every N windows, deregister it mid-window
   std::string peer = FERRY_TEST_PEER;
   // To check the checker: leak this much heap (touched) per window, and one fd
   // every N windows, in this process; the plateau check must then fail.
@@ -129,7 +133,7 @@ void usage(const char* argv0) {
       "          [--seed N]\n"
       "          [--report FILE.csv] [--sample-every S]\n"
       "          [--depth N] [--max-batch N] [--max-item BYTES] [--timeout-ms MS] [--pace-ms MS]\n"
-      "          [--cancel-every N] [--peer PATH]\n"
+      "          [--cancel-every N] [--reregister-peer-every WINDOWS] [--peer PATH]\n"
       "          [--inject-leak-kib N] [--inject-fd-leak-every WINDOWS]  (to check the checker)\n"
       "Runs random verified transfers for S seconds (default 60) from this process to N\n"
       "target processes (default 3; the first --stable (1) are never restarted, the others\n"
@@ -141,7 +145,10 @@ void usage(const char* argv0) {
       "with a second backend that needs no network (cma) every transfer must still succeed.\n"
       "--cancel-every N: in ordinary windows one transfer in N is cancelled while in flight;\n"
       "it must end cancelled or succeed, tell the target only if it succeeded, and the\n"
-      "window's other transfers must succeed and verify as ever.\n",
+      "window's other transfers must succeed and verify as ever.\n"
+      "--reregister-peer-every N: every N windows of a target, it is deregistered with a\n"
+      "window in flight and the same engine registered again (before or after that window\n"
+      "ends); the window may fail, the windows after it must succeed and verify.\n",
       argv0);
 }
 
@@ -187,6 +194,8 @@ bool parse(int argc, char** argv, Options& o) {
       o.pace_ms = std::stoi(val());
     else if (a == "--cancel-every")
       o.cancel_every = std::stoi(val());
+    else if (a == "--reregister-peer-every")
+      o.reregister_peer_every = std::stoi(val());
     else if (a == "--inject-leak-kib")
       o.inject_leak_kib = std::stoull(val());
     else if (a == "--inject-fd-leak-every")
@@ -198,7 +207,8 @@ bool parse(int argc, char** argv, Options& o) {
       throw std::runtime_error("unknown option " + a);
   }
   if (o.duration_s <= 0 || o.procs < 1 || o.stable < 0 || o.depth < 1 || o.max_batch < 1 ||
-      o.max_item < 1 || o.timeout_ms < 100 || o.restart_every_s < 0 || o.cancel_every < 0)
+      o.max_item < 1 || o.timeout_ms < 100 || o.restart_every_s < 0 || o.cancel_every < 0 ||
+      o.reregister_peer_every < 0)
     throw std::runtime_error("bad option value");
   o.stable = std::min(o.stable, o.procs);
   // Items of a transfer take at most 3/4 of its slot; the rest are the gaps.
@@ -263,6 +273,7 @@ struct Counters {
   std::atomic<uint64_t> max_fail_ms{0}, local_reregister{0}, stale_session_failures{0};
   std::atomic<uint64_t> link_downs{0};
   std::atomic<uint64_t> cancels{0}, cancelled{0}, cancel_too_late{0};
+  std::atomic<uint64_t> peer_reregisters{0}, peer_reregister_early{0}, inflight_at_peer_dereg{0};
 } C;
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -413,6 +424,7 @@ class Target {
     pid = child_->pid();
     ++incarnation;
     remote_ = m;
+    desc_ = d;
     // The same key again: the engine must take the new descriptor in place of the old one.
     if (Result r = engine_.register_remote_engine(d); !r)
       return failing(name_ + ": register_remote_engine (incarnation " +
@@ -440,6 +452,9 @@ class Target {
         normal_window();
       }
       if (++windows_ % 64 == 0 && !stop) reregister_local();
+      if (opt.reregister_peer_every > 0 && windows_ % opt.reregister_peer_every == 0 && !stop &&
+          child_)
+        reregister_peer_window();
       // Pacing only (to bound the CPU taken on a shared host); it orders nothing.
       if (opt.pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt.pace_ms));
       if (opt.inject_leak_kib > 0) {
@@ -456,6 +471,40 @@ class Target {
     session_ = engine_.create_session(local_mem_, remote_, &why);
     if (!session_) return failing(name_ + ": create_session: " + why.message);
     return true;
+  }
+
+  // The application deregisters the target with a window in flight and
+  // registers the same engine (same instance) again - a connector dropping a
+  // peer's metadata and fetching it again - half of the time while that window
+  // is still in flight, else after it ended. The window may fail (a message,
+  // within the restart bound); a WRITE of it whose outcome is unknown keeps
+  // the peer fenced until the registered-again target answers, so the windows
+  // after it succeed and verify every byte (a late byte would break them).
+  void reregister_peer_window() {
+    RestartMark mark;
+    ++C.peer_reregisters;
+    const uint64_t wseed = mix(opt.seed, (static_cast<uint64_t>(index_) << 40) + ++wcount_);
+    auto xs = plan(rrng_, opt.depth);
+    if (!prepare(xs, wseed, false)) return;
+    for (auto& x : xs)
+      if (!submit(x)) return fail(name_ + ": " + x.describe() + ": " + x.st.Message());
+    for (const auto& x : xs) C.inflight_at_peer_dereg += x.st.InProgress();
+    session_.reset();
+    if (Result r = engine_.deregister_remote_engine(desc_.key); !r)
+      return fail(name_ + ": deregister_remote_engine: " + r.message);
+    const bool early = rrng_() % 2 == 0;
+    auto again = [&] {
+      if (Result r = engine_.register_remote_engine(desc_); !r)
+        return failing(name_ + ": register_remote_engine (the same engine again): " + r.message);
+      return new_session();
+    };
+    if (early) {
+      ++C.peer_reregister_early;
+      if (!again()) return;
+    }
+    for (auto& x : xs)
+      if (!settle(x, wseed, "deregistered")) return;
+    if (!early) again();
   }
 
   // Deregister the local region and register it again (nothing is in flight).
@@ -958,6 +1007,7 @@ class Target {
   const size_t region_;
   std::vector<uint8_t> local_;
   MemoryDesc local_mem_, remote_;
+  EngineDesc desc_;  // the target's, as registered
   std::unique_ptr<test::ChildProcess> child_;
   std::unique_ptr<Session> session_;
   std::mt19937_64 rng_, rrng_;  // normal windows; restart windows
@@ -1312,6 +1362,10 @@ int main(int argc, char** argv) {
       u(C.restart_ok_verified), u(C.restart_ok_unverified));
   std::printf("  cancels %llu: ended cancelled %llu, succeeded (the cancel came too late) %llu\n",
               u(C.cancels), u(C.cancelled), u(C.cancel_too_late));
+  std::printf(
+      "  peers deregistered mid-window and registered again %llu (while the window was in flight "
+      "%llu; transfers in flight at the deregistration %llu)\n",
+      u(C.peer_reregisters), u(C.peer_reregister_early), u(C.inflight_at_peer_dereg));
   std::printf(
       "  data link down for 1.3 deadlines %llu times\n"
       "  stops longer than the deadline %llu: outcome unknown %llu, WRITEs that succeeded and "

@@ -667,24 +667,36 @@ TEST_P(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
   ops.mem_release(a_->ctx(), remote);
 }
 
+// A lane (one end of a socket pair; the test reads the other) applying a
+// 4 KiB WRITE frame of `attempt`, and a fence of that attempt on its own thread.
+struct FenceWhileApplying : ::testing::Test {
+  void Start(uint64_t attempt, std::chrono::steady_clock::time_point deadline) {
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+    h.type = wire::Type::kWrite;
+    h.frame_count = 1;
+    h.payload_len = 4096;
+    h.attempt_id = attempt;
+    ASSERT_TRUE(tp.BeginApply(h, sp[0], 0));  // the lane is reading its payload now
+    fence = std::async(std::launch::async,
+                       [this, attempt, deadline] { return tp.Fence(&attempt, 1, deadline, &res); });
+  }
+  ~FenceWhileApplying() override {
+    if (fence.valid()) fence.wait();
+    for (int fd : sp)
+      if (fd >= 0) close(fd);
+  }
+  int sp[2] = {-1, -1};
+  ferry_tcp::TargetPeer tp{"a"};
+  wire::Header h;
+  ferry_fence_result_v1 res{};
+  std::future<int> fence;
+};
+
 // A fence of an attempt whose frame is being applied lets that frame finish
 // (it counts as landed) and cuts no lane: the lane also carries other
 // attempts' frames - a sibling part, the next call - which a cut would fail.
-TEST(TcpFence, AFrameBeingAppliedFinishesAndItsLaneIsNotCut) {
-  int sp[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
-  ferry_tcp::TargetPeer tp("a");
-  wire::Header h;
-  h.type = wire::Type::kWrite;
-  h.frame_count = 1;
-  h.payload_len = 4096;
-  h.attempt_id = 7;
-  ASSERT_TRUE(tp.BeginApply(h, sp[0], 0));  // the lane is reading its payload now
-  ferry_fence_result_v1 res{};
-  auto fence = std::async(std::launch::async, [&] {
-    const uint64_t id = 7;
-    return tp.Fence(&id, 1, std::chrono::steady_clock::now() + 10s, &res);
-  });
+TEST_F(FenceWhileApplying, TheFrameFinishesAndItsLaneIsNotCut) {
+  ASSERT_NO_FATAL_FAILURE(Start(7, std::chrono::steady_clock::now() + 10s));
   // Another frame of the attempt, on another lane, is refused once the fence
   // has marked it: from then on the fence waits for the frame in progress.
   wire::Header probe = h;
@@ -703,29 +715,14 @@ TEST(TcpFence, AFrameBeingAppliedFinishesAndItsLaneIsNotCut) {
   char c;
   EXPECT_EQ(recv(sp[1], &c, 1, MSG_DONTWAIT), -1);
   EXPECT_EQ(errno, EAGAIN);
-  close(sp[0]);
-  close(sp[1]);
 }
 
 // A frame of the fenced attempt that stops moving is not waited for: after
 // the fence's grace its lane is cut (the lane's thread then ends the apply,
 // broken), and the fence answers PARTIAL well before its deadline.
-TEST(TcpFence, AStalledFrameIsCutAfterTheGrace) {
-  int sp[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
-  ferry_tcp::TargetPeer tp("a");
-  wire::Header h;
-  h.type = wire::Type::kWrite;
-  h.frame_count = 1;
-  h.payload_len = 4096;
-  h.attempt_id = 9;
-  ASSERT_TRUE(tp.BeginApply(h, sp[0], 0));
-  ferry_fence_result_v1 res{};
+TEST_F(FenceWhileApplying, AStalledFrameIsCutAfterTheGrace) {
   const auto deadline = std::chrono::steady_clock::now() + 20s;
-  auto fence = std::async(std::launch::async, [&] {
-    const uint64_t id = 9;
-    return tp.Fence(&id, 1, deadline, &res);
-  });
+  ASSERT_NO_FATAL_FAILURE(Start(9, deadline));
   // The lane's reader: its socket ends (the cut), so it ends the apply.
   timeval tv{15, 0};
   setsockopt(sp[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -735,8 +732,6 @@ TEST(TcpFence, AStalledFrameIsCutAfterTheGrace) {
   ASSERT_EQ(fence.get(), FERRY_OK);
   EXPECT_LT(std::chrono::steady_clock::now(), deadline);
   EXPECT_EQ(res.state, FERRY_FENCE_PARTIAL);
-  close(sp[0]);
-  close(sp[1]);
 }
 
 TEST_P(TcpPair, UnknownPeerHelloIsRejected) {
