@@ -63,8 +63,8 @@ struct StoppableTarget {
       Result r = ini->add_backend(b);
       if (!r) throw std::runtime_error(r.message);
     }
-    if (!ini->register_remote_engine(EngineDesc::unpack(test::from_hex(ehex))))
-      throw std::runtime_error("register target");
+    target = EngineDesc::unpack(test::from_hex(ehex));
+    if (!ini->register_remote_engine(target)) throw std::runtime_error("register target");
     if (!one_way && child->ask("register " + test::to_hex(ini->desc().pack())) != "OK")
       throw std::runtime_error("register initiator at the target");
     remote = MemoryDesc::unpack(test::from_hex(mhex));
@@ -122,6 +122,7 @@ struct StoppableTarget {
   std::filesystem::path policy;
   std::unique_ptr<test::ChildProcess> child;
   std::unique_ptr<Engine> ini;
+  EngineDesc target;
   MemoryDesc remote, local;
   std::vector<uint8_t> src;
   bool stopped = false;
@@ -204,6 +205,36 @@ void caught_write_never_lands(StoppableTarget& r, const char* other) {
 }
 
 }  // namespace
+
+// The application deregisters a stopped target with a WRITE in flight and
+// registers the same engine again: the WRITE ends unknown at once (no fence can
+// be asked of a peer that is not registered), and its fence is kept: the
+// registered-again peer is fenced (a new WRITE waits) until the resumed target
+// answers, so the old WRITE's bytes cannot land over the new one's.
+TEST(Fence, DeregisteredWithAWriteInFlightIsFencedWhenRegisteredAgain) {
+  StoppableTarget r("tcp", policy_tcp());
+  TransferStatus base = r.write(1, 0, kRegion, 200);
+  ASSERT_EQ(base.Wait(), StatusCode::SUCCESS) << base.Message();
+  r.stop();
+  const auto t0 = std::chrono::steady_clock::now();
+  TransferStatus caught = r.write(2, 0, kSlice, 201);
+  ASSERT_TRUE(r.ini->deregister_remote_engine(r.target.key));
+  ASSERT_TRUE(caught.WaitFor(kDeadline + 2s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kDeadline) << caught.Message();
+  EXPECT_EQ(caught.Code(), StatusCode::ERR_OUTCOME_UNKNOWN) << caught.Message();
+  EXPECT_NE(caught.Message().find("deregistered"), std::string::npos) << caught.Message();
+  EXPECT_EQ(r.ini->stats().fenced_peers, 0u) << "a deregistered peer counts as fenced";
+
+  ASSERT_TRUE(r.ini->register_remote_engine(r.target));
+  EXPECT_EQ(r.ini->stats().fenced_peers, 1u) << "registered again without fencing the old WRITE";
+  TransferStatus next = r.write(3, 0, kSlice, 202);
+  EXPECT_TRUE(next.InProgress()) << next.Message();
+  r.cont();
+  ASSERT_EQ(next.Wait(), StatusCode::SUCCESS) << next.Message();
+  EXPECT_TRUE(r.wait_unfenced(10s));
+  EXPECT_EQ(r.target_hash(0, kSlice), StoppableTarget::expected_hash(3, 0, kSlice));
+  EXPECT_EQ(r.inbound(201, 0), "NONE");
+}
 
 TEST(Fence, StoppedTargetTcpAlone) {
   StoppableTarget r("tcp", policy_tcp());

@@ -243,10 +243,11 @@ TEST(Fencer, RegisteredAgainAsksAnUnansweredFenceAtOnceAndHoldsTransfersForIt) {
 }
 
 // A WRITE that failed after its target was deregistered: its transfer ends
-// "unknown" at once (fence_later), the gate stays closed with the reason while
-// the fence cannot be answered, and the same life registered again is asked
-// at once - transfers wait for that answer, then go.
-TEST(Fencer, AFenceLaterClosesTheGateUntilTheTargetRegisteredAgainAnswers) {
+// "unknown" at once (fence_later) and the fence is parked - not asked, no
+// thread, not counted as a fenced peer - with the gate closed for that life.
+// The same life registered again is asked at once: transfers wait for that
+// answer, then go.
+TEST(Fencer, AFenceLaterIsParkedUntilTheSameLifeIsRegisteredAgain) {
   HeldRequests net;
   Fencer f(net.ask());
   ReleaseOnExit release{net};
@@ -256,9 +257,43 @@ TEST(Fencer, AFenceLaterClosesTheGateUntilTheTargetRegisteredAgainAnswers) {
   EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, refused.resume(), &why), Fencer::Gate::CLOSED);
   EXPECT_NE(why.find("deregistered with a WRITE in flight"), std::string::npos) << why;
   EXPECT_EQ(f.counts().unknown, 1u);
+  EXPECT_EQ(f.counts().gated, 0u);
+  EXPECT_EQ(f.counts().fences, 0u) << "a parked fence was asked";
+
+  f.retry_now(kTarget.key, kTarget.instance);
+  Outcome held;
+  ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD);
   net.wait_asked(1);
-  net.answer(false);  // not registered: it cannot be asked
+  net.answer(true);
+  ASSERT_TRUE(held.wait());
+  EXPECT_TRUE(held.go) << held.why;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::OPEN);
+  EXPECT_EQ(refused.count(), 0);
+}
+
+// Deregistered (reset with park) while an attempt's fence is out: the attempt
+// is told "unknown" at once and stays pending; when that request fails the
+// state is parked; registered again, it is asked at once and transfers wait.
+TEST(Fencer, ADeregistrationParksAttemptsOfUnknownOutcome) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  Outcome attempt_told;
+  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
+          [&](const FenceResult& r, const std::string& w) {
+            attempt_told.resume()(r.state == FenceState::UNKNOWN, w);
+          });
+  net.wait_asked(1);
+  f.reset(kTarget.key, "its lease expired (test)", /*park=*/true);
+  ASSERT_TRUE(attempt_told.wait());
+  EXPECT_TRUE(attempt_told.go);
+  EXPECT_NE(attempt_told.why.find("lease expired"), std::string::npos) << attempt_told.why;
+  net.answer(false);  // the request that was out fails (not registered any more)
+  std::string why;
+  Outcome refused;
   EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, refused.resume(), &why), Fencer::Gate::CLOSED);
+  // Another life is another process: it does not wait.
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance + 1, refused.resume(), &why), Fencer::Gate::OPEN);
 
   f.retry_now(kTarget.key, kTarget.instance);
   Outcome held;
@@ -267,6 +302,22 @@ TEST(Fencer, AFenceLaterClosesTheGateUntilTheTargetRegisteredAgainAnswers) {
   net.answer(true);
   ASSERT_TRUE(held.wait());
   EXPECT_TRUE(held.go) << held.why;
-  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::OPEN);
+  EXPECT_EQ(attempt_told.count(), 1) << "the attempt was told twice";
   EXPECT_EQ(refused.count(), 0);
+}
+
+// Parked states are bounded: past kMaxParked the oldest is forgotten (a
+// registration of that life then starts at once).
+TEST(Fencer, ParkedStatesAreBounded) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  for (size_t i = 0; i <= Fencer::kMaxParked; ++i)
+    f.fence_later({"peer-" + std::to_string(i), "127.0.0.1", 1, 7}, "tcp", i + 1, "gone (test)");
+  std::string why;
+  Outcome o;
+  EXPECT_EQ(f.admit("peer-0", 7, o.resume(), &why), Fencer::Gate::OPEN);
+  EXPECT_EQ(f.admit("peer-1", 7, o.resume(), &why), Fencer::Gate::CLOSED);
+  EXPECT_EQ(f.admit("peer-" + std::to_string(Fencer::kMaxParked), 7, o.resume(), &why),
+            Fencer::Gate::CLOSED);
 }

@@ -44,7 +44,7 @@ std::string EngineImpl::render_metrics() const {
 
 void EngineImpl::deregister_gone_peer(const std::string& key, const std::string& why) {
   std::lock_guard lk(peers_mu_);
-  if (deregister_peer(key, /*keep_fence=*/false, why).ok())
+  if (deregister_peer(key, PeerFences::PARK, why).ok())
     FERRY_LOG(WARN, key_, why + ": deregistered");
 }
 

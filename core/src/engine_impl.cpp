@@ -249,7 +249,7 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   if (registry_.confirm_peer(d)) return {};
   // A restarted peer: start afresh (its fence state too, when it is a new life).
   if (auto old = registry_.peer_instance(d.key))
-    deregister_peer(d.key, /*keep_fence=*/*old == d.instance);
+    deregister_peer(d.key, *old == d.instance ? PeerFences::KEEP : PeerFences::DROP);
   Result r = registry_.add_peer(d);
   if (r.ok()) {
     route_control(d);
@@ -290,15 +290,15 @@ void EngineImpl::learn_peer(const EngineDesc& d) {
 
 Result EngineImpl::deregister_remote_engine(const std::string& key) {
   std::lock_guard lk(peers_mu_);
-  return deregister_peer(key, /*keep_fence=*/false);
+  return deregister_peer(key, PeerFences::PARK);
 }
 
-Result EngineImpl::deregister_peer(const std::string& key, bool keep_fence,
+Result EngineImpl::deregister_peer(const std::string& key, PeerFences fences,
                                    const std::string& why) {
   if (!registry_.remove_peer(key, why))
     return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
   control_->forget_peer(key);
-  if (!keep_fence) transfers_->forget_fences(key, why);
+  if (fences != PeerFences::KEEP) transfers_->forget_fences(key, why, fences == PeerFences::PARK);
   health_->forget_peer(key);
   inbound_.forget_peer(key);
   return {};

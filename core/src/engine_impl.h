@@ -70,8 +70,11 @@ class EngineImpl {
 
  private:
   void start_cluster_services();  // engine_cluster.cpp, from the constructor
-  // keep_fence: the same instance registered again keeps its fence state.
-  Result deregister_peer(const std::string& key, bool keep_fence, const std::string& why = {});
+  // What becomes of the peer's fence state (fence.h): KEEP (the same instance
+  // registered again), PARK (deregistered: WRITEs of unknown outcome stay
+  // pending for its return), DROP (replaced by a new instance).
+  enum class PeerFences { KEEP, PARK, DROP };
+  Result deregister_peer(const std::string& key, PeerFences fences, const std::string& why = {});
   // A peer on this host is reached over its control plane's unix socket.
   void route_control(const EngineDesc& d);
   // A peer that proved our descriptor and presented its own (one-way

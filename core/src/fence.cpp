@@ -108,11 +108,30 @@ void Fencer::fence_later(const Target& t, const std::string& backend, uint64_t a
                        /*reported=*/true});
   ++counts_.unknown;
   if (p.closed_why.empty()) p.closed_why = why;
-  if (!p.running) {
-    p.running = true;
-    workers_.run([this, key = t.key] { run(key); });
+  park_locked(t.key, p);
+}
+
+void Fencer::park_locked(const std::string& key, PeerState& p) {
+  // Not asked until the same life is registered again (retry_now): a dead
+  // peer costs no thread and no traffic, only this entry.
+  p.parked = true;
+  p.parked_seq = ++park_seq_;
+  cv_.notify_all();  // a running worker stops at its next turn
+  size_t parked = 0;
+  auto oldest = peers_.end();
+  for (auto it = peers_.begin(); it != peers_.end(); ++it) {
+    if (!it->second->parked || it->second->asking) continue;
+    ++parked;
+    if (oldest == peers_.end() || it->second->parked_seq < oldest->second->parked_seq) oldest = it;
   }
-  cv_.notify_all();
+  // Bounded: the oldest goes (its attempts were reported unknown already; a
+  // registration of that life then starts without waiting for them).
+  if (parked > kMaxParked && oldest != peers_.end() && oldest->first != key) {
+    FERRY_LOG(WARN, "fence",
+              "forgetting the unanswered fence of deregistered peer '" + oldest->first +
+                  "' (more than " + std::to_string(kMaxParked) + " such peers)");
+    peers_.erase(oldest);
+  }
 }
 
 void Fencer::close(const Target& t, const std::string& why) {
@@ -131,6 +150,11 @@ void Fencer::retry_now(const std::string& key, uint64_t instance) {
   if (p.pending.empty() || p.manual_close) return;
   p.closed_why.clear();  // HELD until this request's answer (or its miss)
   p.kicked = true;
+  p.parked = false;
+  if (!p.running) {
+    p.running = true;
+    workers_.run([this, key] { run(key); });
+  }
   cv_.notify_all();
 }
 
@@ -178,19 +202,38 @@ Fencer::Gate Fencer::admit(const std::string& key, uint64_t instance, Resume res
   return hold_behind_draining(key, instance, resume) ? Gate::HELD : Gate::OPEN;
 }
 
-void Fencer::reset(const std::string& key, const std::string& why) {
+void Fencer::reset(const std::string& key, const std::string& why, bool park) {
   std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = peers_.find(key);
     if (it == peers_.end()) return;
-    finish_all(*it->second,
-               why.empty() ? "the peer was registered again or deregistered"
-                           : "the peer was deregistered: " + why,
-               calls);
-    if (it->second->asking) draining_.emplace(key, it->second);
-    peers_.erase(it);
-    cv_.notify_all();
+    PeerState& p = *it->second;
+    const std::string told = why.empty() ? "the peer was registered again or deregistered"
+                                         : "the peer was deregistered: " + why;
+    if (park && !p.pending.empty()) {
+      // Deregistered: its attempts end unknown now, but stay pending - the same
+      // life registered again is fenced before anything new starts to it.
+      for (auto& a : p.pending) {
+        if (a.reported) continue;
+        a.reported = true;
+        FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
+        calls.push_back([d = std::move(a.done), r, told] { d(r, told); });
+        a.done = [](const FenceResult&, const std::string&) {};
+        ++counts_.unknown;
+      }
+      for (auto& h : p.held) calls.push_back([h = std::move(h), told] { h(false, told); });
+      p.held.clear();
+      if (p.closed_why.empty())
+        p.closed_why = "peer '" + key + "' was deregistered with a WRITE of unknown outcome (" +
+                       told + "); registering it again fences that WRITE first";
+      park_locked(key, p);
+    } else {
+      finish_all(p, told, calls);
+      if (p.asking) draining_.emplace(key, it->second);
+      peers_.erase(it);
+      cv_.notify_all();
+    }
   }
   for (auto& c : calls) c();
 }
@@ -211,7 +254,7 @@ Fencer::Counts Fencer::counts() const {
   std::lock_guard<std::mutex> lk(mu_);
   Counts c = counts_;
   for (const auto& [key, p] : peers_)
-    if (!p->closed_why.empty() || !p->pending.empty()) ++c.gated;
+    if (!p->parked && (!p->closed_why.empty() || !p->pending.empty())) ++c.gated;
   return c;
 }
 
@@ -224,7 +267,7 @@ void Fencer::run(const std::string& key) {
   for (;;) {
     auto it = peers_.find(key);
     if (stopping_ || it == peers_.end() || it->second != p) return;
-    if (p->pending.empty()) {
+    if (p->pending.empty() || p->parked) {
       p->running = false;
       return;
     }
@@ -382,7 +425,8 @@ void Fencer::run(const std::string& key) {
       for (auto& c : calls) c();
       calls.clear();
       lk.lock();
-      if (pause.count() > 0) cv_.wait_for(lk, pause, [&] { return stopping_ || p->kicked; });
+      if (pause.count() > 0)
+        cv_.wait_for(lk, pause, [&] { return stopping_ || p->kicked || p->parked; });
       continue;
     }
     lk.unlock();

@@ -68,9 +68,9 @@ class Fencer {
              Clock::time_point deadline, Done done);
   // An attempt whose target cannot be asked now (deregistered: the control
   // plane talks only to registered peers). The caller reports it unknown; the
-  // gate stays CLOSED with `why` and the attempt pending - asked again and
-  // again, at once when the same instance is registered (retry_now) - until
-  // the target answers.
+  // attempt stays pending, parked (not asked, no thread) with the gate CLOSED
+  // for `why`, until the same instance is registered again (retry_now asks it
+  // then, new transfers held for the answer) or a new one replaces it.
   void fence_later(const Target& t, const std::string& backend, uint64_t attempt,
                    const std::string& why);
   // Close the gate of a target without asking it (a backend that cannot fence).
@@ -88,8 +88,12 @@ class Fencer {
   // A new instance was registered under the key, or it was deregistered: its old
   // state is dropped (pending attempts answered UNKNOWN, held transfers failed).
   // `why`: what deregistered it (a metadata store's expired lease), for the
-  // message of the transfers that end here.
-  void reset(const std::string& key, const std::string& why = {});
+  // message of the transfers that end here. park (a deregistration): pending
+  // attempts are answered UNKNOWN but kept, parked, as by fence_later - their
+  // bytes may still land, so the same life registered again is fenced first.
+  void reset(const std::string& key, const std::string& why = {}, bool park = false);
+  // Parked states kept at most (the oldest is forgotten).
+  static constexpr size_t kMaxParked = 1024;
   // Fences sent, attempts answered by the target, attempts left unknown.
   struct Counts {
     uint64_t fences = 0, answered = 0, unknown = 0;
@@ -114,11 +118,15 @@ class Fencer {
     bool running = false;  // a worker thread runs while pending is not empty
     bool asking = false;   // its worker has a FENCE request out (unlocked)
     bool kicked = false;   // retry_now(): ask again without waiting out the backoff
+    bool parked = false;   // deregistered: not asked until registered again (retry_now)
+    uint64_t parked_seq = 0;
   };
   void run(const std::string& key);
   void finish_all(PeerState& p, const std::string& why, std::vector<std::function<void()>>& out);
   // A fresh state for the target (dropping one of an older instance); mu_ held.
   PeerState& state_for(const Target& t);
+  // Parks `p` (mu_ held) and keeps the parked states within kMaxParked.
+  void park_locked(const std::string& key, PeerState& p);
   // Whether a reset state of `key`'s life `instance` still has its FENCE out;
   // if so `resume` joins its held transfers (mu_ held).
   bool hold_behind_draining(const std::string& key, uint64_t instance, Resume& resume);
@@ -132,6 +140,7 @@ class Fencer {
   std::condition_variable cv_;
   bool stopping_ = false;
   uint64_t next_req_ = 1;
+  uint64_t park_seq_ = 0;
   Counts counts_;
   std::map<std::string, std::shared_ptr<PeerState>> peers_;
   // States dropped by reset() while their worker's FENCE was out: the request

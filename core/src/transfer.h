@@ -175,9 +175,11 @@ class Transfers {
   void cancel(const TransferPtr& t);
   // New transfers fail at once from now on.
   void shut_down() { shutting_down_ = true; }
-  // A peer was deregistered or replaced by a new instance: forget its fence state.
-  void forget_fences(const std::string& peer_key, const std::string& why = {}) {
-    fencer_.reset(peer_key, why);
+  // A peer was deregistered (park: WRITEs of unknown outcome stay pending for a
+  // re-registration of the same instance) or replaced by a new instance
+  // (forgotten).
+  void forget_fences(const std::string& peer_key, const std::string& why, bool park) {
+    fencer_.reset(peer_key, why, park);
   }
   Fencer::Counts fence_counts() const { return fencer_.counts(); }
   // The same instance of a peer was registered again (Fencer::retry_now).
