@@ -89,6 +89,7 @@ void Fencer::fence(const Target& t, const std::string& backend, uint64_t attempt
   }
   PeerState& p = state_for(t);
   p.pending.push_back({backend, attempt, deadline, std::move(done), false});
+  p.parked = false;  // a registered life's fence is asked (what was parked with it too)
   if (!p.running) {
     p.running = true;
     workers_.run([this, key = t.key] { run(key); });
