@@ -246,7 +246,12 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   std::lock_guard lk(peers_mu_);
   // The descriptor registered (or learned) already: connectors repeat their
   // handshakes, and that must not tear down the peer's sessions.
-  if (registry_.confirm_peer(d)) return {};
+  if (registry_.confirm_peer(d)) {
+    // Learned from its hello after a deregistration: fences parked then are
+    // asked now (a new registration below does the same).
+    transfers_->peer_registered(d.key, d.instance, /*only_parked=*/true);
+    return {};
+  }
   // A restarted peer: start afresh (its fence state too, when it is a new life).
   if (auto old = registry_.peer_instance(d.key))
     deregister_peer(d.key, *old == d.instance ? PeerFences::KEEP : PeerFences::DROP);
@@ -281,6 +286,7 @@ void EngineImpl::learn_peer(const EngineDesc& d) {
   }
   if (registry_.add_peer(d, /*learned=*/true).ok()) {
     route_control(d);
+    transfers_->peer_registered(d.key, d.instance, /*only_parked=*/true);
     FERRY_LOG(INFO, key_,
               "learned engine '" + d.key +
                   "' from its authenticated hello (it holds our "

@@ -16,6 +16,10 @@ namespace {
 // target answers or is registered again).
 constexpr auto kRetryMin = std::chrono::milliseconds(100);
 constexpr auto kRetryMax = std::chrono::milliseconds(2000);
+// The request retry_now() makes while transfers wait for it: as long as the
+// target may take to serve a fence (fence_serve.cpp; tcp lets a frame being
+// applied finish for up to 200 ms first), not a short retry's.
+constexpr auto kKickedAsk = std::chrono::milliseconds(5000);
 
 const char* state_name(FenceState s) {
   switch (s) {
@@ -109,7 +113,20 @@ void Fencer::fence_later(const Target& t, const std::string& backend, uint64_t a
                        /*reported=*/true});
   ++counts_.unknown;
   if (p.closed_why.empty()) p.closed_why = why;
-  park_locked(t.key, p);
+  const bool waiting = !p.held.empty() || std::any_of(p.pending.begin(), p.pending.end(),
+                                                      [](const Pending& a) { return !a.reported; });
+  if (!waiting && !p.running) {
+    park_locked(t.key, p);
+    return;
+  }
+  // Attempts of the registered life still wait for their answer (their worker
+  // asks on; a deregistration parks them all through reset), or the state was
+  // unparked by a registration meanwhile: this one is asked with them.
+  if (!p.running) {
+    p.running = true;
+    workers_.run([this, key = t.key] { run(key); });
+  }
+  cv_.notify_all();
 }
 
 void Fencer::park_locked(const std::string& key, PeerState& p) {
@@ -142,11 +159,13 @@ void Fencer::close(const Target& t, const std::string& why) {
   p.manual_close = true;
 }
 
-void Fencer::retry_now(const std::string& key, uint64_t instance) {
+void Fencer::retry_now(const std::string& key, uint64_t instance, bool only_parked) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = peers_.find(key);
   if (it == peers_.end() || it->second->target.instance != instance) return;
   PeerState& p = *it->second;
+  if (only_parked && !p.parked) return;
+  p.parked = false;  // registered: never evicted as a parked state
   // A gate closed by an answer (or by close()) waits for a new instance.
   if (p.pending.empty() || p.manual_close) return;
   p.closed_why.clear();  // HELD until this request's answer (or its miss)
@@ -212,7 +231,7 @@ void Fencer::reset(const std::string& key, const std::string& why, bool park) {
     PeerState& p = *it->second;
     const std::string told = why.empty() ? "the peer was registered again or deregistered"
                                          : "the peer was deregistered: " + why;
-    if (park && !p.pending.empty()) {
+    if (park && (!p.pending.empty() || !p.closed_why.empty())) {
       // Deregistered: its attempts end unknown now, but stay pending - the same
       // life registered again is fenced before anything new starts to it.
       for (auto& a : p.pending) {
@@ -274,6 +293,7 @@ void Fencer::run(const std::string& key) {
     }
     if (p->kicked) {  // registered again: ask now, as if for the first time
       p->kicked = false;
+      p->kicked_ask = true;
       backoff = kRetryMin;
     }
     // Ask for every pending attempt at once, by the earliest deadline still ahead
@@ -285,7 +305,9 @@ void Fencer::run(const std::string& key) {
       entries.push_back({a.backend, a.attempt});
       if (a.deadline > now) deadline = std::min(deadline, a.deadline);
     }
-    if (deadline == Clock::time_point::max()) deadline = now + backoff;  // all already "unknown"
+    if (deadline == Clock::time_point::max())  // all already "unknown"
+      deadline = now + (p->kicked_ask ? kKickedAsk : backoff);
+    p->kicked_ask = false;
     const Target t = p->target;
     const uint64_t req = next_req_++;
     ++counts_.fences;

@@ -79,7 +79,10 @@ class Fencer {
   // unanswered (the peer was not registered, so it could not be asked) is
   // asked again now, and new transfers wait for that answer instead of
   // failing; unanswered again, the gate closes again.
-  void retry_now(const std::string& key, uint64_t instance);
+  // only_parked: only a state parked by a deregistration (a repeated
+  // registration, a peer learned from its hello: a stopped target's closed
+  // gate is not reopened by every repeated handshake).
+  void retry_now(const std::string& key, uint64_t instance, bool only_parked = false);
   // Reopen a gate closed by close() (the attempt that closed it has ended).
   void reopen(const std::string& key, uint64_t instance);
   // Whether a transfer to `key` may start. HELD: `resume` runs later (not before
@@ -115,10 +118,11 @@ class Fencer {
     std::vector<Resume> held;
     std::string closed_why;  // non-empty: CLOSED
     bool manual_close = false;
-    bool running = false;  // a worker thread runs while pending is not empty
-    bool asking = false;   // its worker has a FENCE request out (unlocked)
-    bool kicked = false;   // retry_now(): ask again without waiting out the backoff
-    bool parked = false;   // deregistered: not asked until registered again (retry_now)
+    bool running = false;     // a worker thread runs while pending is not empty
+    bool asking = false;      // its worker has a FENCE request out (unlocked)
+    bool kicked = false;      // retry_now(): ask again without waiting out the backoff
+    bool kicked_ask = false;  // the request now going out was asked for by retry_now
+    bool parked = false;      // deregistered: not asked until registered again (retry_now)
     uint64_t parked_seq = 0;
   };
   void run(const std::string& key);

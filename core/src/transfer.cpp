@@ -294,8 +294,8 @@ void Transfers::cancel(const TransferPtr& t) {
   // QP of the initiator: a fence for one cancel would fail every other transfer
   // in flight to that target).
   if (t->op != FERRY_OP_WRITE || (b.caps & FERRY_CAP_INITIATOR_COPY) ||
-      !(b.caps & FERRY_CAP_FENCE_SELECTIVE))
-    return;
+      !(b.caps & FERRY_CAP_FENCE_SELECTIVE) || t->pair.peer->gone.load(std::memory_order_acquire))
+    return;  // (a deregistered peer cannot be asked: attempt_done parks its fence)
   // A WRITE in flight: the target fences it now - from its answer nothing more
   // lands. The plugin's own completion comes later and changes nothing.
   if (a->settled.exchange(true)) return;  // it completed meanwhile: attempt_done has it
@@ -572,6 +572,10 @@ void Transfers::attempt_done(const std::shared_ptr<Attempt>& a, int status,
                             (gone.empty() ? "" : " (" + gone + ")") +
                             "; registering it again fences that WRITE first";
     fencer_.fence_later(fence_target(t), b.name, a->id, why);
+    // Registered again meanwhile: its retry may have come before the fence was
+    // kept (it asks on the registration's side otherwise).
+    if (auto inst = registry_.peer_instance(peer); inst && *inst == t->pair.peer->desc.instance)
+      fencer_.retry_now(peer, *inst);
     add_history(t->history, b.name + ": " + message + " (" + why + ")");
     finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
     return;

@@ -183,8 +183,8 @@ class Transfers {
   }
   Fencer::Counts fence_counts() const { return fencer_.counts(); }
   // The same instance of a peer was registered again (Fencer::retry_now).
-  void peer_registered(const std::string& key, uint64_t instance) {
-    fencer_.retry_now(key, instance);
+  void peer_registered(const std::string& key, uint64_t instance, bool only_parked = false) {
+    fencer_.retry_now(key, instance, only_parked);
   }
 
  private:
