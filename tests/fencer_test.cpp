@@ -322,24 +322,14 @@ TEST(Fencer, ParkedStatesAreBounded) {
             Fencer::Gate::CLOSED);
 }
 
-// A gate only a new instance may reopen (the watchdog's close(): an attempt
-// that never ended) stays closed through a deregistration and a registration
-// of the same life; a repeated registration of a live peer (only_parked, as
-// for repeated handshakes) does not reopen a gate its unanswered fence closed.
-TEST(Fencer, ClosedGatesSurviveDeregistrationAndRepeatedRegistration) {
+// A repeated registration of a live peer (only_parked, as for repeated
+// handshakes) does not reopen a gate its unanswered fence closed.
+TEST(Fencer, ARepeatedRegistrationDoesNotReopenAnUnansweredFence) {
   HeldRequests net;
   Fencer f(net.ask());
   ReleaseOnExit release{net};
-  f.close(kTarget, "an attempt has not ended (test)");
-  f.reset(kTarget.key, "", /*park=*/true);
-  f.retry_now(kTarget.key, kTarget.instance);
   std::string why;
   Outcome o;
-  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED);
-  EXPECT_NE(why.find("has not ended"), std::string::npos) << why;
-  // A new instance is another process.
-  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance + 1, o.resume(), &why), Fencer::Gate::OPEN);
-
   const Fencer::Target other{"other", "127.0.0.1", 2, 9};
   Outcome told;
   f.fence(other, "tcp", 5, Fencer::Clock::now() - 1ms,

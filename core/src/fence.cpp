@@ -231,7 +231,10 @@ void Fencer::reset(const std::string& key, const std::string& why, bool park) {
     PeerState& p = *it->second;
     const std::string told = why.empty() ? "the peer was registered again or deregistered"
                                          : "the peer was deregistered: " + why;
-    if (park && (!p.pending.empty() || !p.closed_why.empty())) {
+    // (A gate closed with nothing pending - a backend that cannot fence, the
+    // watchdog - is dropped as before: registering the peer again is what
+    // reopens it, docs/policy.md.)
+    if (park && !p.pending.empty()) {
       // Deregistered: its attempts end unknown now, but stay pending - the same
       // life registered again is fenced before anything new starts to it.
       for (auto& a : p.pending) {

@@ -158,7 +158,7 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
                                ? settings_.chunk_bytes
                                : std::min(settings_.chunk_bytes, settings_.ring_chunk_bytes);
     h->peer = std::make_shared<Peer>(std::move(info), settings_.lanes, chunk,
-                                     settings_.gpu_chunk_bytes, &watcher_);
+                                     settings_.gpu_chunk_bytes, &watcher_, &xfer_seqs_);
     std::lock_guard lk(handles_mu_);
     peers_.insert(h.get());
     *handle = h.release();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -77,6 +78,14 @@ class Instance {
   std::atomic<uint64_t> sender_polls_caught_{0};  // polls of a sender that caught a queued frame
   StagePool stages_;  // GPU staging; outlives the lanes and the target server that lease from it
   DeadlineWatcher watcher_;
+  // Every peer's transfer sequence (peer.h). Starts at the monotonic clock in
+  // ns: above what an earlier instance of this engine on this host used (it
+  // numbered fewer transfers than nanoseconds passed), should the target still
+  // hold its count.
+  std::atomic<uint64_t> xfer_seqs_{
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count())};
   // The I/O threads of both sides (the target's TCP lanes, our TCP lanes'
   // responses); stopped after both.
   IoPool pool_;

@@ -18,11 +18,13 @@ constexpr uint64_t kDirectSendMax = 64 * 1024;
 }  // namespace
 
 Peer::Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, uint64_t gpu_chunk_bytes,
-           DeadlineWatcher* watcher)
+           DeadlineWatcher* watcher, std::atomic<uint64_t>* seqs)
     : info_(std::move(info)),
       chunk_bytes_(chunk_bytes),
       gpu_chunk_bytes_(gpu_chunk_bytes),
-      watcher_(watcher) {
+      watcher_(watcher),
+      seqs_(seqs),
+      next_seq_(seqs->load()) {
   for (int i = 0; i < lanes; ++i) lanes_.push_back(std::make_unique<Lane>(&info_, i));
 }
 
@@ -139,7 +141,8 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   uint64_t low_seq;
   {
     std::lock_guard lk(seq_mu_);
-    xfer->seq = next_seq_++;
+    xfer->seq = seqs_->fetch_add(1);
+    next_seq_ = xfer->seq + 1;
     if (xfer->notify) notify_inflight_.insert(xfer->seq);
     low_seq = notify_inflight_.empty() ? xfer->seq : std::min(*notify_inflight_.begin(), xfer->seq);
   }

@@ -23,8 +23,9 @@ class DeadlineWatcher;
 class Peer : public std::enable_shared_from_this<Peer> {
  public:
   // gpu_chunk_bytes: the frame size when the local memory is on a GPU.
+  // seqs: the instance's transfer sequence, shared by all its peers (see next_seq_).
   Peer(PeerInfo info, int lanes, uint64_t chunk_bytes, uint64_t gpu_chunk_bytes,
-       DeadlineWatcher* watcher);
+       DeadlineWatcher* watcher, std::atomic<uint64_t>* seqs);
   ~Peer();
 
   // All or nothing, as plugin.h's post(): on FERRY_OK complete() follows exactly
@@ -55,7 +56,14 @@ class Peer : public std::enable_shared_from_this<Peer> {
   // aborts them: no frame lands on a lane between two of its aborts.
   std::shared_mutex reset_mu_;
   std::mutex seq_mu_;
-  uint64_t next_seq_ = 1;
+  // Transfer sequence numbers come from the instance, not from 1 per Peer: the
+  // target keeps its count of an initiator (the "every notify transfer below
+  // this one is finished" floor) across the initiator's peer_remove + peer_add
+  // (the application deregistering and registering it again) while an old lane
+  // is still open there, and a restart at 1 fell below that floor, so the
+  // target dropped the new transfers' notifications.
+  std::atomic<uint64_t>* const seqs_;
+  uint64_t next_seq_;                   // above every seq this peer has used
   std::set<uint64_t> notify_inflight_;  // seqs of unfinished notify transfers
 };
 
