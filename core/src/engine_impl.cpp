@@ -286,7 +286,6 @@ void EngineImpl::learn_peer(const EngineDesc& d) {
   }
   if (registry_.add_peer(d, /*learned=*/true).ok()) {
     route_control(d);
-    transfers_->peer_registered(d.key, d.instance, /*only_parked=*/true);
     FERRY_LOG(INFO, key_,
               "learned engine '" + d.key +
                   "' from its authenticated hello (it holds our "
