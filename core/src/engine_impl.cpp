@@ -247,8 +247,8 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   // The descriptor registered (or learned) already: connectors repeat their
   // handshakes, and that must not tear down the peer's sessions.
   if (registry_.confirm_peer(d)) {
-    // Learned from its hello after a deregistration: fences parked then are
-    // asked now (a new registration below does the same).
+    // Known already (e.g. learned from its hello after a deregistration): fences
+    // parked then are asked now (a new registration below does the same).
     transfers_->peer_registered(d.key, d.instance, /*only_parked=*/true);
     return {};
   }

@@ -80,7 +80,7 @@ class Fencer {
   // asked again now, and new transfers wait for that answer instead of
   // failing; unanswered again, the gate closes again.
   // only_parked: only a state parked by a deregistration (a repeated
-  // registration, a peer learned from its hello: a stopped target's closed
+  // registration of the same descriptor: a stopped target's closed
   // gate is not reopened by every repeated handshake).
   void retry_now(const std::string& key, uint64_t instance, bool only_parked = false);
   // Reopen a gate closed by close() (the attempt that closed it has ended).
