@@ -94,11 +94,7 @@ void Fencer::fence(const Target& t, const std::string& backend, uint64_t attempt
   PeerState& p = state_for(t);
   p.pending.push_back({backend, attempt, deadline, std::move(done), false});
   p.parked = false;  // a registered life's fence is asked (what was parked with it too)
-  if (!p.running) {
-    p.running = true;
-    workers_.run([this, key = t.key] { run(key); });
-  }
-  cv_.notify_all();
+  start_worker_locked(t.key, p);
 }
 
 void Fencer::fence_later(const Target& t, const std::string& backend, uint64_t attempt,
@@ -122,9 +118,13 @@ void Fencer::fence_later(const Target& t, const std::string& backend, uint64_t a
   // Attempts of the registered life still wait for their answer (their worker
   // asks on; a deregistration parks them all through reset), or the state was
   // unparked by a registration meanwhile: this one is asked with them.
+  start_worker_locked(t.key, p);
+}
+
+void Fencer::start_worker_locked(const std::string& key, PeerState& p) {
   if (!p.running) {
     p.running = true;
-    workers_.run([this, key = t.key] { run(key); });
+    workers_.run([this, key] { run(key); });
   }
   cv_.notify_all();
 }
@@ -170,12 +170,7 @@ void Fencer::retry_now(const std::string& key, uint64_t instance, bool only_park
   if (p.pending.empty() || p.manual_close) return;
   p.closed_why.clear();  // HELD until this request's answer (or its miss)
   p.kicked = true;
-  p.parked = false;
-  if (!p.running) {
-    p.running = true;
-    workers_.run([this, key] { run(key); });
-  }
-  cv_.notify_all();
+  start_worker_locked(key, p);
 }
 
 void Fencer::reopen(const std::string& key, uint64_t instance) {
@@ -294,9 +289,9 @@ void Fencer::run(const std::string& key) {
       p->running = false;
       return;
     }
-    if (p->kicked) {  // registered again: ask now, as if for the first time
+    const bool kicked = p->kicked;  // registered again: ask now, as if for the first time
+    if (kicked) {
       p->kicked = false;
-      p->kicked_ask = true;
       backoff = kRetryMin;
     }
     // Ask for every pending attempt at once, by the earliest deadline still ahead
@@ -309,8 +304,7 @@ void Fencer::run(const std::string& key) {
       if (a.deadline > now) deadline = std::min(deadline, a.deadline);
     }
     if (deadline == Clock::time_point::max())  // all already "unknown"
-      deadline = now + (p->kicked_ask ? kKickedAsk : backoff);
-    p->kicked_ask = false;
+      deadline = now + (kicked ? kKickedAsk : backoff);
     const Target t = p->target;
     const uint64_t req = next_req_++;
     ++counts_.fences;

@@ -118,17 +118,18 @@ class Fencer {
     std::vector<Resume> held;
     std::string closed_why;  // non-empty: CLOSED
     bool manual_close = false;
-    bool running = false;     // a worker thread runs while pending is not empty
-    bool asking = false;      // its worker has a FENCE request out (unlocked)
-    bool kicked = false;      // retry_now(): ask again without waiting out the backoff
-    bool kicked_ask = false;  // the request now going out was asked for by retry_now
-    bool parked = false;      // deregistered: not asked until registered again (retry_now)
+    bool running = false;  // a worker thread runs while pending is not empty
+    bool asking = false;   // its worker has a FENCE request out (unlocked)
+    bool kicked = false;   // retry_now(): ask again without waiting out the backoff
+    bool parked = false;   // deregistered: not asked until registered again (retry_now)
     uint64_t parked_seq = 0;
   };
   void run(const std::string& key);
   void finish_all(PeerState& p, const std::string& why, std::vector<std::function<void()>>& out);
   // A fresh state for the target (dropping one of an older instance); mu_ held.
   PeerState& state_for(const Target& t);
+  // Starts `key`'s worker unless it runs, and wakes it (mu_ held).
+  void start_worker_locked(const std::string& key, PeerState& p);
   // Parks `p` (mu_ held) and keeps the parked states within kMaxParked.
   void park_locked(const std::string& key, PeerState& p);
   // Whether a reset state of `key`'s life `instance` still has its FENCE out;
