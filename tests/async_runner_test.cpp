@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// AsyncRunner (core/src/async_runner.h): a job never waits behind another,
+// threads are reused while jobs keep coming and end after their linger, and
+// the destructor runs every queued job. Events are ordered by futures and by
+// the runner's own counts, never by sleeping.
+#include "async_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <thread>
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Polls `cond` until it holds or 10 s pass (a status, not a guess at timing).
+template <typename Cond>
+bool eventually(Cond cond) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+TEST(AsyncRunner, AJobDoesNotWaitBehindABlockedOne) {
+  AsyncRunner r;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> first_done;
+  r.run([released, &first_done] {
+    released.wait();  // blocked until the second job runs
+    first_done.set_value();
+  });
+  r.run([&release] { release.set_value(); });
+  EXPECT_EQ(first_done.get_future().wait_for(10s), std::future_status::ready);
+}
+
+TEST(AsyncRunner, AnIdleThreadTakesTheNextJob) {
+  AsyncRunner r(std::chrono::minutes(1));
+  for (int i = 0; i < 50; ++i) {
+    std::promise<std::thread::id> ran;
+    r.run([&ran] { ran.set_value(std::this_thread::get_id()); });
+    ASSERT_EQ(ran.get_future().wait_for(10s), std::future_status::ready);
+    // Back to idle before the next job: then no new thread is started for it.
+    ASSERT_TRUE(eventually([&] { return r.idle() == 1; }));
+  }
+  EXPECT_EQ(r.threads(), 1u);
+}
+
+TEST(AsyncRunner, ThreadsEndAfterTheirLinger) {
+  AsyncRunner r(1ms);
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 4; ++i) r.run([&ran] { ++ran; });
+  EXPECT_TRUE(eventually([&] { return ran.load() == 4 && r.threads() == 0; }));
+  r.run([&ran] { ++ran; });  // and a job after that starts a thread again
+  EXPECT_TRUE(eventually([&] { return ran.load() == 5; }));
+}
+
+TEST(AsyncRunner, DestructionRunsWhatIsQueuedAndWhatJobsStart) {
+  std::atomic<int> ran{0};
+  {
+    AsyncRunner r(std::chrono::minutes(1));
+    std::promise<void> go;
+    std::shared_future<void> started = go.get_future().share();
+    for (int i = 0; i < 8; ++i)
+      r.run([&r, &ran, started, i] {
+        started.wait();
+        ++ran;
+        if (i == 0) r.run([&ran] { ++ran; });  // during the destructor, likely
+      });
+    go.set_value();
+  }
+  EXPECT_EQ(ran.load(), 9);
+}
+
+TEST(AsyncRunner, ManyPostersAtOnce) {
+  std::atomic<int> ran{0};
+  {
+    AsyncRunner r(5ms);
+    std::vector<std::thread> posters;
+    for (int p = 0; p < 4; ++p)
+      posters.emplace_back([&] {
+        for (int i = 0; i < 200; ++i) r.run([&ran] { ++ran; });
+      });
+    for (auto& t : posters) t.join();
+  }
+  EXPECT_EQ(ran.load(), 800);
+}
+
+}  // namespace
+}  // namespace ferry
