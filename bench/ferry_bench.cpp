@@ -67,6 +67,7 @@ struct Options {
   std::string backend = "tcp";  // or "policy": load every backend the policy names
   std::string policy_file;
   std::string stats_socket;  // the initiator serves its stats here (ferry stats PATH)
+  bool stats_hold = false;   // after the run, serve them until stdin closes
   std::map<std::string, std::string> backend_settings;  // name -> JSON, both ranks
   Op op = Op::WRITE;
   size_t start_block = 4096, max_block = 64u << 20, block_mult = 2;
@@ -265,6 +266,10 @@ Options parse_args(int argc, char** argv) {
                  "serve the initiator's stats here, for `ferry stats PATH`")
       ->type_name("PATH")
       ->group(backends);
+  app.add_flag("--stats-hold", o.stats_hold,
+               "after the run, keep serving --stats-socket until standard input closes (a "
+               "script that samples the stats then reads the final ones, however fast the run)")
+      ->group(backends);
 
   const char* xfer = "Transfers";
   std::string op = "WRITE", init_seg = "DRAM", target_seg = "DRAM";
@@ -450,6 +455,7 @@ Options parse_args(int argc, char** argv) {
     bad_usage("--rank 0 needs --peer HOST:PORT or --etcd-endpoints URL");
   if (o.rank == 1 && o.listen.empty() && !etcd)
     bad_usage("--rank 1 needs --listen ADDR:PORT or --etcd-endpoints URL");
+  if (o.stats_hold && o.stats_socket.empty()) bad_usage("--stats-hold needs --stats-socket");
   if (o.init_seg == SegType::VRAM && o.init_dev < 0) o.init_dev = 0;
   if (o.target_seg == SegType::VRAM && o.target_dev < 0) o.target_dev = 0;
   if (std::string why = bench::complete_shape(o.shape); !why.empty()) bad_usage(why);
@@ -1146,6 +1152,12 @@ int run_initiator(const Options& o, bench::LineChannel& ch) {
   }
   write_files(o, rows);
   ini.print_stats();
+  if (o.stats_hold) {
+    std::fflush(stdout);
+    char buf[256];
+    while (::read(STDIN_FILENO, buf, sizeof buf) > 0) {
+    }
+  }
   ini.quit();
   if (!ok) std::fprintf(stderr, "ferry-bench: stopped early (see above)\n");
   return ok ? 0 : 1;

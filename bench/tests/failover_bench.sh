@@ -26,13 +26,20 @@ failover:
 timeout: 5s
 YAML
 sock="$dir/stats.sock"
+# --stats-hold: the bench keeps serving its stats after the run until its
+# stdin (this fifo) closes, so a sampler slower than the run (a loaded CI
+# machine) still reads them; closing fd 4 below lets it end.
+mkfifo "$dir/hold"
 "$bench" --backend fault,tcp --policy "$dir/policy.yaml" \
   --backend-settings 'fault={"mode":"fail_complete"}' \
   --start-block-size 4KiB --max-block-size 256KiB --num-iter 64 --warmup-iter 2 \
-  --check-consistency --csv "$dir/rows.csv" --no-progress --stats-socket "$sock" >"$dir/out" 2>"$dir/err" &
+  --check-consistency --csv "$dir/rows.csv" --no-progress --stats-socket "$sock" \
+  --stats-hold <"$dir/hold" >"$dir/out" 2>"$dir/err" &
 bench_pid=$!
-# Sample the running bench (bounded poll) until its stats show the quarantine:
-# it comes after the third transfer, while hundreds more are still to run.
+exec 4>"$dir/hold"
+# Sample the bench (bounded poll) until its stats show the quarantine: it
+# comes after the third transfer, while hundreds more are still to run (or
+# have run: the stats stay until fd 4 closes).
 # (fault's own counters, "plugin":{...}, sit between failures and quarantines.)
 want='"fault":{"bytes":0,"failovers":3,"failures":3,'
 want_q='"quarantines":1,"transfers":0}'
@@ -43,6 +50,7 @@ for _ in $(seq 2000); do
   kill -0 "$bench_pid" 2>/dev/null || break
   sleep 0.01
 done
+exec 4>&-
 wait "$bench_pid" || { cat "$dir/out" "$dir/err"; exit 1; }
 bench_pid=
 cat "$dir/out"
