@@ -1017,41 +1017,73 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
   return FERRY_ERR_TRANSPORT;
 }
 
-bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
-                            const std::vector<uint8_t>& body, int* rc, std::string* err) {
-  if (body.size() > kMaxCtrlBody) return false;
-  std::shared_ptr<Outbound> o;
-  {
-    std::lock_guard<std::mutex> lk(out_mu_);
-    auto it = outbound_.find(peer_key);
-    if (it == outbound_.end()) return false;
-    o = it->second;
-  }
-  OutboundUse use(*o);
+ControlPlane::SendNow ControlPlane::send_now(Outbound& o, CtrlType type,
+                                             const std::vector<uint8_t>& body) {
   // A TCP connection whose peer closed still takes a send (the bytes are lost),
   // so it is checked first; a unix one fails the send instead (EPIPE, nothing
   // sent), which saves a transfer's notification that system call (a
   // zero-timeout poll cost 1.7 us on the 2-vCPU CI machine).
-  if (!use.try_acquire() || o->fd < 0 || (!o->unix_socket && looks_dead(o->fd))) return false;
+  if (o.fd < 0 || (!o.unix_socket && looks_dead(o.fd))) return SendNow::NOT_SENT;
   auto frame = encode_ctrl_frame(type, body);
   // A blocking socket: a full send buffer (a stopped peer) would block here, so
   // only when the whole frame fits now (MSG_DONTWAIT) does it go.
-  ssize_t k = ::send(o->fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (k == static_cast<ssize_t>(frame.size())) {
-    *rc = FERRY_OK;
-    return true;
-  }
-  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;  // nothing went out
+  ssize_t k = ::send(o.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k == static_cast<ssize_t>(frame.size())) return SendNow::SENT;
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return SendNow::NOT_SENT;
   // Part of a frame went out, or the socket failed: the stream is broken.
-  ::close(o->fd);
-  o->fd = -1;
+  ::close(o.fd);
+  o.fd = -1;
   // A unix peer that closed its end (its idle close, a restart) failed the
   // send with nothing sent: the caller's slow path connects again and sends.
-  if (k < 0 && o->unix_socket) return false;
+  return k < 0 && o.unix_socket ? SendNow::NOT_SENT : SendNow::BROKEN;
+}
+
+std::shared_ptr<ControlPlane::Outbound> ControlPlane::existing_outbound(
+    const std::string& peer_key) {
+  std::lock_guard<std::mutex> lk(out_mu_);
+  auto it = outbound_.find(peer_key);
+  return it == outbound_.end() ? nullptr : it->second;
+}
+
+bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
+                            const std::vector<uint8_t>& body, int* rc, std::string* err) {
+  if (body.size() > kMaxCtrlBody) return false;
+  std::shared_ptr<Outbound> o = existing_outbound(peer_key);
+  if (!o) return false;
+  OutboundUse use(*o);
+  if (!use.try_acquire()) return false;
+  switch (send_now(*o, type, body)) {
+    case SendNow::SENT:
+      *rc = FERRY_OK;
+      return true;
+    case SendNow::NOT_SENT:
+      return false;
+    case SendNow::BROKEN:
+      break;
+  }
   *err = "control connection to " + peer_key + " failed while sending";
   *rc = FERRY_ERR_TRANSPORT;
   return true;
 }
+
+namespace {
+
+// The answer to a frame just sent on fd, by the deadline. 0 or FERRY_ERR_*.
+int read_answer(int fd, const std::string& peer_key, CtrlType reply_type,
+                ControlPlane::Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
+  std::string why;
+  if (!read_frame(fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxHandshakeBody)) {
+    *err = "no answer from '" + peer_key + "': " + why;
+    return ControlPlane::Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
+  }
+  if (reply->type != reply_type) {
+    *err = "unexpected answer from '" + peer_key + "'";
+    return FERRY_ERR_TRANSPORT;
+  }
+  return FERRY_OK;
+}
+
+}  // namespace
 
 int ControlPlane::exchange(const std::string& peer_key, const std::string& host, uint16_t port,
                            CtrlType type, const std::vector<uint8_t>& body, CtrlType reply_type,
@@ -1065,25 +1097,57 @@ int ControlPlane::exchange(const std::string& peer_key, const std::string& host,
   if (int status; !connected(*o, peer_key, host, port, deadline, err, &status))
     return FERRY_ERR_NOT_SENT;
   auto frame = encode_ctrl_frame(type, body);
-  std::string why;
   int rc = FERRY_OK;
   if (!write_until(o->fd, frame.data(), frame.size(), deadline)) {
     *err = Clock::now() >= deadline
                ? "the peer took nothing more by the deadline"
                : "sending to '" + peer_key + "' failed: " + std::strerror(errno);
     rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
-  } else if (!read_frame(o->fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxHandshakeBody)) {
-    *err = "no answer from '" + peer_key + "': " + why;
-    rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
-  } else if (reply->type != reply_type) {
-    *err = "unexpected answer from '" + peer_key + "'";
-    rc = FERRY_ERR_TRANSPORT;
+  } else {
+    rc = read_answer(o->fd, peer_key, reply_type, deadline, reply, err);
   }
   if (rc != FERRY_OK) {  // the stream is out of step now: start the next on a new one
     ::close(o->fd);
     o->fd = -1;
   }
   return rc;
+}
+
+bool ControlPlane::start_exchange(const std::string& peer_key, CtrlType type,
+                                  const std::vector<uint8_t>& body, Exchange* x) {
+  if (body.size() > kMaxCtrlBody) return false;
+  std::shared_ptr<Outbound> o = existing_outbound(peer_key);
+  if (!o) return false;
+  OutboundUse use(*o);
+  // A broken stream is left to exchange(), which connects again.
+  if (!use.try_acquire() || send_now(*o, type, body) != SendNow::SENT) return false;
+  use.keep();  // the connection stays busy for finish_exchange
+  x->out_ = std::move(o);
+  return true;
+}
+
+int ControlPlane::finish_exchange(Exchange& x, const std::string& peer_key, CtrlType reply_type,
+                                  Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
+  std::shared_ptr<Outbound> o = std::move(x.out_);
+  if (!o) {
+    *err = "no exchange with '" + peer_key + "' was started";
+    return FERRY_ERR_NOT_SENT;
+  }
+  OutboundUse use(*o, OutboundUse::kHeld);  // lets it go on return
+  int rc = read_answer(o->fd, peer_key, reply_type, deadline, reply, err);
+  if (rc != FERRY_OK) {
+    ::close(o->fd);
+    o->fd = -1;
+  }
+  return rc;
+}
+
+ControlPlane::Exchange::~Exchange() {
+  if (!out_) return;
+  // Never finished: its answer may still come, so the stream is out of step.
+  OutboundUse use(*out_, OutboundUse::kHeld);
+  ::close(out_->fd);
+  out_->fd = -1;
 }
 
 int ControlPlane::request(const std::string& peer_key, const std::string& host, uint16_t port,

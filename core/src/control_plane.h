@@ -36,6 +36,8 @@
 namespace ferry {
 
 class ControlPlane {
+  struct Outbound;  // one peer's connection (below)
+
  public:
   struct Handlers {
     std::function<void(const std::string& peer, const std::string& plugin, const uint8_t* msg,
@@ -113,6 +115,34 @@ class ControlPlane {
                const std::vector<uint8_t>& body, CtrlType reply_type, Clock::time_point deadline,
                CtrlFrame* reply, std::string* err);
 
+  // exchange() in two halves, for a sender that must not wait (a plugin's
+  // completion thread ending a transfer that carries a message): start_exchange
+  // sends the frame now, only if that cannot block - as try_send - and keeps the
+  // connection for the answer, which finish_exchange reads later, on another
+  // thread maybe (a runner's: no thread hand-off before the frame leaves).
+  class Exchange {
+   public:
+    Exchange() = default;
+    Exchange(Exchange&&) noexcept = default;
+    Exchange& operator=(Exchange&&) = delete;
+    Exchange(const Exchange&) = delete;
+    ~Exchange();  // never finished: the answer is not read, the connection closed
+    bool started() const { return out_ != nullptr; }
+
+   private:
+    friend class ControlPlane;
+    std::shared_ptr<Outbound> out_;  // held (busy) until finished
+  };
+  // False (nothing sent, *x not started) when it would have to wait or
+  // connect, or the frame did not fit the socket now; the caller then uses
+  // exchange(). True: the frame is out and *x holds the connection.
+  bool start_exchange(const std::string& peer_key, CtrlType type, const std::vector<uint8_t>& body,
+                      Exchange* x);
+  // Reads the answer to a started exchange and lets the connection go; the
+  // returns of exchange() (never NOT_SENT: the frame went out).
+  int finish_exchange(Exchange& x, const std::string& peer_key, CtrlType reply_type,
+                      Clock::time_point deadline, CtrlFrame* reply, std::string* err);
+
   // One request and its answer on a connection of its own (FENCE -> FENCE_REPLY),
   // all by `deadline`. 0 with *reply set, or a FERRY_ERR_* code with *err:
   // NOT_SENT when the peer could not be reached at all (nothing listens there:
@@ -145,10 +175,14 @@ class ControlPlane {
   // Holds an Outbound's `busy` for its lifetime once acquired.
   class OutboundUse {
    public:
+    enum Held { kHeld };
     explicit OutboundUse(Outbound& o) : o_(o) {}
+    // Takes over a `busy` acquired earlier (an Exchange's).
+    OutboundUse(Outbound& o, Held) : o_(o), held_(true) {}
     ~OutboundUse();
     bool acquire_until(Clock::time_point deadline);
     bool try_acquire();
+    void keep() { held_ = false; }  // stays busy past this object (an Exchange holds it)
 
    private:
     Outbound& o_;
@@ -193,6 +227,11 @@ class ControlPlane {
   void fence_loop();
   // The peer's outbound slot (made on first use).
   std::shared_ptr<Outbound> outbound_for(const std::string& peer_key);
+  std::shared_ptr<Outbound> existing_outbound(const std::string& peer_key);  // null: none yet
+  // One frame now if that cannot block (try_send, start_exchange); BROKEN:
+  // part of it may have gone out, the connection is closed.
+  enum class SendNow { SENT, NOT_SENT, BROKEN };
+  static SendNow send_now(Outbound& o, CtrlType type, const std::vector<uint8_t>& body);
   // With o's `busy` held: o.fd is a live, admitted connection (a dead one is
   // re-made); false with *err and *status as connect_and_hello's.
   bool connected(Outbound& o, const std::string& peer_key, const std::string& host, uint16_t port,

@@ -55,28 +55,70 @@ Messenger::~Messenger() {
 }
 
 void Messenger::send(const Target& t, std::string payload, Clock::time_point deadline, Done done) {
-  bool start = false, stopping = true;
+  bool stopping = true;
+  uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     stopping = stopping_;
     if (!stopping_) {
       Outbox& box = outboxes_[t.key];
-      box.items.push_back({t, std::move(payload), deadline, done});
-      start = !box.draining;
+      if (box.draining || !box.items.empty()) {  // behind others: in turn
+        box.items.push_back({t, std::move(payload), deadline, std::move(done)});
+        return;
+      }
+      box.draining = true;  // this one first, and the outbox's drain after it
+      id = box.next_id++;
+    }
+  }
+  if (stopping) {
+    done(StatusCode::ERR_BAD_STATE, "engine is shutting down");
+    return;
+  }
+  // An idle outbox: the message leaves from this thread when it can without
+  // waiting (the connection is up and free), and a runner thread reads its
+  // answer - no thread hand-off before it is on its way (the hand-off cost a
+  // KV request on the GPU host tens of us; docs/benchmarks.md).
+  auto item = std::make_shared<Item>(Item{t, std::move(payload), deadline, std::move(done)});
+  auto started = std::make_shared<ControlPlane::Exchange>();
+  const auto now = Clock::now();
+  if (now < deadline && deadline - fence_reserve(deadline - now) > now)
+    control_.start_exchange(
+        t.key, CtrlType::MSG,
+        msg_body(self_instance_, id, item->payload.data(), item->payload.size()), started.get());
+  try {
+    std::string key = t.key;
+    runner_.run([this, key, item, id, started] {
+      deliver(*item, id, started.get());
+      drain(key);
+    });
+    return;
+  } catch (const std::exception&) {
+    // No thread: a message that went out is answered here, the rest fails
+    // unsent; the outbox stays usable.
+  }
+  if (started->started())
+    deliver(*item, id, started.get());
+  else
+    item->done(StatusCode::ERR_BAD_STATE, "no thread to send the message on");
+  std::deque<Item> left;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    Outbox& box = outboxes_[t.key];
+    box.draining = false;
+    if (!box.items.empty()) {
+      // Queued meanwhile: they go on a thread, or fail as this one did.
       box.draining = true;
-      if (!start) return;
       try {
         std::string key = t.key;
         runner_.run([this, key] { drain(key); });
         return;
-      } catch (const std::exception&) {  // no thread: this message fails, the outbox stays usable
-        box.items.pop_back();
+      } catch (const std::exception&) {
         box.draining = false;
+        left.swap(box.items);
       }
     }
   }
-  done(StatusCode::ERR_BAD_STATE,
-       stopping ? "engine is shutting down" : "no thread to send the message on");
+  for (auto& it : left) it.done(StatusCode::ERR_BAD_STATE, "no thread to send the message on");
 }
 
 void Messenger::drain(const std::string& key) {
@@ -99,20 +141,21 @@ void Messenger::drain(const std::string& key) {
     if (stopping)
       item.done(StatusCode::ERR_BAD_STATE, "engine is shutting down");
     else
-      deliver(item, id);
+      deliver(item, id, nullptr);
   }
 }
 
-void Messenger::deliver(const Item& item, uint64_t id) {
+void Messenger::deliver(const Item& item, uint64_t id, ControlPlane::Exchange* started) {
   const Target& t = item.target;
   const auto now = Clock::now();
-  if (now >= item.deadline) {
+  const bool out = started != nullptr && started->started();  // it left from send()
+  if (!out && now >= item.deadline) {
     item.done(StatusCode::ERR_TIMEOUT, "not sent: its deadline passed while earlier messages to '" +
                                            t.key + "' were on their way");
     return;
   }
   const auto send_until = item.deadline - fence_reserve(item.deadline - now);
-  if (send_until <= now) {  // no time to send and still find out what became of it
+  if (!out && send_until <= now) {  // no time to send and still find out what became of it
     item.done(StatusCode::ERR_TIMEOUT,
               "not sent: too little of its deadline was left to send it to '" + t.key + "'");
     return;
@@ -122,8 +165,10 @@ void Messenger::deliver(const Item& item, uint64_t id) {
   for (int tries = 0; tries < 2; ++tries) {
     CtrlFrame reply;
     err.clear();
-    int rc = control_.exchange(t.key, t.host, t.port, CtrlType::MSG, body, CtrlType::MSG_ACK,
-                               send_until, &reply, &err);
+    int rc = tries == 0 && out ? control_.finish_exchange(*started, t.key, CtrlType::MSG_ACK,
+                                                          send_until, &reply, &err)
+                               : control_.exchange(t.key, t.host, t.port, CtrlType::MSG, body,
+                                                   CtrlType::MSG_ACK, send_until, &reply, &err);
     if (rc == FERRY_ERR_NOT_SENT && tries == 0) {
       // Nothing of this message left (no connection could be made): nothing to find out.
       item.done(StatusCode::ERR_TRANSPORT, "not delivered to '" + t.key + "': " + err);

@@ -23,11 +23,10 @@
 #include <string>
 
 #include "async_runner.h"
+#include "control_plane.h"
 #include "ferry/ferry.hpp"
 
 namespace ferry {
-
-class ControlPlane;
 
 class Messenger {
  public:
@@ -62,8 +61,9 @@ class Messenger {
     uint64_t next_id = 1;
   };
   void drain(const std::string& key);
-  // Sends one message and finds out what became of it.
-  void deliver(const Item& item, uint64_t id);
+  // Sends one message and finds out what became of it; `started`: it went out
+  // already (send()), its answer is read first.
+  void deliver(const Item& item, uint64_t id, ControlPlane::Exchange* started);
   StatusCode fence(const Item& item, uint64_t id, std::string& why);
 
   ControlPlane& control_;
