@@ -4,7 +4,9 @@
 //
 // Per receiver one outbox, drained in order by one job at a time: a message is
 // sent (MSG) and answered (MSG_ACK) on the receiver's control connection before
-// the next one goes, so messages arrive in the order they were queued and the
+// the next one goes (the first message of an idle outbox leaves from the thread
+// that sends it, when the connection is up and free; a runner thread reads the
+// answer), so messages arrive in the order they were queued and the
 // receiver needs to remember only the last id it decided on (notif_inbox.h).
 // When the answer does not come (a lost connection) the same id is sent once
 // more on a new connection (the receiver takes it at most once); when that
