@@ -11,7 +11,9 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 namespace ferry {
 namespace {
@@ -29,25 +31,31 @@ bool eventually(Cond cond) {
   return true;
 }
 
+// With a thread idle already (the case a wrong count of idle threads gets
+// wrong: it hands both jobs to that one thread, the second behind the first).
 TEST(AsyncRunner, AJobDoesNotWaitBehindABlockedOne) {
-  AsyncRunner r;
-  std::promise<void> release;
+  std::promise<void> release, first_done;  // outlive the runner (declared first)
+  std::once_flag released_once;
+  auto let_go = [&] { std::call_once(released_once, [&] { release.set_value(); }); };
   std::shared_future<void> released = release.get_future().share();
-  std::promise<void> first_done;
+  AsyncRunner r(std::chrono::minutes(1));
+  r.run([] {});
+  ASSERT_TRUE(eventually([&] { return r.idle() == 1; }));
   r.run([released, &first_done] {
     released.wait();  // blocked until the second job runs
     first_done.set_value();
   });
-  r.run([&release] { release.set_value(); });
+  r.run(let_go);
   EXPECT_EQ(first_done.get_future().wait_for(10s), std::future_status::ready);
+  let_go();  // a failed run: the blocked job goes, so the runner can end
 }
 
 TEST(AsyncRunner, AnIdleThreadTakesTheNextJob) {
+  std::vector<std::promise<std::thread::id>> ran(50);  // outlive the runner
   AsyncRunner r(std::chrono::minutes(1));
-  for (int i = 0; i < 50; ++i) {
-    std::promise<std::thread::id> ran;
-    r.run([&ran] { ran.set_value(std::this_thread::get_id()); });
-    ASSERT_EQ(ran.get_future().wait_for(10s), std::future_status::ready);
+  for (auto& p : ran) {
+    r.run([&p] { p.set_value(std::this_thread::get_id()); });
+    ASSERT_EQ(p.get_future().wait_for(10s), std::future_status::ready);
     // Back to idle before the next job: then no new thread is started for it.
     ASSERT_TRUE(eventually([&] { return r.idle() == 1; }));
   }
@@ -73,7 +81,7 @@ TEST(AsyncRunner, DestructionRunsWhatIsQueuedAndWhatJobsStart) {
       r.run([&r, &ran, started, i] {
         started.wait();
         ++ran;
-        if (i == 0) r.run([&ran] { ++ran; });  // during the destructor, likely
+        if (i == 0) r.run([&ran] { ++ran; });  // maybe during the destructor
       });
     go.set_value();
   }

@@ -1018,7 +1018,8 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
 }
 
 ControlPlane::SendNow ControlPlane::send_now(Outbound& o, CtrlType type,
-                                             const std::vector<uint8_t>& body) {
+                                             const std::vector<uint8_t>& body,
+                                             std::vector<uint8_t>* tail) {
   // A TCP connection whose peer closed still takes a send (the bytes are lost),
   // so it is checked first; a unix one fails the send instead (EPIPE, nothing
   // sent), which saves a transfer's notification that system call (a
@@ -1026,16 +1027,21 @@ ControlPlane::SendNow ControlPlane::send_now(Outbound& o, CtrlType type,
   if (o.fd < 0 || (!o.unix_socket && looks_dead(o.fd))) return SendNow::NOT_SENT;
   auto frame = encode_ctrl_frame(type, body);
   // A blocking socket: a full send buffer (a stopped peer) would block here, so
-  // only when the whole frame fits now (MSG_DONTWAIT) does it go.
+  // only what fits now (MSG_DONTWAIT) goes.
   ssize_t k = ::send(o.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k == static_cast<ssize_t>(frame.size())) return SendNow::SENT;
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return SendNow::NOT_SENT;
+  if (k > 0 && tail != nullptr) {  // the rest is the caller's to write (finish_exchange)
+    tail->assign(frame.begin() + k, frame.end());
+    return SendNow::SENT;
+  }
   // Part of a frame went out, or the socket failed: the stream is broken.
   ::close(o.fd);
   o.fd = -1;
   // A unix peer that closed its end (its idle close, a restart) failed the
-  // send with nothing sent: the caller's slow path connects again and sends.
-  return k < 0 && o.unix_socket ? SendNow::NOT_SENT : SendNow::BROKEN;
+  // send with nothing sent; so did any failed send (k < 0) for start_exchange,
+  // whose caller connects again: NOT_SENT.
+  return k < 0 && (o.unix_socket || tail != nullptr) ? SendNow::NOT_SENT : SendNow::BROKEN;
 }
 
 std::shared_ptr<ControlPlane::Outbound> ControlPlane::existing_outbound(
@@ -1052,7 +1058,7 @@ bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
   if (!o) return false;
   OutboundUse use(*o);
   if (!use.try_acquire()) return false;
-  switch (send_now(*o, type, body)) {
+  switch (send_now(*o, type, body, nullptr)) {
     case SendNow::SENT:
       *rc = FERRY_OK;
       return true;
@@ -1083,6 +1089,15 @@ int read_answer(int fd, const std::string& peer_key, CtrlType reply_type,
   return FERRY_OK;
 }
 
+// A frame's write did not finish by the deadline, or failed (errno).
+int write_failed(const std::string& peer_key, ControlPlane::Clock::time_point deadline,
+                 std::string* err) {
+  const bool late = ControlPlane::Clock::now() >= deadline;
+  *err = late ? "the peer took nothing more by the deadline"
+              : "sending to '" + peer_key + "' failed: " + std::strerror(errno);
+  return late ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
+}
+
 }  // namespace
 
 int ControlPlane::exchange(const std::string& peer_key, const std::string& host, uint16_t port,
@@ -1099,10 +1114,7 @@ int ControlPlane::exchange(const std::string& peer_key, const std::string& host,
   auto frame = encode_ctrl_frame(type, body);
   int rc = FERRY_OK;
   if (!write_until(o->fd, frame.data(), frame.size(), deadline)) {
-    *err = Clock::now() >= deadline
-               ? "the peer took nothing more by the deadline"
-               : "sending to '" + peer_key + "' failed: " + std::strerror(errno);
-    rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
+    rc = write_failed(peer_key, deadline, err);
   } else {
     rc = read_answer(o->fd, peer_key, reply_type, deadline, reply, err);
   }
@@ -1119,8 +1131,11 @@ bool ControlPlane::start_exchange(const std::string& peer_key, CtrlType type,
   std::shared_ptr<Outbound> o = existing_outbound(peer_key);
   if (!o) return false;
   OutboundUse use(*o);
-  // A broken stream is left to exchange(), which connects again.
-  if (!use.try_acquire() || send_now(*o, type, body) != SendNow::SENT) return false;
+  // A broken stream is left to exchange(), which connects again. A frame
+  // that only partly fit stays on this connection: finish_exchange writes
+  // the rest (a 64 KiB message into a send buffer with less room left).
+  x->tail_.clear();
+  if (!use.try_acquire() || send_now(*o, type, body, &x->tail_) != SendNow::SENT) return false;
   use.keep();  // the connection stays busy for finish_exchange
   x->out_ = std::move(o);
   return true;
@@ -1134,7 +1149,12 @@ int ControlPlane::finish_exchange(Exchange& x, const std::string& peer_key, Ctrl
     return FERRY_ERR_NOT_SENT;
   }
   OutboundUse use(*o, OutboundUse::kHeld);  // lets it go on return
-  int rc = read_answer(o->fd, peer_key, reply_type, deadline, reply, err);
+  int rc = FERRY_OK;
+  if (!x.tail_.empty() && !write_until(o->fd, x.tail_.data(), x.tail_.size(), deadline)) {
+    rc = write_failed(peer_key, deadline, err);
+  } else {
+    rc = read_answer(o->fd, peer_key, reply_type, deadline, reply, err);
+  }
   if (rc != FERRY_OK) {
     ::close(o->fd);
     o->fd = -1;

@@ -132,6 +132,7 @@ class ControlPlane {
    private:
     friend class ControlPlane;
     std::shared_ptr<Outbound> out_;  // held (busy) until finished
+    std::vector<uint8_t> tail_;      // of the frame, what did not fit at once
   };
   // False (nothing sent, *x not started) when it would have to wait or
   // connect, or the frame did not fit the socket now; the caller then uses
@@ -229,9 +230,11 @@ class ControlPlane {
   std::shared_ptr<Outbound> outbound_for(const std::string& peer_key);
   std::shared_ptr<Outbound> existing_outbound(const std::string& peer_key);  // null: none yet
   // One frame now if that cannot block (try_send, start_exchange); BROKEN:
-  // part of it may have gone out, the connection is closed.
+  // part of it may have gone out, the connection is closed. With `tail`, a
+  // frame that partly fit is SENT and the rest left there for the caller.
   enum class SendNow { SENT, NOT_SENT, BROKEN };
-  static SendNow send_now(Outbound& o, CtrlType type, const std::vector<uint8_t>& body);
+  static SendNow send_now(Outbound& o, CtrlType type, const std::vector<uint8_t>& body,
+                          std::vector<uint8_t>* tail);
   // With o's `busy` held: o.fd is a live, admitted connection (a dead one is
   // re-made); false with *err and *status as connect_and_hello's.
   bool connected(Outbound& o, const std::string& peer_key, const std::string& host, uint16_t port,

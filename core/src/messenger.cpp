@@ -77,48 +77,57 @@ void Messenger::send(const Target& t, std::string payload, Clock::time_point dea
   // An idle outbox: the message leaves from this thread when it can without
   // waiting (the connection is up and free), and a runner thread reads its
   // answer - no thread hand-off before it is on its way (the hand-off cost a
-  // KV request on the GPU host tens of us; docs/benchmarks.md).
+  // KV request on the GPU host tens of us; docs/benchmarks.md). The job is
+  // handed over first and waits for that decision, so that a runner that has
+  // no thread fails the message before anything of it was sent.
   auto item = std::make_shared<Item>(Item{t, std::move(payload), deadline, std::move(done)});
-  auto started = std::make_shared<ControlPlane::Exchange>();
-  const auto now = Clock::now();
-  if (now < deadline && deadline - fence_reserve(deadline - now) > now)
-    control_.start_exchange(
-        t.key, CtrlType::MSG,
-        msg_body(self_instance_, id, item->payload.data(), item->payload.size()), started.get());
+  auto launch = std::make_shared<Launch>();
+  const std::string key = t.key;
   try {
-    std::string key = t.key;
-    runner_.run([this, key, item, id, started] {
-      deliver(*item, id, started.get());
+    runner_.run([this, key, item, id, launch] {
+      {
+        std::unique_lock<std::mutex> lk(launch->mu);
+        launch->cv.wait(lk, [&] { return launch->decided; });
+      }
+      bool stop = false;
+      if (!launch->exchange.started()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop = stopping_;
+      }
+      if (stop)  // nothing of it went out: as drain() ends a stopping outbox
+        item->done(StatusCode::ERR_BAD_STATE, "engine is shutting down");
+      else
+        deliver(*item, id, launch->exchange.started() ? launch.get() : nullptr);
       drain(key);
     });
-    return;
   } catch (const std::exception&) {
-    // No thread: a message that went out is answered here, the rest fails
-    // unsent; the outbox stays usable.
-  }
-  if (started->started())
-    deliver(*item, id, started.get());
-  else
+    // No thread: this message fails unsent; the outbox stays usable.
     item->done(StatusCode::ERR_BAD_STATE, "no thread to send the message on");
-  std::deque<Item> left;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    Outbox& box = outboxes_[t.key];
-    box.draining = false;
-    if (!box.items.empty()) {
-      // Queued meanwhile: they go on a thread, or fail as this one did.
-      box.draining = true;
-      try {
-        std::string key = t.key;
-        runner_.run([this, key] { drain(key); });
-        return;
-      } catch (const std::exception&) {
-        box.draining = false;
-        left.swap(box.items);
-      }
+    std::deque<Item> left;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      Outbox& box = outboxes_[key];
+      box.draining = false;
+      left.swap(box.items);  // queued meanwhile: they would need the same thread
     }
+    for (auto& it : left) it.done(StatusCode::ERR_BAD_STATE, "no thread to send the message on");
+    return;
   }
-  for (auto& it : left) it.done(StatusCode::ERR_BAD_STATE, "no thread to send the message on");
+  try {
+    const auto now = Clock::now();
+    launch->send_until = deadline - fence_reserve(deadline - now);
+    if (now < deadline && launch->send_until > now)
+      control_.start_exchange(
+          key, CtrlType::MSG,
+          msg_body(self_instance_, id, item->payload.data(), item->payload.size()),
+          &launch->exchange);
+  } catch (const std::exception&) {  // (no memory for the frame) the runner sends it
+  }
+  {
+    std::lock_guard<std::mutex> lk(launch->mu);
+    launch->decided = true;
+  }
+  launch->cv.notify_one();
 }
 
 void Messenger::drain(const std::string& key) {
@@ -145,16 +154,17 @@ void Messenger::drain(const std::string& key) {
   }
 }
 
-void Messenger::deliver(const Item& item, uint64_t id, ControlPlane::Exchange* started) {
+void Messenger::deliver(const Item& item, uint64_t id, Launch* started) {
   const Target& t = item.target;
   const auto now = Clock::now();
-  const bool out = started != nullptr && started->started();  // it left from send()
+  const bool out = started != nullptr;  // it left from send(), by send_until
   if (!out && now >= item.deadline) {
     item.done(StatusCode::ERR_TIMEOUT, "not sent: its deadline passed while earlier messages to '" +
                                            t.key + "' were on their way");
     return;
   }
-  const auto send_until = item.deadline - fence_reserve(item.deadline - now);
+  const auto send_until =
+      out ? started->send_until : item.deadline - fence_reserve(item.deadline - now);
   if (!out && send_until <= now) {  // no time to send and still find out what became of it
     item.done(StatusCode::ERR_TIMEOUT,
               "not sent: too little of its deadline was left to send it to '" + t.key + "'");
@@ -165,10 +175,11 @@ void Messenger::deliver(const Item& item, uint64_t id, ControlPlane::Exchange* s
   for (int tries = 0; tries < 2; ++tries) {
     CtrlFrame reply;
     err.clear();
-    int rc = tries == 0 && out ? control_.finish_exchange(*started, t.key, CtrlType::MSG_ACK,
-                                                          send_until, &reply, &err)
-                               : control_.exchange(t.key, t.host, t.port, CtrlType::MSG, body,
-                                                   CtrlType::MSG_ACK, send_until, &reply, &err);
+    int rc = tries == 0 && out
+                 ? control_.finish_exchange(started->exchange, t.key, CtrlType::MSG_ACK, send_until,
+                                            &reply, &err)
+                 : control_.exchange(t.key, t.host, t.port, CtrlType::MSG, body, CtrlType::MSG_ACK,
+                                     send_until, &reply, &err);
     if (rc == FERRY_ERR_NOT_SENT && tries == 0) {
       // Nothing of this message left (no connection could be made): nothing to find out.
       item.done(StatusCode::ERR_TRANSPORT, "not delivered to '" + t.key + "': " + err);

@@ -17,6 +17,7 @@
 // deadline - ERR_OUTCOME_UNKNOWN.
 #pragma once
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -63,9 +64,18 @@ class Messenger {
     uint64_t next_id = 1;
   };
   void drain(const std::string& key);
+  // A message send() tried to send at once: whether it did (decided, then
+  // exchange.started()), and by when its answer must come.
+  struct Launch {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool decided = false;  // guarded by mu
+    ControlPlane::Exchange exchange;
+    Clock::time_point send_until{};
+  };
   // Sends one message and finds out what became of it; `started`: it went out
   // already (send()), its answer is read first.
-  void deliver(const Item& item, uint64_t id, ControlPlane::Exchange* started);
+  void deliver(const Item& item, uint64_t id, Launch* started);
   StatusCode fence(const Item& item, uint64_t id, std::string& why);
 
   ControlPlane& control_;
