@@ -1098,6 +1098,22 @@ int write_failed(const std::string& peer_key, ControlPlane::Clock::time_point de
   return late ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
 }
 
+// Writes what is left of a frame on fd (n bytes, maybe none) and reads its
+// answer (exchange, finish_exchange). On any failure the stream is out of
+// step: the connection is closed (fd = -1) and the next exchange makes a new one.
+int write_and_answer(int& fd, const uint8_t* p, size_t n, const std::string& peer_key,
+                     CtrlType reply_type, ControlPlane::Clock::time_point deadline,
+                     CtrlFrame* reply, std::string* err) {
+  const int rc = n > 0 && !write_until(fd, p, n, deadline)
+                     ? write_failed(peer_key, deadline, err)
+                     : read_answer(fd, peer_key, reply_type, deadline, reply, err);
+  if (rc != FERRY_OK) {
+    ::close(fd);
+    fd = -1;
+  }
+  return rc;
+}
+
 }  // namespace
 
 int ControlPlane::exchange(const std::string& peer_key, const std::string& host, uint16_t port,
@@ -1112,17 +1128,8 @@ int ControlPlane::exchange(const std::string& peer_key, const std::string& host,
   if (int status; !connected(*o, peer_key, host, port, deadline, err, &status))
     return FERRY_ERR_NOT_SENT;
   auto frame = encode_ctrl_frame(type, body);
-  int rc = FERRY_OK;
-  if (!write_until(o->fd, frame.data(), frame.size(), deadline)) {
-    rc = write_failed(peer_key, deadline, err);
-  } else {
-    rc = read_answer(o->fd, peer_key, reply_type, deadline, reply, err);
-  }
-  if (rc != FERRY_OK) {  // the stream is out of step now: start the next on a new one
-    ::close(o->fd);
-    o->fd = -1;
-  }
-  return rc;
+  return write_and_answer(o->fd, frame.data(), frame.size(), peer_key, reply_type, deadline, reply,
+                          err);
 }
 
 bool ControlPlane::start_exchange(const std::string& peer_key, CtrlType type,
@@ -1149,17 +1156,8 @@ int ControlPlane::finish_exchange(Exchange& x, const std::string& peer_key, Ctrl
     return FERRY_ERR_NOT_SENT;
   }
   OutboundUse use(*o, OutboundUse::kHeld);  // lets it go on return
-  int rc = FERRY_OK;
-  if (!x.tail_.empty() && !write_until(o->fd, x.tail_.data(), x.tail_.size(), deadline)) {
-    rc = write_failed(peer_key, deadline, err);
-  } else {
-    rc = read_answer(o->fd, peer_key, reply_type, deadline, reply, err);
-  }
-  if (rc != FERRY_OK) {
-    ::close(o->fd);
-    o->fd = -1;
-  }
-  return rc;
+  return write_and_answer(o->fd, x.tail_.data(), x.tail_.size(), peer_key, reply_type, deadline,
+                          reply, err);
 }
 
 ControlPlane::Exchange::~Exchange() {

@@ -123,9 +123,8 @@ class ControlPlane {
   class Exchange {
    public:
     Exchange() = default;
-    Exchange(Exchange&&) noexcept = default;
-    Exchange& operator=(Exchange&&) = delete;
     Exchange(const Exchange&) = delete;
+    Exchange& operator=(const Exchange&) = delete;
     ~Exchange();  // never finished: the answer is not read, the connection closed
     bool started() const { return out_ != nullptr; }
 
