@@ -236,6 +236,35 @@ TEST(Fence, DeregisteredWithAWriteInFlightIsFencedWhenRegisteredAgain) {
   EXPECT_EQ(r.inbound(201, 0), "NONE");
 }
 
+// The same, with a descriptor of another life of the engine registered in
+// between (a restarted engine's, or a stale one from a metadata store): the old
+// life's fence stays parked, so registering the old life again still fences
+// the caught WRITE before a new one starts.
+TEST(Fence, AnotherLifeRegisteredInBetweenKeepsTheParkedFence) {
+  StoppableTarget r("tcp", policy_tcp());
+  TransferStatus base = r.write(1, 0, kRegion, 300);
+  ASSERT_EQ(base.Wait(), StatusCode::SUCCESS) << base.Message();
+  r.stop();
+  TransferStatus caught = r.write(2, 0, kSlice, 301);
+  ASSERT_TRUE(r.ini->deregister_remote_engine(r.target.key));
+  ASSERT_TRUE(caught.WaitFor(kDeadline + 2s));
+  EXPECT_EQ(caught.Code(), StatusCode::ERR_OUTCOME_UNKNOWN) << caught.Message();
+
+  EngineDesc other_life = r.target;
+  other_life.instance = r.target.instance + 1;
+  ASSERT_TRUE(r.ini->register_remote_engine(other_life));
+  EXPECT_EQ(r.ini->stats().fenced_peers, 0u) << "the other life waits for the old life's fence";
+  ASSERT_TRUE(r.ini->register_remote_engine(r.target));
+  EXPECT_EQ(r.ini->stats().fenced_peers, 1u) << "the old life's parked fence was forgotten";
+  TransferStatus next = r.write(3, 0, kSlice, 302);
+  EXPECT_TRUE(next.InProgress()) << next.Message();
+  r.cont();
+  ASSERT_EQ(next.Wait(), StatusCode::SUCCESS) << next.Message();
+  EXPECT_TRUE(r.wait_unfenced(10s));
+  EXPECT_EQ(r.target_hash(0, kSlice), StoppableTarget::expected_hash(3, 0, kSlice));
+  EXPECT_EQ(r.inbound(301, 0), "NONE");
+}
+
 TEST(Fence, StoppedTargetTcpAlone) {
   StoppableTarget r("tcp", policy_tcp());
   caught_write_never_lands(r, nullptr);

@@ -342,3 +342,149 @@ TEST(Fencer, ARepeatedRegistrationDoesNotReopenAnUnansweredFence) {
   EXPECT_EQ(f.admit(other.key, other.instance, o.resume(), &why), Fencer::Gate::CLOSED);
   EXPECT_EQ(o.count(), 0);
 }
+
+// A WRITE to an older life of the peer fails after a newer life was
+// registered (it replaced the old one): that attempt is fenced too (the new
+// life answers for the old one's port). It must leave the registered life's
+// own fence alone: that life's attempt is still answered, and the transfers
+// held for it go once it is - nothing the two lives wait for is dropped.
+TEST(Fencer, AFenceForAnOlderLifeLeavesTheRegisteredLifesFenceAlone) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  const Fencer::Target old_life{kTarget.key, kTarget.host, kTarget.port, kTarget.instance};
+  const Fencer::Target new_life{kTarget.key, kTarget.host, kTarget.port, kTarget.instance + 1};
+  Outcome new_attempt;
+  f.fence(new_life, "tcp", 1, Fencer::Clock::now() + 30s,
+          [&](const FenceResult& r, const std::string& w) {
+            new_attempt.resume()(r.state == FenceState::NONE, w);
+          });
+  net.wait_asked(1);
+  std::string why;
+  Outcome held;
+  ASSERT_EQ(f.admit(new_life.key, new_life.instance, held.resume(), &why), Fencer::Gate::HELD);
+
+  Outcome old_attempt;
+  f.fence(old_life, "tcp", 2, Fencer::Clock::now() + 30s,
+          [&](const FenceResult& r, const std::string& w) {
+            old_attempt.resume()(r.state == FenceState::NONE, w);
+          });
+  net.wait_asked(2);  // each life's fence is asked on its own
+  // The old life's fence holds nothing of the new life's, and the reverse.
+  Outcome other;
+  EXPECT_EQ(f.admit(new_life.key, new_life.instance, other.resume(), &why), Fencer::Gate::HELD);
+  EXPECT_EQ(held.count(), 0) << "a transfer went before its own life's fence was answered";
+
+  net.release_all();
+  ASSERT_TRUE(new_attempt.wait()) << "the registered life's attempt was never told its outcome";
+  EXPECT_TRUE(new_attempt.go) << new_attempt.why;
+  ASSERT_TRUE(old_attempt.wait()) << "the older life's attempt was never told its outcome";
+  EXPECT_TRUE(old_attempt.go) << old_attempt.why;
+  ASSERT_TRUE(held.wait()) << "a transfer held for the registered life's fence never resumed";
+  EXPECT_TRUE(held.go) << held.why;
+  ASSERT_TRUE(other.wait());
+  EXPECT_TRUE(other.go) << other.why;
+  EXPECT_EQ(f.counts().answered, 2u);
+  EXPECT_EQ(f.admit(new_life.key, new_life.instance, other.resume(), &why), Fencer::Gate::OPEN);
+}
+
+// close() for an older life (a watchdog-ended attempt to it) does not close the
+// registered life's gate, and a reset of the key drops every life's state.
+TEST(Fencer, ClosingAnOlderLifeDoesNotCloseTheRegisteredOne) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  const Fencer::Target old_life{kTarget.key, kTarget.host, kTarget.port, kTarget.instance};
+  const Fencer::Target new_life{kTarget.key, kTarget.host, kTarget.port, kTarget.instance + 1};
+  f.close(new_life, "new life closed (test)");
+  f.close(old_life, "old life closed (test)");
+  std::string why;
+  Outcome o;
+  ASSERT_EQ(f.admit(new_life.key, new_life.instance, o.resume(), &why), Fencer::Gate::CLOSED);
+  EXPECT_EQ(why, "new life closed (test)");
+  f.reopen(new_life.key, new_life.instance);
+  EXPECT_EQ(f.admit(new_life.key, new_life.instance, o.resume(), &why), Fencer::Gate::OPEN);
+  ASSERT_EQ(f.admit(old_life.key, old_life.instance, o.resume(), &why), Fencer::Gate::CLOSED);
+  EXPECT_EQ(why, "old life closed (test)");
+  f.reset(kTarget.key);
+  EXPECT_EQ(f.admit(old_life.key, old_life.instance, o.resume(), &why), Fencer::Gate::OPEN);
+  EXPECT_EQ(o.count(), 0);
+}
+
+// Two attempts the watchdog ended close one gate: the first one's late report
+// does not open it while the second may still move bytes.
+TEST(Fencer, EveryWatchdogCloseNeedsItsOwnReopen) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  f.close(kTarget, "first attempt has not ended (test)");
+  f.close(kTarget, "second attempt has not ended (test)");
+  std::string why;
+  Outcome o;
+  f.reopen(kTarget.key, kTarget.instance);
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED)
+      << "opened while the second attempt may still move bytes";
+  f.reopen(kTarget.key, kTarget.instance);
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::OPEN) << why;
+  f.reopen(kTarget.key, kTarget.instance);  // one too many changes nothing
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::OPEN) << why;
+  EXPECT_EQ(o.count(), 0);
+}
+
+// A fence the target answered "cannot tell" closes the gate until a new
+// instance; the late report of an unrelated watchdog-ended attempt must not
+// open it.
+TEST(Fencer, AWatchdogReopenDoesNotUndoAnUnknownAnswer) {
+  Fencer f([](const Fencer::Target&, const std::vector<uint8_t>& body, Fencer::Clock::time_point,
+              CtrlFrame* reply, std::string*) {
+    uint64_t req = 0, inst = 0;
+    std::vector<FenceEntry> entries;
+    if (!decode_fence(body, req, inst, entries)) return FERRY_ERR_INVALID_ARGS;
+    std::vector<FenceResult> results;
+    for (const auto& e : entries) results.push_back({e.attempt, FenceState::UNKNOWN, 0});
+    reply->type = CtrlType::FENCE_REPLY;
+    reply->body = fence_reply_body(req, inst, results);
+    return FERRY_OK;
+  });
+  f.close(kTarget, "an attempt has not ended (test)");
+  Outcome told;
+  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
+          [&](const FenceResult& r, const std::string& w) {
+            told.resume()(r.state == FenceState::UNKNOWN, w);
+          });
+  ASSERT_TRUE(told.wait());
+  EXPECT_TRUE(told.go) << told.why;
+  f.reopen(kTarget.key, kTarget.instance);
+  std::string why;
+  Outcome o;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED)
+      << "a late report reopened a gate whose fence the target could not answer";
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance + 1, o.resume(), &why), Fencer::Gate::OPEN);
+  EXPECT_EQ(o.count(), 0);
+}
+
+// A parked fence (deregistered with a WRITE of unknown outcome) and a
+// watchdog-ended attempt on the same life: registered again, the fence waits
+// for the late report (the gate stays closed), and is asked as soon as it
+// comes - not left closed with nobody asking.
+TEST(Fencer, AParkedFenceBehindAWatchdogCloseIsAskedOnTheLateReport) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  f.fence_later(kTarget, "tcp", 1, "deregistered with a WRITE in flight (test)");
+  f.close(kTarget, "an attempt has not ended (test)");
+  f.retry_now(kTarget.key, kTarget.instance);  // registered again
+  std::string why;
+  Outcome o;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED);
+  EXPECT_EQ(f.counts().fences, 0u) << "asked before the watchdog's attempt ended";
+  f.reopen(kTarget.key, kTarget.instance);  // the late report
+  Outcome held;
+  ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD) << why;
+  net.wait_asked(1);
+  net.answer(true);
+  ASSERT_TRUE(held.wait()) << "the fence was never asked after the late report";
+  EXPECT_TRUE(held.go) << held.why;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::OPEN) << why;
+  EXPECT_EQ(o.count(), 0);
+}

@@ -252,9 +252,12 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
     transfers_->peer_registered(d.key, d.instance, /*only_parked=*/true);
     return {};
   }
-  // A restarted peer: start afresh (its fence state too, when it is a new life).
+  // A restarted peer: start afresh. The old life's unanswered fences stay
+  // parked (a descriptor of that life registered again later - a stale entry
+  // in a metadata store, two processes under one key - is fenced first); the
+  // new life's transfers do not wait for them.
   if (auto old = registry_.peer_instance(d.key))
-    deregister_peer(d.key, *old == d.instance ? PeerFences::KEEP : PeerFences::DROP);
+    deregister_peer(d.key, *old == d.instance ? PeerFences::KEEP : PeerFences::PARK);
   Result r = registry_.add_peer(d);
   if (r.ok()) {
     route_control(d);

@@ -71,9 +71,10 @@ class EngineImpl {
  private:
   void start_cluster_services();  // engine_cluster.cpp, from the constructor
   // What becomes of the peer's fence state (fence.h): KEEP (the same instance
-  // registered again), PARK (deregistered: WRITEs of unknown outcome stay
-  // pending for its return), DROP (replaced by a new instance).
-  enum class PeerFences { KEEP, PARK, DROP };
+  // registered again), PARK (deregistered, or replaced by a new instance:
+  // WRITEs of unknown outcome stay pending for that life's return; a new
+  // life has a fence state of its own and does not wait for them).
+  enum class PeerFences { KEEP, PARK };
   Result deregister_peer(const std::string& key, PeerFences fences, const std::string& why = {});
   // A peer on this host is reached over its control plane's unix socket.
   void route_control(const EngineDesc& d);

@@ -62,12 +62,17 @@ Fencer::~Fencer() {
 }
 
 Fencer::PeerState& Fencer::state_for(const Target& t) {
-  auto& p = peers_[t.key];
-  if (!p || p->target.instance != t.instance) {
-    p = std::make_shared<PeerState>();  // an old worker sees it is no longer its life
+  auto& p = peers_[Life{t.key, t.instance}];
+  if (!p) {
+    p = std::make_shared<PeerState>();
     p->target = t;
   }
   return *p;
+}
+
+Fencer::PeerState* Fencer::find_locked(const std::string& key, uint64_t instance) {
+  auto it = peers_.find(Life{key, instance});
+  return it == peers_.end() ? nullptr : it->second.get();
 }
 
 void Fencer::finish_all(PeerState& p, const std::string& why,
@@ -94,12 +99,15 @@ void Fencer::fence(const Target& t, const std::string& backend, uint64_t attempt
   PeerState& p = state_for(t);
   p.pending.push_back({backend, attempt, deadline, std::move(done), false});
   p.parked = false;  // a registered life's fence is asked (what was parked with it too)
-  start_worker_locked(t.key, p);
+  std::vector<std::function<void()>> calls;
+  start_worker_locked({t.key, t.instance}, calls);
+  lk.unlock();
+  for (auto& c : calls) c();
 }
 
 void Fencer::fence_later(const Target& t, const std::string& backend, uint64_t attempt,
                          const std::string& why) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_);
   if (stopping_) return;
   PeerState& p = state_for(t);
   // Reported already (the caller ends the transfer unknown): kept only to learn
@@ -112,24 +120,49 @@ void Fencer::fence_later(const Target& t, const std::string& backend, uint64_t a
   const bool waiting = !p.held.empty() || std::any_of(p.pending.begin(), p.pending.end(),
                                                       [](const Pending& a) { return !a.reported; });
   if (!waiting && !p.running) {
-    park_locked(t.key, p);
+    park_locked({t.key, t.instance}, p);
     return;
   }
   // Attempts of the registered life still wait for their answer (their worker
   // asks on; a deregistration parks them all through reset), or the state was
   // unparked by a registration meanwhile: this one is asked with them.
-  start_worker_locked(t.key, p);
+  std::vector<std::function<void()>> calls;
+  start_worker_locked({t.key, t.instance}, calls);
+  lk.unlock();
+  for (auto& c : calls) c();
 }
 
-void Fencer::start_worker_locked(const std::string& key, PeerState& p) {
-  if (!p.running) {
-    p.running = true;
-    workers_.run([this, key] { run(key); });
+void Fencer::start_worker_locked(const Life& life, std::vector<std::function<void()>>& calls) {
+  const std::shared_ptr<PeerState> p = peers_.at(life);
+  if (!p->running) {
+    try {
+      workers_.run([this, life, p] { run(life, p); });
+      p->running = true;
+    } catch (const std::exception& e) {
+      // No thread to ask the target: what waits for the answer ends now, and
+      // the gate stays closed (a later fence, registration or reopen tries
+      // again) - never a transfer held for a worker that does not exist.
+      const std::string why = "peer '" + life.key +
+                              "' is fenced: no thread could be started to ask its fence (" +
+                              e.what() + ")";
+      for (auto& a : p->pending) {
+        if (a.reported) continue;
+        a.reported = true;
+        FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
+        calls.push_back([d = std::move(a.done), r, why] { d(r, why); });
+        a.done = [](const FenceResult&, const std::string&) {};
+        ++counts_.unknown;
+      }
+      for (auto& h : p->held) calls.push_back([h = std::move(h), why] { h(false, why); });
+      p->held.clear();
+      if (p->closed_why.empty()) p->closed_why = why;
+      FERRY_LOG(WARN, "fence", why);
+    }
   }
   cv_.notify_all();
 }
 
-void Fencer::park_locked(const std::string& key, PeerState& p) {
+void Fencer::park_locked(const Life& life, PeerState& p) {
   // Not asked until the same life is registered again (retry_now): a dead
   // peer costs no thread and no traffic, only this entry.
   p.parked = true;
@@ -144,9 +177,9 @@ void Fencer::park_locked(const std::string& key, PeerState& p) {
   }
   // Bounded: the oldest goes (its attempts were reported unknown already; a
   // registration of that life then starts without waiting for them).
-  if (parked > kMaxParked && oldest != peers_.end() && oldest->first != key) {
+  if (parked > kMaxParked && oldest != peers_.end() && oldest->first != life) {
     FERRY_LOG(WARN, "fence",
-              "forgetting the unanswered fence of deregistered peer '" + oldest->first +
+              "forgetting the unanswered fence of deregistered peer '" + oldest->first.key +
                   "' (more than " + std::to_string(kMaxParked) + " such peers)");
     peers_.erase(oldest);
   }
@@ -156,37 +189,54 @@ void Fencer::close(const Target& t, const std::string& why) {
   std::lock_guard<std::mutex> lk(mu_);
   PeerState& p = state_for(t);
   p.closed_why = why;
-  p.manual_close = true;
+  ++p.watchdog_closes;
 }
 
 void Fencer::retry_now(const std::string& key, uint64_t instance, bool only_parked) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = peers_.find(key);
-  if (it == peers_.end() || it->second->target.instance != instance) return;
-  PeerState& p = *it->second;
-  if (only_parked && !p.parked) return;
-  p.parked = false;  // registered: never evicted as a parked state
-  // A gate closed by an answer (or by close()) waits for a new instance.
-  if (p.pending.empty() || p.manual_close) return;
+  std::vector<std::function<void()>> calls;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    PeerState* found = find_locked(key, instance);
+    if (found == nullptr) return;
+    PeerState& p = *found;
+    if (only_parked && !p.parked) return;
+    p.parked = false;  // registered: never evicted as a parked state
+    // A gate closed by an answer waits for a new instance; one closed by the
+    // watchdog for the plugin's late report (reopen asks then).
+    if (p.pending.empty() || p.sticky()) return;
+    ask_now_locked({key, instance}, p, calls);
+  }
+  for (auto& c : calls) c();
+}
+
+void Fencer::ask_now_locked(const Life& life, PeerState& p,
+                            std::vector<std::function<void()>>& calls) {
   p.closed_why.clear();  // HELD until this request's answer (or its miss)
   p.kicked = true;
-  start_worker_locked(key, p);
+  start_worker_locked(life, calls);
 }
 
 void Fencer::reopen(const std::string& key, uint64_t instance) {
-  std::vector<Resume> held;
+  std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = peers_.find(key);
-    if (it == peers_.end() || it->second->target.instance != instance) return;
-    PeerState& p = *it->second;
-    if (!p.manual_close) return;
-    p.manual_close = false;
-    if (!p.pending.empty()) return;  // a fence in flight decides
+    PeerState* found = find_locked(key, instance);
+    if (found == nullptr || found->watchdog_closes == 0) return;
+    PeerState& p = *found;
+    // Another attempt the watchdog ended may still move bytes, or a fence
+    // answered that the target cannot tell: the gate stays closed.
+    if (--p.watchdog_closes > 0 || p.closed_for_good) return;
+    if (!p.pending.empty()) {
+      // A fence of this life decides. A registration meanwhile left it to this
+      // reopen (retry_now does not ask past a watchdog's close): ask now.
+      if (!p.parked) ask_now_locked({key, instance}, p, calls);
+      return;
+    }
     p.closed_why.clear();
-    held.swap(p.held);
+    for (auto& h : p.held) calls.push_back([h = std::move(h)] { h(true, {}); });
+    p.held.clear();
   }
-  for (auto& h : held) h(true, {});
+  for (auto& c : calls) c();
 }
 
 bool Fencer::hold_behind_draining(const std::string& key, uint64_t instance, Resume& resume) {
@@ -202,9 +252,8 @@ bool Fencer::hold_behind_draining(const std::string& key, uint64_t instance, Res
 Fencer::Gate Fencer::admit(const std::string& key, uint64_t instance, Resume resume,
                            std::string* why) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto it = peers_.find(key);
-  if (it != peers_.end() && it->second->target.instance == instance) {
-    PeerState& p = *it->second;
+  if (PeerState* found = find_locked(key, instance)) {
+    PeerState& p = *found;
     if (!p.closed_why.empty()) {
       *why = p.closed_why;
       return Gate::CLOSED;
@@ -221,39 +270,54 @@ void Fencer::reset(const std::string& key, const std::string& why, bool park) {
   std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = peers_.find(key);
-    if (it == peers_.end()) return;
-    PeerState& p = *it->second;
-    const std::string told = why.empty() ? "the peer was registered again or deregistered"
-                                         : "the peer was deregistered: " + why;
-    // (A gate closed with nothing pending - a backend that cannot fence, the
-    // watchdog - is dropped as before: registering the peer again is what
-    // reopens it, docs/policy.md.)
-    if (park && !p.pending.empty()) {
-      // Deregistered: its attempts end unknown now, but stay pending - the same
-      // life registered again is fenced before anything new starts to it.
-      for (auto& a : p.pending) {
-        if (a.reported) continue;
-        a.reported = true;
-        FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
-        calls.push_back([d = std::move(a.done), r, told] { d(r, told); });
-        a.done = [](const FenceResult&, const std::string&) {};
-        ++counts_.unknown;
-      }
-      for (auto& h : p.held) calls.push_back([h = std::move(h), told] { h(false, told); });
-      p.held.clear();
-      if (p.closed_why.empty())
-        p.closed_why = "peer '" + key + "' was deregistered with a WRITE of unknown outcome (" +
-                       told + "); registering it again fences that WRITE first";
-      park_locked(key, p);
-    } else {
-      finish_all(p, told, calls);
-      if (p.asking) draining_.emplace(key, it->second);
-      peers_.erase(it);
-      cv_.notify_all();
+    // Every life of the key: the registered one and any older one whose fence
+    // was still out (park_locked may forget a parked state, so each is found
+    // afresh).
+    std::vector<Life> lives;
+    for (auto it = peers_.lower_bound(Life{key, 0}); it != peers_.end() && it->first.key == key;
+         ++it)
+      lives.push_back(it->first);
+    for (const Life& life : lives) {
+      auto it = peers_.find(life);
+      if (it != peers_.end()) reset_locked(it, why, park, calls);
     }
   }
   for (auto& c : calls) c();
+}
+
+void Fencer::reset_locked(std::map<Life, std::shared_ptr<PeerState>>::iterator it,
+                          const std::string& why, bool park,
+                          std::vector<std::function<void()>>& calls) {
+  const std::string& key = it->first.key;
+  PeerState& p = *it->second;
+  const std::string told = why.empty() ? "the peer was registered again or deregistered"
+                                       : "the peer was deregistered: " + why;
+  // (A gate closed with nothing pending - a backend that cannot fence, the
+  // watchdog - is dropped as before: registering the peer again is what
+  // reopens it, docs/policy.md.)
+  if (park && !p.pending.empty()) {
+    // Deregistered: its attempts end unknown now, but stay pending - the same
+    // life registered again is fenced before anything new starts to it.
+    for (auto& a : p.pending) {
+      if (a.reported) continue;
+      a.reported = true;
+      FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
+      calls.push_back([d = std::move(a.done), r, told] { d(r, told); });
+      a.done = [](const FenceResult&, const std::string&) {};
+      ++counts_.unknown;
+    }
+    for (auto& h : p.held) calls.push_back([h = std::move(h), told] { h(false, told); });
+    p.held.clear();
+    if (p.closed_why.empty())
+      p.closed_why = "peer '" + key + "' was deregistered with a WRITE of unknown outcome (" +
+                     told + "); registering it again fences that WRITE first";
+    park_locked(it->first, p);
+  } else {
+    finish_all(p, told, calls);
+    if (p.asking) draining_.emplace(key, it->second);
+    peers_.erase(it);
+    cv_.notify_all();
+  }
 }
 
 void Fencer::end_draining(const std::string& key, const std::shared_ptr<PeerState>& p,
@@ -276,17 +340,16 @@ Fencer::Counts Fencer::counts() const {
   return c;
 }
 
-void Fencer::run(const std::string& key) {
+void Fencer::run(const Life& life, const std::shared_ptr<PeerState>& p) {
+  const std::string& key = life.key;
   auto backoff = kRetryMin;
   std::unique_lock<std::mutex> lk(mu_);
-  auto first = peers_.find(key);
-  if (first == peers_.end()) return;
-  const std::shared_ptr<PeerState> p = first->second;  // this worker's target life only
   for (;;) {
-    auto it = peers_.find(key);
+    auto it = peers_.find(life);
     if (stopping_ || it == peers_.end() || it->second != p) return;
     if (p->pending.empty() || p->parked) {
       p->running = false;
+      if (p->idle()) peers_.erase(it);  // answered: an older life's state goes
       return;
     }
     const bool kicked = p->kicked;  // registered again: ask now, as if for the first time
@@ -332,7 +395,7 @@ void Fencer::run(const std::string& key) {
     std::vector<std::function<void()>> calls;
     lk.lock();
     p->asking = false;
-    it = peers_.find(key);
+    it = peers_.find(life);
     if (it == peers_.end() || it->second != p) {
       // Reset meanwhile (its attempts were answered there). The request is back:
       // transfers to a new registration of that life that waited for it start
@@ -373,7 +436,7 @@ void Fencer::run(const std::string& key) {
                             (r.state == FenceState::UNSUPPORTED ? "cannot fence that backend"
                                                                 : "could not fence it") +
                             "; register a new instance of the peer";
-          p->manual_close = true;  // only a new instance reopens it
+          p->closed_for_good = true;  // only a new instance reopens it
         } else {
           ++counts_.answered;
         }
@@ -386,7 +449,7 @@ void Fencer::run(const std::string& key) {
         calls.push_back([d = std::move(a.done), r, why] { d(r, why); });
       }
       p->pending = std::move(left);
-      if (p->pending.empty() && !p->manual_close) {
+      if (p->pending.empty() && !p->sticky()) {
         if (!p->closed_why.empty())
           FERRY_LOG(INFO, "fence", "peer '" + key + "' answered its fence; transfers to it resume");
         p->closed_why.clear();

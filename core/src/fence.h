@@ -5,7 +5,8 @@
 // missing ack), its target is fenced: no later transfer to it starts, on any
 // backend, until the target has confirmed, per attempt, that none of its bytes
 // can land any more and said how much had landed. The Fencer keeps that state
-// per target engine, asks the target over the control plane (FENCE on a
+// per life of a target engine (an older life fenced after a newer one was
+// registered keeps a state of its own), asks the target over the control plane (FENCE on a
 // connection of its own, one thread per fenced target so a stopped target never
 // delays another's fence), and hands each attempt's answer back.
 //
@@ -24,6 +25,7 @@
 // that request has come back: the lanes they make are made after the fence.
 #pragma once
 #include <chrono>
+#include <compare>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -54,6 +56,14 @@ class Fencer {
   // A held transfer: go = start it now; otherwise fail it with `why`.
   using Resume = std::function<void(bool go, const std::string& why)>;
   enum class Gate { OPEN, HELD, CLOSED };
+  // One life of one peer engine: fence state is kept per life, so a fence for
+  // an older life (a WRITE to it failing after a new life replaced it) never
+  // touches the registered life's pending attempts or held transfers.
+  struct Life {
+    std::string key;
+    uint64_t instance = 0;
+    auto operator<=>(const Life&) const = default;
+  };
 
   // How a FENCE request goes out and its answer comes back (the control
   // plane's request(); a test's stand-in): FERRY_OK with *reply, or an error.
@@ -73,7 +83,9 @@ class Fencer {
   // then, new transfers held for the answer) or a new one replaces it.
   void fence_later(const Target& t, const std::string& backend, uint64_t attempt,
                    const std::string& why);
-  // Close the gate of a target without asking it (a backend that cannot fence).
+  // Close the gate of a target's life without asking it: an attempt the
+  // watchdog ended, whose plugin has not reported back (its lanes or copies may
+  // still move bytes). Each close() is matched by one reopen().
   void close(const Target& t, const std::string& why);
   // The same instance of `key` was registered again: a fence that went
   // unanswered (the peer was not registered, so it could not be asked) is
@@ -83,7 +95,9 @@ class Fencer {
   // registration of the same descriptor: a stopped target's closed
   // gate is not reopened by every repeated handshake).
   void retry_now(const std::string& key, uint64_t instance, bool only_parked = false);
-  // Reopen a gate closed by close() (the attempt that closed it has ended).
+  // The attempt of one close() has ended. The gate opens once every close()
+  // of the life has its reopen(), unless a fence answered that the target
+  // cannot tell (then only a new instance does); a fence still pending decides.
   void reopen(const std::string& key, uint64_t instance);
   // Whether a transfer to `key` may start. HELD: `resume` runs later (not before
   // this returns). CLOSED: *why says why, `resume` is dropped.
@@ -117,21 +131,44 @@ class Fencer {
     std::vector<Pending> pending;
     std::vector<Resume> held;
     std::string closed_why;  // non-empty: CLOSED
-    bool manual_close = false;
+    // close() calls not yet matched by reopen(): attempts the watchdog ended
+    // whose plugin has not reported back (its lanes may still move bytes).
+    uint32_t watchdog_closes = 0;
+    // A fence answered "unknown" or "unsupported": only a new instance reopens.
+    bool closed_for_good = false;
+    // Whether the gate stays closed whatever a fence answers next.
+    bool sticky() const { return closed_for_good || watchdog_closes > 0; }
+    // Nothing pending, held or closed: the state may go.
+    bool idle() const {
+      return pending.empty() && held.empty() && closed_why.empty() && !sticky() && !asking;
+    }
     bool running = false;  // a worker thread runs while pending is not empty
     bool asking = false;   // its worker has a FENCE request out (unlocked)
     bool kicked = false;   // retry_now(): ask again without waiting out the backoff
     bool parked = false;   // deregistered: not asked until registered again (retry_now)
     uint64_t parked_seq = 0;
   };
-  void run(const std::string& key);
+  // The worker of one life's state `p` (it stops once `p` is no longer the
+  // life's state: reset meanwhile).
+  void run(const Life& life, const std::shared_ptr<PeerState>& p);
   void finish_all(PeerState& p, const std::string& why, std::vector<std::function<void()>>& out);
-  // A fresh state for the target (dropping one of an older instance); mu_ held.
+  // The state of the target's life, made when it has none; mu_ held.
   PeerState& state_for(const Target& t);
-  // Starts `key`'s worker unless it runs, and wakes it (mu_ held).
-  void start_worker_locked(const std::string& key, PeerState& p);
+  // The state of `key`'s life `instance`, or null; mu_ held.
+  PeerState* find_locked(const std::string& key, uint64_t instance);
+  // Starts the life's worker unless it runs, and wakes it (mu_ held). When no
+  // thread can be started, its attempts are answered UNKNOWN and its held
+  // transfers failed (through `calls`, run by the caller once mu_ is released)
+  // and the gate closes: nothing waits for a worker that does not exist.
+  void start_worker_locked(const Life& life, std::vector<std::function<void()>>& calls);
+  // reset() of one life's state (mu_ held); the calls run after it is released.
+  void reset_locked(std::map<Life, std::shared_ptr<PeerState>>::iterator it, const std::string& why,
+                    bool park, std::vector<std::function<void()>>& calls);
+  // retry_now's request: the gate holds (not fails) transfers until the
+  // answer, asked at once (mu_ held).
+  void ask_now_locked(const Life& life, PeerState& p, std::vector<std::function<void()>>& calls);
   // Parks `p` (mu_ held) and keeps the parked states within kMaxParked.
-  void park_locked(const std::string& key, PeerState& p);
+  void park_locked(const Life& life, PeerState& p);
   // Whether a reset state of `key`'s life `instance` still has its FENCE out;
   // if so `resume` joins its held transfers (mu_ held).
   bool hold_behind_draining(const std::string& key, uint64_t instance, Resume& resume);
@@ -147,7 +184,7 @@ class Fencer {
   uint64_t next_req_ = 1;
   uint64_t park_seq_ = 0;
   Counts counts_;
-  std::map<std::string, std::shared_ptr<PeerState>> peers_;
+  std::map<Life, std::shared_ptr<PeerState>> peers_;
   // States dropped by reset() while their worker's FENCE was out: the request
   // may still retire lanes at the target, so transfers to that life wait for it.
   std::multimap<std::string, std::shared_ptr<PeerState>> draining_;

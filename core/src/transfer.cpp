@@ -541,9 +541,8 @@ void Transfers::attempt_done(const std::shared_ptr<Attempt>& a, int status,
     // into the target (WRITE) or into our memory (READ). The gate to the peer
     // stays closed until the plugin's late completion says the attempt is over.
     ++b.counters->failures;
-    a->closed_gate = true;
-    fencer_.close(fence_target(t), "peer '" + peer + "' is fenced: a " + b.name +
-                                       " attempt to it has not ended (" + message + ")");
+    close_gate_for(a, "peer '" + peer + "' is fenced: a " + b.name +
+                          " attempt to it has not ended (" + message + ")");
     add_history(t->history, b.name + ": " + message);
     finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
     return;
@@ -710,8 +709,20 @@ void Transfers::attempt_failed(const std::shared_ptr<Attempt>& a, int status,
   start_next(t);
 }
 
+void Transfers::close_gate_for(const std::shared_ptr<Attempt>& a, const std::string& why) {
+  const TransferPtr& t = a->transfer;
+  fencer_.close(fence_target(t), why);
+  // The plugin reported between the watchdog's end and the close: reopen here.
+  if (a->gate_mark.exchange(Attempt::kGateClosed) == Attempt::kGateLate) {
+    const EngineDesc& d = t->pair.peer->desc;
+    fencer_.reopen(d.key, d.instance);
+  }
+}
+
 void Transfers::late_completion(const std::shared_ptr<Attempt>& a) {
-  if (!a->closed_gate.exchange(false)) return;
+  // Only the watchdog's close is reopened, once; before it, the mark tells
+  // close_gate_for to reopen instead.
+  if (a->gate_mark.exchange(Attempt::kGateLate) != Attempt::kGateClosed) return;
   const EngineDesc& d = a->transfer->pair.peer->desc;
   FERRY_LOG(INFO, self_key_,
             a->backend->name + " copy to '" + d.key +

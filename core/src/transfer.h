@@ -120,9 +120,12 @@ struct Attempt : WatchItem, std::enable_shared_from_this<Attempt> {
   uint64_t id = 0;  // ferry_xfer_v1.attempt_id
   std::atomic<bool> settled{false};
   bool by_watchdog = false;  // ended by the core's watchdog, not by the plugin
-  // The watchdog closed the peer's gate (an INITIATOR_COPY copy may still run);
-  // the plugin's late completion reopens it.
-  std::atomic<bool> closed_gate{false};
+  // The watchdog closed the peer's gate (its plugin may still move bytes); the
+  // plugin's late completion reopens it. Whichever of the two comes second
+  // reopens: a completion that arrives while the watchdog is closing is not
+  // lost (the gate would stay closed for good).
+  enum GateMark : int { kGateUntouched = 0, kGateClosed = 1, kGateLate = 2 };
+  std::atomic<int> gate_mark{kGateUntouched};
   void on_deadline() override;
   ~Attempt() override;
 };
@@ -243,6 +246,9 @@ class Transfers {
   void landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error);
   // host->complete for an attempt the watchdog had already ended.
   void late_completion(const std::shared_ptr<Attempt>& a);
+  // The peer's gate for a watchdog-ended attempt: closed now, reopened when its
+  // plugin reports (maybe already has).
+  void close_gate_for(const std::shared_ptr<Attempt>& a, const std::string& why);
   Fencer::Target fence_target(const TransferPtr& t) const;
 
   const std::string& self_key_;
