@@ -374,6 +374,7 @@ TEST(Fencer, AFenceForAnOlderLifeLeavesTheRegisteredLifesFenceAlone) {
   Outcome other;
   EXPECT_EQ(f.admit(new_life.key, new_life.instance, other.resume(), &why), Fencer::Gate::HELD);
   EXPECT_EQ(held.count(), 0) << "a transfer went before its own life's fence was answered";
+  EXPECT_EQ(f.counts().gated, 1u) << "two lives of one peer count as one fenced peer";
 
   net.release_all();
   ASSERT_TRUE(new_attempt.wait()) << "the registered life's attempt was never told its outcome";
@@ -396,13 +397,13 @@ TEST(Fencer, ClosingAnOlderLifeDoesNotCloseTheRegisteredOne) {
   ReleaseOnExit release{net};
   const Fencer::Target old_life{kTarget.key, kTarget.host, kTarget.port, kTarget.instance};
   const Fencer::Target new_life{kTarget.key, kTarget.host, kTarget.port, kTarget.instance + 1};
-  f.close(new_life, "new life closed (test)");
+  const uint64_t new_close = f.close(new_life, "new life closed (test)");
   f.close(old_life, "old life closed (test)");
   std::string why;
   Outcome o;
   ASSERT_EQ(f.admit(new_life.key, new_life.instance, o.resume(), &why), Fencer::Gate::CLOSED);
   EXPECT_EQ(why, "new life closed (test)");
-  f.reopen(new_life.key, new_life.instance);
+  f.reopen(new_life.key, new_life.instance, new_close);
   EXPECT_EQ(f.admit(new_life.key, new_life.instance, o.resume(), &why), Fencer::Gate::OPEN);
   ASSERT_EQ(f.admit(old_life.key, old_life.instance, o.resume(), &why), Fencer::Gate::CLOSED);
   EXPECT_EQ(why, "old life closed (test)");
@@ -417,16 +418,37 @@ TEST(Fencer, EveryWatchdogCloseNeedsItsOwnReopen) {
   HeldRequests net;
   Fencer f(net.ask());
   ReleaseOnExit release{net};
-  f.close(kTarget, "first attempt has not ended (test)");
-  f.close(kTarget, "second attempt has not ended (test)");
+  const uint64_t first = f.close(kTarget, "first attempt has not ended (test)");
+  const uint64_t second = f.close(kTarget, "second attempt has not ended (test)");
   std::string why;
   Outcome o;
-  f.reopen(kTarget.key, kTarget.instance);
+  f.reopen(kTarget.key, kTarget.instance, first);
   EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED)
       << "opened while the second attempt may still move bytes";
-  f.reopen(kTarget.key, kTarget.instance);
+  f.reopen(kTarget.key, kTarget.instance, first);  // the same report twice changes nothing
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED);
+  f.reopen(kTarget.key, kTarget.instance, second);
   EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::OPEN) << why;
-  f.reopen(kTarget.key, kTarget.instance);  // one too many changes nothing
+  EXPECT_EQ(o.count(), 0);
+}
+
+// A watchdog close dropped by a reset (deregistered, nothing pending: the
+// same life registered again starts afresh) is not matched by a later close's
+// reopen: the late report of the first attempt does not open the gate the
+// second one closed.
+TEST(Fencer, ALateReportOfAnAttemptBeforeAResetDoesNotReopenALaterClose) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  const uint64_t before = f.close(kTarget, "an attempt has not ended (test)");
+  f.reset(kTarget.key, "deregistered (test)", /*park=*/true);
+  const uint64_t after = f.close(kTarget, "another attempt has not ended (test)");
+  std::string why;
+  Outcome o;
+  f.reopen(kTarget.key, kTarget.instance, before);
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED)
+      << "the first attempt's report opened the gate the second one closed";
+  f.reopen(kTarget.key, kTarget.instance, after);
   EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::OPEN) << why;
   EXPECT_EQ(o.count(), 0);
 }
@@ -446,7 +468,7 @@ TEST(Fencer, AWatchdogReopenDoesNotUndoAnUnknownAnswer) {
     reply->body = fence_reply_body(req, inst, results);
     return FERRY_OK;
   });
-  f.close(kTarget, "an attempt has not ended (test)");
+  const uint64_t token = f.close(kTarget, "an attempt has not ended (test)");
   Outcome told;
   f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 30s,
           [&](const FenceResult& r, const std::string& w) {
@@ -454,7 +476,7 @@ TEST(Fencer, AWatchdogReopenDoesNotUndoAnUnknownAnswer) {
           });
   ASSERT_TRUE(told.wait());
   EXPECT_TRUE(told.go) << told.why;
-  f.reopen(kTarget.key, kTarget.instance);
+  f.reopen(kTarget.key, kTarget.instance, token);
   std::string why;
   Outcome o;
   EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED)
@@ -472,13 +494,13 @@ TEST(Fencer, AParkedFenceBehindAWatchdogCloseIsAskedOnTheLateReport) {
   Fencer f(net.ask());
   ReleaseOnExit release{net};
   f.fence_later(kTarget, "tcp", 1, "deregistered with a WRITE in flight (test)");
-  f.close(kTarget, "an attempt has not ended (test)");
+  const uint64_t token = f.close(kTarget, "an attempt has not ended (test)");
   f.retry_now(kTarget.key, kTarget.instance);  // registered again
   std::string why;
   Outcome o;
   EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED);
   EXPECT_EQ(f.counts().fences, 0u) << "asked before the watchdog's attempt ended";
-  f.reopen(kTarget.key, kTarget.instance);  // the late report
+  f.reopen(kTarget.key, kTarget.instance, token);  // the late report
   Outcome held;
   ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD) << why;
   net.wait_asked(1);

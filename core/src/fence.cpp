@@ -140,8 +140,9 @@ void Fencer::start_worker_locked(const Life& life, std::vector<std::function<voi
       p->running = true;
     } catch (const std::exception& e) {
       // No thread to ask the target: what waits for the answer ends now, and
-      // the gate stays closed (a later fence, registration or reopen tries
-      // again) - never a transfer held for a worker that does not exist.
+      // the gate stays closed (a registration of the life after a
+      // deregistration, or a reopen, tries again) - never a transfer held for
+      // a worker that does not exist.
       const std::string why = "peer '" + life.key +
                               "' is fenced: no thread could be started to ask its fence (" +
                               e.what() + ")";
@@ -185,11 +186,13 @@ void Fencer::park_locked(const Life& life, PeerState& p) {
   }
 }
 
-void Fencer::close(const Target& t, const std::string& why) {
+uint64_t Fencer::close(const Target& t, const std::string& why) {
   std::lock_guard<std::mutex> lk(mu_);
   PeerState& p = state_for(t);
   p.closed_why = why;
-  ++p.watchdog_closes;
+  const uint64_t token = next_close_++;
+  p.watchdog_closes.insert(token);
+  return token;
 }
 
 void Fencer::retry_now(const std::string& key, uint64_t instance, bool only_parked) {
@@ -216,16 +219,16 @@ void Fencer::ask_now_locked(const Life& life, PeerState& p,
   start_worker_locked(life, calls);
 }
 
-void Fencer::reopen(const std::string& key, uint64_t instance) {
+void Fencer::reopen(const std::string& key, uint64_t instance, uint64_t token) {
   std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lk(mu_);
     PeerState* found = find_locked(key, instance);
-    if (found == nullptr || found->watchdog_closes == 0) return;
+    if (found == nullptr || found->watchdog_closes.erase(token) == 0) return;
     PeerState& p = *found;
     // Another attempt the watchdog ended may still move bytes, or a fence
     // answered that the target cannot tell: the gate stays closed.
-    if (--p.watchdog_closes > 0 || p.closed_for_good) return;
+    if (!p.watchdog_closes.empty() || p.closed_for_good) return;
     if (!p.pending.empty()) {
       // A fence of this life decides. A registration meanwhile left it to this
       // reopen (retry_now does not ask past a watchdog's close): ask now.
@@ -235,6 +238,7 @@ void Fencer::reopen(const std::string& key, uint64_t instance) {
     p.closed_why.clear();
     for (auto& h : p.held) calls.push_back([h = std::move(h)] { h(true, {}); });
     p.held.clear();
+    if (p.idle() && !p.running) peers_.erase(Life{key, instance});  // nothing left of it
   }
   for (auto& c : calls) c();
 }
@@ -335,8 +339,14 @@ void Fencer::end_draining(const std::string& key, const std::shared_ptr<PeerStat
 Fencer::Counts Fencer::counts() const {
   std::lock_guard<std::mutex> lk(mu_);
   Counts c = counts_;
-  for (const auto& [key, p] : peers_)
-    if (!p->parked && (!p->closed_why.empty() || !p->pending.empty())) ++c.gated;
+  // Peers, not lives: an older life fenced beside the registered one is the
+  // same peer (lives of one key are adjacent in the map).
+  const std::string* last = nullptr;
+  for (const auto& [life, p] : peers_) {
+    if (p->parked || (p->closed_why.empty() && p->pending.empty())) continue;
+    if (last == nullptr || *last != life.key) ++c.gated;
+    last = &life.key;
+  }
   return c;
 }
 

@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -85,8 +86,10 @@ class Fencer {
                    const std::string& why);
   // Close the gate of a target's life without asking it: an attempt the
   // watchdog ended, whose plugin has not reported back (its lanes or copies may
-  // still move bytes). Each close() is matched by one reopen().
-  void close(const Target& t, const std::string& why);
+  // still move bytes). Returns the close's token: the reopen() for that
+  // attempt names it, so a late report never reopens a close made for
+  // another attempt (one made after a reset of the life dropped its own).
+  uint64_t close(const Target& t, const std::string& why);
   // The same instance of `key` was registered again: a fence that went
   // unanswered (the peer was not registered, so it could not be asked) is
   // asked again now, and new transfers wait for that answer instead of
@@ -95,10 +98,11 @@ class Fencer {
   // registration of the same descriptor: a stopped target's closed
   // gate is not reopened by every repeated handshake).
   void retry_now(const std::string& key, uint64_t instance, bool only_parked = false);
-  // The attempt of one close() has ended. The gate opens once every close()
-  // of the life has its reopen(), unless a fence answered that the target
-  // cannot tell (then only a new instance does); a fence still pending decides.
-  void reopen(const std::string& key, uint64_t instance);
+  // The attempt of close() `token` has ended. The gate opens once every
+  // close() of the life has its reopen(), unless a fence answered that the
+  // target cannot tell (then only a new instance does); a fence still
+  // pending decides. A token the state does not hold (reset since) is ignored.
+  void reopen(const std::string& key, uint64_t instance, uint64_t token);
   // Whether a transfer to `key` may start. HELD: `resume` runs later (not before
   // this returns). CLOSED: *why says why, `resume` is dropped.
   Gate admit(const std::string& key, uint64_t instance, Resume resume, std::string* why);
@@ -131,13 +135,14 @@ class Fencer {
     std::vector<Pending> pending;
     std::vector<Resume> held;
     std::string closed_why;  // non-empty: CLOSED
-    // close() calls not yet matched by reopen(): attempts the watchdog ended
-    // whose plugin has not reported back (its lanes may still move bytes).
-    uint32_t watchdog_closes = 0;
+    // Tokens of close() calls not yet matched by reopen(): attempts the
+    // watchdog ended whose plugin has not reported back (its lanes may still
+    // move bytes).
+    std::set<uint64_t> watchdog_closes;
     // A fence answered "unknown" or "unsupported": only a new instance reopens.
     bool closed_for_good = false;
     // Whether the gate stays closed whatever a fence answers next.
-    bool sticky() const { return closed_for_good || watchdog_closes > 0; }
+    bool sticky() const { return closed_for_good || !watchdog_closes.empty(); }
     // Nothing pending, held or closed: the state may go.
     bool idle() const {
       return pending.empty() && held.empty() && closed_why.empty() && !sticky() && !asking;
@@ -183,6 +188,7 @@ class Fencer {
   bool stopping_ = false;
   uint64_t next_req_ = 1;
   uint64_t park_seq_ = 0;
+  uint64_t next_close_ = 1;  // close() tokens
   Counts counts_;
   std::map<Life, std::shared_ptr<PeerState>> peers_;
   // States dropped by reset() while their worker's FENCE was out: the request

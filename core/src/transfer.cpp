@@ -711,11 +711,11 @@ void Transfers::attempt_failed(const std::shared_ptr<Attempt>& a, int status,
 
 void Transfers::close_gate_for(const std::shared_ptr<Attempt>& a, const std::string& why) {
   const TransferPtr& t = a->transfer;
-  fencer_.close(fence_target(t), why);
+  a->gate_token = fencer_.close(fence_target(t), why);
   // The plugin reported between the watchdog's end and the close: reopen here.
   if (a->gate_mark.exchange(Attempt::kGateClosed) == Attempt::kGateLate) {
     const EngineDesc& d = t->pair.peer->desc;
-    fencer_.reopen(d.key, d.instance);
+    fencer_.reopen(d.key, d.instance, a->gate_token);
   }
 }
 
@@ -727,7 +727,7 @@ void Transfers::late_completion(const std::shared_ptr<Attempt>& a) {
   FERRY_LOG(INFO, self_key_,
             a->backend->name + " copy to '" + d.key +
                 "' ended after its deadline; transfers to it resume");
-  fencer_.reopen(d.key, d.instance);
+  fencer_.reopen(d.key, d.instance, a->gate_token);
 }
 
 }  // namespace ferry

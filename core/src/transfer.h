@@ -126,6 +126,7 @@ struct Attempt : WatchItem, std::enable_shared_from_this<Attempt> {
   // lost (the gate would stay closed for good).
   enum GateMark : int { kGateUntouched = 0, kGateClosed = 1, kGateLate = 2 };
   std::atomic<int> gate_mark{kGateUntouched};
+  uint64_t gate_token = 0;  // Fencer::close()'s, written before gate_mark says closed
   void on_deadline() override;
   ~Attempt() override;
 };
