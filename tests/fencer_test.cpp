@@ -5,6 +5,7 @@
 // The control plane is replaced by a stand-in the test answers by hand.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -508,5 +509,41 @@ TEST(Fencer, AParkedFenceBehindAWatchdogCloseIsAskedOnTheLateReport) {
   ASSERT_TRUE(held.wait()) << "the fence was never asked after the late report";
   EXPECT_TRUE(held.go) << held.why;
   EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::OPEN) << why;
+  EXPECT_EQ(o.count(), 0);
+}
+
+// A fence of a life that is not registered any more (a new instance replaced
+// it while its WRITE was out), unanswered past its deadline: parked, not asked
+// on forever (the control plane proves only the registered life, so a live
+// old process elsewhere could never answer) and not counted as a fenced peer;
+// registered again, that life is asked at once.
+TEST(Fencer, AnUnansweredFenceOfALifeNoLongerRegisteredIsParked) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  std::atomic<bool> registered{false};
+  f.set_registered([&](const std::string&, uint64_t) { return registered.load(); });
+  Outcome told;
+  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() - 1ms,
+          [&](const FenceResult& r, const std::string& w) {
+            told.resume()(r.state == FenceState::UNKNOWN, w);
+          });
+  net.wait_asked(1);
+  net.answer(false);
+  ASSERT_TRUE(told.wait());
+  EXPECT_TRUE(told.go) << told.why;
+  EXPECT_EQ(f.counts().gated, 0u) << "a life no longer registered still counts as fenced";
+  std::string why;
+  Outcome o;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, o.resume(), &why), Fencer::Gate::CLOSED);
+
+  registered = true;
+  f.retry_now(kTarget.key, kTarget.instance);
+  Outcome held;
+  ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD) << why;
+  net.wait_asked(2);
+  net.answer(true);
+  ASSERT_TRUE(held.wait());
+  EXPECT_TRUE(held.go) << held.why;
   EXPECT_EQ(o.count(), 0);
 }

@@ -401,6 +401,8 @@ void Fencer::run(const Life& life, const std::shared_ptr<PeerState>& p) {
     } else if (rc == FERRY_ERR_NOT_SENT) {
       gone = true;  // nothing listens there any more: the process and its lanes are gone
     }
+    // Asked outside mu_ (the registry has a lock of its own).
+    const bool registered = answered || gone || registered_(key, t.instance);
 
     std::vector<std::function<void()>> calls;
     lk.lock();
@@ -503,6 +505,18 @@ void Fencer::run(const Life& life, const std::shared_ptr<PeerState>& p) {
         for (auto& h : p->held)
           calls.push_back([h = std::move(h), why = p->closed_why] { h(false, why); });
         p->held.clear();
+      }
+      // A life that is not registered (replaced by a new instance), with
+      // every attempt told already: parked - it is asked again if that life is
+      // registered again (retry_now), and costs no thread or traffic before.
+      if (!registered && p->held.empty() &&
+          std::all_of(p->pending.begin(), p->pending.end(),
+                      [](const Pending& a) { return a.reported; })) {
+        FERRY_LOG(INFO, "fence",
+                  "instance " + std::to_string(t.instance) + " of '" + key +
+                      "' is not registered and did not answer its fence: parked until it is "
+                      "registered again");
+        park_locked(life, *p);
       }
       // Ask again after a pause (a refused or reset connection answers at once:
       // do not spin), never past the earliest deadline still ahead.

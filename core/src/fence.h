@@ -72,6 +72,14 @@ class Fencer {
                                 Clock::time_point deadline, CtrlFrame* reply, std::string* err)>;
   explicit Fencer(ControlPlane* control);
   explicit Fencer(Ask ask);
+  // Whether a life of a peer is the one registered now (the registry's
+  // answer; without it every life counts as registered). A fence of a life
+  // that is not - an older one, replaced while its WRITE was out - that goes
+  // unanswered past its attempts' deadlines is parked rather than asked on
+  // forever: the control plane proves only the registered life, so a live old
+  // process at another address can never answer it. Set before any fence.
+  using Registered = std::function<bool(const std::string& key, uint64_t instance)>;
+  void set_registered(Registered registered) { registered_ = std::move(registered); }
   ~Fencer();  // answers every pending attempt UNKNOWN and fails held transfers
 
   // Fence one attempt on `backend`; `done` runs once, on a fencer thread.
@@ -183,6 +191,7 @@ class Fencer {
                     std::vector<std::function<void()>>& out);
 
   Ask ask_;
+  Registered registered_ = [](const std::string&, uint64_t) { return true; };
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;

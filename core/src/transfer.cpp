@@ -95,7 +95,12 @@ Transfers::Transfers(Parts parts, uint64_t self_instance)
       registry_(parts.registry),
       control_(parts.control),
       messenger_(parts.control, self_instance),
-      fencer_(&parts.control) {}
+      fencer_(&parts.control) {
+  fencer_.set_registered([this](const std::string& key, uint64_t instance) {
+    const auto registered = registry_.peer_instance(key);
+    return registered && *registered == instance;
+  });
+}
 
 void Transfers::complete(std::shared_ptr<Attempt> a, int status, const char* message) {
   if (a->settled.exchange(true)) {  // the watchdog already ended this attempt
