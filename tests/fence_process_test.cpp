@@ -359,6 +359,44 @@ TEST(Fence, NotifiedCmaWritesToAStoppedTargetEndByTheirDeadlines) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(r.inbound(300 + i, 100), "NONE");
 }
 
+// The same with the control connection up: every landing's NOTIFY goes into
+// the stopped target's socket until it is full. The NOTIFY that meets the
+// full socket ends by its transfer's deadline (it used to block in its write,
+// holding the connection, until the target read again), and so does every
+// one behind it; after SIGCONT the target holds a record of exactly the
+// transfers that succeeded.
+TEST(Fence, NotifiesIntoAStoppedTargetsFullControlSocketEndByTheirDeadlines) {
+  StoppableTarget r("cma",
+                    "backends:\n  cma: {}\nrules:\n  - prefer: [cma]\n    trust_descriptors: true\n"
+                    "timeout: 1s\n");
+  TransferStatus warm = r.write(1, 0, 8, 500);
+  ASSERT_EQ(warm.Wait(), StatusCode::SUCCESS) << warm.Message();
+  ASSERT_EQ(r.inbound(500, 2000), "INBOUND SUCCESS");
+  r.stop();
+  // More NOTIFY frames than a unix socket's default buffer (212,992 bytes of
+  // at least ~600 bytes' accounting each) holds.
+  constexpr int kWrites = 1000;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<TransferStatus> st;
+  for (int i = 0; i < kWrites; ++i) st.push_back(r.write(2, 8 * i, 8, 501 + i));
+  int failed = 0;
+  for (auto& s : st) {
+    ASSERT_TRUE(s.WaitFor(kDeadline + 2s)) << "a transfer outlived its deadline by 2 s";
+    if (s.Code() == StatusCode::SUCCESS) continue;
+    ++failed;
+    EXPECT_NE(s.Message().find("notified"), std::string::npos) << s.Message();
+  }
+  // (Generous: a thousand transfers and their NOTIFY threads, under ASan too.)
+  EXPECT_LE(std::chrono::steady_clock::now() - t0, kDeadline + 2s);
+  ASSERT_GT(failed, 0) << "the target's socket never filled: this test did not reach its case";
+  r.cont();
+  for (int i = 0; i < kWrites; ++i) {
+    const bool ok = st[i].Code() == StatusCode::SUCCESS;
+    // A NOTIFY that went whole arrives once the target reads again.
+    EXPECT_EQ(r.inbound(501 + i, ok ? 5000 : 0), ok ? "INBOUND SUCCESS" : "NONE") << i;
+  }
+}
+
 // The target refuses (its memory was deregistered): the transfer ends with that
 // error, is not failed over to cma (which would write into the old region), and
 // tcp is not quarantined: valid transfers to the peer keep working.

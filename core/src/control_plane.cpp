@@ -1009,9 +1009,17 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
   // A peer that restarted left us a dead socket: find out before writing into it.
   for (int tries = 0; tries < 2; ++tries) {
     if (int status; !connected(*o, peer_key, host, port, deadline, err, &status)) return status;
-    if (write_all(o->fd, frame.data(), frame.size())) return FERRY_OK;
-    ::close(o->fd);
+    // By the deadline: a peer that stopped reading (stopped, or its control
+    // thread stalled) fills the socket, and a blocking write would hold this
+    // thread and the connection for as long as it does.
+    if (write_until(o->fd, frame.data(), frame.size(), deadline)) return FERRY_OK;
+    const bool late = Clock::now() >= deadline;
+    ::close(o->fd);  // part of the frame may be out: the stream is out of step
     o->fd = -1;
+    if (late) {
+      *err = "control connection to '" + peer_key + "': the peer took nothing more by the deadline";
+      return FERRY_ERR_TIMEOUT;
+    }
   }
   *err = "control connection to " + peer_key + " failed while sending";
   return FERRY_ERR_TRANSPORT;

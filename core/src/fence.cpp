@@ -88,6 +88,20 @@ void Fencer::finish_all(PeerState& p, const std::string& why,
   p.held.clear();
 }
 
+void Fencer::tell_unknown_locked(PeerState& p, const std::string& why,
+                                 std::vector<std::function<void()>>& calls) {
+  for (auto& a : p.pending) {
+    if (a.reported) continue;
+    a.reported = true;
+    FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
+    calls.push_back([d = std::move(a.done), r, why] { d(r, why); });
+    a.done = [](const FenceResult&, const std::string&) {};
+    ++counts_.unknown;
+  }
+  for (auto& h : p.held) calls.push_back([h = std::move(h), why] { h(false, why); });
+  p.held.clear();
+}
+
 void Fencer::fence(const Target& t, const std::string& backend, uint64_t attempt,
                    Clock::time_point deadline, Done done) {
   std::unique_lock<std::mutex> lk(mu_);
@@ -146,16 +160,7 @@ void Fencer::start_worker_locked(const Life& life, std::vector<std::function<voi
       const std::string why = "peer '" + life.key +
                               "' is fenced: no thread could be started to ask its fence (" +
                               e.what() + ")";
-      for (auto& a : p->pending) {
-        if (a.reported) continue;
-        a.reported = true;
-        FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
-        calls.push_back([d = std::move(a.done), r, why] { d(r, why); });
-        a.done = [](const FenceResult&, const std::string&) {};
-        ++counts_.unknown;
-      }
-      for (auto& h : p->held) calls.push_back([h = std::move(h), why] { h(false, why); });
-      p->held.clear();
+      tell_unknown_locked(*p, why, calls);
       if (p->closed_why.empty()) p->closed_why = why;
       FERRY_LOG(WARN, "fence", why);
     }
@@ -302,16 +307,7 @@ void Fencer::reset_locked(std::map<Life, std::shared_ptr<PeerState>>::iterator i
   if (park && !p.pending.empty()) {
     // Deregistered: its attempts end unknown now, but stay pending - the same
     // life registered again is fenced before anything new starts to it.
-    for (auto& a : p.pending) {
-      if (a.reported) continue;
-      a.reported = true;
-      FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
-      calls.push_back([d = std::move(a.done), r, told] { d(r, told); });
-      a.done = [](const FenceResult&, const std::string&) {};
-      ++counts_.unknown;
-    }
-    for (auto& h : p.held) calls.push_back([h = std::move(h), told] { h(false, told); });
-    p.held.clear();
+    tell_unknown_locked(p, told, calls);
     if (p.closed_why.empty())
       p.closed_why = "peer '" + key + "' was deregistered with a WRITE of unknown outcome (" +
                      told + "); registering it again fences that WRITE first";

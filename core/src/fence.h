@@ -177,6 +177,10 @@ class Fencer {
   // reset() of one life's state (mu_ held); the calls run after it is released.
   void reset_locked(std::map<Life, std::shared_ptr<PeerState>>::iterator it, const std::string& why,
                     bool park, std::vector<std::function<void()>>& calls);
+  // Every attempt not told yet is told UNKNOWN (`why`) and kept pending, to
+  // learn the truth later; held transfers fail (mu_ held; `calls` run after).
+  void tell_unknown_locked(PeerState& p, const std::string& why,
+                           std::vector<std::function<void()>>& calls);
   // retry_now's request: the gate holds (not fails) transfers until the
   // answer, asked at once (mu_ held).
   void ask_now_locked(const Life& life, PeerState& p, std::vector<std::function<void()>>& calls);

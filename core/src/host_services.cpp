@@ -202,8 +202,10 @@ int EngineImpl::ctrl_send(Backend& b, const char* peer_key, const void* msg, siz
   uint16_t port = 0;
   if (!registry_.peer_address(peer_key, host, port)) return FERRY_ERR_NOT_FOUND;
   std::string err;
-  int rc =
-      control_->send(peer_key, host, port, CtrlType::PLUGIN, plugin_body(b.name, msg, len), &err);
+  // Bounded: a plugin's thread must not wait for a peer that stopped reading.
+  constexpr auto kPluginSendWait = std::chrono::seconds(5);
+  int rc = control_->send(peer_key, host, port, CtrlType::PLUGIN, plugin_body(b.name, msg, len),
+                          &err, ControlPlane::Clock::now() + kPluginSendWait);
   if (rc != FERRY_OK)
     FERRY_LOG(WARN, b.name, "control message to " + std::string(peer_key) + " failed: " + err);
   return rc;

@@ -636,7 +636,13 @@ void Transfers::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
   // It has to connect (and say HELLO) first, which may take until the deadline:
   // not on this thread, perhaps the application's own inside post().
   auto self = a;
-  async_.run([this, self] { landed(self, notify_by_core(self->transfer)); });
+  try {
+    async_.run([this, self] { landed(self, notify_by_core(self->transfer)); });
+  } catch (const std::exception& e) {
+    // No thread for it (this may be a fence's or a plugin's callback: nothing
+    // may escape): the NOTIFY did not leave, as if it had failed.
+    landed(a, std::string("no thread to send the NOTIFY on (") + e.what() + ")");
+  }
 }
 
 void Transfers::landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error) {

@@ -167,7 +167,16 @@ void Transfers::start_parts(const std::vector<Group>& groups, const ferry_iov_v1
       int rc = FERRY_ERR_BAD_STATE;
       std::string err;
       if (!control_.try_send(target.key, CtrlType::NOTIFY, notify_body(uid, 0), &rc, &err)) {
-        async_.run([tell]() mutable { tell(false); });
+        try {
+          async_.run([tell]() mutable { tell(false); });
+        } catch (const std::exception& e) {
+          // No thread for it: the call ends (its status must not hang), the
+          // target not told - the NOTIFY did not leave.
+          done(StatusCode::ERR_TRANSPORT,
+               std::string("the data landed but the target could not be notified: no thread "
+                           "to send the NOTIFY on (") +
+                   e.what() + ")");
+        }
         return;
       }
       if (rc != FERRY_OK) {

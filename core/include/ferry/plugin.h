@@ -239,7 +239,8 @@ typedef struct ferry_host_v1 {
    * process, over the core's control connection. msg borrowed. Delivered in order
    * per (peer, plugin), at most once; the peer receives it in on_ctrl. Returns
    * FERRY_OK when queued, FERRY_ERR_NOT_FOUND for an unknown peer,
-   * FERRY_ERR_TRANSPORT when the peer cannot be reached. */
+   * FERRY_ERR_TRANSPORT when the peer cannot be reached, FERRY_ERR_TIMEOUT when
+   * it took nothing for 5 s (it stopped reading). */
   int (*ctrl_send)(void* host_ctx, const char* peer_key, const void* msg, size_t len);
 
   /* Report the end of a transfer accepted by post(): exactly once per accepted
