@@ -738,11 +738,14 @@ void ControlPlane::fence_loop() {
                 "FENCE from '" + job.peer + "' not applied: its sender gave up waiting");
     } else {
       results = handlers_.on_fence(job.peer, entries, &mine);
-      // Blocking writes on the dup (the original is non-blocking): the reply is small.
-      int flags = fcntl(job.fd, F_GETFL);
-      fcntl(job.fd, F_SETFL, flags & ~O_NONBLOCK);
+      // The dup shares the original's file flags: clearing O_NONBLOCK here made
+      // the I/O thread's next recv on that connection block (every control
+      // connection stalled until the requester sent more or closed). The reply
+      // is small; a requester that does not read it by the bound gets none.
+      constexpr auto kReplyWait = std::chrono::seconds(5);
       auto frame = encode_ctrl_frame(CtrlType::FENCE_REPLY, fence_reply_body(req, mine, results));
-      write_all(job.fd, frame.data(), frame.size());
+      write_until(job.fd, frame.data(), frame.size(),
+                  std::chrono::steady_clock::now() + kReplyWait);
     }
     ::close(job.fd);
   }
