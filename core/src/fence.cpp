@@ -77,15 +77,8 @@ Fencer::PeerState* Fencer::find_locked(const std::string& key, uint64_t instance
 
 void Fencer::finish_all(PeerState& p, const std::string& why,
                         std::vector<std::function<void()>>& out) {
-  for (auto& a : p.pending) {
-    if (a.reported) continue;
-    FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
-    out.push_back([d = std::move(a.done), r, why] { d(r, why); });
-    ++counts_.unknown;
-  }
-  p.pending.clear();
-  for (auto& h : p.held) out.push_back([h = std::move(h), why] { h(false, why); });
-  p.held.clear();
+  tell_unknown_locked(p, why, out);
+  p.pending.clear();  // told, and not kept
 }
 
 void Fencer::tell_unknown_locked(PeerState& p, const std::string& why,
