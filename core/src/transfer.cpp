@@ -87,6 +87,13 @@ void Attempt::on_deadline() {
                                 "no completion from the backend within the deadline");
 }
 
+uint64_t Transfers::first_attempt_id() {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  return ns > 0 ? static_cast<uint64_t>(ns) : 1;
+}
+
 Transfers::Transfers(Parts parts, uint64_t self_instance)
     : self_key_(parts.self_key),
       policy_(parts.policy),

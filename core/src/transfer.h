@@ -258,7 +258,13 @@ class Transfers {
   BackendSet& backends_;
   Registry& registry_;
   ControlPlane& control_;
-  std::atomic<uint64_t> next_attempt_{1};
+  // Attempt ids (ferry_xfer_v1.attempt_id) start at the wall clock in ns, so an
+  // engine that restarts under its key numbers above its earlier life: a
+  // target's plugin remembers attempts by id for fences, and ids restarting
+  // at 1 met an old life's records (a fence of a new attempt answered with what
+  // an old one of the same number had landed). One attempt per ns is never reached.
+  std::atomic<uint64_t> next_attempt_{first_attempt_id()};
+  static uint64_t first_attempt_id();
   std::atomic<bool> shutting_down_{false};
   // Destroyed in reverse: the fencer first (its pending attempts end UNKNOWN;
   // an answer may still hand a landing to async_ or a message to messenger_),

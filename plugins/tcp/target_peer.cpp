@@ -97,23 +97,30 @@ TargetPeer::Attempt& TargetPeer::AttemptLocked(uint64_t id) {
   auto it = attempts_.find(id);
   if (it != attempts_.end()) return it->second;
   if (attempts_.size() >= kMaxAttempts) {
-    // Forget the oldest attempt that is neither fenced nor being applied: a fence
-    // of it later answers from what is left (NONE), which a finished attempt
-    // that old is not asked for (the initiator fences within its deadline).
-    // Failing that (a peer fencing thousands of ids), the oldest not being
-    // applied, fenced or not: the table never grows past its bound.
+    // The oldest record not being applied, an ended one first: a live
+    // attempt's later frames are refused once it is forgotten (its transfer
+    // fails), an ended one's record only answers a fence that rarely comes.
     auto victim = attempts_.end();
     for (auto o = attempts_.begin(); o != attempts_.end(); ++o) {
-      if (o->second.applying != 0) continue;
+      const Attempt& a = o->second;
+      if (a.applying != 0) continue;
       if (victim == attempts_.end()) victim = o;
-      if (!o->second.fenced) {
+      if (a.fenced || a.broken || (a.frames_total > 0 && a.frames_done == a.frames_total)) {
         victim = o;
         break;
       }
     }
-    if (victim != attempts_.end()) attempts_.erase(victim);
+    if (victim != attempts_.end()) {
+      forgotten_upto_ = std::max(forgotten_upto_, victim->first);
+      attempts_.erase(victim);
+    }
   }
-  return attempts_[id];
+  Attempt& a = attempts_[id];
+  if (id <= forgotten_upto_) {
+    a.unknown = true;
+    a.fenced = true;
+  }
+  return a;
 }
 
 bool TargetPeer::BeginApply(const wire::Header& h, int fd, int64_t clock_offset_ns) {
@@ -179,7 +186,7 @@ int TargetPeer::Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::
   for (size_t i = 0; i < n; ++i) {
     auto it = attempts_.find(ids[i]);
     if (it == attempts_.end()) {  // forgotten already: more ids than the table holds
-      out[i] = {0, FERRY_FENCE_NONE, 0};
+      out[i] = {0, FERRY_FENCE_PARTIAL, 0};
       continue;
     }
     const Attempt& a = it->second;
@@ -187,7 +194,7 @@ int TargetPeer::Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::
     out[i].reserved = 0;
     if (a.frames_total > 0 && a.frames_done == a.frames_total && !a.broken)
       out[i].state = FERRY_FENCE_WHOLE;
-    else if (a.landed > 0 || a.broken)
+    else if (a.landed > 0 || a.broken || a.unknown)
       out[i].state = FERRY_FENCE_PARTIAL;
     else
       out[i].state = FERRY_FENCE_NONE;

@@ -77,6 +77,10 @@ class TargetPeer {
     std::lock_guard lk(mu_);
     return attempts_.size();
   }
+  uint64_t forgotten_upto() const {
+    std::lock_guard lk(mu_);
+    return forgotten_upto_;
+  }
   static constexpr size_t kMaxAttempts = 4096;
 
   enum class Count { kNothing, kReport, kBad };
@@ -94,16 +98,21 @@ class TargetPeer {
   // Bounds memory a buggy or hostile initiator can pin with never-finished transfers.
   static constexpr size_t kMaxPending = 1 << 16;
   // What was applied of one attempt: the last kMaxAttempts attempts of this
-  // initiator (the oldest not fenced and not being applied is forgotten first),
-  // for as long as the peer is added. A fence comes within its attempt's
-  // deadline, so only an initiator with more attempts than that to this engine
-  // within one deadline could have one forgotten (it would be answered NONE).
+  // initiator, for as long as the peer is added. Past that bound the oldest
+  // record that is not being applied is forgotten, an ended one (all frames
+  // applied, fenced or broken) before a live one, and `forgotten_upto_` rises
+  // to its id. Attempt ids grow (plugin.h), so a record asked for at or below
+  // that mark may be one forgotten: its frames are refused (a fenced attempt
+  // never lands late) and a fence of it is answered PARTIAL, "may have
+  // landed, no more will" - never NONE, which would claim an attempt that did
+  // land left the memory untouched.
   struct Attempt {
     uint32_t frames_total = 0, frames_done = 0;
     uint64_t landed = 0;
     int applying = 0;
     std::vector<int> lanes;  // fds of the lanes applying a frame of it now
     bool fenced = false, broken = false;
+    bool unknown = false;  // at or below forgotten_upto_ when first seen: maybe forgotten
   };
   Attempt& AttemptLocked(uint64_t id);
 
@@ -116,6 +125,7 @@ class TargetPeer {
   std::map<uint64_t, Pending> pending_;  // by transfer sequence
   uint64_t floor_ = 0;  // the initiator has finished every notify transfer below this
   std::map<uint64_t, Attempt> attempts_;  // by the core's attempt id
+  uint64_t forgotten_upto_ = 0;           // the highest id whose record was forgotten
   std::condition_variable applied_;       // a frame left EndApply
 };
 

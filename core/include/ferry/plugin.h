@@ -361,8 +361,11 @@ typedef struct ferry_xfer_v1 {
   void* xfer_ctx;          /* core-owned; hand back to host->complete()  */
   uint64_t total_bytes;    /* sum of iov[i].len                          */
   /* ---- ABI 1.2 ---- */
-  /* Unique per attempt in the initiating engine, never 0. A FENCE plugin carries
-   * it to the target, where fence() names attempts by it. */
+  /* Unique per attempt in the initiating engine, never 0, and growing: each
+   * attempt's is above the last, also across the engine's restarts under its
+   * key (ids start at the wall clock in ns). A FENCE plugin carries it to the
+   * target, where fence() names attempts by it; a target may refuse a frame of
+   * an id at or below one whose record it has forgotten. */
   uint64_t attempt_id;
   /* ---- ABI 1.3 ---- */
   /* Core-owned buffer of reason_len bytes (NUL-terminated, empty on entry).

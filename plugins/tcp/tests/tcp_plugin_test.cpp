@@ -657,14 +657,86 @@ TEST_P(TcpPair, FenceReportsWhatLandedAndDropsLaterFrames) {
     ASSERT_EQ(tp.Fence(many.data(), many.size(), std::chrono::steady_clock::now() + 1s, out.data()),
               FERRY_OK);
   EXPECT_EQ(tp.remembered_attempts(), ferry_tcp::TargetPeer::kMaxAttempts);
-  // Still serving: a fresh attempt lands.
+  // Still serving: a fresh attempt (ids grow, plugin.h) lands. One numbered at
+  // or below a forgotten record may be a fenced one: refused, nothing lands.
   Fill(src->data, 13);
   ASSERT_EQ(Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}},
-                     {.uid = 4, .attempt_id = 504})
+                     {.uid = 4, .attempt_id = 2000000})
                 .status,
             FERRY_OK);
   EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
+  std::vector<uint8_t> landed(dst->data.begin(), dst->data.begin() + 4096);
+  Fill(src->data, 14);
+  Result old = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}},
+                        {.uid = 5, .attempt_id = 504});
+  EXPECT_EQ(old.status, FERRY_ERR_TIMEOUT) << old.msg;
+  EXPECT_TRUE(SameBytes(landed.data(), dst->data.data(), 4096));
   ops.mem_release(a_->ctx(), remote);
+}
+
+// A frame of `id` applied in full (one frame of `frames`).
+void ApplyFrame(ferry_tcp::TargetPeer& tp, uint64_t id, uint32_t frames = 1) {
+  wire::Header h;
+  h.type = wire::Type::kWrite;
+  h.frame_count = frames;
+  h.payload_len = 4096;
+  h.attempt_id = id;
+  ASSERT_TRUE(tp.BeginApply(h, 3, 0)) << "attempt " << id;
+  tp.EndApply(h, 3, true);
+}
+ferry_fence_result_v1 FenceOne(ferry_tcp::TargetPeer& tp, uint64_t id) {
+  ferry_fence_result_v1 r{};
+  EXPECT_EQ(tp.Fence(&id, 1, std::chrono::steady_clock::now() + 1s, &r), FERRY_OK);
+  return r;
+}
+bool Admits(ferry_tcp::TargetPeer& tp, uint64_t id) {
+  wire::Header h;
+  h.type = wire::Type::kWrite;
+  h.frame_count = 1;
+  h.payload_len = 4096;
+  h.attempt_id = id;
+  if (!tp.BeginApply(h, 3, 0)) return false;
+  tp.EndApply(h, 3, true);
+  return true;
+}
+
+// Past kMaxAttempts records the oldest ended one is forgotten. A fenced
+// attempt whose record went must still never land: its late frame is refused
+// (it used to get a fresh record and be applied).
+TEST(TargetPeerRecords, AForgottenFencedAttemptsLateFrameIsRefused) {
+  ferry_tcp::TargetPeer tp("a");
+  EXPECT_EQ(FenceOne(tp, 10).state, FERRY_FENCE_NONE);  // never seen: none, and fenced
+  for (uint64_t id = 11; id < 11 + ferry_tcp::TargetPeer::kMaxAttempts; ++id)
+    ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, id));
+  EXPECT_EQ(tp.remembered_attempts(), ferry_tcp::TargetPeer::kMaxAttempts);
+  EXPECT_GE(tp.forgotten_upto(), 10u);
+  EXPECT_FALSE(Admits(tp, 10)) << "a fenced attempt landed after its record was forgotten";
+  EXPECT_TRUE(Admits(tp, 11 + ferry_tcp::TargetPeer::kMaxAttempts)) << "a new attempt refused";
+}
+
+// An attempt that landed and was then forgotten is answered PARTIAL ("may
+// have landed; no more will"), not NONE, which claims the memory untouched.
+TEST(TargetPeerRecords, AForgottenLandedAttemptIsNotAnsweredNone) {
+  ferry_tcp::TargetPeer tp("a");
+  ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, 10));
+  for (uint64_t id = 11; id < 11 + ferry_tcp::TargetPeer::kMaxAttempts; ++id)
+    ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, id));
+  EXPECT_EQ(FenceOne(tp, 10).state, FERRY_FENCE_PARTIAL);
+  // One above every forgotten id that was never seen is still NONE.
+  EXPECT_EQ(FenceOne(tp, 1u << 30).state, FERRY_FENCE_NONE);
+}
+
+// A live attempt (a frame of two applied) outlives ended ones when the table
+// is full: its second frame still lands and its fence says WHOLE.
+TEST(TargetPeerRecords, ALiveAttemptIsForgottenAfterEndedOnes) {
+  ferry_tcp::TargetPeer tp("a");
+  ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, 10, 2));
+  for (uint64_t id = 11; id < 11 + 2 * ferry_tcp::TargetPeer::kMaxAttempts; ++id)
+    ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, id));
+  ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, 10, 2));
+  const auto r = FenceOne(tp, 10);
+  EXPECT_EQ(r.state, FERRY_FENCE_WHOLE);
+  EXPECT_EQ(r.landed_bytes, 8192u);
 }
 
 // A lane (one end of a socket pair; the test reads the other) applying a
