@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "peer_job_queue.h"
+
 namespace ferry {
 namespace {
 
@@ -100,6 +102,47 @@ TEST(AsyncRunner, ManyPostersAtOnce) {
     for (auto& t : posters) t.join();
   }
   EXPECT_EQ(ran.load(), 800);
+}
+
+// PeerJobQueue: one peer's jobs run in order, one at a time; another peer's
+// job does not wait behind a blocked one; the destructor order (runner first)
+// leaves nothing queued.
+TEST(PeerJobQueue, OnePeerInOrderOthersBeside) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::mutex mu;
+  std::vector<int> order;
+  std::promise<void> b_ran;
+  auto record = [&](int n) {
+    std::lock_guard<std::mutex> lk(mu);
+    order.push_back(n);
+  };
+  std::atomic<int> on_runner{0};
+  {
+    AsyncRunner runner;
+    PeerJobQueue q(runner);
+    q.run("a", [&](bool ok) {
+      on_runner += ok;
+      released.wait();  // peer a's first job blocks its queue
+      record(1);
+    });
+    for (int n = 2; n <= 5; ++n)
+      q.run("a", [&, n](bool ok) {
+        on_runner += ok;
+        record(n);
+      });
+    q.run("b", [&](bool ok) {
+      on_runner += ok;
+      b_ran.set_value();
+    });
+    // b's job runs while a's queue is blocked (it would hang here otherwise).
+    ASSERT_EQ(b_ran.get_future().wait_for(10s), std::future_status::ready);
+    EXPECT_EQ(q.waiting(), 4u);  // a's jobs 2..5 wait behind job 1
+    EXPECT_LE(runner.threads(), 2u) << "a thread per waiting job";
+    release.set_value();
+    ASSERT_TRUE(eventually([&] { return q.waiting() == 0 && on_runner == 6; }));
+  }
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 4, 5}));
 }
 
 }  // namespace

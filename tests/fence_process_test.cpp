@@ -28,6 +28,7 @@
 #include "child_process.h"
 #include "ferry/ferry.hpp"
 #include "pattern.h"
+#include "proc_self.h"
 
 using namespace ferry;
 using namespace std::chrono_literals;
@@ -376,9 +377,14 @@ TEST(Fence, NotifiesIntoAStoppedTargetsFullControlSocketEndByTheirDeadlines) {
   // More NOTIFY frames than a unix socket's default buffer (212,992 bytes of
   // at least ~600 bytes' accounting each) holds.
   constexpr int kWrites = 1000;
+  const size_t threads_before = test::thread_count();
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<TransferStatus> st;
   for (int i = 0; i < kWrites; ++i) st.push_back(r.write(2, 8 * i, 8, 501 + i));
+  // The NOTIFYs that could not leave wait in one queue for this peer, on one
+  // thread (each took a thread of its own that waited out its deadline).
+  const size_t threads_after = test::thread_count();
+  EXPECT_LE(threads_after, threads_before + 8) << "NOTIFYs waiting for one peer took a thread each";
   int failed = 0;
   for (auto& s : st) {
     ASSERT_TRUE(s.WaitFor(kDeadline + 2s)) << "a transfer outlived its deadline by 2 s";

@@ -517,6 +517,9 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
 }
 
 std::string Transfers::notify_by_core(const TransferPtr& t) {
+  // Queued behind others to this peer until after its deadline: do not connect now.
+  if (std::chrono::steady_clock::now() >= t->deadline)
+    return "the transfer's deadline passed before the NOTIFY could leave";
   std::string err;
   const EngineDesc& d = t->pair.peer->desc;
   int rc = control_.send(d.key, d.host, d.port, CtrlType::NOTIFY, notify_body(t->uid, 0), &err,
@@ -640,16 +643,16 @@ void Transfers::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
     landed(a, rc == FERRY_OK ? std::string() : err);
     return;
   }
-  // It has to connect (and say HELLO) first, which may take until the deadline:
-  // not on this thread, perhaps the application's own inside post().
+  // It has to wait for the connection (busy, or to be made and greeted), which
+  // may take until the deadline: not on this thread, perhaps the application's
+  // own inside post(); behind the peer's other waiting NOTIFYs, on one thread.
   auto self = a;
-  try {
-    async_.run([this, self] { landed(self, notify_by_core(self->transfer)); });
-  } catch (const std::exception& e) {
+  notifies_.run(d.key, [this, self](bool on_runner) {
     // No thread for it (this may be a fence's or a plugin's callback: nothing
     // may escape): the NOTIFY did not leave, as if it had failed.
-    landed(a, std::string("no thread to send the NOTIFY on (") + e.what() + ")");
-  }
+    landed(self, on_runner ? notify_by_core(self->transfer)
+                           : std::string("no thread to send the NOTIFY on"));
+  });
 }
 
 void Transfers::landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error) {

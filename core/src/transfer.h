@@ -23,6 +23,7 @@
 #include "ferry/ferry.hpp"
 #include "health.h"
 #include "messenger.h"
+#include "peer_job_queue.h"
 #include "policy.h"
 #include "registry.h"
 #include "watchdog.h"
@@ -274,6 +275,9 @@ class Transfers {
   // shutting_down_ is set start_next() ends a transfer without the fencer.
   Watchdog watchdog_;
   Messenger messenger_;
+  // NOTIFYs that could not leave at once, one queue per peer, drained on
+  // async_'s threads; destroyed after async_ has joined them.
+  PeerJobQueue notifies_{async_};
   AsyncRunner async_;
   Fencer fencer_;  // uses control_
 };

@@ -125,8 +125,13 @@ void Transfers::start_parts(const std::vector<Group>& groups, const ferry_iov_v1
     for (const auto& h : call->histories) after += (after.empty() ? "after: " : "; ") + h;
     if (owes_notify && !notified) {
       std::string err;
-      int rc = control_.send(target.key, target.host, target.port, CtrlType::NOTIFY,
-                             notify_body(uid, 0), &err, deadline);
+      int rc = FERRY_ERR_TIMEOUT;
+      // Queued behind others to this peer until after the deadline: not sent.
+      if (std::chrono::steady_clock::now() >= deadline)
+        err = "the call's deadline passed before the NOTIFY could leave";
+      else
+        rc = control_.send(target.key, target.host, target.port, CtrlType::NOTIFY,
+                           notify_body(uid, 0), &err, deadline);
       if (rc != FERRY_OK) {
         done(StatusCode::ERR_TRANSPORT,
              "the data landed but the target could not be notified: " + err);
@@ -167,16 +172,17 @@ void Transfers::start_parts(const std::vector<Group>& groups, const ferry_iov_v1
       int rc = FERRY_ERR_BAD_STATE;
       std::string err;
       if (!control_.try_send(target.key, CtrlType::NOTIFY, notify_body(uid, 0), &rc, &err)) {
-        try {
-          async_.run([tell]() mutable { tell(false); });
-        } catch (const std::exception& e) {
+        notifies_.run(target.key, [tell, done](bool on_runner) mutable {
+          if (on_runner) {
+            tell(false);
+            return;
+          }
           // No thread for it: the call ends (its status must not hang), the
           // target not told - the NOTIFY did not leave.
           done(StatusCode::ERR_TRANSPORT,
-               std::string("the data landed but the target could not be notified: no thread "
-                           "to send the NOTIFY on (") +
-                   e.what() + ")");
-        }
+               "the data landed but the target could not be notified: no thread to send the "
+               "NOTIFY on");
+        });
         return;
       }
       if (rc != FERRY_OK) {
