@@ -16,7 +16,11 @@
 // the runtime's copy between two allocations on the same devices, each copy
 // waited for before the next ("one at a time", as a transfer API that reports
 // each completion must); for batches, the same one gather-kernel launch ferry
-// uses, waited for likewise. Where the backend reports stage times (xgmi), the
+// uses, waited for likewise. The second reference, **ipc**, is the same copy
+// into an allocation of the target process mapped here through its IPC handle
+// (the kind of mapping xgmi copies through; with both engines on one device,
+// two contexts), so its ratio is ferry's own cost. Where the backend reports
+// stage times (xgmi), the
 // mean per transfer of each stage is printed: post (entry -> copies enqueued),
 // pickup (-> the completion thread watches the event), gpu (-> the event
 // fired), complete (the core's completion and notification), wake (status
@@ -98,14 +102,26 @@ class Raw {
     gpu::free(a_);
     gpu::free(b_);
   }
-  // GB/s of `iters` one-at-a-time rounds of the pieces (a -> b for WRITE, b -> a for READ);
-  // the copy calls' time is added to *call_ns.
-  double measure(Op op, const Pieces& p, int iters, double* call_ns) {
+  // The peer's allocation mapped here through its IPC handle (the mapping
+  // xgmi copies through), for the second reference; false when it cannot be.
+  bool map_peer(const std::vector<uint8_t>& handle, int dev) {
+    void* p = nullptr;
+    if (handle.size() != 64 || g_->ipc_open(g_->gpu_ctx, handle.data(), dev, &p) != FERRY_OK)
+      return false;
+    peer_ = static_cast<char*>(p);
+    return true;
+  }
+  bool has_peer() const { return peer_ != nullptr; }
+  // GB/s of `iters` one-at-a-time rounds of the pieces (a -> b for WRITE, b -> a
+  // for READ; with `to_peer`, the peer's IPC mapping instead of b); the copy
+  // calls' time is added to *call_ns.
+  double measure(Op op, const Pieces& p, int iters, double* call_ns, bool to_peer = false) {
     std::vector<void*> d(p.sz.size());
     std::vector<const void*> s(p.sz.size());
+    char* const remote = to_peer ? peer_ : b_;
     for (size_t i = 0; i < p.sz.size(); ++i) {
       char* l = a_ + p.lo[i];
-      char* r = b_ + p.ro[i];
+      char* r = remote + p.ro[i];
       d[i] = op == Op::WRITE ? r : l;
       s[i] = op == Op::WRITE ? l : r;
     }
@@ -132,6 +148,7 @@ class Raw {
   const ferry_gpu_v1* g_;
   char* a_ = nullptr;
   char* b_ = nullptr;
+  char* peer_ = nullptr;  // closed with the process (the peer's allocation outlives us)
   void* stream_ = nullptr;
 };
 
@@ -223,7 +240,12 @@ int main(int argc, char** argv) {
   auto session = engine.create_session(local, remote);
   if (!session) return 1;
   std::unique_ptr<Raw> raw;
-  if (idev >= 0 && tdev >= 0) raw = std::make_unique<Raw>(idev, tdev, region);
+  if (idev >= 0 && tdev >= 0) {
+    raw = std::make_unique<Raw>(idev, tdev, region);
+    std::string ipc = child.ask("ipc");
+    if (ipc.rfind("IPC ", 0) != 0 || !raw->map_peer(test::from_hex(ipc.substr(4)), idev))
+      std::printf("(no raw IPC reference: %s)\n", ipc.c_str());
+  }
 
   auto stage_totals = [&] {
     std::vector<uint64_t> v;
@@ -289,13 +311,14 @@ int main(int argc, char** argv) {
     return child.ask(cmd.str()) == "HASH " + std::to_string(h);
   };
   auto row = [&](const char* name, Op op, const Pieces& p, bool notify, int iters) {
-    std::vector<double> ferry_gbs, raw_gbs;
-    double wake = 0, call = 0, raw_call = 0, faults = 0;
+    std::vector<double> ferry_gbs, raw_gbs, ipc_gbs;
+    double wake = 0, call = 0, raw_call = 0, ipc_call = 0, faults = 0;
     const auto before = stage_totals();
     const auto staged_before = staging();
     for (int r = 0; r < runs; ++r) {
       // Alternate the reference and ferry, so both see the same machine state.
       if (raw) raw_gbs.push_back(raw->measure(op, p, iters, &raw_call));
+      if (raw && raw->has_peer()) ipc_gbs.push_back(raw->measure(op, p, iters, &ipc_call, true));
       const long f0 = minor_faults();
       ferry_gbs.push_back(run_once(op, p, notify, iters, &wake, &call));
       faults += static_cast<double>(minor_faults() - f0);
@@ -307,6 +330,12 @@ int main(int argc, char** argv) {
                 notify ? "on" : "off", f.median, f.min, f.max);
     if (raw) {
       Spread w = spread(raw_gbs);
+      std::printf(" %9.1f %6.2f", w.median, f.median / w.median);
+    } else {
+      std::printf(" %9s %6s", "-", "-");
+    }
+    if (!ipc_gbs.empty()) {
+      Spread w = spread(ipc_gbs);
       std::printf(" %9.1f %6.2f", w.median, f.median / w.median);
     } else {
       std::printf(" %9s %6s", "-", "-");
@@ -329,6 +358,10 @@ int main(int argc, char** argv) {
     std::printf(" %6.1f", call / n / 1e3);
     if (raw)
       std::printf(" %8.1f", raw_call / n / 1e3);
+    else
+      std::printf(" %8s", "-");
+    if (!ipc_gbs.empty())
+      std::printf(" %8.1f", ipc_call / n / 1e3);
     else
       std::printf(" %8s", "-");
     std::printf(" %6.1f\n", faults / n);
@@ -356,11 +389,13 @@ int main(int argc, char** argv) {
       backends.c_str(), idev, tdev, runs, method.c_str(),
       settings.empty() ? "{}" : settings.c_str());
   std::printf(
-      "%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %6s %6s %6s %6s %6s %6s %6s %6s %6s %6s %8s %6s\n",
-      "op", "bytes", "notify", "GB/s", "min", "max", "raw GB/s", "ratio", "ok", "post", "setup",
-      "enq", "merge", "pickup", "gpu", "compl", "wake", "waiter", "call", "raw call", "faults");
-  std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %5s  %55s\n", "", "", "", "(median)", "", "",
-              "(median)", "", "", "us per transfer, mean");
+      "%-6s %-12s %-6s %9s %9s %9s %9s %6s %9s %6s %5s  %6s %6s %6s %6s %6s %6s %6s %6s %6s %6s "
+      "%8s %8s %6s\n",
+      "op", "bytes", "notify", "GB/s", "min", "max", "raw GB/s", "ratio", "ipc GB/s", "ratio", "ok",
+      "post", "setup", "enq", "merge", "pickup", "gpu", "compl", "wake", "waiter", "call",
+      "raw call", "ipc call", "faults");
+  std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %9s %6s %5s  %55s\n", "", "", "", "(median)", "",
+              "", "(median)", "", "(median)", "", "", "us per transfer, mean");
   bool all_ok = true;
   for (size_t n :
        {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20, size_t{256} << 20}) {

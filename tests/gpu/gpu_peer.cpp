@@ -7,7 +7,8 @@
 // The region is a sub-allocation: it starts 4 KiB + 256 B into a larger device
 // allocation, so IPC export must carry the offset inside the allocation.
 // Speaks the line protocol of bench/common/bench_target.h (register, fill,
-// hash, pop, stats, quit); fill/hash go through a host copy of the region.
+// hash, pop, stats, quit); fill/hash go through a host copy of the region;
+// `ipc` exports a second allocation for ferry-gpu-bench's raw IPC reference.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "gpu_runtime.h"
 #include "line_channel.h"
 #include "pattern.h"
 
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
     uint8_t* alloc =
         on_gpu ? static_cast<uint8_t*>(gpu::alloc(size + lead + 4096, device)) : host_region.data();
     uint8_t* region = alloc + lead;
+    void* raw_ipc = nullptr;  // the "ipc" command's allocation
     std::vector<uint8_t> host(size);
     MemoryDesc mem = engine.register_memory(region, size);  // location and device detected
     if (on_gpu && (mem.location != MemoryLocation::GPU || mem.device != device))
@@ -98,6 +101,18 @@ int main(int argc, char** argv) {
         in >> key >> uid >> ms;
         auto s = engine.wait_inbound_transfer_status(key, uid, std::chrono::milliseconds(ms));
         out << (s ? std::string("INBOUND ") + to_string(s->Code()) : std::string("NONE"));
+      } else if (cmd == "ipc") {
+        // A second allocation of the region's size, exported as a bare IPC
+        // handle: the benchmark's raw reference copies into it through the
+        // same kind of mapping xgmi uses, without ferry (a mapping of the
+        // region itself would be a second open of xgmi's handle there).
+        if (!on_gpu) throw Error(StatusCode::ERR_INVALID_ARGS, "ipc: the region is host memory");
+        if (raw_ipc == nullptr) raw_ipc = gpu::alloc(size, device);
+        uint8_t h[64];
+        const ferry_gpu_v1* g = gpu_runtime();
+        if (g->ipc_get_handle(g->gpu_ctx, raw_ipc, h) != FERRY_OK)
+          throw Error(StatusCode::ERR_GPU_OP, std::string("ipc: ") + g->last_error(g->gpu_ctx));
+        out << "IPC " << test::to_hex(std::vector<uint8_t>(h, h + 64));
       } else if (cmd == "quit") {
         ch.send("BYE");
         break;
@@ -108,6 +123,7 @@ int main(int argc, char** argv) {
     }
     engine.deregister_memory(mem);
     if (on_gpu) gpu::free(alloc);
+    if (raw_ipc != nullptr) gpu::free(raw_ipc);
   } catch (const Error& e) {
     ch.send(std::string("ERR ") + e.what());
     return 1;
