@@ -2,6 +2,7 @@
 #include "channel.h"
 
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -100,6 +101,14 @@ Channel::Channel(int fd, shm::Ring out, shm::Ring in, std::chrono::milliseconds 
 Channel::~Channel() {
   for (int ep : wait_sets_)
     if (ep >= 0) ::close(ep);
+  for (int fd : nudges_)
+    if (fd >= 0) ::close(fd);
+}
+
+int Channel::NudgeFd(Side side) {
+  int& fd = nudges_[static_cast<int>(side)];
+  if (fd < 0) fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  return fd;
 }
 
 int Channel::WaitSet(Side side) {
@@ -111,10 +120,18 @@ int Channel::WaitSet(Side side) {
   // Level-triggered: a bell stays readable until Woken quiets it, and a socket
   // that is over stays so; the pool re-arms its one-shot watch of this set
   // after every turn, so nothing that fired during a turn is missed.
-  std::pair<int, uint32_t> watched[3];
+  const int nudge = NudgeFd(side);
+  if (nudge < 0) {
+    const int err = errno;
+    ::close(made);
+    errno = err;
+    return -1;
+  }
+  std::pair<int, uint32_t> watched[4];
   size_t n = 0;
   if (side != Side::kOut) watched[n++] = {in_.handover().data_bell, EPOLLIN};
   if (side != Side::kIn) watched[n++] = {out_.handover().space_bell, EPOLLIN};
+  watched[n++] = {nudge, EPOLLIN};
   watched[n++] = {fd_, EPOLLIN | EPOLLRDHUP};
   for (size_t i = 0; i < n; ++i) {
     epoll_event ev{};
@@ -138,28 +155,33 @@ bool Channel::Woken(Side side) {
   if (side != Side::kIn) out_.AwakeForRoom();
   const int ep = wait_sets_[static_cast<int>(side)];
   if (ep < 0) return false;
-  epoll_event evs[3];
+  epoll_event evs[4];
   int n;
-  while ((n = epoll_wait(ep, evs, 3, 0)) < 0 && errno == EINTR) {
+  while ((n = epoll_wait(ep, evs, 4, 0)) < 0 && errno == EINTR) {
   }
   bool gone = false;
   for (int i = 0; i < n; ++i) {
     const int fd = evs[i].data.fd;
     if (fd == fd_) {
       gone = true;
-    } else {
-      uint64_t v;  // a rung bell: read it quiet (non-blocking)
+    } else if (fd == nudges_[static_cast<int>(side)]) {
+      uint64_t v;  // our own eventfd (the peer never holds it): non-blocking
       while (::read(fd, &v, sizeof v) < 0 && errno == EINTR) {
       }
+    } else if (shm::QuietBell(fd) == EPIPE) {
+      gone = true;  // the peer closed its end of a bell: the lane is over
     }
   }
   return gone;
 }
 
 void Channel::Nudge(Side side) {
-  const int bell = side == Side::kOut ? out_.handover().space_bell : in_.handover().data_bell;
+  // Our own eventfd in that side's wait set, not a bell: the peer's end of a
+  // bell is what rings ours, and it holds no descriptor of this one.
+  const int fd = NudgeFd(side);
+  if (fd < 0) return;  // no descriptor: the set could not be made either
   const uint64_t one = 1;
-  while (::write(bell, &one, sizeof one) < 0 && errno == EINTR) {
+  while (::write(fd, &one, sizeof one) < 0 && errno == EINTR) {
   }
 }
 

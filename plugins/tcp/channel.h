@@ -63,7 +63,7 @@ class Channel {
   // A ring lane driven by an event loop (the I/O pool: the target's
   // polled_lane.h, the initiator's sender and responses, lane.h) rather than
   // by threads that wait. A wait set is an epoll descriptor, readable while
-  // the socket has an event or a bell of its side has rung: kIn, the incoming
+  // the socket has an event, a bell of its side has rung or it was nudged: kIn, the incoming
   // ring's data bell; kOut, the outgoing ring's space bell; kBoth, both (a
   // target lane, one handler for both directions). Made on the first call,
   // closed with the channel; -1 (errno set) when it cannot be made.
@@ -81,7 +81,7 @@ class Channel {
   uint32_t RoomEvents() const;
   bool SleepIn() { return in_.SleepForData(); }
   bool SleepOut() { return out_.SleepForRoom(); }
-  // Makes that side's wait set readable at once (one of our own bells): its
+  // Makes that side's wait set readable at once (our own eventfd in it): its
   // handler gets a turn without anything having arrived - its first, or one
   // to go on with what it left to let other lanes have a turn.
   void Nudge(Side side = Side::kBoth);
@@ -98,6 +98,8 @@ class Channel {
   shm::Ring out_, in_;
   std::chrono::milliseconds io_timeout_{0};
   int wait_sets_[3] = {-1, -1, -1};  // by Side
+  int nudges_[3] = {-1, -1, -1};     // by Side: Nudge's eventfd, in that side's wait set
+  int NudgeFd(Side side);            // made on first use
 };
 
 }  // namespace ferry_tcp

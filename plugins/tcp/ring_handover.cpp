@@ -44,8 +44,8 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
   }
   uint8_t msg[kMessageSize];
   Encode(msg);
-  const shm::Handover& a = req.handover();
-  const shm::Handover& b = resp.handover();
+  const shm::Handover a = req.ForPeer();
+  const shm::Handover b = resp.ForPeer();
   const int fds[kFds] = {a.memfd, a.data_bell, a.space_bell, b.memfd, b.data_bell, b.space_bell};
   int rc = SendWithFds(fd, msg, sizeof msg, fds, kFds);
   auto lost = [&](int e) {

@@ -3,10 +3,9 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,7 +27,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x46525347;  // "FRSG"
-constexpr uint32_t kVersion = 2;         // 2: bells (eventfds) instead of futex words
+constexpr uint32_t kVersion = 3;  // 2: bells (eventfds) instead of futex words; 3: socket pairs
 // The control block's share of the segment; the ring's bytes follow it.
 constexpr size_t kControlBytes = 4096;
 // Each copy publishes at most this much, so the peer starts on a large write
@@ -45,17 +44,12 @@ inline void CpuRelax() {
 #endif
 }
 
-// Wakes the other end's sleep. A full counter already means "rung".
+// Wakes the other end's sleep: a byte into our end of the bell's socket pair.
+// Non-blocking per call (MSG_DONTWAIT), whatever flags the peer sets on its
+// end: each end is its own open file. A full buffer already means "rung".
 void RingBell(int bell) {
-  const uint64_t one = 1;
-  while (::write(bell, &one, sizeof one) < 0 && errno == EINTR) {
-  }
-}
-
-// Resets our own bell after a wake-up (non-blocking: nothing to read is fine).
-void Quiet(int bell) {
-  uint64_t v;
-  while (::read(bell, &v, sizeof v) < 0 && errno == EINTR) {
+  const char one = 1;
+  while (::send(bell, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno == EINTR) {
   }
 }
 
@@ -107,20 +101,26 @@ void Publish(std::atomic<uint64_t>* index, uint64_t value, std::atomic<uint32_t>
   if (sleeping->load(std::memory_order_seq_cst) != 0) RingBell(bell);
 }
 
-// A descriptor the peer says is a bell: an eventfd, non-blocking (we never
-// want a read or write of it to block; the flag lives in the open file the
-// peer made, so it is checked, not set). /proc names it; without /proc, an
-// anonymous inode (eventfd's kind: no pipe, socket or file) is accepted.
+// A descriptor the peer says is its end of a bell: a unix stream socket (a
+// regular file or a pipe would be always or never readable, or block).
+// Its flags do not matter: every call on it is MSG_DONTWAIT.
 bool IsBell(int fd) {
-  const int fl = fcntl(fd, F_GETFL);
-  if (fl < 0 || (fl & O_NONBLOCK) == 0) return false;
-  char path[64], link[64] = {};
-  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  const ssize_t n = ::readlink(path, link, sizeof link - 1);
-  if (n > 0) return std::string(link, static_cast<size_t>(n)) == "anon_inode:[eventfd]";
-  constexpr long kAnonInodeFsMagic = 0x09041934;
-  struct statfs fs {};
-  return errno == ENOENT && fstatfs(fd, &fs) == 0 && fs.f_type == kAnonInodeFsMagic;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  int v = 0;
+  socklen_t len = sizeof v;
+  if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &len) != 0 || v != AF_UNIX) return false;
+  len = sizeof v;
+  return getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &len) == 0 && v == SOCK_STREAM;
+}
+
+// A bell: a unix stream socket pair, one end ours, one the peer's.
+bool MakeBell(int* ours, int* theirs) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return false;
+  *ours = sv[0];
+  *theirs = sv[1];
+  return true;
 }
 
 // What every index the peer publishes must satisfy: the reader never ahead of
@@ -154,6 +154,18 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free,
               "the ring's indices are shared between processes: they must be lock-free");
 
+int QuietBell(int bell) {
+  // Bounded: a peer that rings without pause costs a few reads per turn.
+  char buf[256];
+  for (int i = 0; i < 16; ++i) {
+    const ssize_t n = ::recv(bell, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0) return EPIPE;  // the peer closed its end: it is going (or broke the ring's rules)
+    if (n < 0) return errno == EINTR ? 0 : (errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno);
+    if (static_cast<size_t>(n) < sizeof buf) return 0;
+  }
+  return 0;
+}
+
 void Handover::Close() {
   for (int* fd : {&memfd, &data_bell, &space_bell}) {
     if (*fd >= 0) ::close(*fd);
@@ -161,9 +173,10 @@ void Handover::Close() {
   }
 }
 
-Ring::Ring(Handover h, void* map, size_t map_bytes, uint64_t capacity)
+Ring::Ring(Handover h, Handover theirs, void* map, size_t map_bytes, uint64_t capacity)
     : sync_(SyncFor(h.memfd)),
       h_(h),
+      theirs_(theirs),
       map_(map),
       map_bytes_(map_bytes),
       ctl_(static_cast<Control*>(map)),
@@ -179,6 +192,7 @@ Ring& Ring::operator=(Ring&& o) noexcept {
   Release();
   waiting = o.waiting;
   h_ = std::exchange(o.h_, Handover{});
+  theirs_ = std::exchange(o.theirs_, Handover{});
   sync_ = std::exchange(o.sync_, nullptr);
   map_ = std::exchange(o.map_, nullptr);
   map_bytes_ = std::exchange(o.map_bytes_, 0);
@@ -193,6 +207,7 @@ Ring& Ring::operator=(Ring&& o) noexcept {
 void Ring::Release() {
   if (map_ != nullptr) munmap(map_, map_bytes_);
   h_.Close();
+  theirs_.Close();
   map_ = nullptr;
   ctl_ = nullptr;
   data_ = nullptr;
@@ -201,13 +216,17 @@ void Ring::Release() {
 void Ring::CloseSegmentFd() {
   if (h_.memfd >= 0) ::close(h_.memfd);
   h_.memfd = -1;
+  theirs_.Close();
 }
 
+Handover Ring::ForPeer() const { return {h_.memfd, theirs_.data_bell, theirs_.space_bell}; }
+
 Handover Ring::Duplicate() const {
+  const Handover p = ForPeer();
   Handover d;
-  d.memfd = fcntl(h_.memfd, F_DUPFD_CLOEXEC, 0);
-  d.data_bell = fcntl(h_.data_bell, F_DUPFD_CLOEXEC, 0);
-  d.space_bell = fcntl(h_.space_bell, F_DUPFD_CLOEXEC, 0);
+  d.memfd = fcntl(p.memfd, F_DUPFD_CLOEXEC, 0);
+  d.data_bell = fcntl(p.data_bell, F_DUPFD_CLOEXEC, 0);
+  d.space_bell = fcntl(p.space_bell, F_DUPFD_CLOEXEC, 0);
   return d;
 }
 
@@ -217,17 +236,16 @@ Ring Ring::Create(uint64_t capacity, std::string* why) {
     *why = "shared ring: capacity must be a power of two in 64KiB..64MiB";
     return {};
   }
-  Handover h;
+  Handover h, theirs;
   h.memfd = memfd_create("ferry-tcp-lane", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (h.memfd < 0) {
     *why = Errno("shared ring: memfd_create");
     return {};
   }
-  h.data_bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  h.space_bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (h.data_bell < 0 || h.space_bell < 0) {
-    *why = Errno("shared ring: eventfd");
+  if (!MakeBell(&h.data_bell, &theirs.data_bell) || !MakeBell(&h.space_bell, &theirs.space_bell)) {
+    *why = Errno("shared ring: socketpair");
     h.Close();
+    theirs.Close();
     return {};
   }
   const size_t bytes = kControlBytes + capacity;
@@ -236,17 +254,19 @@ Ring Ring::Create(uint64_t capacity, std::string* why) {
       fcntl(h.memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     *why = Errno("shared ring: sizing and sealing the segment");
     h.Close();
+    theirs.Close();
     return {};
   }
   void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, h.memfd, 0);
   if (map == MAP_FAILED) {
     *why = Errno("shared ring: mmap");
     h.Close();
+    theirs.Close();
     return {};
   }
   auto* ctl = new (map) Control();
   ctl->capacity = capacity;
-  return Ring(h, map, bytes, capacity);
+  return Ring(h, theirs, map, bytes, capacity);
 }
 
 Ring Ring::Attach(Handover h, std::string* why) {
@@ -257,14 +277,14 @@ Ring Ring::Attach(Handover h, std::string* why) {
   };
   const int fd = h.memfd;
   if (fd < 0) return refuse("no segment");
-  if (!IsBell(h.data_bell) || !IsBell(h.space_bell)) {
-    return refuse("its bells are not non-blocking eventfds");
-  }
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0)
     return refuse("not a sealable memory file (" + std::string(std::strerror(errno)) + ")");
   if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
     return refuse("not sealed against shrinking and growing");
+  }
+  if (!IsBell(h.data_bell) || !IsBell(h.space_bell)) {
+    return refuse("its bells are not unix stream sockets");
   }
   struct stat st {};
   if (fstat(fd, &st) != 0) return refuse(Errno("fstat"));
@@ -281,7 +301,7 @@ Ring Ring::Attach(Handover h, std::string* why) {
     munmap(map, size);
     return refuse("bad magic, version or capacity in its control block");
   }
-  Ring r(h, map, size, capacity);
+  Ring r(h, Handover{}, map, size, capacity);
   r.CloseSegmentFd();
   // Where the ring stands now; from here on each side trusts only its own index.
   r.head_ = r.ctl_->head.load(std::memory_order_acquire);
@@ -327,8 +347,8 @@ int Ring::Wait(Ready ready, int bell, std::atomic<uint32_t>* sleeping,
     sleeping->store(0, std::memory_order_relaxed);
     if (n < 0 && errno != EINTR) return errno;
     if (n <= 0) continue;
-    if (p[0].revents & POLLIN) {
-      Quiet(bell);
+    if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      if (QuietBell(bell) != 0) gone = true;  // the peer closed its end of the bell
       // Woken by the peer: a burst usually follows, so poll again first.
       spin_until = Clock::now() + waiting.spin;
     }

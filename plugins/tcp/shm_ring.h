@@ -8,14 +8,15 @@
 // A Ring is a single-producer, single-consumer byte ring in a memfd that its
 // creator sealed against shrinking and growing before sharing it, so the peer
 // can never make a mapped page vanish under us (no SIGBUS). Both ends poll
-// while busy; an idle end sleeps in poll() on its bell - an eventfd that comes
-// with the segment, rung by the other end only when the sleeper announced its
-// sleep - and on a liveness descriptor: the lane's socket, which carries
-// nothing once the lane is up, so any readable event or hang-up on it means
-// the peer is gone, or that a thread of ours shut the socket down to cut the
-// lane (a fence, a revocation, a stop): every wait ends at once, as a blocked
-// recv() on a socket lane does. An idle lane costs no CPU. The peer is not
-// trusted: every index it publishes is checked (a corrupt one is EPROTO, never
+// while busy; an idle end sleeps in poll() on its bell - its end of a unix
+// socket pair that comes with the segment, rung (a byte, MSG_DONTWAIT) by the
+// other end only when the sleeper announced its sleep; each end is its own open
+// file, so a peer cannot make our calls on ours block (an eventfd both held
+// could: its non-blocking flag was shared) - and on a liveness descriptor: the lane's socket, which
+// carries nothing once the lane is up, so any readable event or hang-up on it means the peer is
+// gone, or that a thread of ours shut the socket down to cut the lane (a fence, a revocation, a
+// stop): every wait ends at once, as a blocked recv() on a socket lane does. An idle lane costs no
+// CPU. The peer is not trusted: every index it publishes is checked (a corrupt one is EPROTO, never
 // an access outside the ring), and what it hands over is checked by Attach.
 //
 // Errors follow socket_util.h: 0 = done, kEof = the peer closed its end and
@@ -43,7 +44,7 @@ struct Waiting {
 };
 
 // What one end hands the other (SCM_RIGHTS, or inheritance): the segment and
-// the two bells. Whoever holds a Handover owns its descriptors.
+// that end's side of the two bells. Whoever holds a Handover owns its descriptors.
 struct Handover {
   int memfd = -1;
   int data_bell = -1;   // rung by the producer for a sleeping consumer
@@ -51,17 +52,21 @@ struct Handover {
   void Close();
 };
 
+// Reads a rung bell (our end) quiet, without blocking: 0, or EPIPE once the
+// peer closed its end (it is gone), or another errno value.
+int QuietBell(int bell);
+
 class Ring {
  public:
   // A new sealed segment of `capacity` bytes (plus its control block), mapped,
   // and its two bells. Invalid (ok() false) with *why on failure. Share
-  // handover() with the peer (SCM_RIGHTS), or Duplicate() across a fork; the
+  // ForPeer() with the peer (SCM_RIGHTS), or Duplicate() across a fork; the
   // peer calls Attach.
   static Ring Create(uint64_t capacity, std::string* why);
   // Maps a segment a peer created, after checking what a hostile peer could
   // get wrong: a memfd sealed against shrink and grow, a size that is a
   // control block plus a power-of-two capacity, the magic and version, and
-  // bells that are non-blocking eventfds. Takes ownership of every descriptor
+  // bells that are unix stream sockets. Takes ownership of every descriptor
   // in h (closed on failure too; the segment's once it is mapped).
   static Ring Attach(Handover h, std::string* why);
 
@@ -74,12 +79,15 @@ class Ring {
 
   bool ok() const { return ctl_ != nullptr; }
   int fd() const { return h_.memfd; }
-  // This ring's descriptors, still owned by it (to send with SCM_RIGHTS).
+  // This end's descriptors: the segment and our ends of the bells.
   const Handover& handover() const { return h_; }
-  // Copies of them (CLOEXEC), owned by the caller.
+  // What the peer gets (a created ring's; still owned by it): the segment and
+  // the peer's ends of the bells, to send with SCM_RIGHTS.
+  Handover ForPeer() const;
+  // Copies of ForPeer() (CLOEXEC), owned by the caller.
   Handover Duplicate() const;
-  // Closes the segment's descriptor once the peer has it: the mapping keeps
-  // the memory, and a lane then holds one descriptor less per ring.
+  // Once the peer has them: closes the segment's descriptor (the mapping keeps
+  // the memory) and the peer's bell ends, so a lane holds fewer descriptors.
   void CloseSegmentFd();
   uint64_t capacity() const { return capacity_; }
 
@@ -129,7 +137,7 @@ class Ring {
 
  private:
   struct Control;
-  Ring(Handover h, void* map, size_t map_bytes, uint64_t capacity);
+  Ring(Handover h, Handover theirs, void* map, size_t map_bytes, uint64_t capacity);
   // Until ready() or the deadline or the peer's end: polls, then sleeps on bell.
   template <typename Ready>
   int Wait(Ready ready, int bell, std::atomic<uint32_t>* sleeping,
@@ -142,6 +150,7 @@ class Ring {
 
   uint8_t* sync_ = nullptr;  // ThreadSanitizer builds: the segment's sync object (shm_ring.cpp)
   Handover h_;
+  Handover theirs_;  // a created ring's: the peer's bell ends, until handed over
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   Control* ctl_ = nullptr;

@@ -278,9 +278,15 @@ TEST(ShmRing, CorruptIndicesFromThePeerAreEprotoNotAnOutOfBoundsAccess) {
   }
 }
 
-// A segment with good bells: only the memfd is under test.
+// A segment with good bells (the peer's ends of two socket pairs; ours are
+// closed, which only matters once the ring is used): only the memfd is under test.
 Handover WithBells(int memfd) {
-  return {memfd, eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+  int a[2], b[2];
+  EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a), 0);
+  EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, b), 0);
+  ::close(a[0]);
+  ::close(b[0]);
+  return {memfd, a[1], b[1]};
 }
 
 TEST(ShmRing, AttachRefusesWhatAHostilePeerCouldHandOver) {
@@ -308,7 +314,7 @@ TEST(ShmRing, AttachRefusesWhatAHostilePeerCouldHandOver) {
   EXPECT_FALSE(Ring::Attach(WithBells(p[0]), &why).ok());
   EXPECT_NE(why.find("sealable"), std::string::npos) << why;
   // A good segment whose bells are not what they claim: a pipe (a write to it
-  // could block), and an eventfd that blocks.
+  // could block), and an eventfd (both ends would share its flags).
   Ring good = MustCreate();
   Handover h = good.Duplicate();
   ::close(h.data_bell);

@@ -4,6 +4,7 @@
 // loopback. Raw sockets play hostile or broken peers. Every wait is on a
 // completion or a socket, never a sleep.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -1353,10 +1354,10 @@ void TcpPool::OpenLanesCostNoThread(Stream stream) {
       << "an open lane kept a thread";
   // Per lane over TCP: the initiator's socket and the duplicate its sends are
   // registered on, the target's socket. Over rings the initiator: its socket,
-  // four bells, the responses' wait set, the sends' wait set and the
-  // duplicate the pool watches; the target: its socket, four bells and its
-  // wait set.
-  EXPECT_EQ(CountEntries("/proc/self/fd"), fds + 4 * (rings ? 8 + 6 : 3))
+  // its ends of four bells, the responses' wait set and its nudge, the sends'
+  // wait set and its nudge, and the duplicate the pool watches; the target:
+  // its socket, its ends of four bells, its wait set and its nudge.
+  EXPECT_EQ(CountEntries("/proc/self/fd"), fds + 4 * (rings ? 10 + 7 : 3))
       << "lanes not open, or more than 4";
   ops.mem_release(a.ctx(), remote);
 }
@@ -1688,7 +1689,7 @@ TEST(TcpRings, AHostileHandoverIsRefusedAndOthersAreServed) {
   }
   {  // Good rings, too few descriptors.
     shm::Ring r = shm::Ring::Create(64 << 10, &why);
-    const shm::Handover& h = r.handover();
+    const shm::Handover h = r.ForPeer();
     const int fds[3] = {h.memfd, h.data_bell, h.space_bell};
     const int fd = RawUnixLane(name, "a");
     ASSERT_EQ(ferry_tcp::SendWithFds(fd, tag, sizeof tag, fds, 3), 0);
@@ -1698,7 +1699,7 @@ TEST(TcpRings, AHostileHandoverIsRefusedAndOthersAreServed) {
   {  // Rings larger than a target maps for a peer.
     shm::Ring big = shm::Ring::Create(32 << 20, &why), other = shm::Ring::Create(64 << 10, &why);
     ASSERT_TRUE(big.ok() && other.ok()) << why;
-    const shm::Handover &x = big.handover(), &y = other.handover();
+    const shm::Handover x = big.ForPeer(), y = other.ForPeer();
     const int fds[6] = {x.memfd, x.data_bell, x.space_bell, y.memfd, y.data_bell, y.space_bell};
     const int fd = RawUnixLane(name, "a");
     ASSERT_EQ(ferry_tcp::SendWithFds(fd, tag, sizeof tag, fds, 6), 0);
@@ -1729,7 +1730,7 @@ int RawRingLane(const std::string& name, shm::Ring* req, shm::Ring* resp) {
   *resp = shm::Ring::Create(64 << 10, &why);
   EXPECT_TRUE(req->ok() && resp->ok()) << why;
   const uint8_t tag[16] = {'F', 'R', 'R', 'Y', 'R', 'I', 'N', 'G', 1, 0, 0, 0, 0, 0, 0, 0};
-  const shm::Handover &x = req->handover(), &y = resp->handover();
+  const shm::Handover x = req->ForPeer(), y = resp->ForPeer();
   const int fds[6] = {x.memfd, x.data_bell, x.space_bell, y.memfd, y.data_bell, y.space_bell};
   const int fd = RawUnixLane(name, "a");
   EXPECT_EQ(ferry_tcp::SendWithFds(fd, tag, sizeof tag, fds, 6), 0);
@@ -1789,6 +1790,71 @@ TEST(TcpRings, StalledRingLanesHoldNoPoolThreadAndAreCut) {
   }
   WriteChecked(a, p.pb, b, 5);
   EXPECT_GE(Counter(b, "ring_lanes_served"), 3u);
+}
+
+// A ring peer that makes its bells as hostile as it can: it sets blocking
+// mode on the target's ends (it kept descriptors of them when it handed them
+// over: the open file is shared), fills every bell's buffer so a ring cannot
+// go in, and announces a sleep so the target must ring. The target's rings
+// and reads of its bells never block (each call is MSG_DONTWAIT on its own
+// end; with eventfds both ends held, a full counter in blocking mode held the
+// pool's only thread): its answer still arrives and the good peer is served.
+TEST(TcpRings, BellsMadeBlockingAndFullHoldNoPoolThread) {
+  Pair p({.settings = R"({"io_timeout_ms": 2000, "io_threads": 1})", .same_host = 1});
+  Instance &a = p.a, &b = p.b;
+  const std::string name = InfoOf(b.ConnBlob()).unix_name;
+  b.Register(1, 4096);
+  shm::Ring req, resp;
+  const int fd = RawRingLane(name, &req, &resp);
+  for (const shm::Ring* r : {&req, &resp}) {
+    const shm::Handover theirs = r->ForPeer();
+    for (int bell : {theirs.data_bell, theirs.space_bell}) {
+      ASSERT_EQ(fcntl(bell, F_SETFL, 0), 0);  // the target's end, blocking from now on
+      // Fill the buffer toward our end, as if the target had rung a thousand times.
+      const std::vector<char> junk(4096, 1);
+      int flooded = 0;
+      while (send(bell, junk.data(), junk.size(), MSG_DONTWAIT) > 0) ++flooded;
+      ASSERT_GT(flooded, 0);
+    }
+    // And toward the target's ends: its reads of them are bounded per turn.
+    for (int bell : {r->handover().data_bell, r->handover().space_bell}) {
+      const std::vector<char> junk(4096, 1);
+      while (send(bell, junk.data(), junk.size(), MSG_DONTWAIT) > 0) {
+      }
+    }
+  }
+  ASSERT_TRUE(resp.SleepForData());  // the target must ring for its answer
+  const auto frame = OneItemRequest(wire::Type::kRead, 4096, 1);  // refused: an ERROR answer
+  iovec v{const_cast<uint8_t*>(frame.data()), frame.size()};
+  size_t progress = 0;
+  ASSERT_EQ(req.Write(&v, 1, &progress, 0ms, -1), 0);
+  // Watched by its index, not through our bell (reading our end would make
+  // room for the target's ring).
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (resp.Readable() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
+  const bool answered = resp.Readable() > 0;
+  // The pool's only thread still serves the good peer (by a deadline: a stuck
+  // pool fails it rather than hanging the test).
+  Mem* src = a.Register(6, 4096);
+  Mem* dst = b.Register(6, 4096);
+  Fill(src->data, 6);
+  void* remote = a.Import(p.pb, *dst);
+  const Result good = Transfer(a, FERRY_OP_WRITE, p.pb, src, remote, {{0, 0, 4096}},
+                               {.deadline_ns = NowNs() + 3000000000ull});
+  // Drained before the engines stop: a target stuck in a ring is let go (the
+  // test then fails instead of hanging in fini).
+  for (const shm::Ring* r : {&req, &resp})
+    for (int bell : {r->handover().data_bell, r->handover().space_bell}) {
+      char sink[4096];
+      while (recv(bell, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+      }
+    }
+  EXPECT_TRUE(answered) << "no answer: a ring of the target's blocked its pool's only thread";
+  EXPECT_EQ(good.status, FERRY_OK) << good.msg;
+  EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), 4096));
+  ops.mem_release(a.ctx(), remote);
+  close(fd);
 }
 
 TEST(TcpPerf, DISABLED_Bandwidth) {
