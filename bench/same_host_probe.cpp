@@ -13,7 +13,7 @@
 //               slots (the initiator copies in, the target copies out, both
 //               polling: two copies, overlapped, no system call)
 //   lane ring   the tcp plugin's same-host byte ring (plugins/tcp/shm_ring.h,
-//               1 MiB, sealed memfd, poll then sleep on an eventfd bell): one writer, one reader
+//               1 MiB, sealed memfd, poll then sleep on a socket-pair bell): one writer, one reader
 // Only the copy is timed: a request's round trip is not (ferry-bench has it).
 //   usage: same_host_probe [--threads 1,4] [--slot 256KiB] [--slots 4]
 //                          [--reps 30] [SIZE...]

@@ -104,10 +104,10 @@ TEST(AsyncRunner, ManyPostersAtOnce) {
   EXPECT_EQ(ran.load(), 800);
 }
 
-// PeerJobQueue: one peer's jobs run in order, one at a time; another peer's
-// job does not wait behind a blocked one; the destructor order (runner first)
-// leaves nothing queued.
-TEST(PeerJobQueue, OnePeerInOrderOthersBeside) {
+// PeerJobQueue: one peer's jobs run one at a time, the earliest deadline
+// first; another peer's job does not wait behind a blocked one; the
+// destructor order (runner first) leaves nothing queued.
+TEST(PeerJobQueue, OnePeerByDeadlineOthersBeside) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::mutex mu;
@@ -121,17 +121,17 @@ TEST(PeerJobQueue, OnePeerInOrderOthersBeside) {
   {
     AsyncRunner runner;
     PeerJobQueue q(runner);
-    q.run("a", [&](bool ok) {
+    q.run("a", PeerJobQueue::Clock::now(), [&](bool ok) {
       on_runner += ok;
       released.wait();  // peer a's first job blocks its queue
       record(1);
     });
     for (int n = 2; n <= 5; ++n)
-      q.run("a", [&, n](bool ok) {
+      q.run("a", PeerJobQueue::Clock::now() + std::chrono::seconds(10 - n), [&, n](bool ok) {
         on_runner += ok;
         record(n);
       });
-    q.run("b", [&](bool ok) {
+    q.run("b", PeerJobQueue::Clock::now(), [&](bool ok) {
       on_runner += ok;
       b_ran.set_value();
     });
@@ -142,7 +142,8 @@ TEST(PeerJobQueue, OnePeerInOrderOthersBeside) {
     release.set_value();
     ASSERT_TRUE(eventually([&] { return q.waiting() == 0 && on_runner == 6; }));
   }
-  EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 4, 5}));
+  // Job 1 ran first (it was alone); the rest by deadline, 5 being due first.
+  EXPECT_EQ(order, (std::vector<int>{1, 5, 4, 3, 2}));
 }
 
 }  // namespace

@@ -12,11 +12,13 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "duration_model.h"
 #include "ferry/ferry.hpp"
 #include "pattern.h"
 
@@ -149,6 +151,58 @@ TEST(WaiterProgress, RemovedBackendEndsWhatNobodyWaitedFor) {
   ASSERT_TRUE(st.WaitFor(10s));
   EXPECT_FALSE(st.Succeeded());
   EXPECT_NE(st.Message().find("waiter"), std::string::npos) << st.Message();
+}
+
+// A wait that outlasts its spin sleeps until shortly before its transfer is
+// due, then polls (running the progress hook) around the due time. Here only
+// a poll can end the transfer - nothing notifies - so a wait that slept until
+// woken would never return (the guard below ends it after 10 s).
+TEST(WaiterProgress, AWaitIsAwakeWhenItsTransferIsDue) {
+  for (const auto lead : {5ms, 50ms}) {
+    TransferStatus s;
+    s.SetInProgress();
+    const auto due = std::chrono::steady_clock::now() + lead;
+    std::atomic<int> polls{0};
+    s.SetProgress([&] {
+      ++polls;
+      if (std::chrono::steady_clock::now() >= due) s.Finish(StatusCode::SUCCESS);
+    });
+    s.SetExpectedEnd(due);
+    auto waited = std::async(std::launch::async, [&] { return s.Wait(); });
+    const bool returned = waited.wait_for(10s) == std::future_status::ready;
+    if (!returned) s.Finish(StatusCode::ERR_TIMEOUT, "test guard");
+    EXPECT_TRUE(returned) << "the wait slept through its due time (lead " << lead.count() << " ms)";
+    EXPECT_EQ(waited.get(), returned ? StatusCode::SUCCESS : StatusCode::ERR_TIMEOUT);
+    // It slept most of the lead: not a poll per microsecond of it.
+    EXPECT_LT(polls.load(), 200000);
+  }
+}
+
+// WaitFor() does the same within its timeout; one due after the timeout is
+// not waited for past it.
+TEST(WaiterProgress, WaitForHonoursItsTimeoutAroundTheDueTime) {
+  TransferStatus s;
+  s.SetInProgress();
+  s.SetProgress([] {});
+  s.SetExpectedEnd(std::chrono::steady_clock::now() + 500ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(s.WaitFor(20ms));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 400ms) << "WaitFor outlived its timeout";
+  s.Finish(StatusCode::SUCCESS);
+  EXPECT_TRUE(s.WaitFor(20ms));
+}
+
+// The model behind the due time: per size class, a moving average of time per byte.
+TEST(DurationModelTest, LearnsPerSizeClass) {
+  DurationModel m;
+  EXPECT_EQ(m.expected(1 << 20).count(), 0) << "no history yet";
+  m.record(1 << 20, 100us);  // 1 MiB in 100 us
+  EXPECT_NEAR(static_cast<double>(m.expected(1 << 20).count()), 100000.0, 1000.0);
+  EXPECT_EQ(m.expected(64 << 20).count(), 0) << "another size class has its own history";
+  for (int i = 0; i < 20; ++i) m.record(1 << 20, 200us);  // it got slower
+  EXPECT_NEAR(static_cast<double>(m.expected(1 << 20).count()), 200000.0, 5000.0);
+  m.record(4096, 1ms);  // below kMinBytes: not kept
+  EXPECT_EQ(m.expected(4096).count(), 0);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "duration_model.h"
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
 #include "latency_histogram.h"
@@ -39,6 +40,7 @@ struct Backend {
   ferry_host_v1 host{};  // host_ctx points at this Backend
   EngineImpl* engine = nullptr;
   std::shared_ptr<BackendCounters> counters;  // survive a remove / add of the name
+  DurationModel durations;                    // how long its recent transfers took, for waiters
   // Calls into the plugin hold `life` shared; removal holds it unique and sets
   // `removed`, so nothing reaches a plugin instance after fini().
   std::shared_mutex life;

@@ -264,6 +264,10 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t,
     t->status.SetProgress([weak] {
       if (auto live = weak.lock()) drive_progress(live);
     });
+  // When it should end, from how long the first backend's transfers of about
+  // this size took lately: a wait is awake for it (status.cpp).
+  if (const auto due = t->route.front()->durations.expected(t->total); due.count() > 0)
+    t->status.SetExpectedEnd(std::chrono::steady_clock::now() + due);
   TransferStatus status = t->status;
   start_next(t);
   return status;
@@ -647,7 +651,7 @@ void Transfers::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
   // may take until the deadline: not on this thread, perhaps the application's
   // own inside post(); behind the peer's other waiting NOTIFYs, on one thread.
   auto self = a;
-  notifies_.run(d.key, [this, self](bool on_runner) {
+  notifies_.run(d.key, a->transfer->deadline, [this, self](bool on_runner) {
     // No thread for it (this may be a fence's or a plugin's callback: nothing
     // may escape): the NOTIFY did not leave, as if it had failed.
     landed(self, on_runner ? notify_by_core(self->transfer)
@@ -670,8 +674,9 @@ void Transfers::landed(const std::shared_ptr<Attempt>& a, const std::string& not
   b.counters->bytes += t->total;
   ++b.counters->transfers;
   // Submitted at deadline - timeout (Transfers::start): no lock on this path.
-  b.counters->metrics.record(t->op == FERRY_OP_READ ? Op::READ : Op::WRITE, t->total,
-                             std::chrono::steady_clock::now() - (t->deadline - policy_.timeout));
+  const auto took = std::chrono::steady_clock::now() - (t->deadline - policy_.timeout);
+  b.counters->metrics.record(t->op == FERRY_OP_READ ? Op::READ : Op::WRITE, t->total, took);
+  if (t->history.empty()) b.durations.record(t->total, took);  // its first attempt's time alone
   health_.succeed(t->pair.peer->desc.key, b.name);
   std::string after = t->history.empty() ? std::string() : "after: " + t->history;
   if (!t->message) {

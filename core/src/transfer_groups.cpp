@@ -150,8 +150,9 @@ void Transfers::start_parts(const std::vector<Group>& groups, const ferry_iov_v1
                         done(code, "the data landed but its notification message did not: " + why);
                     });
   };
-  auto part_ended = [this, call, owes_notify, uid, target, done, tell = std::move(tell_target)](
-                        const std::string& name, StatusCode code, const std::string& why) mutable {
+  auto part_ended = [this, call, owes_notify, uid, target, deadline, done,
+                     tell = std::move(tell_target)](const std::string& name, StatusCode code,
+                                                    const std::string& why) mutable {
     std::unique_lock<std::mutex> lk(call->mu);
     if (code != StatusCode::SUCCESS) {
       if (call->code == StatusCode::SUCCESS) call->code = code;
@@ -172,7 +173,7 @@ void Transfers::start_parts(const std::vector<Group>& groups, const ferry_iov_v1
       int rc = FERRY_ERR_BAD_STATE;
       std::string err;
       if (!control_.try_send(target.key, CtrlType::NOTIFY, notify_body(uid, 0), &rc, &err)) {
-        notifies_.run(target.key, [tell, done](bool on_runner) mutable {
+        notifies_.run(target.key, deadline, [tell, done](bool on_runner) mutable {
           if (on_runner) {
             tell(false);
             return;

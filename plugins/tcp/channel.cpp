@@ -168,8 +168,10 @@ bool Channel::Woken(Side side) {
       uint64_t v;  // our own eventfd (the peer never holds it): non-blocking
       while (::read(fd, &v, sizeof v) < 0 && errno == EINTR) {
       }
-    } else if (shm::QuietBell(fd) == EPIPE) {
-      gone = true;  // the peer closed its end of a bell: the lane is over
+    } else if (shm::QuietBell(fd) != 0) {
+      // The peer closed its end of a bell, or it is no bell that works (a
+      // hang-up or error would fire this set at every turn): the lane is over.
+      gone = true;
     }
   }
   return gone;

@@ -56,7 +56,7 @@ class IoPool {
     virtual void Expire() = 0;
     // Kick's turn when no thread polls: makes fd() ready for the events
     // kicked for. A socket's EPOLLOUT is ready by itself (nothing to do); a
-    // ring lane's wait set is not, and rings one of its own bells.
+    // ring lane's wait set is not, and nudges it (an eventfd of its own in the set).
     virtual void Nudge() {}
 
     // Mid-frame: give up once nothing moved for `timeout` (a stall, as

@@ -109,7 +109,7 @@ uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
           // Another lane's turn. Bytes read ahead raise no event: EPOLLOUT,
           // ready at once on a writable socket, brings this lane back for
           // them; on rings, a sleep announced where bytes wait is refused,
-          // and our own bell rung brings it back.
+          // and our own nudge (an eventfd in the wait set) brings it back.
           if (ch_->on_rings()) {
             if (!ch_->SleepIn()) ch_->Nudge();
             return EPOLLIN;

@@ -101,17 +101,23 @@ void Publish(std::atomic<uint64_t>* index, uint64_t value, std::atomic<uint32_t>
   if (sleeping->load(std::memory_order_seq_cst) != 0) RingBell(bell);
 }
 
-// A descriptor the peer says is its end of a bell: a unix stream socket (a
-// regular file or a pipe would be always or never readable, or block).
-// Its flags do not matter: every call on it is MSG_DONTWAIT.
+// A descriptor the peer says is its end of a bell: a connected unix stream
+// socket (a regular file or a pipe would be always or never readable, or
+// block; an unconnected or listening socket hangs up at every poll). Its
+// flags do not matter: every call on it is MSG_DONTWAIT.
 bool IsBell(int fd) {
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
-  int v = 0;
-  socklen_t len = sizeof v;
-  if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &len) != 0 || v != AF_UNIX) return false;
-  len = sizeof v;
-  return getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &len) == 0 && v == SOCK_STREAM;
+  auto opt = [fd](int name, int want) {
+    int v = 0;
+    socklen_t len = sizeof v;
+    return getsockopt(fd, SOL_SOCKET, name, &v, &len) == 0 && v == want;
+  };
+  if (!opt(SO_DOMAIN, AF_UNIX) || !opt(SO_TYPE, SOCK_STREAM) || !opt(SO_ACCEPTCONN, 0))
+    return false;
+  sockaddr_storage peer{};
+  socklen_t len = sizeof peer;
+  return getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0;
 }
 
 // A bell: a unix stream socket pair, one end ours, one the peer's.

@@ -96,31 +96,35 @@ TargetPeer::Count TargetPeer::CountFrame(const wire::Header& h, int frame_status
 TargetPeer::Attempt& TargetPeer::AttemptLocked(uint64_t id) {
   auto it = attempts_.find(id);
   if (it != attempts_.end()) return it->second;
-  if (attempts_.size() >= kMaxAttempts) {
-    // The oldest record not being applied, an ended one first: a live
-    // attempt's later frames are refused once it is forgotten (its transfer
-    // fails), an ended one's record only answers a fence that rarely comes.
-    auto victim = attempts_.end();
-    for (auto o = attempts_.begin(); o != attempts_.end(); ++o) {
-      const Attempt& a = o->second;
-      if (a.applying != 0) continue;
-      if (victim == attempts_.end()) victim = o;
-      if (a.fenced || a.broken || (a.frames_total > 0 && a.frames_done == a.frames_total)) {
-        victim = o;
-        break;
-      }
-    }
-    if (victim != attempts_.end()) {
-      forgotten_upto_ = std::max(forgotten_upto_, victim->first);
-      attempts_.erase(victim);
-    }
-  }
+  TrimLocked(kMaxAttempts - 1);
   Attempt& a = attempts_[id];
   if (id <= forgotten_upto_) {
     a.unknown = true;
     a.fenced = true;
   }
   return a;
+}
+
+void TargetPeer::TrimLocked(size_t keep) {
+  // (A loop: a fence of more ids than the bound grows the table while it runs.)
+  while (attempts_.size() > keep) {
+    // The oldest record not being applied, an ended one first: a live
+    // attempt's later frames are refused once it is forgotten (its transfer
+    // fails), an ended one's record only answers a fence that rarely comes.
+    auto victim = attempts_.end();
+    for (auto o = attempts_.begin(); o != attempts_.end(); ++o) {
+      const Attempt& a = o->second;
+      if (a.applying != 0 || a.pins != 0) continue;
+      if (victim == attempts_.end()) victim = o;
+      if (a.fenced || a.broken || (a.frames_total > 0 && a.frames_done == a.frames_total)) {
+        victim = o;
+        break;
+      }
+    }
+    if (victim == attempts_.end()) break;  // all applied or pinned now: over the bound for a while
+    forgotten_upto_ = std::max(forgotten_upto_, victim->first);
+    attempts_.erase(victim);
+  }
 }
 
 bool TargetPeer::BeginApply(const wire::Header& h, int fd, int64_t clock_offset_ns) {
@@ -164,7 +168,23 @@ void TargetPeer::EndApply(const wire::Header& h, int fd, bool whole) {
 int TargetPeer::Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::time_point deadline,
                       ferry_fence_result_v1* out) {
   std::unique_lock lk(mu_);
-  for (size_t i = 0; i < n; ++i) AttemptLocked(ids[i]).fenced = true;
+  // Pinned for the call: making a record for one id must not forget another
+  // it names (a fence of more ids than the table holds outgrows it meanwhile).
+  for (size_t i = 0; i < n; ++i) {
+    Attempt& a = AttemptLocked(ids[i]);
+    a.fenced = true;
+    ++a.pins;
+  }
+  struct Unpin {
+    TargetPeer* tp;
+    const uint64_t* ids;
+    size_t n;
+    ~Unpin() {
+      for (size_t i = 0; i < n; ++i)
+        if (auto it = tp->attempts_.find(ids[i]); it != tp->attempts_.end()) --it->second.pins;
+      tp->TrimLocked(kMaxAttempts);  // back within the bound (the answers are written)
+    }
+  } unpin{this, ids, n};
   auto busy = [&] {
     for (size_t i = 0; i < n; ++i) {
       auto it = attempts_.find(ids[i]);
@@ -185,16 +205,18 @@ int TargetPeer::Fence(const uint64_t* ids, size_t n, std::chrono::steady_clock::
   }
   for (size_t i = 0; i < n; ++i) {
     auto it = attempts_.find(ids[i]);
-    if (it == attempts_.end()) {  // forgotten already: more ids than the table holds
-      out[i] = {0, FERRY_FENCE_PARTIAL, 0};
+    if (it == attempts_.end()) {  // (pinned: never; kept as the safe answer)
+      out[i] = {0, FERRY_FENCE_UNKNOWN, 0};
       continue;
     }
     const Attempt& a = it->second;
     out[i].landed_bytes = a.landed;
     out[i].reserved = 0;
-    if (a.frames_total > 0 && a.frames_done == a.frames_total && !a.broken)
+    if (a.unknown)
+      out[i].state = FERRY_FENCE_UNKNOWN;
+    else if (a.frames_total > 0 && a.frames_done == a.frames_total && !a.broken)
       out[i].state = FERRY_FENCE_WHOLE;
-    else if (a.landed > 0 || a.broken || a.unknown)
+    else if (a.landed > 0 || a.broken)
       out[i].state = FERRY_FENCE_PARTIAL;
     else
       out[i].state = FERRY_FENCE_NONE;

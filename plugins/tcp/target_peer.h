@@ -103,9 +103,10 @@ class TargetPeer {
   // applied, fenced or broken) before a live one, and `forgotten_upto_` rises
   // to its id. Attempt ids grow (plugin.h), so a record asked for at or below
   // that mark may be one forgotten: its frames are refused (a fenced attempt
-  // never lands late) and a fence of it is answered PARTIAL, "may have
-  // landed, no more will" - never NONE, which would claim an attempt that did
-  // land left the memory untouched.
+  // never lands late) and a fence of it is answered FERRY_FENCE_UNKNOWN (the
+  // core: outcome unknown) - never NONE or PARTIAL, on which the core would
+  // write it again elsewhere though it may have landed whole and been
+  // notified. A record named by a fence in progress is never forgotten by it.
   struct Attempt {
     uint32_t frames_total = 0, frames_done = 0;
     uint64_t landed = 0;
@@ -113,8 +114,12 @@ class TargetPeer {
     std::vector<int> lanes;  // fds of the lanes applying a frame of it now
     bool fenced = false, broken = false;
     bool unknown = false;  // at or below forgotten_upto_ when first seen: maybe forgotten
+    int pins = 0;          // fences in progress that name it: not forgotten meanwhile
   };
   Attempt& AttemptLocked(uint64_t id);
+  // Forgets records (the oldest ended first, none applied or pinned) until at
+  // most `keep` are left, or none can go.
+  void TrimLocked(size_t keep);
 
   const std::string key_;
   mutable std::mutex mu_;

@@ -160,6 +160,11 @@ class TransferStatus {
   void SetProgress(std::function<void()> progress);
   // Runs that hook once, if the status is still in progress (never blocks).
   void Progress() const;
+  // When the transfer should end, from how long its backend's recent transfers
+  // of about its size took (the transfer lifecycle sets it). A wait that
+  // outlasts its spin sleeps until shortly before then and polls again around
+  // it, instead of sleeping until it is woken after the end.
+  void SetExpectedEnd(std::chrono::steady_clock::time_point end);
 
   struct State;
   const std::shared_ptr<State>& state() const { return state_; }

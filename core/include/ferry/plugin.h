@@ -394,6 +394,10 @@ typedef struct ferry_xfer_v1 {
 #define FERRY_FENCE_WHOLE                                \
   2u /* every byte landed (and the target was told, when \
       * it was a notify transfer)                    */
+/* The plugin cannot tell (it no longer remembers the attempt); no more of it
+ * will land. The core answers "unknown" for it (any state above WHOLE is
+ * read so, also by cores older than this define). */
+#define FERRY_FENCE_UNKNOWN 3u
 typedef struct ferry_fence_result_v1 {
   uint64_t landed_bytes;
   uint32_t state; /* FERRY_FENCE_* */

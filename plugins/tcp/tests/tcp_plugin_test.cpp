@@ -715,16 +715,35 @@ TEST(TargetPeerRecords, AForgottenFencedAttemptsLateFrameIsRefused) {
   EXPECT_TRUE(Admits(tp, 11 + ferry_tcp::TargetPeer::kMaxAttempts)) << "a new attempt refused";
 }
 
-// An attempt that landed and was then forgotten is answered PARTIAL ("may
-// have landed; no more will"), not NONE, which claims the memory untouched.
-TEST(TargetPeerRecords, AForgottenLandedAttemptIsNotAnsweredNone) {
+// An attempt that landed and was then forgotten is answered UNKNOWN (the core:
+// outcome unknown), not NONE or PARTIAL, on which the core would write it
+// again though it landed whole (and its target may have used the memory).
+TEST(TargetPeerRecords, AForgottenLandedAttemptIsAnsweredUnknown) {
   ferry_tcp::TargetPeer tp("a");
   ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, 10));
   for (uint64_t id = 11; id < 11 + ferry_tcp::TargetPeer::kMaxAttempts; ++id)
     ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, id));
-  EXPECT_EQ(FenceOne(tp, 10).state, FERRY_FENCE_PARTIAL);
+  EXPECT_EQ(FenceOne(tp, 10).state, FERRY_FENCE_UNKNOWN);
   // One above every forgotten id that was never seen is still NONE.
   EXPECT_EQ(FenceOne(tp, 1u << 30).state, FERRY_FENCE_NONE);
+}
+
+// A fence naming more ids than the table holds does not forget the records
+// it is answering for (a stopped target's fence names every pending attempt).
+TEST(TargetPeerRecords, AFenceOfManyIdsKeepsWhatItNames) {
+  ferry_tcp::TargetPeer tp("a");
+  ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, 10));
+  std::vector<uint64_t> ids{10};
+  for (uint64_t i = 0; i < ferry_tcp::TargetPeer::kMaxAttempts + 100; ++i) ids.push_back(1000 + i);
+  std::vector<ferry_fence_result_v1> out(ids.size());
+  ASSERT_EQ(tp.Fence(ids.data(), ids.size(), std::chrono::steady_clock::now() + 1s, out.data()),
+            FERRY_OK);
+  EXPECT_EQ(out[0].state, FERRY_FENCE_WHOLE);
+  EXPECT_EQ(out[0].landed_bytes, 4096u);
+  for (size_t i = 1; i < out.size(); ++i) ASSERT_EQ(out[i].state, FERRY_FENCE_NONE) << i;
+  // Back within its bound once the call is over.
+  ASSERT_NO_FATAL_FAILURE(ApplyFrame(tp, 1u << 30));
+  EXPECT_EQ(tp.remembered_attempts(), ferry_tcp::TargetPeer::kMaxAttempts);
 }
 
 // A live attempt (a frame of two applied) outlives ended ones when the table
