@@ -203,6 +203,9 @@ TEST(DurationModelTest, LearnsPerSizeClass) {
   EXPECT_NEAR(static_cast<double>(m.expected(1 << 20).count()), 200000.0, 5000.0);
   m.record(4096, 1ms);  // below kMinBytes: not kept
   EXPECT_EQ(m.expected(4096).count(), 0);
+  // Faster than a byte a picosecond (an H100 copies 256 MiB in ~180 us): kept.
+  m.record(256u << 20, 180us);
+  EXPECT_NEAR(static_cast<double>(m.expected(256u << 20).count()), 180000.0, 2000.0);
 }
 
 }  // namespace
