@@ -108,6 +108,17 @@ asan_ctest() {
     run_ctest asan-rerun build-asan --timeout 900 -R "^($again)\$" || rc=$?
     junit="$report/junit-asan-rerun.xml"
   done
+  [ "$rc" != 0 ] || return 0
+  # Still only the tracer (LSan's own crash, "Tracer caught signal 11", seen
+  # on auth_test at 1 in 3 to 4 in 4 runs depending on load, never a report):
+  # the tests run once more with ASan and UBSan but no leak check, and the
+  # stage says loudly which tests had none. Any other failure stays a failure.
+  again=$(/usr/bin/python3 scripts/ci_summary.py --lsan-crashes "$junit") || return "$rc"
+  echo "== LEAK CHECK NOT RUN for: $again - LeakSanitizer's tracer crashed 4 times; running them with ASan + UBSan and detect_leaks=0"
+  rc=0
+  echo "$again" > "$report/asan-noleak.txt"  # the summary names them
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 run_ctest asan-rerun build-asan --timeout 900 -R "^($again)\$" || rc=$?
+  [ "$rc" != 0 ] || echo "== $again: passed under ASan + UBSan; NO LEAK CHECK (LeakSanitizer's tracer crashed)"
   return "$rc"
 }
 
