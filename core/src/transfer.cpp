@@ -265,9 +265,11 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t,
       if (auto live = weak.lock()) drive_progress(live);
     });
   // When it should end, from how long the first backend's transfers of about
-  // this size took lately: a wait is awake for it (status.cpp).
+  // this size took lately: a wait is awake for it (status.cpp). Counted from
+  // its submission, deadline - timeout, as landed() measures what it took
+  // (no second clock read on this path).
   if (const auto due = t->route.front()->durations.expected(t->total); due.count() > 0)
-    t->status.SetExpectedEnd(std::chrono::steady_clock::now() + due);
+    t->status.SetExpectedEnd(t->deadline - policy_.timeout + due);
   TransferStatus status = t->status;
   start_next(t);
   return status;
