@@ -141,6 +141,24 @@ TEST(WaiterProgress, MultiRegionCallDrivesItsParts) {
   rig.tgt->deregister_memory(r2);
 }
 
+// deregister_memory() of a region with a transfer in flight returns only once
+// that transfer has ended: the region's in-flight count is kept without a
+// lock, and the transfer that takes it to zero wakes the deregistration.
+TEST(WaiterProgress, DeregisteringARegionWaitsForItsTransfer) {
+  Rig rig;
+  TransferStatus st =
+      rig.ini->write(rig.lmem, 0, rig.rmem, 0, 4096, rig.ini->allocate_transfer_uid(), false);
+  ASSERT_TRUE(st.InProgress());
+  auto dereg = std::async(std::launch::async, [&] { return rig.ini->deregister_memory(rig.lmem); });
+  // Nothing reports the transfer (the deferred backend, no waiter yet).
+  EXPECT_EQ(dereg.wait_for(300ms), std::future_status::timeout)
+      << "the region was deregistered under a transfer in flight";
+  ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  ASSERT_EQ(dereg.wait_for(10s), std::future_status::ready)
+      << "the transfer ended but the deregistration was not woken";
+  EXPECT_TRUE(dereg.get());
+}
+
 // A transfer nobody waits for ends when its backend goes: fini fails it, and a
 // wait that comes later returns at once (the removed backend is not called).
 TEST(WaiterProgress, RemovedBackendEndsWhatNobodyWaitedFor) {

@@ -63,11 +63,16 @@ Fencer::~Fencer() {
 
 Fencer::PeerState& Fencer::state_for(const Target& t) {
   auto& p = peers_[Life{t.key, t.instance}];
+  quiet_.store(false, std::memory_order_seq_cst);
   if (!p) {
     p = std::make_shared<PeerState>();
     p->target = t;
   }
   return *p;
+}
+
+void Fencer::note_quiet_locked() {
+  quiet_.store(peers_.empty() && draining_.empty(), std::memory_order_seq_cst);
 }
 
 Fencer::PeerState* Fencer::find_locked(const std::string& key, uint64_t instance) {
@@ -181,6 +186,7 @@ void Fencer::park_locked(const Life& life, PeerState& p) {
               "forgetting the unanswered fence of deregistered peer '" + oldest->first.key +
                   "' (more than " + std::to_string(kMaxParked) + " such peers)");
     peers_.erase(oldest);
+    note_quiet_locked();
   }
 }
 
@@ -236,7 +242,10 @@ void Fencer::reopen(const std::string& key, uint64_t instance, uint64_t token) {
     p.closed_why.clear();
     for (auto& h : p.held) calls.push_back([h = std::move(h)] { h(true, {}); });
     p.held.clear();
-    if (p.idle() && !p.running) peers_.erase(Life{key, instance});  // nothing left of it
+    if (p.idle() && !p.running) {  // nothing left of it
+      peers_.erase(Life{key, instance});
+      note_quiet_locked();
+    }
   }
   for (auto& c : calls) c();
 }
@@ -309,6 +318,7 @@ void Fencer::reset_locked(std::map<Life, std::shared_ptr<PeerState>>::iterator i
     finish_all(p, told, calls);
     if (p.asking) draining_.emplace(key, it->second);
     peers_.erase(it);
+    note_quiet_locked();
     cv_.notify_all();
   }
 }
@@ -319,6 +329,7 @@ void Fencer::end_draining(const std::string& key, const std::shared_ptr<PeerStat
   for (auto d = b; d != e; ++d) {
     if (d->second != p) continue;
     draining_.erase(d);
+    note_quiet_locked();
     break;
   }
   for (auto& h : p->held) out.push_back([h = std::move(h)] { h(true, {}); });
@@ -348,7 +359,10 @@ void Fencer::run(const Life& life, const std::shared_ptr<PeerState>& p) {
     if (stopping_ || it == peers_.end() || it->second != p) return;
     if (p->pending.empty() || p->parked) {
       p->running = false;
-      if (p->idle()) peers_.erase(it);  // answered: an older life's state goes
+      if (p->idle()) {  // answered: an older life's state goes
+        peers_.erase(it);
+        note_quiet_locked();
+      }
       return;
     }
     const bool kicked = p->kicked;  // registered again: ask now, as if for the first time

@@ -24,6 +24,7 @@
 // when the same instance is registered again, its transfers wait (HELD) until
 // that request has come back: the lanes they make are made after the fence.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <compare>
 #include <condition_variable>
@@ -114,6 +115,11 @@ class Fencer {
   // Whether a transfer to `key` may start. HELD: `resume` runs later (not before
   // this returns). CLOSED: *why says why, `resume` is dropped.
   Gate admit(const std::string& key, uint64_t instance, Resume resume, std::string* why);
+  // True while no state is kept for any peer (nothing fenced, pending,
+  // closed or draining): admit() would answer OPEN for every target. Read
+  // without the lock, before each attempt - seeing it true is admit() taking
+  // the lock at that moment, before any fence that begins after.
+  bool all_open() const { return quiet_.load(std::memory_order_seq_cst); }
   // A new instance was registered under the key, or it was deregistered: its old
   // state is dropped (pending attempts answered UNKNOWN, held transfers failed).
   // `why`: what deregistered it (a metadata store's expired lease), for the
@@ -169,6 +175,9 @@ class Fencer {
   PeerState& state_for(const Target& t);
   // The state of `key`'s life `instance`, or null; mu_ held.
   PeerState* find_locked(const std::string& key, uint64_t instance);
+  // Sets quiet_ from peers_ and draining_ after an erase (mu_ held). Every
+  // insert clears it first, so a missed erase only keeps the slow path.
+  void note_quiet_locked();
   // Starts the life's worker unless it runs, and wakes it (mu_ held). When no
   // thread can be started, its attempts are answered UNKNOWN and its held
   // transfers failed (through `calls`, run by the caller once mu_ is released)
@@ -207,6 +216,8 @@ class Fencer {
   // States dropped by reset() while their worker's FENCE was out: the request
   // may still retire lanes at the target, so transfers to that life wait for it.
   std::multimap<std::string, std::shared_ptr<PeerState>> draining_;
+  // peers_ and draining_ both empty (all_open()); written under mu_.
+  std::atomic<bool> quiet_{true};
   // Last member: destroyed (its threads joined) before the state they use.
   AsyncRunner workers_;
 };

@@ -34,6 +34,8 @@ void Health::refresh(Entry& e, TimePoint now) {
 }
 
 Health::State Health::state(const std::string& peer, const std::string& backend) {
+  // Asked before every attempt: until a first failure, no lock and no lookup.
+  if (!any_entry_.load(std::memory_order_acquire)) return State::HEALTHY;
   std::lock_guard<std::mutex> lk(mu_);
   auto it = entries_.find({peer, backend});
   if (it == entries_.end()) return State::HEALTHY;

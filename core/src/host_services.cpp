@@ -53,9 +53,8 @@ int host_ctrl_send(void* hctx, const char* peer, const void* msg, size_t len) no
 
 void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
   auto* b = static_cast<Backend*>(hctx);
-  auto* ref = static_cast<std::shared_ptr<Attempt>*>(xfer_ctx);
-  std::shared_ptr<Attempt> a = std::move(*ref);
-  delete ref;
+  std::shared_ptr<Attempt> a = std::move(static_cast<Attempt*>(xfer_ctx)->plugin_ref);
+  if (!a) return;  // taken already: a second complete() (an ABI breach) while it lives
   try {
     b->engine->transfers().complete(a, status, message);
   } catch (...) {

@@ -45,7 +45,7 @@ std::set<std::string> names_of(const std::map<std::string, std::vector<uint8_t>>
 }
 
 // Takes the handle `name` out of a handles map; nullptr when it had none.
-void* take(std::map<std::string, void*>& handles, const std::string& name) {
+void* take(HandleTable& handles, const std::string& name) {
   auto it = handles.find(name);
   if (it == handles.end()) return nullptr;
   void* h = it->second;
@@ -79,7 +79,7 @@ Result Registry::add_peer(const EngineDesc& d, bool learned) {
   p->learned = learned;
   p->same_host = d.node_id == node_id_;
   p->advertised = names_of(d.backends);
-  std::map<std::string, void*> handles;
+  HandleTable handles;
   std::map<std::string, std::string> unreachable;
   for (const auto& b : backends_.snapshot()) {
     auto it = d.backends.find(b->name);
@@ -141,7 +141,7 @@ size_t Registry::learned_peers() const {
 }
 
 template <class Release>
-void Registry::release_handles(std::map<std::string, void*>& handles, Release release) {
+void Registry::release_handles(HandleTable& handles, Release release) {
   for (const auto& b : backends_.snapshot()) {
     std::unique_lock life(b->life);  // no post() may be using the handle freed here
     if (b->removed) continue;        // its fini has freed what it made
@@ -304,6 +304,7 @@ Result Registry::deregister_memory(const MemoryDesc& d) {
   {
     // Every transfer ends by its deadline, so this wait is bounded.
     std::unique_lock lk(m->mu);
+    m->draining = true;
     m->idle.wait(lk, [&] { return m->inflight == 0; });
   }
   release_handles(m->handles, [](Backend& b, void* h) { b.ops->mem_deregister(b.ctx, h); });

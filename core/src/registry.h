@@ -5,6 +5,8 @@
 // gets its (local, remote) pair from resolve() and the plugin handles for one
 // attempt from handles(); nothing else reaches into the maps.
 #pragma once
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -24,6 +26,37 @@
 
 namespace ferry {
 
+// A peer's or a region's plugin handles by backend name. A handful of
+// entries, scanned in one block: each attempt looks up three of them (peer,
+// local, remote), where a tree's separately allocated nodes each cost a
+// cache miss once a GPU runtime's copy call has run between two transfers.
+class HandleTable {
+ public:
+  using Entry = std::pair<std::string, void*>;
+  using iterator = std::vector<Entry>::iterator;
+  using const_iterator = std::vector<Entry>::const_iterator;
+  iterator begin() { return v_.begin(); }
+  iterator end() { return v_.end(); }
+  const_iterator begin() const { return v_.begin(); }
+  const_iterator end() const { return v_.end(); }
+  iterator find(const std::string& name) {
+    return std::find_if(v_.begin(), v_.end(), [&](const Entry& e) { return e.first == name; });
+  }
+  const_iterator find(const std::string& name) const {
+    return std::find_if(v_.begin(), v_.end(), [&](const Entry& e) { return e.first == name; });
+  }
+  size_t count(const std::string& name) const { return find(name) == end() ? 0 : 1; }
+  void*& operator[](const std::string& name) {
+    auto it = find(name);
+    if (it != end()) return it->second;
+    return v_.emplace_back(name, nullptr).second;
+  }
+  void erase(iterator it) { v_.erase(it); }
+
+ private:
+  std::vector<Entry> v_;
+};
+
 struct PeerEntry {
   EngineDesc desc;
   bool same_host = false;
@@ -41,7 +74,7 @@ struct PeerEntry {
 
  private:
   friend class Registry;
-  std::map<std::string, void*> handles;            // backend -> plugin peer handle
+  HandleTable handles;                             // backend -> plugin peer handle
   std::map<std::string, std::string> unreachable;  // backend -> why peer_add failed
 };
 
@@ -49,24 +82,32 @@ struct LocalMem {
   MemoryDesc desc;
   void* addr = nullptr;
   std::set<std::string> advertised;
-  // Transfers using this region as local memory; deregistration waits for zero.
+  // Transfers using this region as local memory; deregistration waits for
+  // zero. Counted without a lock (twice per transfer); `draining` (set by the
+  // deregistration before it waits) tells the transfer that takes it to zero
+  // to wake it, under mu. Both seq_cst: each side writes one and reads the other.
   std::mutex mu;
   std::condition_variable idle;
-  uint64_t inflight = 0;
+  std::atomic<uint64_t> inflight{0};
+  std::atomic<bool> draining{false};
 
  private:
   friend class Registry;
-  std::map<std::string, void*> handles;
+  HandleTable handles;
 };
 
 // A routing decision kept for one (local region, remote region, op, rule); valid
 // while neither the loaded backends nor any health state changed, and no
 // quarantine it relied on has ended.
+// Ranked backends, shared by the route cache and the transfers it routed:
+// handing one to a transfer copies a pointer, not the list. Never null.
+using Route = std::shared_ptr<const std::vector<BackendPtr>>;
+
 struct CachedRoute {
   uint64_t backend_generation = 0;
   uint64_t health_generation = 0;
   std::chrono::steady_clock::time_point valid_until;
-  std::vector<BackendPtr> route;
+  Route route;
   std::string why;
 };
 
@@ -78,7 +119,7 @@ struct RemoteMem {
 
  private:
   friend class Registry;
-  std::map<std::string, void*> handles;
+  HandleTable handles;
 };
 
 // A resolved (local, remote) pair: what a transfer and a Session keep.
@@ -158,7 +199,7 @@ class Registry {
   // For each loaded backend: take its handle out of `handles` (under mu_) and
   // hand it to release(backend, handle), holding the backend's life lock.
   template <class Release>
-  void release_handles(std::map<std::string, void*>& handles, Release release);
+  void release_handles(HandleTable& handles, Release release);
 
   const std::string self_key_;
   const uint64_t self_instance_;

@@ -81,8 +81,8 @@ std::unique_ptr<Session> Engine::create_session(const MemoryDesc& local, const M
   if (c == StatusCode::SUCCESS) {
     // A session needs a backend for at least one direction.
     std::string w1, w2;
-    if (impl_->transfers().route_for(pair, Op::WRITE, 1, w1).empty() &&
-        impl_->transfers().route_for(pair, Op::READ, 1, w2).empty()) {
+    if (impl_->transfers().route_for(pair, Op::WRITE, 1, w1)->empty() &&
+        impl_->transfers().route_for(pair, Op::READ, 1, w2)->empty()) {
       c = StatusCode::ERR_BAD_STATE;
       reason = w1;
     }

@@ -9,28 +9,32 @@
 #include <thread>
 
 #include "ferry/ferry.hpp"
+#include "status_state.h"
 
 namespace ferry {
 
-struct TransferStatus::State {
-  std::atomic<int> code{static_cast<int>(StatusCode::INIT)};
-  mutable std::mutex mu;
-  mutable std::condition_variable cv;
-  std::string message;              // guarded by mu; written once, with the final code
-  std::function<void()> canceller;  // guarded by mu; taken by the first Cancel()
-  // Drives the backend's completions on the waiting thread (plugin ABI 1.6
-  // progress()); guarded by mu, set before the status is handed out.
-  std::function<void()> progress;
-  bool cancel_asked = false;  // guarded by mu
-  // When the status was made (a transfer's: when it was posted) and when it
-  // ended; ended is written under mu with the final code.
-  const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::time_point ended{};
-  // SetExpectedEnd's time (steady clock ns), 0 when none.
-  std::atomic<int64_t> expected_end_ns{0};
+namespace {
+// A wait's progress round: the transfer's driver, or a hook set with
+// SetProgress(), or nothing.
+struct Hook {
+  std::function<void()> fn;
+  std::weak_ptr<StatusDriver> driver;
+  bool on = false;
+  explicit operator bool() const { return on; }
+  void operator()() const {
+    if (fn)
+      fn();
+    else if (auto d = driver.lock())
+      d->progress();
+  }
 };
 
-namespace {
+Hook hook_of(const TransferStatus::State& st) {
+  std::lock_guard<std::mutex> lk(st.mu);
+  if (st.driver_progress) return {{}, st.driver, true};
+  return {st.progress, {}, static_cast<bool>(st.progress)};
+}
+
 bool is_final(int c) {
   return c != static_cast<int>(StatusCode::INIT) && c != static_cast<int>(StatusCode::IN_PROGRESS);
 }
@@ -63,8 +67,7 @@ std::chrono::microseconds wait_spin() {
 // `progress` (when set), so a backend that can report a finished transfer on
 // this thread does so without a hand-off; it runs at least once, also when
 // the spin is 0.
-bool spin_for(const std::atomic<int>& code, std::chrono::microseconds spin,
-              const std::function<void()>& progress) {
+bool spin_for(const std::atomic<int>& code, std::chrono::microseconds spin, const Hook& progress) {
   if (progress) {
     progress();
     if (is_final(code.load(std::memory_order_acquire))) return true;
@@ -86,7 +89,7 @@ bool spin_for(const std::atomic<int>& code, std::chrono::microseconds spin,
 
 // The wait spin, at most `limit`.
 bool spin_until_final(const std::atomic<int>& code, std::chrono::microseconds limit,
-                      const std::function<void()>& progress) {
+                      const Hook& progress) {
   return spin_for(code, std::min(wait_spin(), limit), progress);
 }
 
@@ -98,7 +101,7 @@ bool spin_until_final(const std::atomic<int>& code, std::chrono::microseconds li
 constexpr auto kHorizon = std::chrono::seconds(1);
 constexpr auto kEarly = std::chrono::microseconds(100);
 bool await_expected_end(TransferStatus::State& st, std::chrono::steady_clock::time_point until,
-                        const std::function<void()>& progress) {
+                        const Hook& progress) {
   const int64_t e = st.expected_end_ns.load(std::memory_order_relaxed);
   if (e == 0 || wait_spin().count() == 0) return false;  // no estimate, or spinning is off
   const std::chrono::steady_clock::time_point end{std::chrono::nanoseconds(e)};
@@ -192,14 +195,20 @@ void TransferStatus::SetInProgress() {
 }
 
 bool TransferStatus::Finish(StatusCode code, std::string message) {
+  return finish_at(*this, code, std::move(message), std::chrono::steady_clock::now());
+}
+
+bool finish_at(TransferStatus& s, StatusCode code, std::string message,
+               std::chrono::steady_clock::time_point ended) {
+  TransferStatus::State& st = *s.state();
   {
-    std::lock_guard<std::mutex> lk(state_->mu);
-    if (is_final(state_->code.load(std::memory_order_relaxed))) return false;
-    state_->message = std::move(message);
-    state_->ended = std::chrono::steady_clock::now();
-    state_->code.store(static_cast<int>(code), std::memory_order_release);
+    std::lock_guard<std::mutex> lk(st.mu);
+    if (is_final(st.code.load(std::memory_order_relaxed))) return false;
+    st.message = std::move(message);
+    st.ended = ended;
+    st.code.store(static_cast<int>(code), std::memory_order_release);
   }
-  state_->cv.notify_all();
+  st.cv.notify_all();
   return true;
 }
 
@@ -208,14 +217,20 @@ void TransferStatus::SetProgress(std::function<void()> progress) {
   state_->progress = std::move(progress);
 }
 
-std::function<void()> TransferStatus::progress_hook() const {
-  std::lock_guard<std::mutex> lk(state_->mu);
-  return state_->progress;
+void set_driver(TransferStatus& s, std::weak_ptr<StatusDriver> driver, bool progress) {
+  TransferStatus::State& st = *s.state();
+  {
+    std::lock_guard<std::mutex> lk(st.mu);
+    st.driver = std::move(driver);
+    st.driven = true;
+    st.driver_progress = progress;
+  }
+  s.SetInProgress();
 }
 
 void TransferStatus::Progress() const {
   if (!InProgress()) return;
-  if (auto hook = progress_hook()) hook();
+  if (const Hook hook = hook_of(*state_)) hook();
 }
 
 void TransferStatus::SetExpectedEnd(std::chrono::steady_clock::time_point end) {
@@ -231,6 +246,7 @@ void TransferStatus::SetCanceller(std::function<void()> cancel) {
 
 bool TransferStatus::Cancel(std::string* why) const {
   std::function<void()> fn;
+  std::weak_ptr<StatusDriver> driver;
   {
     std::lock_guard<std::mutex> lk(state_->mu);
     const int c = state_->code.load(std::memory_order_acquire);
@@ -244,20 +260,24 @@ bool TransferStatus::Cancel(std::string* why) const {
       if (why) *why = "cancel was already asked; the transfer ends once nothing more can land";
       return true;
     }
-    if (!state_->canceller) {
+    if (!state_->canceller && !state_->driven) {
       if (why) *why = "this status cannot be cancelled (it is not an engine's transfer)";
       return false;
     }
     state_->cancel_asked = true;
     fn = std::move(state_->canceller);
+    driver = state_->driver;
   }
-  fn();
+  if (fn)
+    fn();
+  else if (auto d = driver.lock())
+    d->cancel();
   return true;
 }
 
 StatusCode TransferStatus::Wait() const {
   if (!InProgress()) return Code();
-  const auto hook = progress_hook();
+  const Hook hook = hook_of(*state_);
   if (spin_until_final(state_->code, std::chrono::microseconds::max(), hook) ||
       await_expected_end(*state_, std::chrono::steady_clock::time_point::max(), hook))
     return Code();
@@ -274,7 +294,7 @@ bool TransferStatus::WaitFor(std::chrono::milliseconds timeout) const {
   }
   const auto start = std::chrono::steady_clock::now();
   const bool long_wait = timeout >= std::chrono::hours(1);
-  const auto hook = progress_hook();
+  const Hook hook = hook_of(*state_);
   if (spin_until_final(
           state_->code,
           long_wait ? std::chrono::microseconds::max() : std::chrono::microseconds(timeout),

@@ -58,13 +58,11 @@ TransferStatus failed(StatusCode code, std::string msg) {
 
 // A transfer's local region is in use from its start to its end: a
 // deregistration waits for it (Registry, `inflight`).
-void hold(LocalMem& m) {
-  std::lock_guard<std::mutex> lk(m.mu);
-  ++m.inflight;
-}
+void hold(LocalMem& m) { ++m.inflight; }
 void release(LocalMem& m) {
-  std::lock_guard<std::mutex> lk(m.mu);
-  if (--m.inflight == 0) m.idle.notify_all();
+  if (--m.inflight != 0 || !m.draining) return;
+  std::lock_guard<std::mutex> lk(m.mu);  // the deregistration waits or is about to
+  m.idle.notify_all();
 }
 
 }  // namespace
@@ -77,6 +75,9 @@ Transfer::~Transfer() {
   }
   for (const PairItems& p : parts) release(*p.pair.local);
 }
+
+void Transfer::cancel() { owner->cancel(shared_from_this()); }
+void Transfer::progress() { Transfers::drive_progress(shared_from_this()); }
 
 Attempt::~Attempt() { transfer->owner->watchdog_.disarm(this); }
 
@@ -118,8 +119,7 @@ void Transfers::complete(std::shared_ptr<Attempt> a, int status, const char* mes
   attempt_done(a, status, message ? printable(message, 512) : "");
 }
 
-std::vector<BackendPtr> Transfers::route_for(const MemPair& pair, Op op, uint64_t bytes,
-                                             std::string& why) {
+Route Transfers::route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why) {
   RouteInputs in;
   in.query.peer_key = pair.peer->desc.key;
   in.query.peer_host = pair.peer->desc.host;
@@ -132,20 +132,24 @@ std::vector<BackendPtr> Transfers::route_for(const MemPair& pair, Op op, uint64_
   const auto key = std::make_tuple(pair.local->desc.id, static_cast<int>(op), rule);
   const uint64_t bgen = backends_.generation();
   const uint64_t hgen = health_.generation();
-  const auto now = std::chrono::steady_clock::now();
+  // (The clock only where the cached route expires: a quarantine in it ends.)
+  const auto never = std::chrono::steady_clock::time_point::max();
   {
     std::lock_guard<std::mutex> lk(pair.remote->route_mu);
     auto it = pair.remote->routes.find(key);
     if (it != pair.remote->routes.end() && it->second.backend_generation == bgen &&
-        it->second.health_generation == hgen && now < it->second.valid_until) {
+        it->second.health_generation == hgen &&
+        (it->second.valid_until == never ||
+         std::chrono::steady_clock::now() < it->second.valid_until)) {
       why = it->second.why;
       return it->second.route;
     }
   }
+  const auto now = std::chrono::steady_clock::now();
   CachedRoute c;
   c.backend_generation = bgen;
   c.health_generation = hgen;
-  c.valid_until = std::chrono::steady_clock::time_point::max();
+  c.valid_until = never;
   in.peer_backends = &pair.peer->advertised;
   in.local_mem_backends = &pair.local->advertised;
   in.remote_mem_backends = &pair.remote->advertised;
@@ -164,12 +168,14 @@ std::vector<BackendPtr> Transfers::route_for(const MemPair& pair, Op op, uint64_
     return {};
   };
   RouteDecision d = route(policy_, in);
+  std::vector<BackendPtr> ranked;
   for (const auto& name : d.kept())
     for (const auto& b : loaded)
-      if (b->name == name) c.route.push_back(b);
-  if (c.route.empty()) c.why = "no backend can serve this transfer (" + d.dropped_summary() + ")";
+      if (b->name == name) ranked.push_back(b);
+  if (ranked.empty()) c.why = "no backend can serve this transfer (" + d.dropped_summary() + ")";
+  c.route = std::make_shared<const std::vector<BackendPtr>>(std::move(ranked));
   why = c.why;
-  std::vector<BackendPtr> out = c.route;
+  Route out = c.route;
   std::lock_guard<std::mutex> lk(pair.remote->route_mu);
   pair.remote->routes[key] = std::move(c);
   return out;
@@ -231,8 +237,7 @@ TransferPtr Transfers::make_transfer(Op op, uint32_t flags, TransferUid uid) {
   return t;
 }
 
-TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t,
-                                const std::vector<BackendPtr>* route) {
+TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t, const Route* route) {
   if (pair.peer->gone.load(std::memory_order_relaxed))
     return failed(StatusCode::ERR_NOT_FOUND,
                   "remote engine '" + pair.peer->desc.key +
@@ -243,35 +248,31 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t,
     t->route = *route;
   else
     t->route = route_for(pair, t->op == FERRY_OP_READ ? Op::READ : Op::WRITE, t->total, why);
-  if (t->route.empty()) return failed(StatusCode::ERR_BAD_STATE, why);
-  if (t->deadline == std::chrono::steady_clock::time_point{})
-    t->deadline = std::chrono::steady_clock::now() + policy_.timeout;
+  if (t->route->empty()) return failed(StatusCode::ERR_BAD_STATE, why);
+  // Submitted when its status was made (make_transfer), a moment ago. (A
+  // part of a larger call has the call's deadline, perhaps long since set.)
+  const bool fresh = t->deadline == std::chrono::steady_clock::time_point{};
+  if (fresh) t->deadline = t->status.state()->created + policy_.timeout;
   if (t->parts.empty())
     hold(*pair.local);
   else
     for (const PairItems& p : t->parts) hold(*p.pair.local);
   t->pair = pair;  // from here on ~Transfer releases the local regions
-  t->status.SetInProgress();
-  // Weak: the status may outlive the transfer (Cancel() of an ended one returns first).
-  std::weak_ptr<Transfer> weak = t;
-  t->status.SetCanceller([this, weak] {
-    if (auto live = weak.lock()) cancel(live);
-  });
-  // Only where a backend of the route can report completions on a waiter's
-  // thread; otherwise a wait just polls the code.
-  if (std::any_of(t->route.begin(), t->route.end(),
-                  [](const BackendPtr& b) { return b->has_progress; }))
-    t->status.SetProgress([weak] {
-      if (auto live = weak.lock()) drive_progress(live);
-    });
+  // The transfer answers its status's Cancel() and, only where a backend of
+  // the route can report completions on a waiter's thread, a wait's progress
+  // rounds (otherwise a wait just polls the code). Held weakly: the status
+  // may outlive the transfer.
+  set_driver(t->status, t, std::any_of(t->route->begin(), t->route->end(), [](const BackendPtr& b) {
+               return b->has_progress;
+             }));
   // When it should end, from how long the first backend's transfers of about
   // this size took lately: a wait is awake for it (status.cpp). Counted from
   // its submission, deadline - timeout, as landed() measures what it took
   // (no second clock read on this path).
-  if (const auto due = t->route.front()->durations.expected(t->total); due.count() > 0)
+  if (const auto due = t->route->front()->durations.expected(t->total); due.count() > 0)
     t->status.SetExpectedEnd(t->deadline - policy_.timeout + due);
   TransferStatus status = t->status;
-  start_next(t);
+  start_next(t, fresh);
   return status;
 }
 
@@ -347,13 +348,15 @@ void Transfers::cancel_fenced(const std::shared_ptr<Attempt>& a, const FenceResu
   finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
 }
 
-void Transfers::finish(const TransferPtr& t, StatusCode code, std::string msg) {
+void Transfers::finish(const TransferPtr& t, StatusCode code, std::string msg,
+                       std::chrono::steady_clock::time_point ended) {
+  if (ended == std::chrono::steady_clock::time_point{}) ended = std::chrono::steady_clock::now();
   if (!t->on_end) {
-    t->status.Finish(code, std::move(msg));
+    finish_at(t->status, code, std::move(msg), ended);
     return;
   }
   const std::string copy = msg;
-  if (t->status.Finish(code, std::move(msg))) t->on_end(code, copy);
+  if (finish_at(t->status, code, std::move(msg), ended)) t->on_end(code, copy);
 }
 
 Fencer::Target Transfers::fence_target(const TransferPtr& t) const {
@@ -361,7 +364,7 @@ Fencer::Target Transfers::fence_target(const TransferPtr& t) const {
   return {d.key, d.host, d.port, d.instance};
 }
 
-void Transfers::start_next(const TransferPtr& t) {
+void Transfers::start_next(const TransferPtr& t, bool fresh) {
   if (t->cancelled) {  // whatever came before, nothing of it can land any more
     finish(t, StatusCode::ERR_CANCELLED,
            "cancelled" + (t->history.empty() ? std::string() : " (after: " + t->history + ")"));
@@ -374,26 +377,29 @@ void Transfers::start_next(const TransferPtr& t) {
   }
   // No attempt starts while the target is being fenced (it waits) or stays
   // fenced (it fails): an earlier attempt's bytes could still land over it.
+  // (Nothing fenced anywhere, the usual case: no lock, no callback made.)
   std::string why;
   const EngineDesc& peer = t->pair.peer->desc;
-  auto gate = fencer_.admit(
-      peer.key, peer.instance,
-      [this, t](bool go, const std::string& w) {
-        if (go) {
-          start_next(t);
-          return;
-        }
-        add_history(t->history, w);
-        finish(t, StatusCode::ERR_BAD_STATE, t->history);
-      },
-      &why);
+  auto gate = Fencer::Gate::OPEN;
+  if (!fencer_.all_open())
+    gate = fencer_.admit(
+        peer.key, peer.instance,
+        [this, t](bool go, const std::string& w) {
+          if (go) {
+            start_next(t);
+            return;
+          }
+          add_history(t->history, w);
+          finish(t, StatusCode::ERR_BAD_STATE, t->history);
+        },
+        &why);
   if (gate == Fencer::Gate::HELD) return;
   if (gate == Fencer::Gate::CLOSED) {
     add_history(t->history, why);
     finish(t, StatusCode::ERR_BAD_STATE, t->history);
     return;
   }
-  while (t->next < t->route.size() && t->attempts < policy_.max_attempts) {
+  while (t->next < t->route->size() && t->attempts < policy_.max_attempts) {
     if (t->cancelled) {  // cancelled while an attempt was refused at post(): no other
       add_history(t->history, "cancelled");
       finish(t, StatusCode::ERR_CANCELLED, t->history);
@@ -403,13 +409,15 @@ void Transfers::start_next(const TransferPtr& t) {
       add_history(t->history, "engine shutting down");
       break;
     }
-    if (std::chrono::steady_clock::now() >= t->deadline) {
-      add_history(t->history, "the transfer's deadline passed before " + t->route[t->next]->name +
-                                  " could be tried");
+    const auto now = fresh ? t->deadline - policy_.timeout : std::chrono::steady_clock::now();
+    fresh = false;
+    if (now >= t->deadline) {
+      add_history(t->history, "the transfer's deadline passed before " +
+                                  (*t->route)[t->next]->name + " could be tried");
       t->last_code = StatusCode::ERR_TIMEOUT;
       break;
     }
-    BackendPtr b = t->route[t->next++];
+    BackendPtr b = (*t->route)[t->next++];
     auto hs = health_.state(t->pair.peer->desc.key, b->name);
     if (hs == Health::State::QUARANTINED) {
       add_history(t->history, b->name + ": quarantined");
@@ -421,20 +429,21 @@ void Transfers::start_next(const TransferPtr& t) {
       return;
     }
     ++t->attempts;
-    int rc = post_attempt(t, b, why);
+    int rc = post_attempt(t, b, why, now);
     if (rc == FERRY_OK) return;  // the completion continues from attempt_done
     t->last_code = status_from_plugin(rc);
     add_history(t->history, b->name + ": " + why);
     ++b->counters->failures;
     if (!t->pair.peer->gone && health_.fail(t->pair.peer->desc.key, b->name))
       ++b->counters->quarantines;
-    if (t->next < t->route.size()) ++b->counters->failovers;
+    if (t->next < t->route->size()) ++b->counters->failovers;
   }
   if (t->history.empty()) t->history = "no backend left to try";
   finish(t, t->last_code, t->history);
 }
 
-int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why) {
+int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why,
+                            std::chrono::steady_clock::time_point now) {
   // Hold the backend's life lock from the handle lookup through post(): the
   // calls that free plugin handles take it exclusively, so a handle found here
   // stays valid until the plugin has taken the transfer.
@@ -472,7 +481,6 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   // (and perhaps a failover) still fits; a failover attempt gets half of what is
   // left, keeping the other half for its own fence. The watchdog fires halfway
   // between the attempt's deadline and the transfer's.
-  const auto now = std::chrono::steady_clock::now();
   const auto attempt_deadline =
       std::max(t->deadline - fence_reserve(policy_.timeout), now + (t->deadline - now) / 2);
   const auto reserve = t->deadline - attempt_deadline;
@@ -496,15 +504,15 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   x.attempt_id = a->id;
   x.n_pairs = static_cast<uint32_t>(pairs.size());
   x.pairs = pairs.empty() ? nullptr : pairs.data();
-  auto* ref = new std::shared_ptr<Attempt>(a);
-  x.xfer_ctx = ref;
+  a->plugin_ref = a;
+  x.xfer_ctx = a.get();
   char reason[256] = {};
   x.reason = reason;
   x.reason_len = sizeof reason;
   watchdog_.arm(a, attempt_deadline + reserve / 2);
   int rc = b->ops->post(b->ctx, &x);
   if (rc != FERRY_OK) {
-    delete ref;
+    a->plugin_ref.reset();
     a->settled = true;
     reason[sizeof reason - 1] = '\0';  // whatever the plugin wrote, it ends here
     why = "refused the transfer: " + plugin_error_name(rc) +
@@ -624,7 +632,7 @@ void Transfers::attempt_fenced(const std::shared_ptr<Attempt>& a, int status,
     case FenceState::PARTIAL:
       t->last_code = status_from_plugin(status);
       add_history(t->history, entry);
-      if (t->next < t->route.size() && t->attempts < policy_.max_attempts && !shutting_down_)
+      if (t->next < t->route->size() && t->attempts < policy_.max_attempts && !shutting_down_)
         ++b.counters->failovers;
       start_next(t);
       return;
@@ -676,13 +684,14 @@ void Transfers::landed(const std::shared_ptr<Attempt>& a, const std::string& not
   b.counters->bytes += t->total;
   ++b.counters->transfers;
   // Submitted at deadline - timeout (Transfers::start): no lock on this path.
-  const auto took = std::chrono::steady_clock::now() - (t->deadline - policy_.timeout);
+  const auto now = std::chrono::steady_clock::now();
+  const auto took = now - (t->deadline - policy_.timeout);
   b.counters->metrics.record(t->op == FERRY_OP_READ ? Op::READ : Op::WRITE, t->total, took);
   if (t->history.empty()) b.durations.record(t->total, took);  // its first attempt's time alone
   health_.succeed(t->pair.peer->desc.key, b.name);
   std::string after = t->history.empty() ? std::string() : "after: " + t->history;
   if (!t->message) {
-    finish(t, StatusCode::SUCCESS, std::move(after));
+    finish(t, StatusCode::SUCCESS, std::move(after), now);
     return;
   }
   // The data is in place: now its message, once (however many attempts the
@@ -728,11 +737,11 @@ void Transfers::attempt_failed(const std::shared_ptr<Attempt>& a, int status,
   ++b.counters->failures;
   if (backend_at_fault && !t->pair.peer->gone && health_.fail(peer, b.name))
     ++b.counters->quarantines;
-  if (t->next < t->route.size() && t->attempts < policy_.max_attempts && !shutting_down_) {
+  if (t->next < t->route->size() && t->attempts < policy_.max_attempts && !shutting_down_) {
     ++b.counters->failovers;
     FERRY_LOG(INFO, self_key_,
               "transfer " + std::to_string(t->uid) + " to " + peer + " failed on " + b.name + " (" +
-                  msg + "); trying " + t->route[t->next]->name);
+                  msg + "); trying " + (*t->route)[t->next]->name);
   }
   start_next(t);
 }

@@ -6,6 +6,7 @@
 // (pairs and plugin handles), the backends, the policy, the health table and
 // the control plane from the engine, which outlives it.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -26,6 +27,7 @@
 #include "peer_job_queue.h"
 #include "policy.h"
 #include "registry.h"
+#include "status_state.h"
 #include "watchdog.h"
 
 namespace ferry {
@@ -56,6 +58,37 @@ struct UninitAllocator : std::allocator<T> {
 };
 using IovList = std::vector<ferry_iov_v1, UninitAllocator<ferry_iov_v1>>;
 
+// A transfer's items: a single one (a plain read or write) inline, with no
+// allocation of its own; more in an IovList.
+class TransferIov {
+ public:
+  size_t size() const { return n_; }
+  ferry_iov_v1* data() { return n_ > 1 ? many_.data() : &one_; }
+  const ferry_iov_v1* data() const { return n_ > 1 ? many_.data() : &one_; }
+  // Room for n items, left unset: the caller writes them all.
+  void resize(size_t n) {
+    n_ = n;
+    if (n > 1) many_.resize(n);
+  }
+  void assign(const ferry_iov_v1* first, const ferry_iov_v1* last) {
+    resize(static_cast<size_t>(last - first));
+    std::copy(first, last, data());
+  }
+  TransferIov& operator=(IovList&& items) {
+    n_ = items.size();
+    if (n_ == 1)
+      one_ = items[0];
+    else
+      many_ = std::move(items);
+    return *this;
+  }
+
+ private:
+  ferry_iov_v1 one_{};
+  IovList many_;
+  size_t n_ = 0;
+};
+
 // Whether [lo, lo + len) lies in a local region of lsize bytes and [ro, ro +
 // len) in a remote one of rsize, len > 0. Without branches, so a loop over
 // many items stays one straight pass.
@@ -71,9 +104,10 @@ struct PairItems {
   uint64_t bytes = 0;  // their lengths' sum
 };
 
-// One logical transfer, across however many backends it takes.
+// One logical transfer, across however many backends it takes; the driver
+// of its own status (Cancel(), a wait's progress rounds).
 struct Attempt;
-struct Transfer {
+struct Transfer final : StatusDriver, std::enable_shared_from_this<Transfer> {
   Transfers* owner = nullptr;
   TransferStatus status;
   MemPair pair;
@@ -96,9 +130,9 @@ struct Transfer {
   std::weak_ptr<Attempt> current;  // the attempt in flight (guarded by current_mu)
   // A part of a multi-region transfer: told once when this part ends.
   std::function<void(StatusCode code, const std::string& why)> on_end;
-  IovList iov;
+  TransferIov iov;
   uint64_t total = 0;  // of iov's lengths (set by whoever builds the transfer)
-  std::vector<BackendPtr> route;
+  Route route;         // set by start()
   // The whole transfer ends by this (submit + policy timeout): attempts, fences,
   // failovers and the notification all fit inside it.
   std::chrono::steady_clock::time_point deadline;
@@ -110,12 +144,17 @@ struct Transfer {
   StatusCode last_code = StatusCode::ERR_BAD_STATE;
   std::string history;  // "tcp: connection reset; ofi: timeout"
   ~Transfer();          // releases the local region (LocalMem::inflight)
+  void cancel() override;
+  void progress() override;
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
 // One try of a transfer on one backend. The plugin holds a reference (the
 // xfer_ctx) until it calls complete(); the watchdog fires if it never does.
 struct Attempt : WatchItem, std::enable_shared_from_this<Attempt> {
+  // That reference: xfer_ctx is this attempt, kept alive by this member from
+  // post() until complete() takes it (no allocation of its own per attempt).
+  std::shared_ptr<Attempt> plugin_ref;
   TransferPtr transfer;
   BackendPtr backend;
   uint64_t id = 0;  // ferry_xfer_v1.attempt_id
@@ -173,10 +212,10 @@ class Transfers {
   // policy's deadline.
   TransferStatus send_message(const Messenger::Target& to, std::string payload);
   // The ranked backends for a transfer over `pair` now (cached per pair and rule).
-  std::vector<BackendPtr> route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why);
+  Route route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why);
   // host->complete: a plugin ended an attempt (it drops its reference after this).
   void complete(std::shared_ptr<Attempt> a, int status, const char* message);
-  // TransferStatus::Cancel() of `t` (through its canceller).
+  // TransferStatus::Cancel() of `t` (through Transfer::cancel()).
   void cancel(const TransferPtr& t);
   // New transfers fail at once from now on.
   void shut_down() { shutting_down_ = true; }
@@ -194,12 +233,12 @@ class Transfers {
 
  private:
   friend struct Attempt;
+  friend struct Transfer;
   // A new transfer owned by this lifecycle, not yet started.
   TransferPtr make_transfer(Op op, uint32_t flags, TransferUid uid);
   // Routes a built, checked transfer (unless `route` is given) and posts its
   // first attempt. Its deadline is set here unless it has one.
-  TransferStatus start(const MemPair& pair, const TransferPtr& t,
-                       const std::vector<BackendPtr>* route = nullptr);
+  TransferStatus start(const MemPair& pair, const TransferPtr& t, const Route* route = nullptr);
   // One transfer per group (items iov[first, first + n)), each routed on its
   // own unless `route` is given; done(code, why) once, when the last has
   // ended: SUCCESS only when every part landed, and then after the target's
@@ -210,8 +249,8 @@ class Transfers {
     bool owes_notify;
     std::optional<std::string> message;
     std::chrono::steady_clock::time_point deadline;
-    const std::vector<BackendPtr>* route;  // nullptr: each part routes itself
-    uint32_t attempts_used;                // of policy max_attempts, by the caller
+    const Route* route;      // nullptr: each part routes itself
+    uint32_t attempts_used;  // of policy max_attempts, by the caller
   };
   void start_parts(const std::vector<Group>& groups, const ferry_iov_v1* iov, PartsSpec spec,
                    std::function<void(StatusCode, const std::string&)> done,
@@ -219,14 +258,19 @@ class Transfers {
   // A multi-pair transfer whose next backend (t->route[t->next]) cannot take
   // several pairs: from there on it runs as one transfer per pair.
   void split(const TransferPtr& t);
-  void start_next(const TransferPtr& t);
+  // fresh: called by start(), a moment after the submission - the transfer's
+  // start time stands for now (no clock read on the submit path).
+  void start_next(const TransferPtr& t, bool fresh = false);
   // A waiter's progress hook: the attempt in flight's backend reports what has
   // finished, on the waiting thread (plugin ABI 1.6). Touches only the transfer
   // and what it keeps alive, never the engine: a status may outlive it.
   static void drive_progress(const TransferPtr& t);
-  int post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why);
+  int post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why,
+                   std::chrono::steady_clock::time_point now);
   void attempt_done(const std::shared_ptr<Attempt>& a, int status, const std::string& msg);
-  void finish(const TransferPtr& t, StatusCode code, std::string msg);
+  // Ends the transfer's status (at `ended`, read by the caller; unset: now).
+  void finish(const TransferPtr& t, StatusCode code, std::string msg,
+              std::chrono::steady_clock::time_point ended = {});
   // An attempt failed in a way that leaves nothing to land later: count it
   // against the backend's health and go on with the next backend.
   void attempt_failed(const std::shared_ptr<Attempt>& a, int status, const std::string& msg,

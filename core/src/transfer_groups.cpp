@@ -68,10 +68,10 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, IovList iov, 
   // several pairs in one post.
   std::string why;
   const Op rop = op == Op::READ ? Op::READ : Op::WRITE;
-  std::vector<BackendPtr> route = route_for(groups.front().pair, rop, groups.front().bytes, why);
-  bool one = !route.empty() && (route.front()->caps & FERRY_CAP_MULTI_PAIR);
+  const Route route = route_for(groups.front().pair, rop, groups.front().bytes, why);
+  bool one = !route->empty() && (route->front()->caps & FERRY_CAP_MULTI_PAIR);
   for (size_t gi = 1; one && gi < groups.size(); ++gi)
-    one = route_for(groups[gi].pair, rop, groups[gi].bytes, why) == route;
+    one = *route_for(groups[gi].pair, rop, groups[gi].bytes, why) == *route;
   if (one) {
     auto t = make_transfer(op, flags, uid);
     t->message = std::move(message);
@@ -218,10 +218,11 @@ void Transfers::start_parts(const std::vector<Group>& groups, const ferry_iov_v1
 void Transfers::split(const TransferPtr& t) {
   // The parts go on from the backend this transfer had come to, with what is
   // left of its attempts and its deadline; the call ends when the last does.
-  std::vector<BackendPtr> rest(t->route.begin() + static_cast<ptrdiff_t>(t->next), t->route.end());
+  const Route rest = std::make_shared<const std::vector<BackendPtr>>(
+      t->route->begin() + static_cast<ptrdiff_t>(t->next), t->route->end());
   FERRY_LOG(INFO, self_key_,
             "transfer " + std::to_string(t->uid) + " to " + t->pair.peer->desc.key + " goes on " +
-                rest.front()->name + " as " + std::to_string(t->parts.size()) +
+                rest->front()->name + " as " + std::to_string(t->parts.size()) +
                 " transfers, one per region pair (it takes one pair per post)");
   PartsSpec spec{
       t->op, t->uid,     (t->flags & FERRY_XFER_NOTIFY) != 0, std::move(t->message), t->deadline,

@@ -33,7 +33,7 @@ void Watchdog::arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint 
     else
       head_ = item.get();
     tail_ = item.get();
-    item->linked_ = true;
+    item->linked_.store(true, std::memory_order_relaxed);
     // Behind a head, the thread wakes for the (no later) head first; a new head
     // needs it only before the time it wakes by itself.
     wake = head_ == item.get() && when < wake_at_;
@@ -42,6 +42,7 @@ void Watchdog::arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint 
 }
 
 void Watchdog::disarm(WatchItem* item) {
+  if (!item->linked_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lk(mu_);
   unlink_locked(item);
 }
@@ -56,8 +57,8 @@ void Watchdog::unlink_locked(WatchItem* item) {
     item->next_->prev_ = item->prev_;
   else
     tail_ = item->prev_;
-  item->linked_ = false;
   item->prev_ = item->next_ = nullptr;
+  item->linked_.store(false, std::memory_order_release);  // last: see WatchItem::linked_
 }
 
 void Watchdog::loop() {

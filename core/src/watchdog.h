@@ -8,6 +8,7 @@
 // sleeping for good, so back-to-back transfers (arm into an empty list, every
 // time) cost no thread wake-up each.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -30,7 +31,10 @@ class WatchItem {
   TimePoint when_{};
   WatchItem* prev_ = nullptr;
   WatchItem* next_ = nullptr;
-  bool linked_ = false;
+  // Written under the watchdog's lock; read without it by disarm(), which
+  // returns at once for an item no longer listed (unlink_locked clears it
+  // last, so the list touches the item no more once it reads false).
+  std::atomic<bool> linked_{false};
   std::weak_ptr<WatchItem> self_;
 };
 
@@ -41,6 +45,8 @@ class Watchdog {
   // Arm an item; its deadline should not be earlier than those armed before
   // (an earlier one is still honoured, only later than exact).
   void arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint when);
+  // Unlists the item (no lock when it is not listed: the completion unlisted
+  // it before its destructor asks again).
   void disarm(WatchItem* item);
 
  private:

@@ -170,7 +170,6 @@ class TransferStatus {
   const std::shared_ptr<State>& state() const { return state_; }
 
  private:
-  std::function<void()> progress_hook() const;
   std::shared_ptr<State> state_;
 };
 
