@@ -236,11 +236,12 @@ bool looks_dead(int fd) {
 
 ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16_t port,
                            Handlers handlers, const LinkAuth* auth,
-                           std::chrono::milliseconds idle_close)
+                           std::chrono::milliseconds idle_close, std::chrono::microseconds spin)
     : self_key_(std::move(self_key)),
       handlers_(std::move(handlers)),
       auth_(auth),
-      idle_close_(idle_close) {
+      idle_close_(idle_close),
+      spin_(std::clamp(spin, std::chrono::microseconds(0), std::chrono::microseconds(10000))) {
   sockaddr_storage ss{};
   socklen_t len = 0;
   if (!resolve(host, port, ss, len))
@@ -316,8 +317,11 @@ void ControlPlane::io_loop() {
         timeout = timeout < 0 ? left : std::min(timeout, left);
       }
     }
-    int n = epoll_wait(epoll_fd_, evs, 32, timeout);
+    // (The timeouts above hold to the millisecond; a poll lasts at most 10 ms.)
+    int n = poll_for_events(evs, 32);
+    if (n == 0) n = epoll_wait(epoll_fd_, evs, 32, timeout);
     if (n < 0 && errno == EINTR) continue;
+    bool frames = false;
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
       if (fd == wake_fd_) {
@@ -325,12 +329,26 @@ void ControlPlane::io_loop() {
         [[maybe_unused]] auto r = ::read(wake_fd_, &v, sizeof v);  // level-triggered: drain
         continue;
       }
-      if (fd == listen_fd_ || fd == unix_fd_)
+      if (fd == listen_fd_ || fd == unix_fd_) {
         accept_all(fd);
-      else
+      } else {
         read_from(fd);
+        frames = true;
+      }
     }
+    if (frames && spin_.count() > 0) poll_until_ = std::chrono::steady_clock::now() + spin_;
   }
+}
+
+int ControlPlane::poll_for_events(epoll_event* evs, int max) {
+  // A frame's sender wakes a thread asleep in epoll_wait inside its send()
+  // (an inter-processor wake-up); one that finds this thread polling only
+  // queues the frame.
+  while (!stop_ && std::chrono::steady_clock::now() < poll_until_) {
+    const int n = epoll_wait(epoll_fd_, evs, max, 0);
+    if (n != 0) return n;
+  }
+  return 0;
 }
 
 void ControlPlane::arm_listeners(bool on) {

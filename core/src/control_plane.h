@@ -14,6 +14,8 @@
 // a peer that once needed a fence or a message does not hold a descriptor at
 // each end for good.
 #pragma once
+#include <sys/epoll.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -71,9 +73,12 @@ class ControlPlane {
   // Binds host:port (0 = any free port) and starts the I/O thread. Throws
   // ferry::Error. `auth` (borrowed, outlives this) proves and checks connections.
   // idle_close: an outbound connection unused this long is closed; 0 = never.
+  // spin: after a frame arrives, poll this long for the next before sleeping
+  // (EngineConfig::control_spin).
   ControlPlane(std::string self_key, const std::string& host, uint16_t port, Handlers handlers,
                const LinkAuth* auth,
-               std::chrono::milliseconds idle_close = std::chrono::seconds(60));
+               std::chrono::milliseconds idle_close = std::chrono::seconds(60),
+               std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~ControlPlane();
 
   uint16_t port() const { return port_; }
@@ -258,7 +263,12 @@ class ControlPlane {
   int wake_fd_ = -1;
   uint16_t port_ = 0;
   const std::chrono::milliseconds idle_close_;
-  // True while the I/O thread's wait is bounded by an outbound connection's
+  const std::chrono::microseconds spin_;
+  // Events of an epoll_wait(0) poll while the I/O thread polls after a frame
+  // (until poll_until_), or 0 when none came by then; I/O thread only.
+  int poll_for_events(epoll_event* evs, int max);
+  Clock::time_point
+      poll_until_{};  // True while the I/O thread's wait is bounded by an outbound connection's
   // expiry; a new connection wakes it only when it is not (arm_reaper).
   std::atomic<bool> reaper_armed_{false};
   Clock::time_point next_reap_{};  // the earliest expiry the last scan found; I/O thread only

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <random>
 
@@ -20,6 +21,28 @@ std::string token_from(const EngineConfig& c) {
   if (!c.auth_token.empty()) return c.auth_token;
   const char* env = std::getenv("FERRY_AUTH_TOKEN");
   return env ? env : "";
+}
+
+// EngineConfig::control_spin, else FERRY_CONTROL_SPIN_US, else 0; a value
+// outside 0..10000 us is refused, not clamped.
+std::chrono::microseconds control_spin(const EngineConfig& c) {
+  constexpr long long kMax = 10000;
+  if (c.control_spin) {
+    if (c.control_spin->count() < 0 || c.control_spin->count() > kMax)
+      throw Error(StatusCode::ERR_INVALID_ARGS,
+                  "control_spin must be 0.." + std::to_string(kMax) + " microseconds");
+    return *c.control_spin;
+  }
+  const char* env = std::getenv("FERRY_CONTROL_SPIN_US");
+  if (env == nullptr || *env == '\0') return std::chrono::microseconds(0);
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  if (end == env || *end != '\0' || errno != 0 || v < 0 || v > kMax)
+    throw Error(StatusCode::ERR_INVALID_ARGS, "FERRY_CONTROL_SPIN_US='" + std::string(env) +
+                                                  "' is not 0.." + std::to_string(kMax) +
+                                                  " (microseconds)");
+  return std::chrono::microseconds(v);
 }
 
 const std::string& checked_key(const std::string& key) {
@@ -116,8 +139,9 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
   };
   h.self_desc = [this] { return desc().pack(); };
   h.on_peer_desc = [this](const EngineDesc& d) { learn_peer(d); };
-  control_ = std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h),
-                                            &link_auth_, config_.control_idle_close);
+  control_ =
+      std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &link_auth_,
+                                     config_.control_idle_close, control_spin(config_));
   control_live_.store(control_.get(), std::memory_order_release);
   transfers_ = std::make_unique<Transfers>(
       Transfers::Parts{key_, policy_, *health_, backends_, registry_, *control_}, instance_);
