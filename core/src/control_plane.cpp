@@ -318,7 +318,7 @@ void ControlPlane::io_loop() {
       }
     }
     // (The timeouts above hold to the millisecond; a poll lasts at most 10 ms.)
-    int n = poll_for_events(evs, 32);
+    int n = poll_for_events(evs, 32, timeout);
     if (n == 0) n = epoll_wait(epoll_fd_, evs, 32, timeout);
     if (n < 0 && errno == EINTR) continue;
     bool frames = false;
@@ -340,15 +340,23 @@ void ControlPlane::io_loop() {
   }
 }
 
-int ControlPlane::poll_for_events(epoll_event* evs, int max) {
+int ControlPlane::poll_for_events(epoll_event* evs, int max, int& timeout_ms) {
   // A frame's sender wakes a thread asleep in epoll_wait inside its send()
   // (an inter-processor wake-up); one that finds this thread polling only
   // queues the frame.
-  while (!stop_ && std::chrono::steady_clock::now() < poll_until_) {
-    const int n = epoll_wait(epoll_fd_, evs, max, 0);
-    if (n != 0) return n;
+  const auto start = std::chrono::steady_clock::now();
+  if (start >= poll_until_) return 0;
+  auto until = poll_until_;
+  if (timeout_ms >= 0) until = std::min(until, start + std::chrono::milliseconds(timeout_ms));
+  int n = 0;
+  while (n == 0 && !stop_ && std::chrono::steady_clock::now() < until)
+    n = epoll_wait(epoll_fd_, evs, max, 0);
+  if (timeout_ms >= 0) {
+    const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    timeout_ms = std::max(0, timeout_ms - static_cast<int>(spent.count()));
   }
-  return 0;
+  return n;
 }
 
 void ControlPlane::arm_listeners(bool on) {

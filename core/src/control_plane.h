@@ -265,10 +265,12 @@ class ControlPlane {
   const std::chrono::milliseconds idle_close_;
   const std::chrono::microseconds spin_;
   // Events of an epoll_wait(0) poll while the I/O thread polls after a frame
-  // (until poll_until_), or 0 when none came by then; I/O thread only.
-  int poll_for_events(epoll_event* evs, int max);
-  Clock::time_point
-      poll_until_{};  // True while the I/O thread's wait is bounded by an outbound connection's
+  // (until poll_until_), or 0 when none came by then. A `timeout_ms` >= 0 (the
+  // next timer) bounds the poll and is reduced by its time, so a timer due
+  // meanwhile is not made late.
+  int poll_for_events(epoll_event* evs, int max, int& timeout_ms);
+  Clock::time_point poll_until_{};  // I/O thread only
+  // True while the I/O thread's wait is bounded by an outbound connection's
   // expiry; a new connection wakes it only when it is not (arm_reaper).
   std::atomic<bool> reaper_armed_{false};
   Clock::time_point next_reap_{};  // the earliest expiry the last scan found; I/O thread only
