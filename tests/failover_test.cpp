@@ -185,6 +185,21 @@ TEST(Failover, HealthyBackendIsUsedFirstAndNotifiesOnce) {
   EXPECT_EQ(rig.stats("tcp").transfers, 0u);
 }
 
+// A plugin that reports one transfer twice breaks the ABI; while the attempt
+// is alive (here: inside post()) the core keeps the first report and ignores
+// the second - no second ending, no failover, no crash.
+TEST(Failover, ASecondCompletionOfOneTransferIsIgnored) {
+  Rig rig("complete_twice");
+  for (uint64_t i = 0; i < 3; ++i) {
+    TransferStatus st = rig.run(Op::WRITE, 40 + i);
+    ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+    EXPECT_EQ(st.Message(), "") << "the second report reached the transfer";
+  }
+  EXPECT_EQ(rig.stats("fault").transfers, 3u);
+  EXPECT_EQ(rig.stats("fault").failures, 0u);
+  EXPECT_EQ(rig.stats("tcp").transfers, 0u);
+}
+
 TEST(Failover, FailFirstNThenRecover) {
   Rig rig("fail_first_n");
   for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(rig.run(Op::WRITE, 20 + i).Succeeded());

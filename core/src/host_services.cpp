@@ -54,7 +54,14 @@ int host_ctrl_send(void* hctx, const char* peer, const void* msg, size_t len) no
 void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
   auto* b = static_cast<Backend*>(hctx);
   std::shared_ptr<Attempt> a = std::move(static_cast<Attempt*>(xfer_ctx)->plugin_ref);
-  if (!a) return;  // taken already: a second complete() (an ABI breach) while it lives
+  if (!a) {  // taken already: a second complete() of one transfer (an ABI breach)
+    try {
+      log_line(LogLevel::ERROR, "core",
+               "plugin '" + b->name + "' completed one transfer twice; the second is ignored");
+    } catch (...) {
+    }
+    return;
+  }
   try {
     b->engine->transfers().complete(a, status, message);
   } catch (...) {

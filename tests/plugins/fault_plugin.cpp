@@ -18,6 +18,9 @@
 //                      (ABI 1.6, a waiting thread) - or fail it at fini: no
 //                      thread of its own, so a transfer ends only if a waiter
 //                      drives it
+//   complete_twice     copy, then complete the transfer twice inside post()
+//                      with different outcomes (an ABI breach): the core
+//                      must keep the first and ignore the second
 // On success it notifies the target itself AND lacks FERRY_CAP_NATIVE_NOTIFY, so
 // the core notifies too: the target must still see each transfer once.
 // Built twice: as 'fault' (FERRY_CAP_POST_MORE) and, with FAULT_MULTI_PAIR, as
@@ -46,7 +49,8 @@ enum class Mode {
   DROP,
   FAIL_FIRST_N,
   NOTIFY_THEN_FAIL,
-  DEFERRED
+  DEFERRED,
+  COMPLETE_TWICE
 };
 
 // A deferred transfer: copied, its success not reported yet.
@@ -103,7 +107,8 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
                                                        {"drop", Mode::DROP},
                                                        {"fail_first_n", Mode::FAIL_FIRST_N},
                                                        {"notify_then_fail", Mode::NOTIFY_THEN_FAIL},
-                                                       {"deferred", Mode::DEFERRED}};
+                                                       {"deferred", Mode::DEFERRED},
+                                                       {"complete_twice", Mode::COMPLETE_TWICE}};
   bool found = false;
   for (const auto& [name, m] : modes)
     if (mode == name) {
@@ -260,6 +265,13 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
         in->deferred.push_back({x->xfer_ctx, (x->flags & FERRY_XFER_NOTIFY) != 0,
                                 static_cast<Peer*>(x->peer)->key, x->uid});
       }
+      return FERRY_OK;
+    case Mode::COMPLETE_TWICE:
+      if (!static_cast<Peer*>(x->peer)->same_process) break;  // refused below
+      copy(x);
+      notify_target(in, x);
+      in->host->complete(hc, x->xfer_ctx, FERRY_OK, nullptr);
+      in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT, "fault: a second report");
       return FERRY_OK;
     case Mode::OK:
       break;
