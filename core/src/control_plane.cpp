@@ -241,7 +241,7 @@ ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16
       handlers_(std::move(handlers)),
       auth_(auth),
       idle_close_(idle_close),
-      spin_(std::clamp(spin, std::chrono::microseconds(0), std::chrono::microseconds(10000))) {
+      spin_(spin) {
   sockaddr_storage ss{};
   socklen_t len = 0;
   if (!resolve(host, port, ss, len))

@@ -74,12 +74,13 @@ class ControlPlane {
   // ferry::Error. `auth` (borrowed, outlives this) proves and checks connections.
   // idle_close: an outbound connection unused this long is closed; 0 = never.
   // spin: after a frame arrives, poll this long for the next before sleeping
-  // (EngineConfig::control_spin).
+  // (EngineConfig::control_spin; 0..kMaxSpin, which the caller checks).
   ControlPlane(std::string self_key, const std::string& host, uint16_t port, Handlers handlers,
                const LinkAuth* auth,
                std::chrono::milliseconds idle_close = std::chrono::seconds(60),
                std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~ControlPlane();
+  static constexpr std::chrono::microseconds kMaxSpin{10000};
 
   uint16_t port() const { return port_; }
   uint64_t rejected() const { return rejected_.load(); }

@@ -26,7 +26,7 @@ std::string token_from(const EngineConfig& c) {
 // EngineConfig::control_spin, else FERRY_CONTROL_SPIN_US, else 0; a value
 // outside 0..10000 us is refused, not clamped.
 std::chrono::microseconds control_spin(const EngineConfig& c) {
-  constexpr long long kMax = 10000;
+  constexpr long long kMax = ControlPlane::kMaxSpin.count();
   if (c.control_spin) {
     if (c.control_spin->count() < 0 || c.control_spin->count() > kMax)
       throw Error(StatusCode::ERR_INVALID_ARGS,

@@ -96,13 +96,13 @@ struct LocalMem {
   HandleTable handles;
 };
 
-// A routing decision kept for one (local region, remote region, op, rule); valid
-// while neither the loaded backends nor any health state changed, and no
-// quarantine it relied on has ended.
 // Ranked backends, shared by the route cache and the transfers it routed:
 // handing one to a transfer copies a pointer, not the list. Never null.
 using Route = std::shared_ptr<const std::vector<BackendPtr>>;
 
+// A routing decision kept for one (local region, remote region, op, rule); valid
+// while neither the loaded backends nor any health state changed, and no
+// quarantine it relied on has ended.
 struct CachedRoute {
   uint64_t backend_generation = 0;
   uint64_t health_generation = 0;
