@@ -13,6 +13,7 @@
 #include "control_frame.h"
 #include "ferry/ferry.hpp"
 #include "wire.h"
+#include "xgmi_blob.h"
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
@@ -179,6 +180,27 @@ void policy() {
     put("policy", "small_" + std::to_string(i++), Bytes(s, s + strlen(s)));
 }
 
+void xgmi() {
+  auto bytes = [](const auto& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    return Bytes(p, p + sizeof v);
+  };
+  ferry_xgmi::MemBlob b;
+  b.device = 0;
+  b.pid = 4242;
+  b.region_id = 7;
+  b.addr = 0x7f0000000000;
+  b.size = 1 << 20;
+  b.offset = 4096;
+  put("xgmi_wire", "mem_blob", bytes(b));
+  ferry_xgmi::AfterEventMsg m;
+  m.slot = 3;
+  m.uid = 99;
+  m.pid = 4242;
+  m.pool_id = 0x1234567890abcdef;
+  put("xgmi_wire", "after_event", bytes(m));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -191,5 +213,6 @@ int main(int argc, char** argv) {
   tcp();
   descriptors();
   policy();
+  xgmi();
   return 0;
 }

@@ -198,6 +198,9 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   // MULTI_PAIR only from a plugin built against 1.7 or later: an older one
   // cannot know what the bit (or ferry_xfer_v1.pairs) means.
   if (b->ops->abi_minor < 7) b->caps &= ~FERRY_CAP_MULTI_PAIR;
+  // Likewise NATIVE_NOTIFY_READ (1.8), and it means nothing without NATIVE_NOTIFY.
+  if (b->ops->abi_minor < 8 || !(b->caps & FERRY_CAP_NATIVE_NOTIFY))
+    b->caps &= ~FERRY_CAP_NATIVE_NOTIFY_READ;
   b->engine = this;
   init_host_services(*b);
   std::string settings = settings_json.empty() ? policy_.settings_for(name) : settings_json;

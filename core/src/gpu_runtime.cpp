@@ -30,6 +30,8 @@ constexpr Err kPeerAccessAlreadyEnabled = 704;
 constexpr int kMemcpyDefault = 4;                   // cudaMemcpyDefault / hipMemcpyDefault
 constexpr unsigned kStreamNonBlocking = 1;          // cuda/hipStreamNonBlocking
 constexpr unsigned kEventBlockingNoTiming = 1 | 2;  // BlockingSync | DisableTiming
+// BlockingSync | DisableTiming | Interprocess (both vendors): waited for like the others.
+constexpr unsigned kEventInterprocess = 1 | 2 | 4;
 constexpr unsigned kIpcLazyPeerAccess = 1;
 
 // cudaIpcMemHandle_t / hipIpcMemHandle_t: 64 opaque bytes, passed BY VALUE to
@@ -62,6 +64,9 @@ struct Runtime {
   // The handle is a 64-byte struct passed by value (see IpcHandle).
   Err (*ipc_open)(void**, struct IpcHandle, unsigned) = nullptr;
   Err (*ipc_close)(void*) = nullptr;
+  // Optional (both vendors have them; checked at load): interprocess events.
+  Err (*ipc_event_get)(IpcHandle*, void*) = nullptr;
+  Err (*ipc_event_open)(void**, struct IpcHandle) = nullptr;
   Err (*enable_peer)(int, unsigned) = nullptr;
   Err (*get_device)(int*) = nullptr;
   Err (*host_alloc_cuda)(void**, size_t) = nullptr;
@@ -191,6 +196,22 @@ int g_stream_query(void*, void* s) {
 }
 int g_event_sync(void*, void* e) {
   GPU_CALL(g_rt.event_sync(e), "event synchronize");
+  return FERRY_OK;
+}
+int g_event_create_ipc(void*, void** e) {
+  GPU_CALL(g_rt.event_create(e, kEventInterprocess), "interprocess event create");
+  return FERRY_OK;
+}
+int g_ipc_event_handle(void*, void* e, uint8_t handle[64]) {
+  IpcHandle h{};
+  GPU_CALL(g_rt.ipc_event_get(&h, e), "event handle export");
+  std::memcpy(handle, h.bytes, 64);
+  return FERRY_OK;
+}
+int g_ipc_event_open(void*, const uint8_t handle[64], void** e) {
+  IpcHandle h;
+  std::memcpy(h.bytes, handle, 64);
+  GPU_CALL(g_rt.ipc_event_open(e, h), "event handle open");
   return FERRY_OK;
 }
 int g_ipc_get(void*, const void* base, uint8_t handle[64]) {
@@ -538,6 +559,9 @@ bool load_cuda() {
   if (!ok) return false;
   r.vendor = FERRY_GPU_CUDA;
   r.runtime_version(&r.version);
+  if (!sym(h, "cudaIpcGetEventHandle", r.ipc_event_get) ||
+      !sym(h, "cudaIpcOpenEventHandle", r.ipc_event_open))
+    r.ipc_event_get = nullptr;
   if (r.version >= 12080) r.batch = dlsym(h, "cudaMemcpyBatchAsync");
   r.driver = open_first({"libcuda.so.1", "libcuda.so"});
   if (r.driver) {
@@ -586,6 +610,9 @@ bool load_hip() {
             sym(h, "hipFree", r.dev_free) && sym(h, "hipMemcpy", r.memcpy_sync);
   if (!ok) return false;
   r.vendor = FERRY_GPU_HIP;
+  if (!sym(h, "hipIpcGetEventHandle", r.ipc_event_get) ||
+      !sym(h, "hipIpcOpenEventHandle", r.ipc_event_open))
+    r.ipc_event_get = nullptr;
   return true;
 }
 
@@ -627,6 +654,11 @@ const ferry_gpu_v1* load() {
   t.memcpy_batch_async = g_memcpy_batch;
   t.device_bus_id = g_bus_id;
   t.stream_query = g_stream_query;
+  if (g_rt.ipc_event_get) {
+    t.event_create_ipc = g_event_create_ipc;
+    t.ipc_event_handle = g_ipc_event_handle;
+    t.ipc_event_open = g_ipc_event_open;
+  }
   FERRY_LOG(INFO, "gpu",
             std::string(g_rt.vendor == FERRY_GPU_CUDA ? "CUDA" : "HIP") + " runtime loaded, " +
                 std::to_string(n) + " device(s), version " + std::to_string(g_rt.version) +

@@ -51,6 +51,17 @@ int host_ctrl_send(void* hctx, const char* peer, const void* msg, size_t len) no
   }
 }
 
+int host_ctrl_try_send(void* hctx, const char* peer, const void* msg, size_t len) noexcept {
+  try {
+    auto* b = static_cast<Backend*>(hctx);
+    if (!peer || (!msg && len)) return FERRY_ERR_INVALID_ARGS;
+    return b->engine->ctrl_try_send(*b, peer, msg, len);
+  } catch (...) {
+    host_failed("ctrl_try_send");
+    return FERRY_ERR_NOT_SENT;  // allocating the frame failed before anything left
+  }
+}
+
 void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
   auto* b = static_cast<Backend*>(hctx);
   std::shared_ptr<Attempt> a = std::move(static_cast<Attempt*>(xfer_ctx)->plugin_ref);
@@ -149,6 +160,7 @@ void init_host_services(Backend& b) {
   b.host.link_prove = host_link_prove;
   b.host.link_check = host_link_check;
   b.host.gpu = gpu_runtime();
+  b.host.ctrl_try_send = host_ctrl_try_send;
 }
 
 StatusCode status_from_plugin(int rc) {
@@ -212,6 +224,16 @@ int EngineImpl::ctrl_send(Backend& b, const char* peer_key, const void* msg, siz
   constexpr auto kPluginSendWait = std::chrono::seconds(5);
   int rc = control_->send(peer_key, host, port, CtrlType::PLUGIN, plugin_body(b.name, msg, len),
                           &err, ControlPlane::Clock::now() + kPluginSendWait);
+  if (rc != FERRY_OK)
+    FERRY_LOG(WARN, b.name, "control message to " + std::string(peer_key) + " failed: " + err);
+  return rc;
+}
+
+int EngineImpl::ctrl_try_send(Backend& b, const char* peer_key, const void* msg, size_t len) {
+  int rc = FERRY_ERR_NOT_SENT;
+  std::string err;
+  if (!control_->try_send(peer_key, CtrlType::PLUGIN, plugin_body(b.name, msg, len), &rc, &err))
+    return FERRY_ERR_NOT_SENT;
   if (rc != FERRY_OK)
     FERRY_LOG(WARN, b.name, "control message to " + std::string(peer_key) + " failed: " + err);
   return rc;

@@ -44,7 +44,8 @@ std::string caps_to_string(uint64_t caps) {
       {FERRY_CAP_NO_TARGET_CHECK, "no-target-check"},
       {FERRY_CAP_POST_MORE, "post-more"},
       {FERRY_CAP_MULTI_PAIR, "multi-pair"},
-      {FERRY_CAP_FENCE_SELECTIVE, "fence-selective"}};
+      {FERRY_CAP_FENCE_SELECTIVE, "fence-selective"},
+      {FERRY_CAP_NATIVE_NOTIFY_READ, "notify-read"}};
   std::string s;
   for (const auto& [bit, name] : names)
     if (caps & bit) {
@@ -91,6 +92,7 @@ std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_d
       host.log = probe_log;
       host.now_ns = probe_now;
       host.ctrl_send = probe_ctrl;
+      host.ctrl_try_send = probe_ctrl;
       host.complete = probe_complete;
       host.inbound = probe_inbound;
       host.link_prove = probe_link_prove;

@@ -46,6 +46,17 @@ bool is_refusal(int status) {
          status == FERRY_ERR_INVALID_ARGS;
 }
 
+// Whether the core, not the plugin, tells the target of this landed transfer:
+// a plugin's own notification (NATIVE_NOTIFY) covers READ only with
+// NATIVE_NOTIFY_READ (plugin.h).
+bool core_notifies(const Transfer& t, uint64_t caps) {
+  if (!(t.flags & FERRY_XFER_NOTIFY)) return false;
+  const uint64_t native = t.op == FERRY_OP_READ
+                              ? FERRY_CAP_NATIVE_NOTIFY | FERRY_CAP_NATIVE_NOTIFY_READ
+                              : FERRY_CAP_NATIVE_NOTIFY;
+  return (caps & native) != native;
+}
+
 void add_history(std::string& h, const std::string& entry) {
   h += std::string(h.empty() ? "" : "; ") + entry;
 }
@@ -331,7 +342,7 @@ void Transfers::cancel_fenced(const std::shared_ptr<Attempt>& a, const FenceResu
   Backend& b = *a->backend;
   switch (r.state) {
     case FenceState::WHOLE:  // it had all landed: the cancel came too late
-      land(a, (t->flags & FERRY_XFER_NOTIFY) && !(b.caps & FERRY_CAP_NATIVE_NOTIFY));
+      land(a, core_notifies(*t, b.caps));
       return;
     case FenceState::NONE:
     case FenceState::PARTIAL:
@@ -487,9 +498,11 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   ferry_xfer_v1 x{};
   x.struct_size = sizeof x;
   x.op = t->op;
-  // A READ's target is told by the core once the data is here: the target itself
-  // cannot know whether what it sent arrived.
-  x.flags = t->op == FERRY_OP_READ ? t->flags & ~FERRY_XFER_NOTIFY : t->flags;
+  // A READ's target is told by the core once the data is here (the target
+  // cannot know whether what it sent arrived), unless the plugin's own
+  // notification covers READ (NATIVE_NOTIFY_READ).
+  x.flags = t->op == FERRY_OP_READ && core_notifies(*t, b->caps) ? t->flags & ~FERRY_XFER_NOTIFY
+                                                                 : t->flags;
   // Only the first attempt: a failover runs alone, with no part after it.
   if (t->more_follows && t->attempts == 1 && (b->caps & FERRY_CAP_POST_MORE))
     x.flags |= FERRY_XFER_MORE;
@@ -547,9 +560,8 @@ void Transfers::attempt_done(const std::shared_ptr<Attempt>& a, int status,
   const TransferPtr& t = a->transfer;
   Backend& b = *a->backend;
   const std::string& peer = t->pair.peer->desc.key;
-  if (status == FERRY_OK) {
-    land(a, (t->flags & FERRY_XFER_NOTIFY) &&
-                (t->op == FERRY_OP_READ || !(b.caps & FERRY_CAP_NATIVE_NOTIFY)));
+  if (status == FERRY_OK || status == FERRY_OK_NOTIFY_BY_CORE) {
+    land(a, status == FERRY_OK ? core_notifies(*t, b.caps) : (t->flags & FERRY_XFER_NOTIFY) != 0);
     return;
   }
   const std::string message = msg.empty() ? plugin_error_name(status) : msg;
@@ -626,7 +638,7 @@ void Transfers::attempt_fenced(const std::shared_ptr<Attempt>& a, int status,
   switch (r.state) {
     case FenceState::WHOLE:
       add_history(t->history, entry);
-      land(a, (t->flags & FERRY_XFER_NOTIFY) && !(b.caps & FERRY_CAP_NATIVE_NOTIFY));
+      land(a, core_notifies(*t, b.caps));
       return;
     case FenceState::NONE:
     case FenceState::PARTIAL:

@@ -21,6 +21,13 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
   nlohmann::json j;
   *code = FERRY_ERR_INVALID_ARGS;
   if (!ferry::plugin_kit::ParseObject(a.settings_json, "xgmi", &j, why)) return nullptr;
+  // The core must understand FERRY_OK_NOTIFY_BY_CORE (ABI 1.8), which this
+  // plugin reports for a notify transfer it could not tell the target of.
+  if (!FERRY_HAS_FIELD(ferry_host_v1, a.host, ctrl_try_send) || !a.host->ctrl_try_send) {
+    *code = FERRY_ERR_UNSUPPORTED;
+    *why = "this xgmi needs a ferry core of plugin ABI 1.8 or later";
+    return nullptr;
+  }
   auto in = std::make_unique<Instance>(a.host);
   for (const auto& [key, v] : j.items()) {
     int64_t n = 0;
@@ -44,6 +51,8 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
       return nullptr;
     }
   }
+  in->events_ = EventPool::Create(in->gpu_);
+  in->inbound_ = std::make_unique<InboundWatch>(a.host, in->spin_);
   in->completer_ = std::thread([raw = in.get()] { raw->CompleteLoop(); });
   return in;
 }
@@ -225,6 +234,10 @@ int Instance::WaitCopies(const Pending& p) {
       rc = kTaken;
       return true;
     }
+    if (to_send_.load(std::memory_order_acquire) != 0) {
+      rc = kSendFirst;
+      return true;
+    }
     if (now_ns() - driven_at_ns_.load(std::memory_order_relaxed) < kWaiterActiveNs) return false;
     return (rc = QueryCopies(p)) != 1;
   };
@@ -255,10 +268,25 @@ void Instance::PublishFrontLocked() {
 bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc,
                       Clock::time_point watched, Clock::time_point done, bool by_waiter) {
   if (pending_.empty() || pending_.front().seq != p.seq) return false;
+  // Its target is told before the transfer is reported (the core takes a
+  // plain FERRY_OK to mean the plugin told it) - unless the copy failed.
+  if (pending_.front().tell == kTellToSend) {
+    if (rc == FERRY_OK && pending_.front().fail_rc == FERRY_OK) {
+      SendTellLocked(lk, 0);
+    } else {
+      pending_.front().tell = kTellNone;
+      to_send_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+  if (pending_.front().tell == kTellSending) return false;  // another thread's send: later
+  const uint8_t tell = pending_.front().tell;
   pending_.pop_front();
   PublishFrontLocked();
   const auto d = static_cast<size_t>(p.device);
-  if (p.event && p.owns_event) free_events_[d].push_back(p.event);
+  if (p.slot >= 0)
+    events_->Give(static_cast<uint32_t>(p.slot));
+  else if (p.event && p.owns_event)
+    free_events_[d].push_back(p.event);
   --stream_copies_[d][p.stream_index];
   --p.peer->inflight;
   std::string why = rc == FERRY_OK ? std::string() : "GPU copy failed: " + GpuError();
@@ -284,8 +312,11 @@ bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc
     group_rc_ = FERRY_OK;
   }
   lk.unlock();
-  host_->complete(host_->host_ctx, p.xfer_ctx, rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU,
-                  why.empty() ? nullptr : why.c_str());
+  const int status = rc != FERRY_OK        ? FERRY_ERR_GPU
+                     : tell == kTellByCore ? FERRY_OK_NOTIFY_BY_CORE
+                                           : FERRY_OK;
+  if (status == FERRY_OK_NOTIFY_BY_CORE) ++notified_by_core_;
+  host_->complete(host_->host_ctx, p.xfer_ctx, status, why.empty() ? nullptr : why.c_str());
   const auto reported = Clock::now();
   lk.lock();
   ++stages_.transfers;
@@ -300,14 +331,42 @@ bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc
 void Instance::CompleteLoop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (NextPending(lk)) {
+    // Messages first: they leave while their copies run.
+    for (size_t i = 0; to_send_.load(std::memory_order_relaxed) != 0 && i < pending_.size(); ++i)
+      if (pending_[i].tell == kTellToSend) SendTellLocked(lk, i);
     const Pending p = pending_.front();
     lk.unlock();
     const auto watched = Clock::now();
     const int rc = WaitCopies(p);
     const auto done = Clock::now();
     lk.lock();
-    if (rc != kTaken) Report(lk, p, rc, watched, done, false);
+    if (rc != kTaken && rc != kSendFirst) Report(lk, p, rc, watched, done, false);
   }
+}
+
+void Instance::SendTellLocked(std::unique_lock<std::mutex>& lk, size_t i) {
+  Pending& e = pending_[i];
+  e.tell = kTellSending;
+  to_send_.fetch_sub(1, std::memory_order_relaxed);
+  const uint64_t seq = e.seq, uid = e.uid;
+  const int64_t slot = e.slot;
+  const Peer* peer = e.peer;  // lives while the entry does (peer_remove waits for it)
+  lk.unlock();
+  const bool sent = SendAfterEvent(*peer, uid, slot);
+  lk.lock();
+  // Still pending: nobody reports an entry that is being sent.
+  for (Pending& q : pending_)
+    if (q.seq == seq) {
+      q.tell = sent ? kTellNone : kTellByCore;
+      break;
+    }
+}
+
+void Instance::PushPendingLocked(Pending p, bool notify, bool by_event) {
+  p.tell = !notify ? kTellNone : by_event ? kTellToSend : kTellByCore;
+  pending_.push_back(p);
+  // Counted once it is there (a push that throws leaves no count behind).
+  if (p.tell == kTellToSend) to_send_.fetch_add(1, std::memory_order_relaxed);
 }
 
 // A waiting thread's turn: report, in order, the front copies that are done.
@@ -325,6 +384,8 @@ int Instance::Progress() {
     const auto done = Clock::now();
     lk.lock();
     if (rc == 1) break;  // not finished (or p was reported and its event reused: next time)
+    if (!pending_.empty() && pending_.front().seq == p.seq && pending_.front().tell == kTellSending)
+      break;  // its message is being sent by another thread, which reports it after
     if (Report(lk, p, rc, p.posted, done, true)) ++reported;
   }
   return reported;
@@ -341,8 +402,9 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** h) {
   if (!FERRY_HAS_FIELD(ferry_peer_v1, p, conn_blob_len) || p->key == nullptr)
     return FERRY_ERR_INVALID_ARGS;
   if (!p->same_host) return FERRY_ERR_UNSUPPORTED;  // IPC handles only open on the same host
-  if (p->conn_blob_len != 1 || p->conn_blob == nullptr ||
-      static_cast<const uint8_t*>(p->conn_blob)[0] != kBlobVersion)
+  // One byte, the version; longer from a later xgmi that appends to it.
+  const auto* blob = static_cast<const uint8_t*>(p->conn_blob);
+  if (p->conn_blob_len < 1 || blob == nullptr || blob[0] != kBlobVersion)
     return FERRY_ERR_INVALID_ARGS;
   *h = new Peer{p->key};
   return FERRY_OK;
@@ -375,6 +437,9 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** h, void* blob, size_t* l
   b.addr = reinterpret_cast<uint64_t>(m->addr);
   b.size = m->size;
   b.offset = b.addr - reinterpret_cast<uint64_t>(base);
+  // Whoever imports this region may name its notify transfers' events to us.
+  if (FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, ipc_event_open) && gpu_->ipc_event_open != nullptr)
+    b.flags |= kMemWatchesEvents;
   if (*len < sizeof b) return FERRY_ERR_NO_MEMORY;
   std::memcpy(blob, &b, sizeof b);
   *len = sizeof b;
@@ -490,16 +555,52 @@ int Instance::ChooseStreamLocked(int dev, size_t* si_out, void** event_out) {
   return FERRY_OK;
 }
 
-void Instance::ReleaseStreamLocked(int dev, size_t si, void* event) {
+void Instance::ReleaseStreamLocked(int dev, size_t si, void* event, int64_t slot) {
   const auto d = static_cast<size_t>(dev);
-  if (event) free_events_[d].push_back(event);
+  if (slot >= 0)
+    events_->Give(static_cast<uint32_t>(slot));
+  else if (event)
+    free_events_[d].push_back(event);
   --stream_copies_[d][si];
 }
 
-void* Instance::EventForLocked(int dev, void* event, int rc) {
+void* Instance::EventForLocked(int dev, void* event, int rc, int64_t* slot) {
   if (rc == FERRY_OK || event == nullptr) return event;
-  free_events_[static_cast<size_t>(dev)].push_back(event);
+  if (slot != nullptr && *slot >= 0) {
+    events_->Give(static_cast<uint32_t>(*slot));
+    *slot = -1;
+  } else {
+    free_events_[static_cast<size_t>(dev)].push_back(event);
+  }
   return nullptr;
+}
+
+int64_t Instance::TakeNotifySlotLocked(const ferry_xfer_v1* x, const Remote& remote, int dev,
+                                       void** event) {
+  uint32_t slot = 0;
+  if (!(x->flags & FERRY_XFER_NOTIFY) || !events_ || !(remote.blob.flags & kMemWatchesEvents) ||
+      !events_->Take(dev, &slot))
+    return -1;
+  if (*event) free_events_[static_cast<size_t>(dev)].push_back(*event);
+  *event = events_->Event(slot);
+  return slot;
+}
+
+bool Instance::SendAfterEvent(const Peer& peer, uint64_t uid, int64_t slot) {
+  AfterEventMsg m;
+  m.slot = static_cast<uint32_t>(slot);
+  m.uid = uid;
+  m.pid = static_cast<uint64_t>(getpid());
+  m.pool_id = events_->id();
+  const bool sent =
+      events_->Handle(m.slot, m.handle) &&
+      host_->ctrl_try_send(host_->host_ctx, peer.key.c_str(), &m, sizeof m) == FERRY_OK;
+  if (sent) ++notified_by_event_;
+  return sent;
+}
+
+void Instance::OnCtrl(const char* peer_key, const void* msg, size_t len) {
+  inbound_->OnMessage(peer_key, msg, len);
 }
 
 bool Instance::HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize) {
@@ -522,7 +623,8 @@ bool Instance::HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbas
     return false;
   }
   h.pieces = k;
-  h.parts.push_back({x->xfer_ctx, static_cast<Peer*>(x->peer)});
+  h.parts.push_back(
+      {x->xfer_ctx, static_cast<Peer*>(x->peer), (x->flags & FERRY_XFER_NOTIFY) != 0, x->uid});
   h.bytes += x->total_bytes;
   h.last = Clock::now();
   return true;
@@ -570,9 +672,12 @@ int Instance::LaunchHeld(std::unique_lock<std::mutex>& lk) {
     std::swap(held_.srcs, h.srcs);
     std::swap(held_.sizes, h.sizes);
   }
-  for (size_t i = 0; i < h.parts.size(); ++i)
-    pending_.push_back({next_seq_++, event, stream, si, dev, h.parts[i].xfer_ctx, h.parts[i].peer,
-                        h.bytes, recorded, i + 1 == h.parts.size(), rc});
+  for (size_t i = 0; i < h.parts.size(); ++i) {
+    PushPendingLocked(
+        {next_seq_++, event, stream, si, dev, h.parts[i].xfer_ctx, h.parts[i].peer, h.bytes,
+         recorded, i + 1 == h.parts.size(), rc, -1, kTellNone, h.parts[i].uid},
+        h.parts[i].notify, false);
+  }
   PublishFrontLocked();
   ++held_launches_;
   held_parts_ += h.parts.size();
@@ -639,7 +744,8 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
     size_t si;
     void* event;
     void* stream;
-    size_t first, k;  // its merged pieces
+    size_t first, k;    // its merged pieces
+    int64_t slot = -1;  // an interprocess event (notify, one launch): events_'s slot
   };
   thread_local std::vector<Launch> launches;
   launches.clear();
@@ -658,9 +764,9 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   // Parts held for a launch go first: they were posted before this.
   while (!held_.parts.empty()) LaunchHeld(lk);
   // A stream per device; a launch that never runs gives it back (mu_ held).
-  auto give_back = [&](const Launch& l) { ReleaseStreamLocked(l.device, l.si, l.event); };
+  auto give_back = [&](const Launch& l) { ReleaseStreamLocked(l.device, l.si, l.event, l.slot); };
   for (int dev : devices) {
-    Launch l{dev, 0, nullptr, nullptr, 0, 0};
+    Launch l{dev, 0, nullptr, nullptr, 0, 0, -1};
     if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK ||
         ChooseStreamLocked(dev, &l.si, &l.event) != FERRY_OK) {
       for (const Launch& taken : launches) give_back(taken);
@@ -672,6 +778,11 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
     ++stream_copies_[static_cast<size_t>(dev)][l.si];
     launches.push_back(l);
   }
+  // The target can watch one event only: a transfer over several devices is
+  // told of by the core.
+  if (launches.size() == 1)
+    launches[0].slot = TakeNotifySlotLocked(x, *static_cast<Remote*>(x->pairs[0].remote_mem),
+                                            launches[0].device, &launches[0].event);
   lk.unlock();
   const auto ready = Clock::now();
   // Every pair's pieces, merged where contiguous, device by device (never
@@ -715,16 +826,19 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   }
   const auto recorded = Clock::now();
   if (rc != FERRY_OK) LogLine(FERRY_LOG_WARN, "launching the copies failed: " + GpuError());
+  const bool notify = (x->flags & FERRY_XFER_NOTIFY) != 0;
   lk.lock();
   for (size_t i = launched; i < launches.size(); ++i) give_back(launches[i]);
   for (size_t i = 0; i < launched; ++i) {
-    const Launch& l = launches[i];
+    Launch& l = launches[i];
     const bool last = i + 1 == launched;
     // The failed launch is waited for on its stream (its event may not be recorded).
-    void* event = last ? EventForLocked(l.device, l.event, rc) : l.event;
+    void* event = last ? EventForLocked(l.device, l.event, rc, &l.slot) : l.event;
     ++peer->inflight;
-    pending_.push_back({next_seq_++, event, l.stream, l.si, l.device, last ? x->xfer_ctx : nullptr,
-                        peer, x->total_bytes, recorded, true, last ? rc : FERRY_OK});
+    PushPendingLocked(
+        {next_seq_++, event, l.stream, l.si, l.device, last ? x->xfer_ctx : nullptr, peer,
+         x->total_bytes, recorded, true, last ? rc : FERRY_OK, l.slot, kTellNone, x->uid},
+        last && notify, rc == FERRY_OK && l.slot >= 0);
   }
   ++pair_posts_;
   pair_launches_ += launched;
@@ -791,6 +905,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   size_t si = 0;
   void* event = nullptr;
   if (ChooseStreamLocked(dev, &si, &event) != FERRY_OK) return FERRY_ERR_GPU;
+  int64_t slot = TakeNotifySlotLocked(x, *remote, dev, &event);
   void* stream = streams_[d][si];
   ++stream_copies_[d][si];
   lk.unlock();
@@ -803,9 +918,10 @@ int Instance::Post(const ferry_xfer_v1* x) {
   const auto recorded = Clock::now();
   if (rc != FERRY_OK && rc != kPieceOutside)
     LogLine(FERRY_LOG_WARN, "enqueueing the copy failed: " + GpuError());
+  const bool notify = (x->flags & FERRY_XFER_NOTIFY) != 0;
   lk.lock();
   if (rc == kPieceOutside) {  // refused before anything was enqueued
-    ReleaseStreamLocked(dev, si, event);
+    ReleaseStreamLocked(dev, si, event, slot);
     lk.unlock();
     TellRefusal(x, kOutside);
     return FERRY_ERR_INVALID_ARGS;
@@ -814,10 +930,12 @@ int Instance::Post(const ferry_xfer_v1* x) {
   // where the runtime has no batch call): the transfer fails only once its
   // stream has run them, so nothing lands after the failure is reported
   // (INITIATOR_COPY: the core fences nothing behind it and may retry elsewhere).
-  event = EventForLocked(dev, event, rc);
+  event = EventForLocked(dev, event, rc, &slot);
   ++peer->inflight;
-  pending_.push_back(
-      {next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes, recorded, true, rc});
+  // The completion thread sends the event's message while the copy runs.
+  PushPendingLocked({next_seq_++, event, stream, si, dev, x->xfer_ctx, peer, x->total_bytes,
+                     recorded, true, rc, slot, kTellNone, x->uid},
+                    notify, rc == FERRY_OK && slot >= 0);
   Posted(lk, {entered, ready, merged, enqueued, recorded});
   return FERRY_OK;
 }
@@ -837,6 +955,7 @@ int Instance::Counters(char* buf, size_t len) {
   uint64_t held_launches = 0, held_parts = 0, held_by_timeout = 0, pair_posts = 0,
            pair_launches = 0;
   Stages st;
+  const InboundWatch::Counts watch = inbound_->counts();
   {
     std::lock_guard<std::mutex> lk(mu_);
     in_flight = pending_.size();
@@ -849,15 +968,30 @@ int Instance::Counters(char* buf, size_t len) {
     pair_launches = pair_launches_;
   }
   const std::pair<const char*, uint64_t> fields[] = {
-      {"copies_in_flight", in_flight},   {"ipc_handles_open", opened},
-      {"stage_transfers", st.transfers}, {"stage_post_ns", st.post_ns},
-      {"stage_setup_ns", st.setup_ns},   {"stage_enqueue_ns", st.enqueue_ns},
-      {"stage_merge_ns", st.merge_ns},   {"stage_pickup_ns", st.pickup_ns},
-      {"stage_gpu_ns", st.gpu_ns},       {"stage_complete_ns", st.complete_ns},
-      {"completer_sleeps", st.sleeps},   {"event_blocks", st.event_blocks},
-      {"stage_by_waiter", st.by_waiter}, {"held_launches", held_launches},
-      {"held_parts", held_parts},        {"held_by_timeout", held_by_timeout},
-      {"pair_posts", pair_posts},        {"pair_launches", pair_launches}};
+      {"copies_in_flight", in_flight},
+      {"ipc_handles_open", opened},
+      {"stage_transfers", st.transfers},
+      {"stage_post_ns", st.post_ns},
+      {"stage_setup_ns", st.setup_ns},
+      {"stage_enqueue_ns", st.enqueue_ns},
+      {"stage_merge_ns", st.merge_ns},
+      {"stage_pickup_ns", st.pickup_ns},
+      {"stage_gpu_ns", st.gpu_ns},
+      {"stage_complete_ns", st.complete_ns},
+      {"completer_sleeps", st.sleeps},
+      {"event_blocks", st.event_blocks},
+      {"stage_by_waiter", st.by_waiter},
+      {"held_launches", held_launches},
+      {"held_parts", held_parts},
+      {"held_by_timeout", held_by_timeout},
+      {"pair_posts", pair_posts},
+      {"pair_launches", pair_launches},
+      {"notified_by_event", notified_by_event_.load()},
+      {"notified_by_core", notified_by_core_.load()},
+      {"inbound_watched", watch.watched},
+      {"inbound_reported", watch.reported},
+      {"inbound_dropped", watch.dropped},
+      {"inbound_events_open", watch.events_open}};
   std::string out = "{";
   for (const auto& [k, v] : fields)
     out += (out.size() > 1 ? ",\"" : "\"") + std::string(k) + "\":" + std::to_string(v);

@@ -26,7 +26,9 @@
 // launches of ~10-15 us each where the copy itself takes ~0.1 ms
 // (docs/benchmarks.md). Held parts that wait hold_us without another part
 // are launched by the completion thread.
-// No native notification: the core tells the target over its control plane.
+// Notification (NATIVE_NOTIFY, also for READ): an interprocess event behind
+// the copy, its handle sent to the target's xgmi at post() (notify_events.h);
+// where that cannot be done the core tells the target, as without the cap.
 // Methods may throw (std::bad_alloc, std::system_error); the plugin kit's entry
 // points (xgmi_plugin.cpp) catch.
 #pragma once
@@ -44,6 +46,7 @@
 #include <vector>
 
 #include "ferry/plugin_kit.hpp"
+#include "notify_events.h"
 #include "xgmi_blob.h"
 
 namespace ferry_xgmi {
@@ -87,6 +90,7 @@ class Instance {
   int Describe(char* buf, size_t len);
   int Counters(char* buf, size_t len);  // ABI 1.5: copies in flight, IPC handles open
   int Progress();                       // ABI 1.6: report finished copies on this thread
+  void OnCtrl(const char* peer_key, const void* msg, size_t len);  // a peer's AfterEventMsg
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -102,13 +106,27 @@ class Instance {
     Clock::time_point posted;  // when its event was recorded
     bool owns_event;           // the last of the parts launched together returns the event
     int fail_rc = FERRY_OK;    // reported instead of success (a launch failed after others ran)
+    int64_t slot = -1;         // events_'s slot that `event` is (given back on report)
+    uint8_t tell =
+        kTellNone;     // a notify transfer's target: how it learns (authoritative in pending_)
+    uint64_t uid = 0;  // the transfer's notification key
   };
+  // How a notify transfer's target learns of it. The event's message leaves
+  // from the completion thread while the copy runs (a send() costs ~5 us on
+  // the GPU host: not on the posting thread); whoever reports the transfer
+  // sends it first if nobody has yet, and waits while another thread is.
+  static constexpr uint8_t kTellNone = 0;     // not a notify transfer, or told already
+  static constexpr uint8_t kTellToSend = 1;   // its event's message has to go out
+  static constexpr uint8_t kTellSending = 2;  // a thread is sending it (mu_ released)
+  static constexpr uint8_t kTellByCore = 3;   // reported FERRY_OK_NOTIFY_BY_CORE
   // Held parts (FERRY_XFER_MORE) and their merged pieces, all on one device.
   // The piece arrays only grow and `pieces` says how many are in use: resizing
   // them part by part zero-filled every new piece before the merge wrote it.
   struct HeldPart {
     void* xfer_ctx;
     Peer* peer;
+    bool notify;  // the core tells its target (FERRY_OK_NOTIFY_BY_CORE)
+    uint64_t uid;
   };
   struct Held {
     int device = -1;
@@ -144,6 +162,7 @@ class Instance {
   bool NextPending(std::unique_lock<std::mutex>& lk);  // false: stop and nothing left
   // FERRY_OK or a FERRY_ERR_GPU code; kTaken when another thread reported p meanwhile.
   static constexpr int kTaken = 2;
+  static constexpr int kSendFirst = 4;  // WaitCopies: an entry's message is waiting to be sent
   int WaitCopies(const Pending& p);
   int QueryCopies(const Pending& p);  // FERRY_OK done, 1 not yet, else FERRY_ERR_GPU
   // mu_ held: report p if it is still the front (else false: reported already).
@@ -155,11 +174,26 @@ class Instance {
   int ChooseStreamLocked(int device, size_t* si, void** event);
   // mu_ held: what ChooseStreamLocked gave (and the copy counted on the
   // stream) goes back, for copies that were never enqueued.
-  void ReleaseStreamLocked(int device, size_t si, void* event);
+  void ReleaseStreamLocked(int device, size_t si, void* event, int64_t slot = -1);
   // mu_ held: the event a launch's pending entry waits on. After a failed
   // launch (rc) none - its record may not have happened - and the event goes
   // back: the entry waits for the stream, which covers whatever was queued.
-  void* EventForLocked(int device, void* event, int rc);
+  void* EventForLocked(int device, void* event, int rc, int64_t* slot = nullptr);
+  // mu_ held: for a notify transfer, an interprocess event of events_
+  // in place of *event (which goes back); its slot, or -1 (then the core
+  // tells the target).
+  // (The remote region's blob says whether the target watches events.)
+  int64_t TakeNotifySlotLocked(const ferry_xfer_v1* x, const Remote& remote, int device,
+                               void** event);
+  // Tells the target's xgmi which event to watch, without waiting. False:
+  // the core must tell it.
+  bool SendAfterEvent(const Peer& peer, uint64_t uid, int64_t slot);
+  // mu_ held on entry and exit (released while sending): sends the message
+  // of the pending entry at index i (kTellToSend), which stays pending meanwhile.
+  void SendTellLocked(std::unique_lock<std::mutex>& lk, size_t i);
+  // mu_ held: queues p for completion; a notify transfer's target is told by
+  // its event (by_event: p's message still to send) or by the core.
+  void PushPendingLocked(Pending p, bool notify, bool by_event);
   // mu_ held: adds x's pieces (merged where contiguous) and x itself to held_;
   // false (held_ unchanged) when a piece is outside the regions.
   bool HoldLocked(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize);
@@ -224,6 +258,12 @@ class Instance {
   uint64_t pair_posts_ = 0;       // guarded by mu_: multi-pair posts (ABI 1.7)
   uint64_t pair_launches_ = 0;    // ... and their launches (one per device)
   Stages stages_;
+  std::shared_ptr<EventPool> events_;  // nullptr: the runtime has no interprocess events
+  std::unique_ptr<InboundWatch> inbound_;
+  std::atomic<uint64_t> notified_by_event_{0};  // notify transfers whose target got the event
+  std::atomic<uint64_t> notified_by_core_{0};   // ... and those the core told
+  std::atomic<size_t> to_send_{
+      0};  // pending entries in kTellToSend (the completion thread polls it)
   bool stop_ = false;
   std::thread completer_;
 };

@@ -1,19 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
+// What xgmi carries between engines: its memory descriptor's blob and the
+// message that names a notify transfer's event (both fuzzed: fuzz_xgmi_wire).
 // What an xgmi memory descriptor carries: the IPC handle of the allocation that
 // holds the region, the region's offset inside that allocation (MORI's issue 415
 // came from forgetting it), and the exporting process, so an importer in the
 // same process uses the address directly (a process cannot open its own handle).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 namespace ferry_xgmi {
 
 constexpr uint8_t kBlobVersion = 1;
+// MemBlob.flags: the exporting engine's xgmi watches its peers' events
+// (notify_events.h). An older xgmi leaves the byte 0 and ignores it.
+constexpr uint8_t kMemWatchesEvents = 1;
 
 struct MemBlob {
   uint8_t version = kBlobVersion;
-  uint8_t pad[3] = {};
+  uint8_t flags = 0;  // kMemWatchesEvents
+  uint8_t pad[2] = {};
   int32_t device = -1;     // exporter's device ordinal
   uint64_t pid = 0;        // exporting process
   uint64_t boot_tag = 0;   // hash of the node id: same host check
@@ -29,6 +36,28 @@ inline bool decode(const void* p, size_t n, MemBlob* out) {
   std::memcpy(out, p, sizeof *out);
   return out->version == kBlobVersion && out->size > 0 && out->device >= 0 &&
          out->addr + out->size > out->addr;
+}
+
+// What an initiator's xgmi sends its target's (on_ctrl, notify_events.h):
+// "report `uid` once the event in `handle` has fired". Fixed size; both ends
+// are on one host.
+struct AfterEventMsg {
+  static constexpr uint32_t kMagic = 0x31304e58;  // "XN01"
+  uint32_t magic = kMagic;
+  uint32_t slot = 0;     // in the initiator's pool (same-process lookups)
+  uint64_t uid = 0;      // the transfer's notification key
+  uint64_t pid = 0;      // the initiator's process
+  uint64_t pool_id = 0;  // the initiator's pool, random
+  uint8_t handle[64] = {};
+};
+static_assert(offsetof(MemBlob, flags) == 1, "MemBlob's flags byte is byte 1 (the tests read it)");
+static_assert(sizeof(AfterEventMsg) == 96, "AfterEventMsg is a fixed wire layout");
+
+// False for anything but a whole message of this version (peer input).
+inline bool DecodeAfterEvent(const void* msg, size_t len, AfterEventMsg* out) {
+  if (msg == nullptr || len != sizeof(AfterEventMsg)) return false;
+  std::memcpy(out, msg, sizeof *out);
+  return out->magic == AfterEventMsg::kMagic;
 }
 
 }  // namespace ferry_xgmi

@@ -13,7 +13,11 @@
 // POST_MORE: the parts of a multi-region call are launched as one (instance.h).
 // MULTI_PAIR (ABI 1.7): better still, such a call comes as one post
 // (Instance::PostPairs); POST_MORE stays for cores older than 1.7.
+// NATIVE_NOTIFY and NATIVE_NOTIFY_READ (ABI 1.8): the target's xgmi reports a
+// landing once an interprocess event behind the copy fires (notify_events.h);
+// a transfer it could not tell of completes FERRY_OK_NOTIFY_BY_CORE.
 FERRY_PLUGIN_KIT_ENTRY(ferry_xgmi::Instance, "xgmi", "0.1.0",
                        FERRY_CAP_MEM_GPU | FERRY_CAP_OP_READ | FERRY_CAP_OP_WRITE |
                            FERRY_CAP_SAME_HOST_ONLY | FERRY_CAP_INITIATOR_COPY |
-                           FERRY_CAP_NO_TARGET_CHECK | FERRY_CAP_POST_MORE | FERRY_CAP_MULTI_PAIR);
+                           FERRY_CAP_NO_TARGET_CHECK | FERRY_CAP_POST_MORE | FERRY_CAP_MULTI_PAIR |
+                           FERRY_CAP_NATIVE_NOTIFY | FERRY_CAP_NATIVE_NOTIFY_READ);

@@ -178,6 +178,17 @@ void RunCase(Rig& r, const Case& c, const std::string& backend) {
   EXPECT_GT(r.engine->stats().backends[backend].transfers, 0u);
 }
 
+// xgmi tells the target itself where it can (plugin ABI 1.8): an interprocess
+// event recorded behind the copy, which the target process's xgmi watches.
+// The pop in RunCase proves the target heard; these counters say who told it.
+uint64_t xgmi_counter(Rig& r, const char* name) {
+  const auto st = r.engine->stats();
+  auto b = st.backends.find("xgmi");
+  if (b == st.backends.end()) return 0;
+  auto c = b->second.plugin.find(name);
+  return c == b->second.plugin.end() ? 0 : c->second;
+}
+
 // One rig per suite: the target process and the registrations are set up once.
 template <const char* kBackend>
 class GpuMatrix : public testing::TestWithParam<Case> {
@@ -186,6 +197,11 @@ class GpuMatrix : public testing::TestWithParam<Case> {
     if (gpu::available()) rig_ = new Rig(kBackend);
   }
   static void TearDownTestSuite() {
+    // Over the whole matrix, the event path was taken between the two
+    // processes, not left to the core every time.
+    if (rig_ && std::string(kBackend) == "xgmi") {
+      EXPECT_GT(xgmi_counter(*rig_, "notified_by_event"), 0u);
+    }
     delete rig_;
     rig_ = nullptr;
   }
@@ -201,7 +217,12 @@ using TcpStagedMatrix = GpuMatrix<kTcp>;
 
 TEST_P(XgmiMatrix, MovesVerifiedDataAndNotifies) {
   REQUIRE_GPU();
+  const uint64_t by_event = xgmi_counter(*rig_, "notified_by_event");
+  const uint64_t by_core = xgmi_counter(*rig_, "notified_by_core");
   RunCase(*rig_, GetParam(), kXgmi);
+  const uint64_t event_now = xgmi_counter(*rig_, "notified_by_event");
+  EXPECT_EQ(event_now - by_event + xgmi_counter(*rig_, "notified_by_core") - by_core, 1u)
+      << "one notify transfer, told of once (by its event or by the core)";
 }
 
 // The same matrix over tcp: GPU memory staged through pinned host buffers on both ends.

@@ -66,7 +66,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 7
+#define FERRY_PLUGIN_ABI_MINOR 8
 
 /* Name of the entry symbol for ABI major 1 (for dlsym). */
 #define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
@@ -94,6 +94,14 @@ extern "C" {
  * core fails over at once without fencing the target. Report it only when that
  * is certain; TRANSPORT / TIMEOUT otherwise. */
 #define FERRY_ERR_NOT_SENT (-13)
+
+/* ABI 1.8 - a status for complete() only, never returned: the transfer landed
+ * (as FERRY_OK) but this plugin, though it has NATIVE_NOTIFY, did not tell the
+ * target of it - the core does, as for a plugin without the cap (xgmi when no
+ * interprocess event was free, or the control connection was busy at post).
+ * Only to a core whose ferry_host_v1 covers ctrl_try_send (1.8): an older one
+ * reads it as a failure. */
+#define FERRY_OK_NOTIFY_BY_CORE 1
 
 /* ---- capability flags (ferry_plugin_ops_v1.caps) ------------------------- */
 #define FERRY_CAP_MEM_CPU (1ull << 0)         /* moves host memory               */
@@ -141,6 +149,11 @@ extern "C" {
  * that does not know the bit leaves it clear: its cancels wait, as before the
  * bit its fences also failed its other transfers. */
 #define FERRY_CAP_FENCE_SELECTIVE (1ull << 12)
+/* ABI 1.8 - NATIVE_NOTIFY_READ (with NATIVE_NOTIFY): the plugin's own
+ * notification covers READ too - the target learns once the bytes read from it
+ * are in the initiator's memory (xgmi: an interprocess event recorded after the
+ * copy). Without it the core sends a READ's NOTIFY itself, after complete(). */
+#define FERRY_CAP_NATIVE_NOTIFY_READ (1ull << 13)
 
 /* ---- enums ---------------------------------------------------------------- */
 #define FERRY_OP_READ 1u  /* remote -> local */
@@ -221,6 +234,15 @@ typedef struct ferry_gpu_v1 {
   /* ABI 1.6: FERRY_OK when all work queued on the stream is done, 1 when not
    * yet: a copy alone on its stream is waited for without recording an event. */
   int (*stream_query)(void* gpu_ctx, void* stream);
+  /* ---- ABI 1.8: events another process waits for ---- */
+  /* An interprocess event (no timing); destroy it with event_destroy. */
+  int (*event_create_ipc)(void* gpu_ctx, void** event);
+  /* The 64-byte handle another process opens it by. */
+  int (*ipc_event_handle)(void* gpu_ctx, void* event, uint8_t handle[64]);
+  /* Opens another process's event (not one of this process: that fails);
+   * event_query / event_sync answer for its latest record in the exporting
+   * process. Destroy it with event_destroy. */
+  int (*ipc_event_open)(void* gpu_ctx, const uint8_t handle[64], void** event);
 } ferry_gpu_v1;
 
 /* ---- services the core offers to a plugin --------------------------------- */
@@ -293,6 +315,14 @@ typedef struct ferry_host_v1 {
                     size_t len, uint8_t* proof);
   int (*link_check)(void* host_ctx, const char* peer_key, uint32_t role, const void* transcript,
                     size_t len, const uint8_t* proof, char* why, size_t why_len);
+
+  /* ---- ABI 1.8 ---- */
+  /* ctrl_send that never waits, for a plugin's post(): FERRY_OK when the
+   * message left at once, FERRY_ERR_NOT_SENT (nothing sent) when it could not
+   * without waiting - no connection to the peer yet, another thread sending on
+   * it, a full socket - or is too large; FERRY_ERR_TRANSPORT when the
+   * connection broke while sending (what the peer got is unknown). */
+  int (*ctrl_try_send)(void* host_ctx, const char* peer_key, const void* msg, size_t len);
 } ferry_host_v1;
 
 /* Roles and size for link_prove / link_check (ABI 1.4). */

@@ -57,7 +57,7 @@ class FakeGpu {
     };
     // Every other query says "not yet" (1), so pollers see both answers.
     t_.event_query = [](void* c, void* e) {
-      if (Self(c)->queries_.fetch_add(1) % 2 == 0) return 1;
+      if (Self(c)->queries_.fetch_add(1) % 2 == 0 || Self(c)->hold_queries.load()) return 1;
       return Self(c)->t_.event_sync(c, e);
     };
     t_.stream_query = [](void* c, void* s) {
@@ -79,6 +79,17 @@ class FakeGpu {
       return FERRY_OK;
     };
     t_.ipc_close = [](void*, void*) { return FERRY_OK; };
+    // Interprocess events (ABI 1.8): an event's address is its handle.
+    t_.event_create_ipc = [](void* c, void** e) { return Self(c)->t_.event_create(c, e); };
+    t_.ipc_event_handle = [](void*, void* e, uint8_t handle[64]) {
+      std::memset(handle, 0, 64);
+      std::memcpy(handle, &e, sizeof e);
+      return FERRY_OK;
+    };
+    t_.ipc_event_open = [](void*, const uint8_t handle[64], void** e) {
+      std::memcpy(e, handle, sizeof *e);
+      return FERRY_OK;
+    };
     t_.host_alloc = [](void* c, void** p, size_t n) {
       *p = std::malloc(n);
       Self(c)->pinned_allocs.fetch_add(1);
@@ -95,10 +106,18 @@ class FakeGpu {
     for (Event* e : events_) delete e;
   }
   const ferry_gpu_v1* table() const { return &t_; }
+  // A runtime without interprocess events (before any plugin sees the table).
+  void WithoutInterprocessEvents() {
+    t_.event_create_ipc = nullptr;
+    t_.ipc_event_handle = nullptr;
+    t_.ipc_event_open = nullptr;
+  }
 
   std::atomic<uint64_t> copied{0};         // bytes moved by copies that ran
   std::atomic<int> pinned_allocs{0};       // host_alloc calls
   std::atomic<int> fail_after_copies{-1};  // >= 0: copies after this many fail
+  std::atomic<bool> hold_queries{false};   // event_query says "not yet" and runs nothing
+  uint64_t queries() const { return queries_.load(); }  // event and stream queries so far
   // Copies queued and not yet run, on every stream.
   size_t queued() {
     std::lock_guard lk(mu_);

@@ -110,6 +110,7 @@ struct Net {
   std::map<std::string, void*> hosts;         // engine key -> plugin instance ctx
   bool drop = false;                          // lose every control message (a lost handshake)
   int unknown_peer_rc = FERRY_ERR_NOT_FOUND;  // ctrl_send's answer for a key not routed
+  bool busy = false;                          // ctrl_try_send finds the connection busy (NOT_SENT)
 };
 
 struct HostOptions {
@@ -143,21 +144,10 @@ class FakeHost {
     };
     host_.now_ns = [](void*) { return NowNs(); };
     host_.ctrl_send = [](void* ctx, const char* peer, const void* msg, size_t len) {
-      auto* self = static_cast<FakeHost*>(ctx);
-      self->ctrl_sent.fetch_add(1);
-      Net* net = self->opt_.net;
-      if (net == nullptr) return FERRY_ERR_UNSUPPORTED;
-      void* to = nullptr;
-      {
-        std::lock_guard lk(net->mu);
-        if (net->drop) return FERRY_OK;  // "queued", then lost
-        auto it = net->hosts.find(peer);
-        if (it == net->hosts.end()) return net->unknown_peer_rc;
-        to = it->second;
-      }
-      // Outside the lock: on_ctrl may answer with a ctrl_send of its own.
-      self->ops_->on_ctrl(to, self->name_.c_str(), msg, len);
-      return FERRY_OK;
+      return static_cast<FakeHost*>(ctx)->Send(peer, msg, len, false);
+    };
+    host_.ctrl_try_send = [](void* ctx, const char* peer, const void* msg, size_t len) {
+      return static_cast<FakeHost*>(ctx)->Send(peer, msg, len, true);
     };
     host_.complete = [](void*, void* xfer_ctx, int status, const char* msg) {
       auto* c = static_cast<Completion*>(xfer_ctx);
@@ -180,6 +170,7 @@ class FakeHost {
   FakeHost& operator=(const FakeHost&) = delete;
 
   const ferry_host_v1* host() const { return &host_; }
+  ferry_host_v1* mutable_host() { return &host_; }  // before init: a test plays an older core
   const std::string& name() const { return name_; }
   Net* net() const { return opt_.net; }
 
@@ -210,6 +201,25 @@ class FakeHost {
   std::atomic<int> ctrl_sent{0};
 
  private:
+  // ctrl_send, or ctrl_try_send (try_only), to the instance routed as `peer`.
+  int Send(const char* peer, const void* msg, size_t len, bool try_only) {
+    Net* net = opt_.net;
+    if (net == nullptr) return try_only ? FERRY_ERR_NOT_SENT : FERRY_ERR_UNSUPPORTED;
+    void* to = nullptr;
+    {
+      std::lock_guard lk(net->mu);
+      if (try_only && net->busy) return FERRY_ERR_NOT_SENT;
+      ctrl_sent.fetch_add(1);
+      if (net->drop) return FERRY_OK;  // "queued", then lost
+      auto it = net->hosts.find(peer);
+      if (it == net->hosts.end()) return try_only ? FERRY_ERR_NOT_SENT : net->unknown_peer_rc;
+      to = it->second;
+    }
+    // Outside the lock: on_ctrl may answer with a ctrl_send of its own.
+    ops_->on_ctrl(to, name_.c_str(), msg, len);
+    return FERRY_OK;
+  }
+
   template <class Match>
   bool WaitFor(std::chrono::milliseconds timeout, Match match) {
     std::unique_lock lk(mu_);

@@ -9,14 +9,17 @@
 // nothing and may retry elsewhere at once). The real copies run in
 // tests/gpu/gpu_transfer_test on a GPU host.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/plugin.h"
+#include "notify_events.h"
 #include "testing/fake_gpu.h"
 #include "testing/plugin_harness.h"
 
@@ -219,6 +222,183 @@ TEST_F(XgmiPairs, OneDeviceIsOneLaunchAndFailsAfterItsCopies) { Check(0, {{-1, 1
 // launched; after 5 the second device's launch fails.
 TEST_F(XgmiPairs, TwoDevicesAreTwoLaunchesAndOneCompletion) {
   Check(1, {{-1, 2, 8}, {2, 1, 2}, {5, 2, 5}});
+}
+
+// ---- notification in the GPU's order (ABI 1.8, notify_events.h) -----------
+
+// A notify transfer: the target's xgmi reports it (host->inbound) once the
+// event recorded behind its copy has fired, and the initiator completes with
+// plain FERRY_OK - the core sends no NOTIFY. Where that cannot be done the
+// initiator completes FERRY_OK_NOTIFY_BY_CORE and the target hears nothing
+// from xgmi.
+class XgmiNotify : public Xgmi {
+ protected:
+  XgmiNotify() { opt_.ctrl = true; }  // a_'s ctrl_send reaches b_'s on_ctrl
+  Observed Notify(uint32_t op, uint64_t uid, const std::vector<ferry_iov_v1>& iov,
+                  void* peer = nullptr, void* remote = nullptr) {
+    Completion c;
+    const ferry_xfer_v1 x = MakeXfer(op, peer ? peer : a_peer_b_, src_, remote ? remote : remote_,
+                                     iov, &c, XferArgs{.flags = FERRY_XFER_NOTIFY, .uid = uid});
+    EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
+    return Wait(c);
+  }
+  static uint64_t Counter(ferry_plugin_test::Instance& e, const char* name) {
+    char buf[4096];
+    EXPECT_EQ(e.plugin().counters(e.ctx(), buf, sizeof buf), FERRY_OK);
+    return nlohmann::json::parse(buf)[name].get<uint64_t>();
+  }
+  void OnCtrl(const void* msg, size_t len) {
+    b_->plugin().on_ctrl(b_->ctx(), a_->key().c_str(), msg, len);
+  }
+};
+
+TEST_F(XgmiNotify, TheTargetReportsWritesAndReadsOnceTheirEventsFired) {
+  const auto iov = Pieces(0, 4);
+  const Observed w = Notify(FERRY_OP_WRITE, 101, iov);
+  EXPECT_EQ(w.status, FERRY_OK);
+  ASSERT_TRUE(b_->host().WaitInbound(a_->key(), 101));
+  for (const auto& v : iov) EXPECT_TRUE(Landed(v));
+  Fill(dst_->data, 9);  // a READ brings these bytes back into src_
+  const Observed r = Notify(FERRY_OP_READ, 102, iov);
+  EXPECT_EQ(r.status, FERRY_OK);
+  ASSERT_TRUE(b_->host().WaitInbound(a_->key(), 102));
+  for (const auto& v : iov) EXPECT_TRUE(Landed(v));
+  EXPECT_EQ(b_->host().CountInbound(101), 1);
+  EXPECT_EQ(b_->host().CountInbound(102), 1);
+  EXPECT_EQ(Counter(*a_, "notified_by_event"), 2u);
+  EXPECT_EQ(Counter(*a_, "notified_by_core"), 0u);
+  EXPECT_EQ(Counter(*b_, "inbound_reported"), 2u);
+}
+
+// The target watches an event of another process (opened from its handle)
+// and reports nothing while the event says "not yet": here the fake runtime
+// holds every query, and the target has polled 50 times first.
+TEST_F(XgmiNotify, NothingIsReportedBeforeTheEventFires) {
+  void* stream = nullptr;
+  void* event = nullptr;
+  const ferry_gpu_v1* g = gpu_.table();
+  ASSERT_EQ(g->stream_create(g->gpu_ctx, &stream), FERRY_OK);
+  ASSERT_EQ(g->event_create_ipc(g->gpu_ctx, &event), FERRY_OK);
+  gpu_.hold_queries = true;
+  ASSERT_EQ(g->memcpy_async(g->gpu_ctx, dst_->data.data(), src_->data.data(), 4096, stream),
+            FERRY_OK);
+  ASSERT_EQ(g->event_record(g->gpu_ctx, event, stream), FERRY_OK);
+  ferry_xgmi::AfterEventMsg m;
+  m.uid = 7;
+  m.pid = static_cast<uint64_t>(getpid()) + 1;  // "another process": its handle is opened
+  ASSERT_EQ(g->ipc_event_handle(g->gpu_ctx, event, m.handle), FERRY_OK);
+  const uint64_t before = gpu_.queries();
+  OnCtrl(&m, sizeof m);
+  // Until the target polled 50 times, or reported (wrongly), or 30 s passed.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (gpu_.queries() < before + 50 && b_->host().CountInbound(7) == 0 &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
+  EXPECT_GE(gpu_.queries(), before + 50);
+  EXPECT_EQ(b_->host().CountInbound(7), 0) << "reported before its event fired";
+  EXPECT_EQ(gpu_.copied.load(), 0u);
+  gpu_.hold_queries = false;
+  ASSERT_TRUE(b_->host().WaitInbound(a_->key(), 7));
+  EXPECT_EQ(gpu_.copied.load(), 4096u);
+  EXPECT_EQ(Counter(*b_, "inbound_events_open"), 1u);
+}
+
+TEST_F(XgmiNotify, ABusyControlConnectionLeavesTheNotificationToTheCore) {
+  net_.busy = true;
+  const Observed o = Notify(FERRY_OP_WRITE, 201, Pieces(0, 2));
+  EXPECT_EQ(o.status, FERRY_OK_NOTIFY_BY_CORE);
+  EXPECT_EQ(Counter(*b_, "inbound_watched"), 0u);
+  EXPECT_EQ(Counter(*a_, "notified_by_core"), 1u);
+  net_.busy = false;
+  EXPECT_EQ(Notify(FERRY_OP_WRITE, 202, Pieces(0, 2)).status, FERRY_OK);
+  EXPECT_TRUE(b_->host().WaitInbound(a_->key(), 202));
+  EXPECT_EQ(b_->host().CountInbound(201), 0);
+}
+
+// A target region whose blob lacks kMemWatchesEvents (exported by an xgmi
+// from before notify_events.h, which left the byte 0) is told of by the core.
+TEST_F(XgmiNotify, ARegionOfAnOlderXgmiIsToldOfByTheCore) {
+  ASSERT_TRUE(dst_->blob[1] & ferry_xgmi::kMemWatchesEvents) << "the flags byte moved";
+  Mem older = *dst_;
+  older.blob[1] = 0;
+  void* remote = a_->Import(a_peer_b_, older);
+  EXPECT_EQ(Notify(FERRY_OP_WRITE, 301, Pieces(0, 2), a_peer_b_, remote).status,
+            FERRY_OK_NOTIFY_BY_CORE);
+  EXPECT_EQ(Counter(*a_, "notified_by_core"), 1u);
+  a_->plugin().mem_release(a_->ctx(), remote);
+}
+
+// One region pair's device: one event for the whole multi-pair transfer. Two
+// devices: two launches, which the target cannot watch as one - the core.
+TEST_F(XgmiNotify, AMultiPairTransferOnOneDeviceIsReportedByItsEvent) {
+  for (const int device : {0, 1}) {
+    SCOPED_TRACE(device);
+    Mem* src2 = a_->Register(10 + device, kSize, device);
+    Mem* dst2 = b_->Register(20 + device, kSize, 0);
+    void* remote2 = a_->Import(a_peer_b_, *dst2);
+    std::vector<ferry_iov_v1> iov = Pieces(0, 2);
+    for (const auto& v : Pieces(10, 2)) iov.push_back(v);
+    const ferry_pair_v1 pairs[2] = {{src_->handle, remote_, 2}, {src2->handle, remote2, 2}};
+    Completion c;
+    ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c,
+                               XferArgs{.flags = FERRY_XFER_NOTIFY, .uid = 400u + device});
+    x.n_pairs = 2;
+    x.pairs = pairs;
+    ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
+    EXPECT_EQ(Wait(c).status, device == 0 ? FERRY_OK : FERRY_OK_NOTIFY_BY_CORE);
+    if (device == 0) {
+      EXPECT_TRUE(b_->host().WaitInbound(a_->key(), 400));
+    }
+    a_->plugin().mem_release(a_->ctx(), remote2);
+  }
+  EXPECT_EQ(b_->host().CountInbound(401), 0);
+}
+
+// What a hostile or broken peer may send: the wrong size, the wrong version,
+// an event "of this process" that is not one. Each is dropped and counted;
+// nothing is reported; a real notification still is.
+TEST_F(XgmiNotify, MalformedMessagesAreDropped) {
+  ferry_xgmi::AfterEventMsg m;
+  m.uid = 500;
+  m.pid = static_cast<uint64_t>(getpid());
+  m.pool_id = 12345;  // no such pool here
+  OnCtrl(&m, sizeof m);
+  const auto pool = ferry_xgmi::EventPool::Create(gpu_.table());  // a real one of this process
+  ASSERT_TRUE(pool);
+  m.pool_id = pool->id();
+  m.slot = 1u << 30;  // beyond it
+  OnCtrl(&m, sizeof m);
+  OnCtrl(&m, 5);
+  m.magic ^= 1;
+  OnCtrl(&m, sizeof m);
+  EXPECT_EQ(Counter(*b_, "inbound_dropped"), 4u);
+  EXPECT_EQ(Counter(*b_, "inbound_watched"), 0u);
+  EXPECT_EQ(Notify(FERRY_OP_WRITE, 501, Pieces(0, 1)).status, FERRY_OK);
+  EXPECT_TRUE(b_->host().WaitInbound(a_->key(), 501));
+  EXPECT_EQ(b_->host().CountInbound(500), 0);
+}
+
+class XgmiNotifyNoIpcEvents : public XgmiNotify {
+ protected:
+  XgmiNotifyNoIpcEvents() { gpu_.WithoutInterprocessEvents(); }
+};
+
+TEST_F(XgmiNotifyNoIpcEvents, TheCoreTellsTheTarget) {
+  EXPECT_EQ(Notify(FERRY_OP_WRITE, 601, Pieces(0, 2)).status, FERRY_OK_NOTIFY_BY_CORE);
+  EXPECT_EQ(dst_->blob.at(1) & ferry_xgmi::kMemWatchesEvents, 0)
+      << "a target that cannot open events says so in its regions' blobs";
+}
+
+// FERRY_OK_NOTIFY_BY_CORE reads as a failure to a core older than 1.8.
+TEST(XgmiInit, ACoreOlderThanAbi18IsRefused) {
+  ferry_test::FakeGpu gpu;
+  ferry_plugin_test::FakeHost host(Ops(), "x", {.gpu = gpu.table()});
+  host.mutable_host()->ctrl_try_send = nullptr;
+  void* ctx = nullptr;
+  char err[256] = {};
+  EXPECT_EQ(Ops().init(host.host(), "x", "node", "{}", &ctx, err, sizeof err),
+            FERRY_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(err).find("ABI 1.8"), std::string::npos) << err;
 }
 
 }  // namespace
