@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cpu_relax.h"
+
 namespace ferry_xgmi {
 
 using ferry::plugin_kit::TellRefusal;
@@ -90,13 +92,6 @@ void Instance::LogLine(int level, const std::string& m) const {
 }
 
 namespace {
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 // Polls `done` until it is true or `until` passes; the first 100 us with the
 // CPU's pause only (a sched_yield costs ~1 us, as much as the copy being
 // waited for), then yielding between polls so a busy core is shared.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "cpu_relax.h"
 #include "ferry/plugin_kit.hpp"
 
 namespace ferry_xgmi {
@@ -236,16 +237,6 @@ void InboundWatch::ReleaseLocked(const std::string& peer, const std::string& key
   auto o = opened_.find(key);
   if (o != opened_.end()) --o->second.watchers;
 }
-
-namespace {
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-}  // namespace
 
 // Every entry is queried in turn (entries of several peers and streams end in
 // any order). After a report it polls for spin_, then sleeps between rounds,
