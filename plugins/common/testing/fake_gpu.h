@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -118,6 +119,21 @@ class FakeGpu {
   std::atomic<int> fail_after_copies{-1};  // >= 0: copies after this many fail
   std::atomic<bool> hold_queries{false};   // event_query says "not yet" and runs nothing
   uint64_t queries() const { return queries_.load(); }  // event and stream queries so far
+  // Until Release(): every query says "not yet" and every synchronize waits,
+  // so copies stay in flight for as long as a test needs them to.
+  void Hold() {
+    std::lock_guard lk(hold_mu_);
+    held_ = true;
+    hold_queries = true;
+  }
+  void Release() {
+    {
+      std::lock_guard lk(hold_mu_);
+      held_ = false;
+      hold_queries = false;
+    }
+    hold_cv_.notify_all();
+  }
   // Copies queued and not yet run, on every stream.
   size_t queued() {
     std::lock_guard lk(mu_);
@@ -158,6 +174,10 @@ class FakeGpu {
   }
   // Runs the stream's work up to the latest record of `until`, or all of it.
   int Run(void* s, Event* until) {
+    {
+      std::unique_lock hl(hold_mu_);
+      hold_cv_.wait(hl, [&] { return !held_; });
+    }
     std::lock_guard lk(mu_);
     auto& ops = static_cast<Stream*>(s)->ops;
     size_t end = until == nullptr ? ops.size() : 0;
@@ -176,6 +196,9 @@ class FakeGpu {
 
   ferry_gpu_v1 t_{};
   std::atomic<uint64_t> queries_{0};
+  std::mutex hold_mu_;
+  std::condition_variable hold_cv_;
+  bool held_ = false;  // guarded by hold_mu_
   std::mutex mu_;
   std::deque<Stream> streams_;  // deque: stable addresses
   std::vector<Event*> events_;

@@ -378,6 +378,81 @@ TEST_F(XgmiNotify, MalformedMessagesAreDropped) {
   EXPECT_EQ(b_->host().CountInbound(500), 0);
 }
 
+// More notify transfers in flight than a device has events (all held in
+// flight by the fake runtime): each of the first kSlotsPerDevice gets one and
+// is reported by its event, the next is left to the core. While they end,
+// this thread also reports through progress(), racing the completion thread
+// for the sends and reports (each exactly once; TSan runs this in CI).
+TEST_F(XgmiNotify, MoreInFlightThanEventsLeavesTheRestToTheCore) {
+  constexpr size_t kSlots = ferry_xgmi::EventPool::kSlotsPerDevice;
+  constexpr size_t n = kSlots + 1;
+  const auto iov = Pieces(0, 1);
+  std::vector<std::unique_ptr<Completion>> done;
+  gpu_.Hold();
+  for (size_t i = 0; i < n; ++i) {
+    done.push_back(std::make_unique<Completion>());
+    const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, done[i].get(),
+                                     XferArgs{.flags = FERRY_XFER_NOTIFY, .uid = 1000 + i});
+    ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK) << i;
+  }
+  gpu_.Release();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto all_done = [&] {
+    for (auto& c : done) {
+      std::lock_guard lk(c->mu);
+      if (c->calls == 0) return false;
+    }
+    return true;
+  };
+  while (!all_done() && std::chrono::steady_clock::now() < until) a_->plugin().progress(a_->ctx());
+  size_t by_event = 0, by_core = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Observed o = Wait(*done[i]);
+    EXPECT_EQ(o.calls, 1) << i;
+    by_event += o.status == FERRY_OK;
+    by_core += o.status == FERRY_OK_NOTIFY_BY_CORE;
+    if (o.status == FERRY_OK) {
+      EXPECT_TRUE(b_->host().WaitInbound(a_->key(), 1000 + i)) << i;
+    }
+  }
+  EXPECT_EQ(by_event, kSlots);
+  EXPECT_EQ(by_core, 1u);
+  EXPECT_EQ(done.back()->status, FERRY_OK_NOTIFY_BY_CORE) << "the one past the pool";
+  EXPECT_EQ(Counter(*a_, "notified_by_event"), kSlots);
+  EXPECT_EQ(Counter(*a_, "copies_in_flight"), 0u);
+}
+
+// The target bounds what one peer may have watched: past kMaxWatchedPerPeer
+// that peer's messages are dropped (its events never fire here), another
+// peer's are still watched.
+TEST_F(XgmiNotify, OnePeerCannotFillTheTargetsWatch) {
+  constexpr size_t kPerPeer = ferry_xgmi::InboundWatch::kMaxWatchedPerPeer;
+  const ferry_gpu_v1* g = gpu_.table();
+  void* stream = nullptr;
+  void* event = nullptr;
+  ASSERT_EQ(g->stream_create(g->gpu_ctx, &stream), FERRY_OK);
+  ASSERT_EQ(g->event_create_ipc(g->gpu_ctx, &event), FERRY_OK);
+  gpu_.Hold();
+  ASSERT_EQ(g->event_record(g->gpu_ctx, event, stream), FERRY_OK);
+  ferry_xgmi::AfterEventMsg m;
+  m.pid = static_cast<uint64_t>(getpid()) + 1;
+  ASSERT_EQ(g->ipc_event_handle(g->gpu_ctx, event, m.handle), FERRY_OK);
+  for (size_t i = 0; i <= kPerPeer; ++i) {
+    m.uid = 5000 + i;
+    OnCtrl(&m, sizeof m);
+  }
+  EXPECT_EQ(Counter(*b_, "inbound_watched"), kPerPeer);
+  EXPECT_EQ(Counter(*b_, "inbound_dropped"), 1u);
+  m.uid = 1;
+  b_->plugin().on_ctrl(b_->ctx(), "another-peer", &m, sizeof m);
+  EXPECT_EQ(Counter(*b_, "inbound_watched"), kPerPeer + 1);
+  EXPECT_EQ(Counter(*b_, "inbound_events_open"), 2u) << "one per peer and process";
+  gpu_.Release();
+  EXPECT_TRUE(b_->host().WaitInbound("another-peer", 1));
+  EXPECT_TRUE(b_->host().WaitInbound(a_->key(), 5000 + kPerPeer - 1));
+  EXPECT_EQ(b_->host().CountInbound(5000 + kPerPeer), 0) << "the dropped one";
+}
+
 class XgmiNotifyNoIpcEvents : public XgmiNotify {
  protected:
   XgmiNotifyNoIpcEvents() { gpu_.WithoutInterprocessEvents(); }
