@@ -47,13 +47,16 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
     } else if (key == "hold_us") {
       if (!ferry::plugin_kit::GetInt(v, "hold_us", 0, 100000, &n, why)) return nullptr;
       in->hold_ = std::chrono::microseconds(n);
+    } else if (key == "notify_by_event") {
+      if (!ferry::plugin_kit::GetBool(v, "notify_by_event", &in->notify_by_event_, why))
+        return nullptr;
     } else {
       *why = "unknown setting '" + key +
-             "' (known: num_streams, batch_copy, spin_us, idle_spin_us, hold_us)";
+             "' (known: num_streams, batch_copy, spin_us, idle_spin_us, hold_us, notify_by_event)";
       return nullptr;
     }
   }
-  in->events_ = EventPool::Create(in->gpu_);
+  if (in->notify_by_event_) in->events_ = EventPool::Create(in->gpu_);
   in->inbound_ = std::make_unique<InboundWatch>(a.host, in->spin_);
   in->completer_ = std::thread([raw = in.get()] { raw->CompleteLoop(); });
   return in;
@@ -379,8 +382,14 @@ int Instance::Progress() {
     const auto done = Clock::now();
     lk.lock();
     if (rc == 1) break;  // not finished (or p was reported and its event reused: next time)
-    if (!pending_.empty() && pending_.front().seq == p.seq && pending_.front().tell == kTellSending)
-      break;  // its message is being sent by another thread, which reports it after
+    // Its message is being sent by the completion thread: wait for that
+    // (microseconds) rather than return and let the waiter sleep.
+    while (!pending_.empty() && pending_.front().seq == p.seq &&
+           pending_.front().tell == kTellSending) {
+      lk.unlock();
+      for (int i = 0; i < 16; ++i) cpu_relax();
+      lk.lock();
+    }
     if (Report(lk, p, rc, p.posted, done, true)) ++reported;
   }
   return reported;
@@ -938,10 +947,11 @@ int Instance::Post(const ferry_xfer_v1* x) {
 int Instance::Describe(char* buf, size_t len) {
   std::snprintf(buf, len,
                 "%s runtime, %d device(s), %d streams/device, batched copies %s, poll %lld us "
-                "(+ the copy's expected time), idle poll %lld us",
+                "(+ the copy's expected time), idle poll %lld us, notification by event %s",
                 gpu_->vendor == FERRY_GPU_CUDA ? "CUDA" : "HIP", gpu_->device_count,
                 streams_per_device_, batch_copy_ ? "on (when the runtime has them)" : "off",
-                static_cast<long long>(spin_.count()), static_cast<long long>(idle_spin_.count()));
+                static_cast<long long>(spin_.count()), static_cast<long long>(idle_spin_.count()),
+                events_ ? "on" : "off");
   return FERRY_OK;
 }
 

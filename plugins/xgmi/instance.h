@@ -230,6 +230,7 @@ class Instance {
   std::chrono::microseconds spin_{200};       // poll a finishing copy this long before blocking
   std::chrono::microseconds idle_spin_{200};  // poll for the next post this long before blocking
   std::chrono::microseconds hold_{100};       // held parts wait at most this long for the next part
+  bool notify_by_event_ = true;               // notify_events.h; false: the core tells every target
 
   std::mutex mu_;
   std::condition_variable cv_;                   // pending work for the completion thread
