@@ -32,10 +32,14 @@ Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings s
             // post() go out and arriving ones are read without a wake-up.
             std::chrono::microseconds(settings_.sender_spin_us)),
       reaper_(std::chrono::milliseconds(settings_.lane_idle_ms)),
-      target_(host, engine_key_, settings_, &regions_, &stages_, &pool_) {}
+      target_(host, engine_key_, settings_, &regions_, &stages_, &pool_),
+      // Idle this long after the last post, the flusher sleeps until the next.
+      posts_(std::chrono::microseconds(settings_.post_flush_us), std::chrono::milliseconds(50)) {}
 
 Instance::~Instance() {
-  // Initiator side first: it fails our own pending transfers with BAD_STATE.
+  // Posted transfers to their lanes first, then the initiator side: it fails
+  // our own pending transfers with BAD_STATE.
+  posts_.Stop();
   std::set<PeerHandle*> peers;
   {
     std::lock_guard lk(handles_mu_);
@@ -87,6 +91,8 @@ bool Instance::Start(std::string* err) {
   if (!pool_.Start(err)) return false;
   if (!reaper_.Start(err)) return false;
   if (!target_.Start(err)) return false;
+  if (settings_.post_flush_us > 0 && settings_.sender_spin_us == 0 && !posts_.Start(err))
+    return false;
   watcher_.Start();
   return true;
 }
@@ -146,6 +152,7 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.progress = &progress_;
   info.reaper = &reaper_;
   info.connector = &connector_;
+  info.posts = settings_.post_flush_us > 0 ? &posts_ : nullptr;
 
   if (!target_.AddPeer(info.key, p->same_host != 0)) {
     Log(host_, FERRY_LOG_WARN, "peer %s is already added", p->key);
@@ -325,22 +332,26 @@ int Instance::Counters(char* buf, size_t len) {
   }
   const StageTimes& t = stages_.times();
   auto u = [](const std::atomic<uint64_t>& v) { return static_cast<unsigned long long>(v.load()); };
-  std::snprintf(buf, len,
-                "{\"peers\":%zu,\"local_regions\":%zu,\"remote_regions\":%zu,"
-                "\"rejected_lanes\":%llu,\"gpu_pinned_bytes\":%llu,"
-                "\"ring_lanes_opened\":%llu,\"ring_lanes_served\":%llu,"
-                "\"gpu_frames_sent\":%llu,\"gpu_send_ns\":%llu,\"gpu_send_wait_ns\":%llu,"
-                "\"gpu_frames_received\":%llu,\"gpu_recv_ns\":%llu,\"gpu_recv_read_ns\":%llu,"
-                "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu,"
-                "\"progress_frames\":%llu,\"sender_polls_caught\":%llu}",
-                peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
-                static_cast<unsigned long long>(stages_.pinned_bytes()),
-                static_cast<unsigned long long>(ring_lanes_opened_.load()),
-                static_cast<unsigned long long>(target_.ring_lanes()), u(t.frames_sent),
-                u(t.send_ns), u(t.send_wait_ns), u(t.frames_received), u(t.recv_ns),
-                u(t.recv_read_ns), u(t.recv_wait_ns), u(t.acquires), u(t.acquire_ns),
-                static_cast<unsigned long long>(progress_.frames()),
-                u(sender_polls_caught_) + static_cast<unsigned long long>(pool_.kicks_caught()));
+  std::snprintf(
+      buf, len,
+      "{\"peers\":%zu,\"local_regions\":%zu,\"remote_regions\":%zu,"
+      "\"rejected_lanes\":%llu,\"gpu_pinned_bytes\":%llu,"
+      "\"ring_lanes_opened\":%llu,\"ring_lanes_served\":%llu,"
+      "\"gpu_frames_sent\":%llu,\"gpu_send_ns\":%llu,\"gpu_send_wait_ns\":%llu,"
+      "\"gpu_frames_received\":%llu,\"gpu_recv_ns\":%llu,\"gpu_recv_read_ns\":%llu,"
+      "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu,"
+      "\"progress_frames\":%llu,\"sender_polls_caught\":%llu,"
+      "\"posts_by_waiters\":%llu,\"posts_by_flusher\":%llu,\"post_flusher_wakeups\":%llu}",
+      peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
+      static_cast<unsigned long long>(stages_.pinned_bytes()),
+      static_cast<unsigned long long>(ring_lanes_opened_.load()),
+      static_cast<unsigned long long>(target_.ring_lanes()), u(t.frames_sent), u(t.send_ns),
+      u(t.send_wait_ns), u(t.frames_received), u(t.recv_ns), u(t.recv_read_ns), u(t.recv_wait_ns),
+      u(t.acquires), u(t.acquire_ns), static_cast<unsigned long long>(progress_.frames()),
+      u(sender_polls_caught_) + static_cast<unsigned long long>(pool_.kicks_caught()),
+      static_cast<unsigned long long>(posts_.by_waiters()),
+      static_cast<unsigned long long>(posts_.by_flusher()),
+      static_cast<unsigned long long>(posts_.wakeups()));
   return FERRY_OK;
 }
 

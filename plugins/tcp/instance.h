@@ -20,6 +20,7 @@
 #include "idle_reaper.h"
 #include "io_pool.h"
 #include "peer.h"
+#include "post_queue.h"
 #include "region.h"
 #include "settings.h"
 #include "target.h"
@@ -60,9 +61,13 @@ class Instance {
   int Post(const ferry_xfer_v1* x);
   int Describe(char* buf, size_t len);
   int Counters(char* buf, size_t len);  // ABI 1.5: peers, regions, refused lanes, pinned bytes
-  // ABI 1.6: a thread waiting for a transfer reads the responses of TCP lanes
-  // with frames in flight (responses.h); returns the frames it completed.
-  int Progress() { return static_cast<int>(progress_.Run()); }
+  // ABI 1.6: a thread waiting for a transfer hands posted transfers to their
+  // lanes (post_queue.h) and reads the responses of TCP lanes with frames in
+  // flight (responses.h); returns the frames it completed.
+  int Progress() {
+    posts_.Flush();
+    return static_cast<int>(progress_.Run());
+  }
   int Fence(const char* peer_key, const uint64_t* ids, size_t n, uint64_t deadline_ns,
             ferry_fence_result_v1* out);
   const ferry_host_v1* host() const { return host_; }
@@ -93,6 +98,8 @@ class Instance {
   IdleReaper reaper_;     // closes our idle lanes that the pool serves
   Connector connector_;   // connects them
   TargetServer target_;
+  // Accepted transfers on their way to the lanes; stopped (emptied) first.
+  PostQueue posts_;
 
   // Handles still held by the core, freed by fini if it never returned them.
   std::mutex handles_mu_;

@@ -55,6 +55,8 @@
 
 namespace ferry_tcp {
 
+class PostQueue;
+
 // What every lane of one peer needs to know; fixed at peer_add.
 struct PeerInfo {
   const ferry_host_v1* host = nullptr;
@@ -88,6 +90,9 @@ struct PeerInfo {
   IdleReaper* reaper = nullptr;
   // Connects the lanes the pool will serve (with pool); null: the lane's own thread.
   Connector* connector = nullptr;
+  // Where post() leaves an accepted transfer for a waiter or the flusher to
+  // hand to the lanes (post_queue.h); null: post() hands it over itself.
+  PostQueue* posts = nullptr;
 };
 
 class Lane final : public IdleReaper::Target, public Connector::Client {

@@ -137,7 +137,9 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   }
 
   const bool is_write = x.op == FERRY_OP_WRITE;
-  std::vector<FramePtr> frames;
+  // Made before the transfer is accepted: from then on nothing may throw.
+  auto job = std::make_unique<Handover>();
+  std::vector<FramePtr>& frames = job->frames;
   uint64_t low_seq;
   {
     std::lock_guard lk(seq_mu_);
@@ -209,20 +211,49 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   // cost 28-42 us; its other lanes are kicked together instead (one wake-up).
   const bool direct = !as_run && info_.sender_spin_us == 0 && n_frames == 1 &&
                       (is_read || (plan[0].bytes <= kDirectSendMax && !local->on_gpu()));
+  job->peer = shared_from_this();
+  job->first_lane = first_lane;
+  job->used_lanes = used_lanes;
+  job->direct = direct;
+  // With a post queue, a waiter's progress() or the flusher hands them over
+  // (post_queue.h); with polling senders post() makes no system call anyway.
+  if (info_.posts != nullptr && info_.sender_spin_us == 0) {
+    info_.posts->Push(std::move(job));
+  } else {
+    Deliver(*job);
+  }
+  return FERRY_OK;
+}
+
+void Peer::Handover::Deliver() noexcept { peer->Deliver(*this); }
+
+void Peer::Deliver(Handover& h) noexcept {
+  std::vector<FramePtr>& frames = h.frames;
+  const uint64_t first_lane = h.first_lane;
+  const size_t used_lanes = h.used_lanes;
+  const bool direct = h.direct;
+  const size_t n_frames = frames.size();
   std::shared_lock no_reset(reset_mu_);
-  if (n_frames == 1) {
+  if (n_frames == 1 && frames[0]->run == nullptr) {
     FramePtr& f = frames[0];
     try {
       lanes_[first_lane % lanes_.size()]->Submit(f, direct);
     } catch (...) {
       f->Resolve(FERRY_ERR_NO_MEMORY, "out of memory queueing a frame to " + info_.label);
     }
-    return FERRY_OK;
+    return;
   }
   // A run's entries are one per lane already, in lane order.
-  std::vector<std::vector<FramePtr>> per_lane(used_lanes);
-  for (size_t i = 0; i < frames.size(); ++i)
-    per_lane[i % used_lanes].push_back(std::move(frames[i]));
+  std::vector<std::vector<FramePtr>> per_lane;
+  try {
+    per_lane.resize(used_lanes);
+    for (size_t i = 0; i < frames.size(); ++i) per_lane[i % used_lanes].push_back(frames[i]);
+  } catch (...) {
+    for (auto& f : frames)
+      f->Resolve(FERRY_ERR_NO_MEMORY, "out of memory queueing a frame to " + info_.label);
+    return;
+  }
+  frames.clear();
   // The pool-served lanes' senders are kicked together once every lane has
   // its frames: one wake-up from post(), the pool wakes the rest.
   IoPool::Kicks kicks;
@@ -245,7 +276,6 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
     }
   }
   if (batch != nullptr) info_.pool->KickAll(kicks);
-  return FERRY_OK;
 }
 
 }  // namespace ferry_tcp

@@ -13,6 +13,7 @@
 
 #include "ferry/plugin.h"
 #include "lane.h"
+#include "post_queue.h"
 #include "region.h"
 #include "xfer.h"
 
@@ -44,6 +45,20 @@ class Peer : public std::enable_shared_from_this<Peer> {
   const PeerInfo& info() const { return info_; }
 
  private:
+  // An accepted transfer's frames on their way to the lanes (post_queue.h).
+  struct Handover final : PostQueue::Job {
+    std::shared_ptr<Peer> peer;
+    std::vector<FramePtr> frames;
+    uint64_t first_lane = 0;
+    size_t used_lanes = 0;
+    bool direct = false;  // a one-frame transfer may be sent by the delivering thread
+    void Deliver() noexcept override;
+  };
+  // Puts an accepted transfer's frames on their lanes: a small one sent by
+  // this thread when its lane is free (direct), the rest queued and the
+  // lanes' senders kicked together.
+  void Deliver(Handover& h) noexcept;
+
   const PeerInfo info_;
   const uint64_t chunk_bytes_;
   const uint64_t gpu_chunk_bytes_;

@@ -100,6 +100,14 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
     } else if (key == "sender_spin_us") {
       if (!GetInt(v, "sender_spin_us", 0, 1000, &n, err)) return false;
       s.sender_spin_us = static_cast<int>(n);
+    } else if (key == "post_flush_us") {
+      if (!GetInt(v, "post_flush_us", 0, 100000, &n, err)) return false;
+      // The flusher ticks at half of it: below 10 us it would spin a core.
+      if (n > 0 && n < 10) {
+        *err = "setting 'post_flush_us' must be 0 or 10..100000";
+        return false;
+      }
+      s.post_flush_us = static_cast<int>(n);
     } else {
       *err = "unknown tcp setting '" + key +
              "' (known: lanes, chunk_bytes, listen_host, listen_port, advertise_host, "
@@ -107,7 +115,7 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
              "gpu_stage_bytes, "
              "gpu_chunk_bytes, "
              "gpu_pinned_bytes, same_host_rings, ring_bytes, ring_chunk_bytes, ring_spin_us, "
-             "sender_spin_us)";
+             "sender_spin_us, post_flush_us)";
       return false;
     }
   }

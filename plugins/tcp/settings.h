@@ -59,6 +59,13 @@ struct Settings {
   // they sleep at once and post() sends small frames itself. Costs up to one
   // CPU for this long after the pool's last work.
   int sender_spin_us = 0;
+  // post() queues an accepted transfer and returns; the next thread that
+  // waits for or polls one of this engine's transfers hands it to the lanes
+  // (progress()), or the plugin's flusher thread within this many us
+  // (post_queue.h): post() makes no system call. 0: post() hands it over
+  // itself (a small frame's send, or an I/O thread's wake-up: 7-26 us p99 on
+  // the 16-core GPU host). Not used while sender_spin_us polls.
+  int post_flush_us = 200;
 };
 
 // Rejects bad JSON, unknown keys, wrong types and out-of-range values, saying which.

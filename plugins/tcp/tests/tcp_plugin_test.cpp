@@ -170,6 +170,9 @@ TEST(TcpSettings, OutOfRangeAndWrongTypesFail) {
   EXPECT_NE(InitError(R"({"chunk_bytes": "1 parsec"})").find("chunk_bytes"), std::string::npos);
   EXPECT_NE(InitError(R"({"chunk_bytes": 1024})").find("chunk_bytes"), std::string::npos);
   EXPECT_NE(InitError(R"({"io_timeout_ms": -1})").find("io_timeout_ms"), std::string::npos);
+  EXPECT_NE(InitError(R"({"post_flush_us": -1})").find("post_flush_us"), std::string::npos);
+  EXPECT_NE(InitError(R"({"post_flush_us": 100001})").find("post_flush_us"), std::string::npos);
+  EXPECT_NE(InitError(R"({"post_flush_us": 9})").find("post_flush_us"), std::string::npos);
   EXPECT_NE(InitError(R"({"listen_host": "no such host.invalid"})").find("listen_host"),
             std::string::npos);
 }
@@ -441,6 +444,78 @@ TEST_P(TcpPair, WaitingThreadCompletesThroughProgress) {
   std::printf("RESULT progress %s: %llu of %d completed by the waiting thread\n",
               GetParam() == Stream::kTcp ? "tcp" : "rings",
               static_cast<unsigned long long>(reported), i);
+  ops.mem_release(a_->ctx(), remote);
+}
+
+// post() leaves an accepted transfer for a waiter's progress() to hand to
+// its lanes (post_queue.h): a thread that posts and then waits moves it.
+TEST_P(TcpPair, AWaiterHandsItsPostedTransferToTheLanes) {
+  // A long flush time (ticks of 50 ms): the flusher rarely gets there first.
+  Connect(R"({"post_flush_us": 100000})");
+  Mem* src = a_->Register(1, 4096);
+  Mem* dst = b_->Register(1, 4096);
+  void* remote = a_->Import(a_peer_b_, *dst);
+  constexpr int kTransfers = 20;
+  for (int i = 0; i < kTransfers; ++i) {
+    Completion c;
+    src->data[0] = static_cast<uint8_t>(i + 1);
+    const std::vector<ferry_iov_v1> iov{{0, 0, 64}};
+    const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src, remote, iov, &c);
+    ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      ASSERT_GE(ops.progress(a_->ctx()), 0);
+      std::lock_guard lk(c.mu);
+      if (c.calls > 0) break;
+      ASSERT_LT(std::chrono::steady_clock::now(), limit) << "transfer " << i << " never completed";
+    }
+    std::lock_guard lk(c.mu);
+    ASSERT_EQ(c.status, FERRY_OK) << c.msg;
+    EXPECT_EQ(c.calls, 1);
+    EXPECT_EQ(dst->data[0], static_cast<uint8_t>(i + 1));
+  }
+  // Each handed over once; by this thread unless it stalled past a tick.
+  EXPECT_EQ(Counter(*a_, "posts_by_waiters") + Counter(*a_, "posts_by_flusher"),
+            static_cast<uint64_t>(kTransfers));
+  EXPECT_GT(Counter(*a_, "posts_by_waiters"), 0u);
+  ops.mem_release(a_->ctx(), remote);
+}
+
+// A caller that posts and never waits or polls (the target's notification
+// is what it is after): the flusher hands the transfer over.
+TEST_P(TcpPair, ATransferNobodyWaitsForGoesOutFromTheFlusher) {
+  Mem* src = a_->Register(1, 1 << 20);
+  Mem* dst = b_->Register(1, 1 << 20);
+  Fill(src->data, 7);
+  void* remote = a_->Import(a_peer_b_, *dst);
+  // One small frame and one of several frames per lane, both notified.
+  for (uint64_t len : {uint64_t{64}, uint64_t{1} << 20}) {
+    Completion c;
+    const std::vector<ferry_iov_v1> iov{{0, 0, len}};
+    const ferry_xfer_v1 x =
+        MakeXfer(FERRY_OP_WRITE, a_peer_b_, src, remote, iov, &c, {.flags = FERRY_XFER_NOTIFY});
+    ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
+    ASSERT_TRUE(c.Wait()) << "a transfer nobody waited for was never sent";
+    std::lock_guard lk(c.mu);
+    ASSERT_EQ(c.status, FERRY_OK) << c.msg;
+    EXPECT_TRUE(SameBytes(src->data.data(), dst->data.data(), len));
+  }
+  EXPECT_EQ(Counter(*a_, "posts_by_waiters"), 0u);
+  EXPECT_EQ(Counter(*a_, "posts_by_flusher"), 2u);
+  ops.mem_release(a_->ctx(), remote);
+}
+
+// post_flush_us 0: post() hands the transfer over itself, as before the queue.
+TEST_P(TcpPair, PostFlushZeroHandsOverInsidePost) {
+  Connect(R"({"post_flush_us": 0})");
+  Mem* src = a_->Register(1, 4096);
+  Mem* dst = b_->Register(1, 4096);
+  void* remote = a_->Import(a_peer_b_, *dst);
+  for (int i = 0; i < 3; ++i) {
+    Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, 4096}});
+    ASSERT_EQ(w.status, FERRY_OK) << w.msg;
+  }
+  EXPECT_EQ(Counter(*a_, "posts_by_waiters") + Counter(*a_, "posts_by_flusher"), 0u);
   ops.mem_release(a_->ctx(), remote);
 }
 
