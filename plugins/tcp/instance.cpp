@@ -184,6 +184,9 @@ void Instance::PeerRemove(void* handle) {
     if (peers_.erase(h) == 0) return;
   }
   h->peer->Stop(FERRY_ERR_BAD_STATE, "peer " + h->peer->info().key + " was removed");
+  // Its transfers still on the post queue fail on its stopped lanes now:
+  // plugin.h, every transfer to it is completed before peer_remove returns.
+  posts_.Barrier();
   target_.RemovePeer(h->peer->info().key);
   delete h;
 }

@@ -233,6 +233,14 @@ void Peer::Deliver(Handover& h) noexcept {
   const size_t used_lanes = h.used_lanes;
   const bool direct = h.direct;
   const size_t n_frames = frames.size();
+  if (n_frames > 0 && frames[0]->xfer->failed()) {
+    // Its deadline passed while it was queued: nothing of it goes out.
+    int status = FERRY_OK;
+    std::string msg;
+    frames[0]->xfer->Error(&status, &msg);
+    for (auto& f : frames) f->Resolve(status, msg);
+    return;
+  }
   std::shared_lock no_reset(reset_mu_);
   if (n_frames == 1 && frames[0]->run == nullptr) {
     FramePtr& f = frames[0];

@@ -16,7 +16,9 @@
 //   target still comes). It ticks every flush_after / 2 while transfers are
 //   being posted and for `linger` after the last, then sleeps until the next
 //   Push, which wakes it (the only Push that makes a system call).
-// Jobs are delivered in push order, by one thread at a time.
+// Jobs are delivered in push order, by one thread at a time; a Flush takes
+// at most what was queued when it began. A queue of 4,096 makes the posting
+// thread hand over what is queued itself (in order), as without the queue.
 #pragma once
 
 #include <atomic>
@@ -50,6 +52,10 @@ class PostQueue {
   // Joins the flusher, then delivers what is still queued on this thread.
   // Later pushes are delivered at once by the pushing thread.
   void Stop();
+  // Returns once every job pushed before the call has been delivered (and
+  // let go of what it held): by this thread, or another one already at it.
+  // peer_remove: a removed peer's transfers complete before it returns.
+  void Barrier();
 
   // Queues a job. Before Start, after Stop, or out of memory, it is
   // delivered at once on the calling thread instead.
@@ -80,6 +86,7 @@ class PostQueue {
   std::atomic<bool> delivering_{false};
   std::atomic<bool> asleep_{false};
   std::atomic<uint64_t> by_waiters_{0}, by_flusher_{0}, wakeups_{0};
+  std::atomic<uint64_t> done_{0};  // jobs delivered and destroyed
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Entry> q_;

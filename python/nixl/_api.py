@@ -118,7 +118,9 @@ _RUNNING = (ferry.StatusCode.INIT, ferry.StatusCode.IN_PROGRESS)
 
 def _state(status):
     """'DONE', 'PROC', or the NIXL error of a failed transfer raised (one read of the code:
-    a transfer ending between two reads must not look failed)."""
+    a transfer ending between two reads must not look failed). A poll first: it drives the
+    backend once (a tcp transfer that post() queued leaves now, responses are read)."""
+    status.WaitFor(0)
     code = status.Code()
     if code == ferry.StatusCode.SUCCESS:
         return "DONE"

@@ -284,6 +284,12 @@ void check_signals() {
 
 // Waits for `st` up to `timeout` (nullopt: until it ends). True when it ended.
 bool wait_status(const TransferStatus& st, std::optional<milliseconds> timeout) {
+  if (timeout && timeout->count() <= 0) {
+    // A poll: one round of the backend's progress, as C++ WaitFor(0) - which
+    // is also what hands a tcp transfer that post() queued to its lanes.
+    py::gil_scoped_release nogil;
+    return st.WaitFor(milliseconds(0));
+  }
   const auto start = Clock::now();
   while (true) {
     milliseconds slice = kSlice;
@@ -1143,7 +1149,8 @@ PYBIND11_MODULE(_ferry, m) {
           "WaitFor",
           [](const TransferStatus& s, py::handle ms) { return wait_status(s, to_timeout(ms)); },
           py::arg("timeout_ms"),
-          "Block at most timeout_ms milliseconds; True when the transfer has ended.")
+          "Block at most timeout_ms milliseconds; True when the transfer has ended. 0: a poll "
+          "that drives the backend once (as C++ WaitFor(0)).")
       .def(
           "Cancel",
           [](const TransferStatus& s) {

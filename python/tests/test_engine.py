@@ -552,3 +552,31 @@ def test_connector_habits_one_way_registration_and_notify_off():
     finally:
         initiator.close()
         target.close()
+
+
+def test_a_poll_hands_a_queued_tcp_transfer_to_its_lanes():
+    """WaitFor(0) is a poll that drives the backend once (as C++): tcp's post() only queues a
+    transfer, and the poll of an application that checks its transfers from its own loop (the
+    NIXL and MORI shims' status reads) hands it over, not the plugin's flusher."""
+    from conftest import backend_under_test
+
+    if backend_under_test() != "tcp":
+        pytest.skip("the post queue is tcp's")
+    # Flusher ticks of 50 ms: a poll right after the post gets there first unless this thread
+    # stalls that long, so ten transfers leave at least one to the polls.
+    p = Pair(1 << 16, config='{"post_flush_us": 100000}')
+    try:
+        for i in range(10):
+            p.local[:4096] = i + 1
+            st = p.initiator.write(p.local_mem, 0, p.remote_mem, 0, 4096,
+                                   p.initiator.allocate_transfer_uid())
+            for _ in range(1_000_000):
+                if st.WaitFor(0):
+                    break
+            assert st.Succeeded(), st.Message()
+            assert (p.remote[:4096] == i + 1).all()
+        tcp = p.initiator.stats()["backends"]["tcp"]["plugin"]
+        assert tcp["posts_by_waiters"] + tcp["posts_by_flusher"] == 10
+        assert tcp["posts_by_waiters"] >= 1
+    finally:
+        p.close()

@@ -505,6 +505,30 @@ TEST_P(TcpPair, ATransferNobodyWaitsForGoesOutFromTheFlusher) {
   ops.mem_release(a_->ctx(), remote);
 }
 
+// plugin.h: peer_remove returns once every transfer to the peer completed -
+// one still on the post queue too (it fails on the stopped lanes).
+TEST_P(TcpPair, PeerRemoveCompletesTransfersStillQueued) {
+  Connect(R"({"post_flush_us": 100000})");  // ticks of 50 ms: it is still queued
+  Mem* src = a_->Register(1, 4096);
+  Mem* dst = b_->Register(1, 4096);
+  void* remote = a_->Import(a_peer_b_, *dst);
+  // Kept alive should the completion come late (the bug this looks for).
+  auto* c = new Completion;
+  const std::vector<ferry_iov_v1> iov{{0, 0, 64}};
+  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src, remote, iov, c);
+  ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
+  ops.mem_release(a_->ctx(), remote);
+  ops.peer_remove(a_->ctx(), a_peer_b_);
+  a_peer_b_ = nullptr;
+  std::unique_lock lk(c->mu);
+  ASSERT_EQ(c->calls, 1) << "peer_remove returned before its queued transfer completed";
+  // Failed on the stopped lanes, or - had the flusher got there first - done.
+  EXPECT_TRUE(c->status == FERRY_ERR_BAD_STATE || c->status == FERRY_OK)
+      << c->status << " " << c->msg;
+  lk.unlock();
+  delete c;
+}
+
 // post_flush_us 0: post() hands the transfer over itself, as before the queue.
 TEST_P(TcpPair, PostFlushZeroHandsOverInsidePost) {
   Connect(R"({"post_flush_us": 0})");

@@ -203,6 +203,9 @@ class TransferStatus:
     def Code(self):
         if self._code is not None:
             return self._code
+        # A poll, as a MORI-IO status read: it drives the backend once (a tcp
+        # transfer that post() queued leaves now).
+        self._st.WaitFor(0)
         c = self._st.Code()
         return StatusCode.IN_PROGRESS if c == StatusCode.INIT else c
 
