@@ -371,6 +371,20 @@ class TcpPair : public PairTest<::testing::TestWithParam<Stream>> {
   }
   void SetUp() override { Connect("{}"); }
 
+  // Calls a's progress() until transfer number i (c) completes, 30 s at most;
+  // adds the frames progress() reported to *reported.
+  void ProgressUntilDone(Completion& c, int i, uint64_t* reported = nullptr) {
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      const int n = ops.progress(a_->ctx());
+      ASSERT_GE(n, 0);
+      if (reported != nullptr) *reported += static_cast<uint64_t>(n);
+      std::lock_guard lk(c.mu);
+      if (c.calls > 0) return;
+      ASSERT_LT(std::chrono::steady_clock::now(), limit) << "transfer " << i << " never completed";
+    }
+  }
+
   // WRITE a -> b then READ b -> a of `n` bytes, checking the data both times.
   void RoundTrip(size_t n, uint64_t local_off, uint64_t remote_off, uint64_t id) {
     Mem* src = a_->Register(id, local_off + n);
@@ -419,15 +433,7 @@ TEST_P(TcpPair, WaitingThreadCompletesThroughProgress) {
     const uint32_t op = i % 2 == 0 ? FERRY_OP_WRITE : FERRY_OP_READ;
     const ferry_xfer_v1 x = MakeXfer(op, a_peer_b_, src, remote, iov, &c);
     ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
-    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (;;) {
-      const int n = ops.progress(a_->ctx());
-      ASSERT_GE(n, 0);
-      reported += static_cast<uint64_t>(n);
-      std::lock_guard lk(c.mu);
-      if (c.calls > 0) break;
-      ASSERT_LT(std::chrono::steady_clock::now(), limit) << "transfer " << i << " never completed";
-    }
+    ASSERT_NO_FATAL_FAILURE(ProgressUntilDone(c, i, &reported));
     // Completed once, whoever completed it; a late report by the other would show here.
     std::lock_guard lk(c.mu);
     ASSERT_EQ(c.status, FERRY_OK) << c.msg;
@@ -462,13 +468,7 @@ TEST_P(TcpPair, AWaiterHandsItsPostedTransferToTheLanes) {
     const std::vector<ferry_iov_v1> iov{{0, 0, 64}};
     const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src, remote, iov, &c);
     ASSERT_EQ(ops.post(a_->ctx(), &x), FERRY_OK);
-    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (;;) {
-      ASSERT_GE(ops.progress(a_->ctx()), 0);
-      std::lock_guard lk(c.mu);
-      if (c.calls > 0) break;
-      ASSERT_LT(std::chrono::steady_clock::now(), limit) << "transfer " << i << " never completed";
-    }
+    ASSERT_NO_FATAL_FAILURE(ProgressUntilDone(c, i));
     std::lock_guard lk(c.mu);
     ASSERT_EQ(c.status, FERRY_OK) << c.msg;
     EXPECT_EQ(c.calls, 1);
