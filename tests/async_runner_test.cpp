@@ -119,8 +119,16 @@ TEST(PeerJobQueue, OnePeerByDeadlineOthersBeside) {
   };
   std::atomic<int> on_runner{0};
   {
-    AsyncRunner runner;
-    PeerJobQueue q(runner);
+    // As in Transfers (transfer.h): the runner is declared last, so it is
+    // destroyed first and its threads finish every drain while the queue
+    // still exists (the other way round, a drain's last look at its peer
+    // read a destroyed queue: TSan, CI of 2026-12-05).
+    struct Owner {
+      PeerJobQueue q{runner};
+      AsyncRunner runner;
+    } owner;
+    PeerJobQueue& q = owner.q;
+    AsyncRunner& runner = owner.runner;
     q.run("a", PeerJobQueue::Clock::now(), [&](bool ok) {
       on_runner += ok;
       released.wait();  // peer a's first job blocks its queue
