@@ -91,8 +91,7 @@ bool Instance::Start(std::string* err) {
   if (!pool_.Start(err)) return false;
   if (!reaper_.Start(err)) return false;
   if (!target_.Start(err)) return false;
-  if (settings_.post_flush_us > 0 && settings_.sender_spin_us == 0 && !posts_.Start(err))
-    return false;
+  if (PostQueueOn() && !posts_.Start(err)) return false;
   watcher_.Start();
   return true;
 }
@@ -152,7 +151,7 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.progress = &progress_;
   info.reaper = &reaper_;
   info.connector = &connector_;
-  info.posts = settings_.post_flush_us > 0 ? &posts_ : nullptr;
+  info.posts = PostQueueOn() ? &posts_ : nullptr;
 
   if (!target_.AddPeer(info.key, p->same_host != 0)) {
     Log(host_, FERRY_LOG_WARN, "peer %s is already added", p->key);

@@ -74,6 +74,9 @@ class Instance {
 
  private:
   static void OnExpired(const std::shared_ptr<Xfer>& x);
+  // post() leaves transfers on posts_ (post_flush_us); not while the senders
+  // poll (sender_spin_us), when post() makes no system call anyway.
+  bool PostQueueOn() const { return settings_.post_flush_us > 0 && settings_.sender_spin_us == 0; }
 
   const ferry_host_v1* host_;
   const std::string engine_key_;

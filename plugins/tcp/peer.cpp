@@ -216,8 +216,8 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   job->used_lanes = used_lanes;
   job->direct = direct;
   // With a post queue, a waiter's progress() or the flusher hands them over
-  // (post_queue.h); with polling senders post() makes no system call anyway.
-  if (info_.posts != nullptr && info_.sender_spin_us == 0) {
+  // (post_queue.h).
+  if (info_.posts != nullptr) {
     info_.posts->Push(std::move(job));
   } else {
     Deliver(*job);
