@@ -76,6 +76,9 @@ struct Options {
   int large_block_iter_factor = 16;  // iterations / this for blocks >= 1 MiB
   int num_threads = 1;
   int queue_depth = 1;  // transfers in flight per thread (as ucx_perftest -O)
+  // Idle this long before each post (not timed): a caller that sat waiting,
+  // whose post() then runs with cold caches and TLB whatever the size.
+  int post_gap_us = 0;
   bool check = false;
   bool session = false;
   bool notify = true;
@@ -333,6 +336,10 @@ Options parse_args(int argc, char** argv) {
           "iterations are divided by this for blocks >= 1 MiB")
       ->default_str(std::to_string(o.large_block_iter_factor))
       ->group(sweep);
+  add_int(app, "--post-gap-us", o.post_gap_us, 0,
+          "sleep this long before each post, untimed (post() of a caller that sat idle)")
+      ->default_str("0")
+      ->group(sweep);
 
   const char* schemes = "Schemes (many processes, this machine)";
   std::string scheme = "pairwise";
@@ -425,6 +432,7 @@ Options parse_args(int argc, char** argv) {
   bench::parse_seg_type(target_seg, &o.target_seg);
   o.num_iter_given = num_iter->count() > 0;
   o.warmup_given = warmup_iter->count() > 0;
+  if (o.kv && o.post_gap_us > 0) bad_usage("--post-gap-us is for the block sweep, not --kv");
   if (o.kv) {
     // The sweep's region is not used: keep it small on both ranks.
     o.start_block = o.max_block = 4096;
@@ -470,8 +478,11 @@ Options parse_args(int argc, char** argv) {
       bad_usage("each initiator process of " + s +
                 " has one iteration in flight: leave --num-threads and --queue-depth at 1 "
                 "(more --num-initiators instead)");
-    if (o.session || !o.stats_socket.empty() || !o.metrics_address.empty())
-      bad_usage("--session, --stats-socket and --metrics-address are for one pair, not " + s);
+    if (o.session || !o.stats_socket.empty() || !o.metrics_address.empty() || o.post_gap_us > 0)
+      bad_usage(
+          "--session, --stats-socket, --metrics-address and --post-gap-us are for one pair, "
+          "not " +
+          s);
     if (o.shape.scheme == bench::Scheme::TP && o.op == Op::READ)
       bad_usage("--scheme tp writes each shard and reads it back: --op READ does not apply");
   }
@@ -862,6 +873,11 @@ class Initiator {
             break;
           }
           if (excluded) *excluded += std::chrono::duration<double>(Clock::now() - c0).count();
+        }
+        if (o.post_gap_us > 0) {
+          auto g0 = Clock::now();
+          std::this_thread::sleep_for(std::chrono::microseconds(o.post_gap_us));
+          if (excluded) *excluded += std::chrono::duration<double>(Clock::now() - g0).count();
         }
         // prep: this iteration's descriptors.
         s.t_prep = Clock::now();

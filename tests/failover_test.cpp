@@ -237,6 +237,37 @@ TEST(Failover, APostRefusalSaysWhyInTheMessage) {
       << st.Message();
 }
 
+// The route cache is keyed by the policy's size bands: sizes on either side
+// of a rule's bound, alternating on one region pair, each go where the policy
+// says - never where a cached route of the other band went.
+TEST(Routing, EachSizeTakesItsRulesBackendWhateverWasCachedBefore) {
+  Rig rig("ok",
+          "backends:\n  fault: {}\n"
+          "rules:\n"
+          "  - match: { min_bytes: 4KiB, max_bytes: 64KiB }\n    prefer: [fault]\n"
+          "  - prefer: [tcp]\n"
+          "timeout: 5s\n");
+  struct Case {
+    size_t bytes;
+    const char* backend;
+  };
+  const Case cases[] = {{4096, "fault"},  {4095, "tcp"}, {65536, "fault"}, {65537, "tcp"},
+                        {4096, "fault"},  {1, "tcp"},    {8192, "fault"},  {kBytes, "tcp"},
+                        {65536, "fault"}, {4095, "tcp"}};
+  uint64_t seed = 90;
+  for (const Case& c : cases) {
+    const auto before = rig.stats(c.backend).transfers;
+    test::fill_pattern(rig.src.data(), 0, c.bytes, seed);
+    auto st = rig.ini->write(rig.lmem, 0, rig.rmem, 0, c.bytes, rig.ini->allocate_transfer_uid());
+    ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+    EXPECT_EQ(rig.stats(c.backend).transfers, before + 1)
+        << c.bytes << " bytes should have gone over " << c.backend;
+    EXPECT_EQ(test::find_mismatch(rig.dst.data(), 0, c.bytes, seed, 0), -1);
+    ++seed;
+  }
+  EXPECT_EQ(rig.stats("fault").transfers + rig.stats("tcp").transfers, std::size(cases));
+}
+
 TEST(Failover, SessionsFailOverToo) {
   Rig rig("fail_submit");
   Result why;

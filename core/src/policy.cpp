@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "policy.h"
 
+#include <algorithm>
+
 #include "ferry/plugin_kit.hpp"
 
 namespace ferry {
@@ -41,6 +43,17 @@ int Policy::match(const RouteQuery& q) const {
   for (size_t i = 0; i < rules.size(); ++i)
     if (rules[i].matches(q)) return static_cast<int>(i);
   return -1;
+}
+
+std::vector<uint64_t> Policy::size_breaks() const {
+  std::vector<uint64_t> b;
+  for (const auto& r : rules) {
+    if (r.min_bytes) b.push_back(*r.min_bytes);
+    if (r.max_bytes && *r.max_bytes < UINT64_MAX) b.push_back(*r.max_bytes + 1);
+  }
+  std::sort(b.begin(), b.end());
+  b.erase(std::unique(b.begin(), b.end()), b.end());
+  return b;
 }
 
 std::string Policy::settings_for(const std::string& backend) const {

@@ -64,6 +64,10 @@ struct Policy {
   // FERRY_ETCD_* win (metadata_sync.h).
   MetadataConfig metadata;
 
+  // Where a rule's byte range starts or ends (min_bytes, max_bytes + 1),
+  // sorted: between two of them the bytes change no rule's answer, so a route
+  // is the same for every size in one band (the route cache's key).
+  std::vector<uint64_t> size_breaks() const;
   // Index of the first rule that matches, or -1.
   int match(const RouteQuery& q) const;
   // Settings JSON for a backend ("{}" when none).

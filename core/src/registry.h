@@ -100,7 +100,7 @@ struct LocalMem {
 // handing one to a transfer copies a pointer, not the list. Never null.
 using Route = std::shared_ptr<const std::vector<BackendPtr>>;
 
-// A routing decision kept for one (local region, remote region, op, rule); valid
+// A routing decision kept for one (local region, remote region, op, size band); valid
 // while neither the loaded backends nor any health state changed, and no
 // quarantine it relied on has ended.
 struct CachedRoute {
@@ -115,7 +115,7 @@ struct RemoteMem {
   MemoryDesc desc;
   std::set<std::string> advertised;
   std::mutex route_mu;  // the transfer lifecycle's route cache
-  std::map<std::tuple<uint64_t, int, int>, CachedRoute> routes;  // (local id, op, rule)
+  std::map<std::tuple<uint64_t, int, int>, CachedRoute> routes;  // (local id, op, size band)
 
  private:
   friend class Registry;

@@ -213,6 +213,8 @@ class Transfers {
   TransferStatus send_message(const Messenger::Target& to, std::string payload);
   // The ranked backends for a transfer over `pair` now (cached per pair and rule).
   Route route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why);
+  // Which of the policy's size bands `bytes` falls in (Policy::size_breaks).
+  int size_band(uint64_t bytes) const;
   // host->complete: a plugin ended an attempt (it drops its reference after this).
   void complete(std::shared_ptr<Attempt> a, int status, const char* message);
   // TransferStatus::Cancel() of `t` (through Transfer::cancel()).
@@ -299,6 +301,7 @@ class Transfers {
 
   const std::string& self_key_;
   const Policy& policy_;
+  const std::vector<uint64_t> size_breaks_;  // the policy's, for size_band()
   Health& health_;
   BackendSet& backends_;
   Registry& registry_;
