@@ -6,6 +6,7 @@
 #include "registry.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "auth.h"
 #include "gpu_runtime.h"
@@ -307,8 +308,33 @@ Result Registry::deregister_memory(const MemoryDesc& d) {
     m->draining = true;
     m->idle.wait(lk, [&] { return m->inflight == 0; });
   }
+  // Its cached routes go too: an engine that registers and deregisters memory
+  // for as long as it runs would otherwise keep entries for every region it
+  // ever used in each remote import.
+  {
+    std::shared_lock lk(mu_);
+    const auto forget = [&](RemoteMem& r) {
+      std::lock_guard<std::mutex> rl(r.route_mu);
+      r.routes.erase(r.routes.lower_bound({d.id, INT_MIN, INT_MIN}),
+                     r.routes.lower_bound({d.id + 1, INT_MIN, INT_MIN}));
+    };
+    for (auto& [key, r] : remote_mems_) forget(*r);
+    for (auto& [key, r] : retired_remote_mems_) forget(*r);
+  }
   release_handles(m->handles, [](Backend& b, void* h) { b.ops->mem_deregister(b.ctx, h); });
   return {};
+}
+
+size_t Registry::cached_routes_of(uint64_t local_id) const {
+  std::shared_lock lk(mu_);
+  size_t n = 0;
+  const auto count = [&](RemoteMem& r) {
+    std::lock_guard<std::mutex> rl(r.route_mu);
+    for (const auto& [key, route] : r.routes) n += std::get<0>(key) == local_id;
+  };
+  for (const auto& [key, r] : remote_mems_) count(*r);
+  for (const auto& [key, r] : retired_remote_mems_) count(*r);
+  return n;
 }
 
 // ---- imports of remote memory -------------------------------------------------------
@@ -418,6 +444,11 @@ std::string Registry::unusable(const MemPair& pair, const std::string& backend) 
   }
   if (!pair.remote->handles.count(backend)) return "remote memory could not be imported";
   return {};
+}
+
+Registry::Advertised Registry::advertised(const MemPair& pair) const {
+  std::shared_lock lk(mu_);
+  return {pair.peer->advertised, pair.local->advertised, pair.remote->advertised};
 }
 
 bool Registry::handles(const MemPair& pair, const std::string& backend, Handles& out) const {

@@ -182,6 +182,15 @@ class Registry {
     void* local = nullptr;
     void* remote = nullptr;
   };
+  // The backends the pair's peer, local and remote region offer, copied under
+  // the lock (attach() adds to them): what routing reads.
+  struct Advertised {
+    std::set<std::string> peer, local, remote;
+  };
+  Advertised advertised(const MemPair& pair) const;
+  // How many routes the transfer lifecycle keeps for local region `local_id`
+  // in the remote imports (tests: deregistering a region drops them).
+  size_t cached_routes_of(uint64_t local_id) const;
   // The backend's handles for one attempt. Call with the backend's life lock
   // held shared: the calls that free handles hold it unique.
   bool handles(const MemPair& pair, const std::string& backend, Handles& out) const;

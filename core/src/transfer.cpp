@@ -170,9 +170,11 @@ Route Transfers::route_for(const MemPair& pair, Op op, uint64_t bytes, std::stri
   c.backend_generation = bgen;
   c.health_generation = hgen;
   c.valid_until = never;
-  in.peer_backends = &pair.peer->advertised;
-  in.local_mem_backends = &pair.local->advertised;
-  in.remote_mem_backends = &pair.remote->advertised;
+  // Copies: attach() may add to them meanwhile (a miss only, so not per post).
+  const Registry::Advertised offered = registry_.advertised(pair);
+  in.peer_backends = &offered.peer;
+  in.local_mem_backends = &offered.local;
+  in.remote_mem_backends = &offered.remote;
   const std::vector<BackendPtr> loaded = backends_.snapshot();
   for (const auto& b : loaded) in.loaded.emplace_back(b->name, b->caps);
   in.unusable = [&](const std::string& name) -> std::string {

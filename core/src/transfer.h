@@ -211,7 +211,7 @@ class Transfers {
   // A notification message on its own (Engine::send_notification), by the
   // policy's deadline.
   TransferStatus send_message(const Messenger::Target& to, std::string payload);
-  // The ranked backends for a transfer over `pair` now (cached per pair and rule).
+  // The ranked backends for a transfer over `pair` now (cached per pair, op and size band).
   Route route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why);
   // Which of the policy's size bands `bytes` falls in (Policy::size_breaks).
   int size_band(uint64_t bytes) const;
