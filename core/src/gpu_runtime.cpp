@@ -288,7 +288,9 @@ struct TableSlot {
   void* event = nullptr;
   bool in_use = false;
 };
-constexpr size_t kTableSlots = 4;
+// 8: a batch launched in growing chunks (xgmi) takes a slot per chunk, and a
+// slot still in use is waited for.
+constexpr size_t kTableSlots = 8;
 struct GatherState {
   std::mutex mu;
   bool tried = false;
