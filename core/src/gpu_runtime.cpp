@@ -288,9 +288,7 @@ struct TableSlot {
   void* event = nullptr;
   bool in_use = false;
 };
-// 8: a batch launched in growing chunks (xgmi) takes a slot per chunk, and a
-// slot still in use is waited for.
-constexpr size_t kTableSlots = 8;
+constexpr size_t kTableSlots = 4;
 struct GatherState {
   std::mutex mu;
   bool tried = false;

@@ -519,21 +519,12 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, u
 
 int Instance::CopyPieces(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t k,
                          void* stream) {
-  size_t done = 0;
-  if (k > 1 && batch_copy_ && has_batch_) {
-    size_t chunk = k < 2 * kFirstChunk ? k : kFirstChunk;
-    while (done < k) {
-      const size_t n = std::min(chunk, k - done);
-      const int rc = gpu_->memcpy_batch_async(gpu_->gpu_ctx, dsts + done, srcs + done, sizes + done,
-                                              n, stream);
-      if (rc == FERRY_ERR_UNSUPPORTED) break;  // the rest a copy each
-      if (rc != FERRY_OK) return rc;
-      done += n;
-      chunk *= 2;
-    }
-  }
-  int rc = FERRY_OK;
-  for (size_t i = done; i < k && rc == FERRY_OK; ++i)
+  int rc = FERRY_ERR_UNSUPPORTED;
+  if (k > 1 && batch_copy_ && has_batch_)
+    rc = gpu_->memcpy_batch_async(gpu_->gpu_ctx, dsts, srcs, sizes, k, stream);
+  if (rc != FERRY_ERR_UNSUPPORTED) return rc;
+  rc = FERRY_OK;
+  for (size_t i = 0; i < k && rc == FERRY_OK; ++i)
     rc = gpu_->memcpy_async(gpu_->gpu_ctx, dsts[i], srcs[i], sizes[i], stream);
   return rc;
 }

@@ -214,17 +214,10 @@ class Instance {
   static constexpr int kPieceOutside = 3;
   int Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize, void* stream,
               Clock::time_point* merged);
-  // k pieces on `stream`: batched calls (gather launches) where the runtime has
-  // them, else a copy each. FERRY_OK or the runtime's error (what was queued
-  // before it still runs).
+  // k pieces on `stream`: one batched call (a gather launch) for several where
+  // the runtime has one, else a copy each. FERRY_OK or the runtime's error.
   int CopyPieces(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t k,
                  void* stream);
-  // A batch of many pieces goes in growing chunks: kFirstChunk pieces, then
-  // twice the one before, so the GPU copies the first while the host still
-  // writes the rest of the gather table (one call wrote all 4096 rows of a 4 KiB
-  // batch, ~19 us on an H100 host, before the GPU began). Fewer than twice
-  // kFirstChunk: one call.
-  static constexpr size_t kFirstChunk = 512;
   void LogLine(int level, const std::string& m) const;
   std::string GpuError() const { return gpu_->last_error(gpu_->gpu_ctx); }
 

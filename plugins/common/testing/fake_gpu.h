@@ -107,27 +107,6 @@ class FakeGpu {
     for (Event* e : events_) delete e;
   }
   const ferry_gpu_v1* table() const { return &t_; }
-  // A runtime with a batched copy (before any plugin sees the table): each call
-  // queues its pieces as copies (fail_after_copies counts them) and is noted
-  // in batch_sizes().
-  void WithBatch() {
-    t_.memcpy_batch_async = [](void* c, void* const* d, const void* const* src, const size_t* n,
-                               size_t count, void* s) {
-      auto* self = Self(c);
-      {
-        std::lock_guard lk(self->mu_);
-        self->batch_sizes_.push_back(count);
-      }
-      for (size_t i = 0; i < count; ++i)
-        if (int rc = self->Queue(s, {d[i], src[i], n[i], nullptr}); rc != FERRY_OK) return rc;
-      return FERRY_OK;
-    };
-  }
-  // The piece counts of the batched calls so far.
-  std::vector<size_t> batch_sizes() {
-    std::lock_guard lk(mu_);
-    return batch_sizes_;
-  }
   // A runtime without interprocess events (before any plugin sees the table).
   void WithoutInterprocessEvents() {
     t_.event_create_ipc = nullptr;
@@ -222,7 +201,6 @@ class FakeGpu {
   bool held_ = false;  // guarded by hold_mu_
   std::mutex mu_;
   std::deque<Stream> streams_;  // deque: stable addresses
-  std::vector<size_t> batch_sizes_;
   std::vector<Event*> events_;
 };
 

@@ -140,67 +140,6 @@ TEST_F(Xgmi, AFailedCopyCallFailsOnceWhatItQueuedHasRun) {
   }
 }
 
-// With a batched copy in the runtime, a batch of many pieces goes in growing
-// chunks (instance.h kFirstChunk), so the GPU starts on the first while the
-// host writes the rest; every piece lands, once.
-class XgmiBatched : public Xgmi {
- protected:
-  XgmiBatched() { gpu_.WithBatch(); }
-  // n pieces of 256 B, 512 B apart on both sides: none merges with the next.
-  static std::vector<ferry_iov_v1> Small(size_t n) {
-    std::vector<ferry_iov_v1> iov;
-    for (size_t i = 0; i < n; ++i) iov.push_back({512 * i, 512 * i + 256, 256});
-    return iov;
-  }
-};
-
-TEST_F(XgmiBatched, ManyPiecesGoInGrowingChunksAndAllLand) {
-  for (const uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
-    SCOPED_TRACE(op == FERRY_OP_WRITE ? "WRITE" : "READ");
-    const size_t before = gpu_.batch_sizes().size();
-    gpu_.copied = 0;
-    const auto iov = Small(2000);
-    Completion c;
-    const ferry_xfer_v1 x = MakeXfer(op, a_peer_b_, src_, remote_, iov, &c);
-    ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
-    EXPECT_EQ(Wait(c).status, FERRY_OK);
-    auto sizes = gpu_.batch_sizes();
-    sizes.erase(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(before));
-    EXPECT_EQ(sizes, (std::vector<size_t>{512, 1024, 464}));
-    EXPECT_EQ(gpu_.copied.load(), 2000u * 256);
-    if (op == FERRY_OP_WRITE) {
-      for (const auto& v : iov) ASSERT_TRUE(Landed(v));
-    }
-  }
-  // Fewer than two first chunks: one call.
-  const size_t before = gpu_.batch_sizes().size();
-  const auto iov = Small(1023);
-  Completion c;
-  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
-  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
-  EXPECT_EQ(Wait(c).status, FERRY_OK);
-  EXPECT_EQ(gpu_.batch_sizes().size(), before + 1);
-  EXPECT_EQ(gpu_.batch_sizes().back(), 1023u);
-}
-
-// The second chunk's call fails: the first chunk's copies (and what the
-// failing call queued) run before the one failure is reported, and no later
-// chunk is launched.
-TEST_F(XgmiBatched, AChunkThatFailsFailsTheTransferOnceTheChunksBeforeHaveRun) {
-  gpu_.fail_after_copies = 600;  // inside the second chunk (512 + 1024)
-  const auto iov = Small(2000);
-  Completion c;
-  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
-  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
-  const Observed o = Wait(c);
-  EXPECT_EQ(o.status, FERRY_ERR_GPU);
-  EXPECT_EQ(o.calls, 1);
-  EXPECT_EQ(gpu_.queued(), 0u) << "copies still queued when the failure was reported";
-  EXPECT_EQ(gpu_.copied.load(), 600u * 256);
-  EXPECT_EQ(gpu_.batch_sizes(), (std::vector<size_t>{512, 1024})) << "a chunk after the failure";
-  gpu_.fail_after_copies = -1;
-}
-
 // Held parts (FERRY_XFER_MORE) launched as one: the launch fails part-way,
 // every part fails once, after what was queued has run.
 TEST_F(Xgmi, AFailedHeldLaunchFailsEveryPartAfterItsQueuedCopies) {
