@@ -367,6 +367,25 @@ int table_for(void* stream, size_t entries, TableSlot** out) {
 // while the rest of the GPU idles.
 constexpr size_t kGatherRow = 64 << 10;
 
+// Launches the kernel over the first `rows` rows of table t and records the
+// event that frees the table (gather mutex held).
+int launch_table(void* fn, TableSlot* t, size_t rows, void* stream) {
+  unsigned long long* d_dsts = t->host;
+  unsigned long long* d_srcs = t->host + t->cap;
+  unsigned long long* d_sizes = t->host + 2 * t->cap;
+  unsigned long long n = rows;
+  void* params[] = {&d_dsts, &d_srcs, &d_sizes, &n};
+  unsigned grid = static_cast<unsigned>(std::min<size_t>(rows, 65535));
+  int rc = g_rt.cu_launch(fn, grid, 1, 1, 256, 1, 1, 0, stream, params, nullptr);
+  if (rc != 0) {
+    t_error = "gather kernel launch failed (" + std::to_string(rc) + ")";
+    return FERRY_ERR_GPU;
+  }
+  GPU_CALL(g_rt.event_record(t->event, stream), "event record");
+  t->in_use = true;
+  return FERRY_OK;
+}
+
 // FERRY_ERR_UNSUPPORTED when no kernel is available here.
 int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
                 void* stream) {
@@ -393,17 +412,79 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
       d_sizes[r] = std::min(kGatherRow, sizes[i] - off);
     }
   }
-  unsigned long long n = rows;
-  void* params[] = {&d_dsts, &d_srcs, &d_sizes, &n};
-  unsigned grid = static_cast<unsigned>(std::min<size_t>(rows, 65535));
-  int rc = g_rt.cu_launch(fn, grid, 1, 1, 256, 1, 1, 0, stream, params, nullptr);
-  if (rc != 0) {
-    t_error = "gather kernel launch failed (" + std::to_string(rc) + ")";
-    return FERRY_ERR_GPU;
+  return launch_table(fn, t, rows, stream);
+}
+
+// ABI 1.9 (plugin.h copy_segments_async): the table written straight from the
+// pieces - checked, merged where contiguous on both sides (a row stays within
+// kGatherRow), split into rows - with no pointer arrays in between.
+int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_segs, void* stream) {
+  constexpr uint64_t kBigPiece = 1 << 20;  // as g_memcpy_batch: a plain copy serves it
+  const gpu_batch::Method method = gpu_batch::method();
+  int device = 0;
+  if (method == gpu_batch::Method::RUNTIME || method == gpu_batch::Method::COPIES ||
+      g_rt.vendor != FERRY_GPU_CUDA || g_rt.get_device_id(&device) != 0) {
+    t_error = "no gather kernel for this batch method or runtime";
+    return FERRY_ERR_UNSUPPORTED;
   }
-  GPU_CALL(g_rt.event_record(t->event, stream), "event record");
-  t->in_use = true;
-  return FERRY_OK;
+  // Checked and counted first: nothing is queued for a batch with a bad piece.
+  // Rows before merging: as many as the merged table needs, or more.
+  size_t rows = 0;
+  bool bad = false, big = false;
+  for (size_t g = 0; g < n_segs; ++g) {
+    const ferry_gpu_seg_v1& sg = segs[g];
+    const uint64_t lsize = sg.local_size, rsize = sg.remote_size;
+    for (uint64_t i = 0; i < sg.n_iov; ++i) {
+      const ferry_iov_v1& v = sg.iov[i];
+      bad |= (v.len == 0) | (v.local_off > lsize) | (v.len > lsize - v.local_off) |
+             (v.remote_off > rsize) | (v.len > rsize - v.remote_off);
+      big |= v.len >= kBigPiece;
+      rows += static_cast<size_t>((v.len + kGatherRow - 1) / kGatherRow);
+    }
+  }
+  if (bad) {
+    t_error = "a piece is empty or outside its segment";
+    return FERRY_ERR_INVALID_ARGS;
+  }
+  if (big || rows == 0) {
+    t_error = "pieces of 1 MiB and more go as plain copies";
+    return FERRY_ERR_UNSUPPORTED;
+  }
+  std::lock_guard<std::mutex> lk(g_gather.mu);
+  void* fn = nullptr;
+  if (!gather_function(device, &fn)) return FERRY_ERR_UNSUPPORTED;
+  TableSlot* t = nullptr;
+  if (int rc = table_for(stream, rows, &t); rc != FERRY_OK) return rc;
+  unsigned long long* d_dsts = t->host;
+  unsigned long long* d_srcs = t->host + t->cap;
+  unsigned long long* d_sizes = t->host + 2 * t->cap;
+  const bool write = op == FERRY_OP_WRITE;
+  // The row before, kept here: reading it back from the table would make each
+  // step wait for the store before it.
+  unsigned long long pd = 0, ps = 0, pn = 0;
+  size_t r = 0;
+  for (size_t g = 0; g < n_segs; ++g) {
+    const ferry_gpu_seg_v1& sg = segs[g];
+    const auto lbase = reinterpret_cast<unsigned long long>(sg.local_base);
+    const auto rbase = reinterpret_cast<unsigned long long>(sg.remote_base);
+    const unsigned long long dbase = write ? rbase : lbase, sbase = write ? lbase : rbase;
+    for (uint64_t i = 0; i < sg.n_iov; ++i) {
+      const ferry_iov_v1& v = sg.iov[i];
+      const unsigned long long dst = dbase + (write ? v.remote_off : v.local_off);
+      const unsigned long long src = sbase + (write ? v.local_off : v.remote_off);
+      if (r > 0 && pd + pn == dst && ps + pn == src && pn + v.len <= kGatherRow) {
+        pn += v.len;
+        d_sizes[r - 1] = pn;
+        continue;
+      }
+      for (uint64_t off = 0; off < v.len; off += kGatherRow, ++r) {
+        pd = d_dsts[r] = dst + off;
+        ps = d_srcs[r] = src + off;
+        pn = d_sizes[r] = std::min<uint64_t>(kGatherRow, v.len - off);
+      }
+    }
+  }
+  return launch_table(fn, t, r, stream);
 }
 
 // cudaMemcpyAttributes: {int srcAccessOrder; {int type; int id} srcLocHint, dstLocHint; unsigned
@@ -652,6 +733,7 @@ const ferry_gpu_v1* load() {
   t.host_free = g_host_free;
   t.last_error = g_last_error;
   t.memcpy_batch_async = g_memcpy_batch;
+  t.copy_segments_async = g_copy_segments;
   t.device_bus_id = g_bus_id;
   t.stream_query = g_stream_query;
   if (g_rt.ipc_event_get) {

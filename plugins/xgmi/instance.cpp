@@ -68,7 +68,9 @@ Instance::Instance(const ferry_host_v1* host)
       has_batch_(FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, memcpy_batch_async) &&
                  gpu_->memcpy_batch_async != nullptr),
       has_stream_query_(FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, stream_query) &&
-                        gpu_->stream_query != nullptr) {
+                        gpu_->stream_query != nullptr),
+      has_segments_(FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, copy_segments_async) &&
+                    gpu_->copy_segments_async != nullptr) {
   const size_t n = static_cast<size_t>(gpu_->device_count);
   streams_.resize(n);
   stream_copies_.resize(n);
@@ -508,6 +510,11 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, u
     if (rc != FERRY_ERR_UNSUPPORTED) return rc;
     return gpu_->memcpy_async(gpu_->gpu_ctx, dst, src, n, stream);
   }
+  const ferry_gpu_seg_v1 seg{local.addr, local.size, rbase, rsize, x->iov, x->n_iov};
+  if (int rc = CopySegments(x->op, &seg, 1, stream); rc != FERRY_ERR_UNSUPPORTED) {
+    *merged = Clock::now();
+    return rc;
+  }
   Scratch& sc = ScratchFor(x->n_iov);
   bool outside = false;
   const size_t k = MergePieces(x->op, x->iov, x->n_iov, local.addr, local.size, rbase, rsize,
@@ -515,6 +522,12 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, u
   *merged = Clock::now();
   if (outside) return kPieceOutside;
   return CopyPieces(sc.dsts.data(), sc.srcs.data(), sc.sizes.data(), k, stream);
+}
+
+int Instance::CopySegments(uint32_t op, const ferry_gpu_seg_v1* segs, size_t n, void* stream) {
+  if (!has_segments_ || !batch_copy_) return FERRY_ERR_UNSUPPORTED;
+  const int rc = gpu_->copy_segments_async(gpu_->gpu_ctx, op, segs, n, stream);
+  return rc == FERRY_ERR_INVALID_ARGS ? kPieceOutside : rc;
 }
 
 int Instance::CopyPieces(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t k,
@@ -789,15 +802,31 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
                                             launches[0].device, &launches[0].event);
   lk.unlock();
   const auto ready = Clock::now();
-  // Every pair's pieces, merged where contiguous, device by device (never
-  // across two devices), each checked against its own pair's regions.
-  Scratch& sc = ScratchFor(x->n_iov);
+  // One device (an engine with one GPU): the runtime writes its table from the
+  // pairs' pieces itself (ABI 1.9), each checked against its pair before
+  // anything is queued. Several devices: every device's pieces must be checked
+  // before the first launch, so they are merged here first.
+  int direct_rc = FERRY_ERR_UNSUPPORTED;
+  if (launches.size() == 1 && has_segments_ && batch_copy_) {
+    thread_local std::vector<ferry_gpu_seg_v1> gsegs;
+    gsegs.clear();
+    for (const Seg& sg : segs)
+      gsegs.push_back({sg.local->addr, sg.local->size, sg.rbase, sg.rsize, sg.iov, sg.n});
+    direct_rc = gpu_->set_device(gpu_->gpu_ctx, launches[0].device);
+    if (direct_rc == FERRY_OK)
+      direct_rc = CopySegments(x->op, gsegs.data(), gsegs.size(), launches[0].stream);
+  }
+  const bool direct = direct_rc != FERRY_ERR_UNSUPPORTED;
+  // Otherwise every pair's pieces, merged where contiguous, device by device
+  // (never across two devices), each checked against its own pair's regions.
+  Scratch& sc = ScratchFor(direct ? 0 : x->n_iov);
   void** dv = sc.dsts.data();
   const void** sv = sc.srcs.data();
   size_t* zv = sc.sizes.data();
-  bool outside = false;
+  bool outside = direct_rc == kPieceOutside;
   size_t k = 0;
   for (Launch& l : launches) {
+    if (direct) break;
     l.first = k;
     for (const Seg& sg : segs) {
       if (sg.local->device != l.device) continue;
@@ -822,8 +851,12 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   int rc = FERRY_OK;
   size_t launched = 0;
   for (const Launch& l : launches) {
-    rc = gpu_->set_device(gpu_->gpu_ctx, l.device);
-    if (rc == FERRY_OK) rc = CopyPieces(dv + l.first, sv + l.first, zv + l.first, l.k, l.stream);
+    if (direct) {
+      rc = direct_rc;  // queued above, on this launch's device and stream
+    } else {
+      rc = gpu_->set_device(gpu_->gpu_ctx, l.device);
+      if (rc == FERRY_OK) rc = CopyPieces(dv + l.first, sv + l.first, zv + l.first, l.k, l.stream);
+    }
     if (rc == FERRY_OK && l.event) rc = gpu_->event_record(gpu_->gpu_ctx, l.event, l.stream);
     ++launched;  // (on failure too: some of its copies may be queued)
     if (rc != FERRY_OK) break;

@@ -214,6 +214,11 @@ class Instance {
   static constexpr int kPieceOutside = 3;
   int Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize, void* stream,
               Clock::time_point* merged);
+  // The pieces of segs as one batch through the runtime's copy_segments_async
+  // (ABI 1.9: it writes its table from the pieces; no merge pass here):
+  // FERRY_OK, kPieceOutside (nothing queued), FERRY_ERR_UNSUPPORTED (nothing
+  // queued: merge and CopyPieces instead) or the runtime's error.
+  int CopySegments(uint32_t op, const ferry_gpu_seg_v1* segs, size_t n, void* stream);
   // k pieces on `stream`: one batched call (a gather launch) for several where
   // the runtime has one, else a copy each. FERRY_OK or the runtime's error.
   int CopyPieces(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t k,
@@ -225,6 +230,7 @@ class Instance {
   const ferry_gpu_v1* gpu_;
   const bool has_batch_;         // the shim has memcpy_batch_async (a runtime's batch or gather)
   const bool has_stream_query_;  // ... and stream_query (ABI 1.6)
+  const bool has_segments_;      // ... and copy_segments_async (ABI 1.9)
   int streams_per_device_ = 4;
   bool batch_copy_ = true;
   std::chrono::microseconds spin_{200};       // poll a finishing copy this long before blocking

@@ -10,6 +10,7 @@
 // Without a GPU runtime and device every test skips, saying so.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 
 #include "child_process.h"
 #include "ferry/ferry.hpp"
+#include "gpu_runtime.h"
 #include "pattern.h"
 
 using namespace ferry;
@@ -261,6 +263,73 @@ TEST(GpuPolicy, DetectsGpuMemoryAndRoutesGpuPairsToXgmi) {
   std::vector<uint8_t> host(4096);
   MemoryDesc h = e.register_memory(host.data(), host.size());
   EXPECT_EQ(h.location, MemoryLocation::CPU);
+}
+
+// The shim's copy_segments_async (plugin ABI 1.9), called directly: pieces of
+// two segments - contiguous ones (merged), one longer than a gather row (split),
+// an odd byte - land where they say in both directions and nothing else is
+// written; a piece outside its segment queues nothing; a piece of 1 MiB is left
+// to plain copies.
+TEST(GpuShim, CopySegmentsChecksEveryPieceThenMergesAndSplits) {
+  REQUIRE_GPU();
+  const ferry_gpu_v1* g = gpu_runtime();
+  ASSERT_NE(g, nullptr);
+  ASSERT_TRUE(FERRY_HAS_FIELD(ferry_gpu_v1, g, copy_segments_async) && g->copy_segments_async);
+  constexpr size_t kHalf = 1 << 20;
+  DeviceBuffer a(2 * kHalf, 0), b(2 * kHalf, 0);
+  void* stream = nullptr;
+  ASSERT_EQ(g->set_device(g->gpu_ctx, 0), FERRY_OK);
+  ASSERT_EQ(g->stream_create(g->gpu_ctx, &stream), FERRY_OK);
+  const std::vector<ferry_iov_v1> first = {
+      {0, 0, 4096}, {4096, 4096, 4096}, {65536, 200000, 100000}, {300001, 400000, 1}};
+  const std::vector<ferry_iov_v1> second = {{8, 40000, 5000}, {70000, 100000, 65536}};
+  // Segment 0 over the first halves of a (local) and b (remote), segment 1
+  // over the second halves, each limited to its half.
+  const auto segs = [&](const std::vector<ferry_iov_v1>& s0, const std::vector<ferry_iov_v1>& s1) {
+    auto* la = reinterpret_cast<char*>(a.data());
+    auto* rb = reinterpret_cast<char*>(b.data());
+    return std::vector<ferry_gpu_seg_v1>{
+        {la, kHalf, rb, kHalf, s0.data(), s0.size()},
+        {la + kHalf, kHalf, rb + kHalf, kHalf, s1.data(), s1.size()}};
+  };
+  for (const uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
+    SCOPED_TRACE(op == FERRY_OP_WRITE ? "WRITE" : "READ");
+    DeviceBuffer& from = op == FERRY_OP_WRITE ? a : b;
+    DeviceBuffer& to = op == FERRY_OP_WRITE ? b : a;
+    from.fill(op);
+    to.zero();
+    const auto sg = segs(first, second);
+    const int rc = g->copy_segments_async(g->gpu_ctx, op, sg.data(), sg.size(), stream);
+    if (rc == FERRY_ERR_UNSUPPORTED)
+      GTEST_SKIP() << "no gather kernel here (HIP, or no NVRTC): " << g->last_error(g->gpu_ctx);
+    ASSERT_EQ(rc, FERRY_OK) << g->last_error(g->gpu_ctx);
+    ASSERT_EQ(g->stream_sync(g->gpu_ctx, stream), FERRY_OK);
+    std::vector<uint8_t> want(2 * kHalf, 0);
+    const auto& src = from.pull();
+    for (size_t h = 0; h < 2; ++h)
+      for (const ferry_iov_v1& v : h == 0 ? first : second) {
+        const size_t s = h * kHalf + (op == FERRY_OP_WRITE ? v.local_off : v.remote_off);
+        const size_t d = h * kHalf + (op == FERRY_OP_WRITE ? v.remote_off : v.local_off);
+        std::copy_n(src.begin() + static_cast<std::ptrdiff_t>(s), v.len,
+                    want.begin() + static_cast<std::ptrdiff_t>(d));
+      }
+    EXPECT_TRUE(to.pull() == want) << "a piece missing, misplaced, or bytes written outside them";
+  }
+  // A piece of segment 1 past its remote half: refused, nothing queued.
+  b.zero();
+  std::vector<ferry_iov_v1> bad = second;
+  bad.back().remote_off = kHalf - 100;
+  auto sg = segs(first, bad);
+  EXPECT_EQ(g->copy_segments_async(g->gpu_ctx, FERRY_OP_WRITE, sg.data(), sg.size(), stream),
+            FERRY_ERR_INVALID_ARGS);
+  ASSERT_EQ(g->stream_sync(g->gpu_ctx, stream), FERRY_OK);
+  EXPECT_TRUE(b.pull() == std::vector<uint8_t>(2 * kHalf, 0)) << "a refused batch wrote bytes";
+  // A 1 MiB piece: the caller's plain copies serve it.
+  const std::vector<ferry_iov_v1> big = {{0, 0, kHalf}};
+  sg = segs(big, second);
+  EXPECT_EQ(g->copy_segments_async(g->gpu_ctx, FERRY_OP_WRITE, sg.data(), sg.size(), stream),
+            FERRY_ERR_UNSUPPORTED);
+  g->stream_destroy(g->gpu_ctx, stream);
 }
 
 TEST(GpuPolicy, ManyBlocksMoveInOneBatch) {

@@ -31,7 +31,10 @@
  * 1.7 transfers over several region pairs in one post (FERRY_CAP_MULTI_PAIR,
  * ferry_xfer_v1.n_pairs / pairs), sent only to plugins that claim it; later in
  * 1.7, with no struct change: FERRY_CAP_FENCE_SELECTIVE (a cancel fences only
- * on a plugin that claims it).
+ * on a plugin that claims it). 1.8 a plugin's own notification in its
+ * transfer's order (ctrl_try_send, interprocess events in the GPU shim,
+ * NATIVE_NOTIFY_READ, FERRY_OK_NOTIFY_BY_CORE); 1.9 copy_segments_async in the
+ * GPU shim (a batch's copy table written from the pieces by the runtime).
  * A plugin built against any 1.x header keeps loading and working: CI builds the
  * plugin template against tests/plugins/abi-1.1 (a frozen copy of the 1.1 header)
  * and runs ferry-plugin-check on it (ctest plugin_check_abi11).
@@ -66,7 +69,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 8
+#define FERRY_PLUGIN_ABI_MINOR 9
 
 /* Name of the entry symbol for ABI major 1 (for dlsym). */
 #define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
@@ -192,6 +195,19 @@ extern "C" {
 #define FERRY_GPU_CUDA 1u
 #define FERRY_GPU_HIP 2u
 
+/* ABI 1.9: one region pair's pieces for ferry_gpu_v1.copy_segments_async:
+ * piece i copies iov[i].len bytes between local_base + iov[i].local_off and
+ * remote_base + iov[i].remote_off. (ferry_iov_v1 is below.) */
+struct ferry_iov_v1;
+typedef struct ferry_gpu_seg_v1 {
+  char* local_base;
+  uint64_t local_size; /* bytes at local_base the pieces must stay inside  */
+  char* remote_base;
+  uint64_t remote_size; /* bytes at remote_base the pieces must stay inside */
+  const struct ferry_iov_v1* iov; /* n_iov pieces, borrowed for the call    */
+  uint64_t n_iov;
+} ferry_gpu_seg_v1;
+
 typedef struct ferry_gpu_v1 {
   uint32_t struct_size;
   uint32_t vendor; /* FERRY_GPU_CUDA or FERRY_GPU_HIP */
@@ -243,6 +259,19 @@ typedef struct ferry_gpu_v1 {
    * event_query / event_sync answer for its latest record in the exporting
    * process. Destroy it with event_destroy. */
   int (*ipc_event_open)(void* gpu_ctx, const uint8_t handle[64], void** event);
+  /* ---- ABI 1.9: a batch straight from the transfer's pieces ---- */
+  /* The pieces of n_segs segments as one batch on `stream`, to the remote
+   * side for FERRY_OP_WRITE, from it for FERRY_OP_READ; a piece contiguous on
+   * both sides with the one before it is copied with it. The runtime writes
+   * its copy table from the pieces itself (memcpy_batch_async needs the
+   * caller's pointer arrays first: one more pass over them). Every piece is
+   * checked first: FERRY_ERR_INVALID_ARGS, nothing queued, when one is empty
+   * or outside its segment's sizes. FERRY_ERR_UNSUPPORTED, nothing queued,
+   * where the runtime cannot (no gather kernel, or a piece so large that a
+   * plain copy serves it better): use memcpy_batch_async. FERRY_ERR_GPU when
+   * queueing failed (copies queued before may still run). */
+  int (*copy_segments_async)(void* gpu_ctx, uint32_t op, const ferry_gpu_seg_v1* segs,
+                             size_t n_segs, void* stream);
 } ferry_gpu_v1;
 
 /* ---- services the core offers to a plugin --------------------------------- */

@@ -107,6 +107,39 @@ class FakeGpu {
     for (Event* e : events_) delete e;
   }
   const ferry_gpu_v1* table() const { return &t_; }
+  // A runtime with copy_segments_async (ABI 1.9; before any plugin sees the
+  // table): checks every piece first (FERRY_ERR_INVALID_ARGS, nothing queued),
+  // then queues each as a copy (fail_after_copies counts them). While
+  // segments_unsupported is set it answers FERRY_ERR_UNSUPPORTED.
+  void WithSegments() {
+    t_.copy_segments_async = [](void* c, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n,
+                                void* s) {
+      auto* self = Self(c);
+      self->segment_calls.fetch_add(1);
+      if (self->segments_unsupported.load()) return FERRY_ERR_UNSUPPORTED;
+      for (size_t g = 0; g < n; ++g)
+        for (uint64_t i = 0; i < segs[g].n_iov; ++i) {
+          const ferry_iov_v1& v = segs[g].iov[i];
+          if (v.len == 0 || v.local_off > segs[g].local_size ||
+              v.len > segs[g].local_size - v.local_off || v.remote_off > segs[g].remote_size ||
+              v.len > segs[g].remote_size - v.remote_off)
+            return FERRY_ERR_INVALID_ARGS;
+        }
+      for (size_t g = 0; g < n; ++g)
+        for (uint64_t i = 0; i < segs[g].n_iov; ++i) {
+          const ferry_iov_v1& v = segs[g].iov[i];
+          char* l = segs[g].local_base + v.local_off;
+          char* r = segs[g].remote_base + v.remote_off;
+          const bool write = op == FERRY_OP_WRITE;
+          if (int rc = self->Queue(s, {write ? r : l, write ? l : r, v.len, nullptr});
+              rc != FERRY_OK)
+            return rc;
+        }
+      return FERRY_OK;
+    };
+  }
+  std::atomic<int> segment_calls{0};
+  std::atomic<bool> segments_unsupported{false};
   // A runtime without interprocess events (before any plugin sees the table).
   void WithoutInterprocessEvents() {
     t_.event_create_ipc = nullptr;

@@ -224,6 +224,87 @@ TEST_F(XgmiPairs, TwoDevicesAreTwoLaunchesAndOneCompletion) {
   Check(1, {{-1, 2, 8}, {2, 1, 2}, {5, 2, 5}});
 }
 
+// ABI 1.9: with copy_segments_async in the runtime, a transfer of several
+// pieces (and a multi-pair post on one device) is one call that writes its
+// table from the pieces; the runtime's refusal of a piece refuses the post
+// with nothing queued, and where it cannot, xgmi merges and batches as before.
+class XgmiSegments : public Xgmi {
+ protected:
+  XgmiSegments() { gpu_.WithSegments(); }
+};
+
+TEST_F(XgmiSegments, PiecesGoInOneCallAndLand) {
+  for (const uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
+    SCOPED_TRACE(op == FERRY_OP_WRITE ? "WRITE" : "READ");
+    const int calls = gpu_.segment_calls.load();
+    gpu_.copied = 0;
+    const auto iov = Pieces(0, 16);
+    Completion c;
+    const ferry_xfer_v1 x = MakeXfer(op, a_peer_b_, src_, remote_, iov, &c);
+    ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
+    EXPECT_EQ(Wait(c).status, FERRY_OK);
+    EXPECT_EQ(gpu_.segment_calls.load(), calls + 1);
+    EXPECT_EQ(gpu_.copied.load(), 16u * 4096);
+    if (op == FERRY_OP_WRITE) {
+      for (const auto& v : iov) EXPECT_TRUE(Landed(v));
+    }
+  }
+}
+
+TEST_F(XgmiSegments, APieceTheRuntimeRefusesRefusesThePostWithNothingQueued) {
+  auto iov = Pieces(0, 8);
+  iov.back().remote_off = kSize - 100;  // runs past the target's region
+  Completion c;
+  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+  EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_ERR_INVALID_ARGS);
+  EXPECT_EQ(gpu_.segment_calls.load(), 1);
+  EXPECT_EQ(gpu_.queued(), 0u);
+  EXPECT_EQ(gpu_.copied.load(), 0u);
+}
+
+TEST_F(XgmiSegments, AFailedCallFailsOnceWhatItQueuedHasRun) {
+  gpu_.fail_after_copies = 3;
+  const auto iov = Pieces(0, 8);
+  Completion c;
+  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
+  const Observed o = Wait(c);
+  EXPECT_EQ(o.status, FERRY_ERR_GPU);
+  EXPECT_EQ(o.calls, 1);
+  EXPECT_EQ(gpu_.queued(), 0u) << "copies still queued when the failure was reported";
+  EXPECT_EQ(gpu_.copied.load(), 3u * 4096);
+  gpu_.fail_after_copies = -1;
+}
+
+TEST_F(XgmiSegments, WhereTheRuntimeCannotThePiecesAreMergedAndCopiedAsBefore) {
+  gpu_.segments_unsupported = true;
+  const auto iov = Pieces(0, 16);
+  Completion c;
+  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
+  EXPECT_EQ(Wait(c).status, FERRY_OK);
+  EXPECT_EQ(gpu_.segment_calls.load(), 1);
+  for (const auto& v : iov) EXPECT_TRUE(Landed(v));
+}
+
+// The multi-pair cases above again with the runtime's segments call: on one
+// device it is the one launch; over two devices xgmi checks every device's
+// pieces before the first launch, so it merges them itself (no segments call).
+class XgmiPairsSegments : public XgmiPairs {
+ protected:
+  XgmiPairsSegments() { gpu_.WithSegments(); }
+};
+
+TEST_F(XgmiPairsSegments, OneDeviceIsOneCallAndFailsAfterItsCopies) {
+  Check(0, {{-1, 1, 8}, {6, 1, 6}});
+  EXPECT_EQ(gpu_.segment_calls.load(), 2);
+}
+
+TEST_F(XgmiPairsSegments, TwoDevicesAreMergedHere) {
+  Check(1, {{-1, 2, 8}, {2, 1, 2}, {5, 2, 5}});
+  EXPECT_EQ(gpu_.segment_calls.load(), 0);
+}
+
 // ---- notification in the GPU's order (ABI 1.8, notify_events.h) -----------
 
 // A notify transfer: the target's xgmi reports it (host->inbound) once the
