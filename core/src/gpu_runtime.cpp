@@ -417,9 +417,12 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
 
 // ABI 1.9 (plugin.h copy_segments_async): the table written straight from the
 // pieces - checked, merged where contiguous on both sides (a row stays within
-// kGatherRow), split into rows - with no pointer arrays in between.
+// kGatherRow), split into rows - with no pointer arrays in between. What
+// g_memcpy_batch does better is left to it (FERRY_ERR_UNSUPPORTED, nothing
+// queued): a run of contiguous pieces of 1 MiB or more (a plain copy on the
+// copy engine) and a batch that comes down to one row (AUTO: the runtime's copy).
 int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_segs, void* stream) {
-  constexpr uint64_t kBigPiece = 1 << 20;  // as g_memcpy_batch: a plain copy serves it
+  constexpr uint64_t kBigRun = 1 << 20;  // as g_memcpy_batch's kBigPiece
   const gpu_batch::Method method = gpu_batch::method();
   int device = 0;
   if (method == gpu_batch::Method::RUNTIME || method == gpu_batch::Method::COPIES ||
@@ -427,18 +430,27 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
     t_error = "no gather kernel for this batch method or runtime";
     return FERRY_ERR_UNSUPPORTED;
   }
+  std::lock_guard<std::mutex> lk(g_gather.mu);
+  void* fn = nullptr;
+  if (!gather_function(device, &fn)) {  // before any pass over the pieces
+    t_error = "no gather kernel here (NVRTC missing or failed)";
+    return FERRY_ERR_UNSUPPORTED;
+  }
   // Checked and counted first: nothing is queued for a batch with a bad piece.
   // Rows before merging: as many as the merged table needs, or more.
   size_t rows = 0;
-  bool bad = false, big = false;
+  bool bad = false;
   for (size_t g = 0; g < n_segs; ++g) {
     const ferry_gpu_seg_v1& sg = segs[g];
     const uint64_t lsize = sg.local_size, rsize = sg.remote_size;
     for (uint64_t i = 0; i < sg.n_iov; ++i) {
       const ferry_iov_v1& v = sg.iov[i];
+      if (v.len >= kBigRun) {
+        t_error = "pieces of 1 MiB and more go as plain copies";
+        return FERRY_ERR_UNSUPPORTED;
+      }
       bad |= (v.len == 0) | (v.local_off > lsize) | (v.len > lsize - v.local_off) |
              (v.remote_off > rsize) | (v.len > rsize - v.remote_off);
-      big |= v.len >= kBigPiece;
       rows += static_cast<size_t>((v.len + kGatherRow - 1) / kGatherRow);
     }
   }
@@ -446,13 +458,7 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
     t_error = "a piece is empty or outside its segment";
     return FERRY_ERR_INVALID_ARGS;
   }
-  if (big || rows == 0) {
-    t_error = "pieces of 1 MiB and more go as plain copies";
-    return FERRY_ERR_UNSUPPORTED;
-  }
-  std::lock_guard<std::mutex> lk(g_gather.mu);
-  void* fn = nullptr;
-  if (!gather_function(device, &fn)) return FERRY_ERR_UNSUPPORTED;
+  if (rows == 0) return FERRY_OK;  // no pieces: nothing to copy
   TableSlot* t = nullptr;
   if (int rc = table_for(stream, rows, &t); rc != FERRY_OK) return rc;
   unsigned long long* d_dsts = t->host;
@@ -460,8 +466,9 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
   unsigned long long* d_sizes = t->host + 2 * t->cap;
   const bool write = op == FERRY_OP_WRITE;
   // The row before, kept here: reading it back from the table would make each
-  // step wait for the store before it.
-  unsigned long long pd = 0, ps = 0, pn = 0;
+  // step wait for the store before it. run: the bytes of contiguous pieces
+  // that end where this one starts, across rows.
+  unsigned long long pd = 0, ps = 0, pn = 0, run = 0;
   size_t r = 0;
   for (size_t g = 0; g < n_segs; ++g) {
     const ferry_gpu_seg_v1& sg = segs[g];
@@ -472,7 +479,13 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
       const ferry_iov_v1& v = sg.iov[i];
       const unsigned long long dst = dbase + (write ? v.remote_off : v.local_off);
       const unsigned long long src = sbase + (write ? v.local_off : v.remote_off);
-      if (r > 0 && pd + pn == dst && ps + pn == src && pn + v.len <= kGatherRow) {
+      const bool follows = r > 0 && pd + pn == dst && ps + pn == src;
+      run = follows ? run + v.len : v.len;
+      if (run >= kBigRun) {  // the table is not launched: its slot stays free
+        t_error = "contiguous pieces of 1 MiB and more go as plain copies";
+        return FERRY_ERR_UNSUPPORTED;
+      }
+      if (follows && pn + v.len <= kGatherRow) {
         pn += v.len;
         d_sizes[r - 1] = pn;
         continue;
@@ -483,6 +496,10 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
         pn = d_sizes[r] = std::min<uint64_t>(kGatherRow, v.len - off);
       }
     }
+  }
+  if (r == 1 && method == gpu_batch::Method::AUTO) {
+    t_error = "one row: the runtime's copy serves it";
+    return FERRY_ERR_UNSUPPORTED;
   }
   return launch_table(fn, t, r, stream);
 }

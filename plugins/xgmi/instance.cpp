@@ -812,8 +812,9 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
     gsegs.clear();
     for (const Seg& sg : segs)
       gsegs.push_back({sg.local->addr, sg.local->size, sg.rbase, sg.rsize, sg.iov, sg.n});
-    direct_rc = gpu_->set_device(gpu_->gpu_ctx, launches[0].device);
-    if (direct_rc == FERRY_OK)
+    // (A device that cannot be set: the pieces are checked below first, as
+    // without the call, and the launch then fails.)
+    if (gpu_->set_device(gpu_->gpu_ctx, launches[0].device) == FERRY_OK)
       direct_rc = CopySegments(x->op, gsegs.data(), gsegs.size(), launches[0].stream);
   }
   const bool direct = direct_rc != FERRY_ERR_UNSUPPORTED;

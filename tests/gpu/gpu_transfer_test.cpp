@@ -266,10 +266,12 @@ TEST(GpuPolicy, DetectsGpuMemoryAndRoutesGpuPairsToXgmi) {
 }
 
 // The shim's copy_segments_async (plugin ABI 1.9), called directly: pieces of
-// two segments - contiguous ones (merged), one longer than a gather row (split),
-// an odd byte - land where they say in both directions and nothing else is
-// written; a piece outside its segment queues nothing; a piece of 1 MiB is left
-// to plain copies.
+// two segments - contiguous ones (merged), ones contiguous on one side only
+// (not merged), one longer than a gather row (split), an odd byte - land where
+// they say in both directions and nothing else is written; a piece that is
+// empty or outside its segment on either side queues nothing; a piece or a
+// contiguous run of 1 MiB, and a batch that is one copy, are left to the
+// caller's memcpy_batch_async.
 TEST(GpuShim, CopySegmentsChecksEveryPieceThenMergesAndSplits) {
   REQUIRE_GPU();
   const ferry_gpu_v1* g = gpu_runtime();
@@ -277,11 +279,22 @@ TEST(GpuShim, CopySegmentsChecksEveryPieceThenMergesAndSplits) {
   ASSERT_TRUE(FERRY_HAS_FIELD(ferry_gpu_v1, g, copy_segments_async) && g->copy_segments_async);
   constexpr size_t kHalf = 1 << 20;
   DeviceBuffer a(2 * kHalf, 0), b(2 * kHalf, 0);
-  void* stream = nullptr;
   ASSERT_EQ(g->set_device(g->gpu_ctx, 0), FERRY_OK);
-  ASSERT_EQ(g->stream_create(g->gpu_ctx, &stream), FERRY_OK);
-  const std::vector<ferry_iov_v1> first = {
-      {0, 0, 4096}, {4096, 4096, 4096}, {65536, 200000, 100000}, {300001, 400000, 1}};
+  struct Stream {
+    const ferry_gpu_v1* g;
+    void* s = nullptr;
+    ~Stream() {
+      if (s) g->stream_destroy(g->gpu_ctx, s);
+    }
+  } st{g};
+  ASSERT_EQ(g->stream_create(g->gpu_ctx, &st.s), FERRY_OK);
+  // {local_off, remote_off, len}; no two pieces overlap on either side.
+  const std::vector<ferry_iov_v1> first = {{0, 0, 4096},
+                                           {4096, 4096, 4096},  // contiguous on both sides: one row
+                                           {8192, 9000, 300},
+                                           {12000, 9300, 300},  // contiguous on one side only
+                                           {65536, 200000, 100000},
+                                           {300001, 400000, 1}};  // split in two rows; an odd byte
   const std::vector<ferry_iov_v1> second = {{8, 40000, 5000}, {70000, 100000, 65536}};
   // Segment 0 over the first halves of a (local) and b (remote), segment 1
   // over the second halves, each limited to its half.
@@ -292,18 +305,20 @@ TEST(GpuShim, CopySegmentsChecksEveryPieceThenMergesAndSplits) {
         {la, kHalf, rb, kHalf, s0.data(), s0.size()},
         {la + kHalf, kHalf, rb + kHalf, kHalf, s1.data(), s1.size()}};
   };
+  const auto call = [&](uint32_t op, const std::vector<ferry_gpu_seg_v1>& sg) {
+    return g->copy_segments_async(g->gpu_ctx, op, sg.data(), sg.size(), st.s);
+  };
   for (const uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
     SCOPED_TRACE(op == FERRY_OP_WRITE ? "WRITE" : "READ");
     DeviceBuffer& from = op == FERRY_OP_WRITE ? a : b;
     DeviceBuffer& to = op == FERRY_OP_WRITE ? b : a;
     from.fill(op);
     to.zero();
-    const auto sg = segs(first, second);
-    const int rc = g->copy_segments_async(g->gpu_ctx, op, sg.data(), sg.size(), stream);
+    const int rc = call(op, segs(first, second));
     if (rc == FERRY_ERR_UNSUPPORTED)
       GTEST_SKIP() << "no gather kernel here (HIP, or no NVRTC): " << g->last_error(g->gpu_ctx);
     ASSERT_EQ(rc, FERRY_OK) << g->last_error(g->gpu_ctx);
-    ASSERT_EQ(g->stream_sync(g->gpu_ctx, stream), FERRY_OK);
+    ASSERT_EQ(g->stream_sync(g->gpu_ctx, st.s), FERRY_OK);
     std::vector<uint8_t> want(2 * kHalf, 0);
     const auto& src = from.pull();
     for (size_t h = 0; h < 2; ++h)
@@ -315,21 +330,28 @@ TEST(GpuShim, CopySegmentsChecksEveryPieceThenMergesAndSplits) {
       }
     EXPECT_TRUE(to.pull() == want) << "a piece missing, misplaced, or bytes written outside them";
   }
-  // A piece of segment 1 past its remote half: refused, nothing queued.
+  // Refused, nothing queued: past the remote half, past the local half, empty.
   b.zero();
-  std::vector<ferry_iov_v1> bad = second;
-  bad.back().remote_off = kHalf - 100;
-  auto sg = segs(first, bad);
-  EXPECT_EQ(g->copy_segments_async(g->gpu_ctx, FERRY_OP_WRITE, sg.data(), sg.size(), stream),
-            FERRY_ERR_INVALID_ARGS);
-  ASSERT_EQ(g->stream_sync(g->gpu_ctx, stream), FERRY_OK);
+  for (const ferry_iov_v1 wrong : std::vector<ferry_iov_v1>{
+           {70000, kHalf - 100, 65536}, {kHalf - 100, 100000, 65536}, {70000, 100000, 0}}) {
+    std::vector<ferry_iov_v1> bad = second;
+    bad.back() = wrong;
+    EXPECT_EQ(call(FERRY_OP_WRITE, segs(first, bad)), FERRY_ERR_INVALID_ARGS)
+        << wrong.local_off << " " << wrong.remote_off << " " << wrong.len;
+  }
+  ASSERT_EQ(g->stream_sync(g->gpu_ctx, st.s), FERRY_OK);
   EXPECT_TRUE(b.pull() == std::vector<uint8_t>(2 * kHalf, 0)) << "a refused batch wrote bytes";
-  // A 1 MiB piece: the caller's plain copies serve it.
+  // For plain copies: a 1 MiB piece, and 16 contiguous pieces of 64 KiB.
   const std::vector<ferry_iov_v1> big = {{0, 0, kHalf}};
-  sg = segs(big, second);
-  EXPECT_EQ(g->copy_segments_async(g->gpu_ctx, FERRY_OP_WRITE, sg.data(), sg.size(), stream),
-            FERRY_ERR_UNSUPPORTED);
-  g->stream_destroy(g->gpu_ctx, stream);
+  EXPECT_EQ(call(FERRY_OP_WRITE, segs(big, second)), FERRY_ERR_UNSUPPORTED);
+  std::vector<ferry_iov_v1> run;
+  for (uint64_t k = 0; k < 16; ++k) run.push_back({k << 16, k << 16, 1 << 16});
+  EXPECT_EQ(call(FERRY_OP_WRITE, segs(run, {})), FERRY_ERR_UNSUPPORTED);
+  // One piece in all: the runtime's own copy.
+  const std::vector<ferry_iov_v1> one = {{0, 0, 4096}};
+  EXPECT_EQ(call(FERRY_OP_WRITE, segs(one, {})), FERRY_ERR_UNSUPPORTED);
+  ASSERT_EQ(g->stream_sync(g->gpu_ctx, st.s), FERRY_OK);
+  EXPECT_TRUE(b.pull() == std::vector<uint8_t>(2 * kHalf, 0)) << "a batch left to the caller wrote";
 }
 
 TEST(GpuPolicy, ManyBlocksMoveInOneBatch) {

@@ -203,7 +203,7 @@ typedef struct ferry_gpu_seg_v1 {
   char* local_base;
   uint64_t local_size; /* bytes at local_base the pieces must stay inside  */
   char* remote_base;
-  uint64_t remote_size; /* bytes at remote_base the pieces must stay inside */
+  uint64_t remote_size;           /* bytes at remote_base the pieces must stay inside */
   const struct ferry_iov_v1* iov; /* n_iov pieces, borrowed for the call    */
   uint64_t n_iov;
 } ferry_gpu_seg_v1;
@@ -267,9 +267,11 @@ typedef struct ferry_gpu_v1 {
    * caller's pointer arrays first: one more pass over them). Every piece is
    * checked first: FERRY_ERR_INVALID_ARGS, nothing queued, when one is empty
    * or outside its segment's sizes. FERRY_ERR_UNSUPPORTED, nothing queued,
-   * where the runtime cannot (no gather kernel, or a piece so large that a
-   * plain copy serves it better): use memcpy_batch_async. FERRY_ERR_GPU when
-   * queueing failed (copies queued before may still run). */
+   * where the runtime cannot or memcpy_batch_async serves the batch better
+   * (no gather kernel; a piece, or contiguous pieces, of 1 MiB or more: plain
+   * copies; a batch that is one copy): use memcpy_batch_async. FERRY_OK with
+   * nothing queued for no pieces. FERRY_ERR_GPU when queueing failed (copies
+   * queued before may still run). */
   int (*copy_segments_async)(void* gpu_ctx, uint32_t op, const ferry_gpu_seg_v1* segs,
                              size_t n_segs, void* stream);
 } ferry_gpu_v1;

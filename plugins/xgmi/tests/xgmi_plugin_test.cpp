@@ -300,6 +300,31 @@ TEST_F(XgmiPairsSegments, OneDeviceIsOneCallAndFailsAfterItsCopies) {
   EXPECT_EQ(gpu_.segment_calls.load(), 2);
 }
 
+// A piece of the second pair outside its regions: the post is refused with
+// nothing queued, and the stream it had taken is free again - the same pairs
+// then move in one call.
+TEST_F(XgmiPairsSegments, APieceOutsideItsPairRefusesThePostAndGivesTheStreamBack) {
+  Mem* src2 = a_->Register(5, kSize, 0);
+  Mem* dst2 = b_->Register(6, kSize, 0);
+  void* remote2 = a_->Import(a_peer_b_, *dst2);
+  std::vector<ferry_iov_v1> iov = Pieces(0, 4);
+  for (const auto& v : Pieces(10, 4)) iov.push_back(v);
+  iov.back().local_off = kSize - 100;  // past src2's end
+  const ferry_pair_v1 pairs[2] = {{src_->handle, remote_, 4}, {src2->handle, remote2, 4}};
+  Completion c;
+  ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+  x.local_mem = nullptr;
+  x.remote_mem = nullptr;
+  x.n_pairs = 2;
+  x.pairs = pairs;
+  EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_ERR_INVALID_ARGS);
+  EXPECT_EQ(gpu_.segment_calls.load(), 1);
+  EXPECT_EQ(gpu_.queued(), 0u);
+  EXPECT_EQ(Counter("copies_in_flight"), 0u);
+  a_->plugin().mem_release(a_->ctx(), remote2);
+  Check(0, {{-1, 1, 8}});
+}
+
 TEST_F(XgmiPairsSegments, TwoDevicesAreMergedHere) {
   Check(1, {{-1, 2, 8}, {2, 1, 2}, {5, 2, 5}});
   EXPECT_EQ(gpu_.segment_calls.load(), 0);
