@@ -83,6 +83,34 @@ class Xgmi : public PairTest<> {
     return std::memcmp(src.data.data() + v.local_off, dst.data.data() + v.remote_off, v.len) == 0;
   }
   bool Landed(const ferry_iov_v1& v) const { return LandedIn(*src_, *dst_, v); }
+  // Eight pieces, the last past the target's region: refused, nothing queued.
+  void ExpectAPieceOutsideRefused() {
+    auto iov = Pieces(0, 8);
+    iov.back().remote_off = kSize - 100;
+    Completion c;
+    const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+    EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_ERR_INVALID_ARGS);
+    EXPECT_EQ(gpu_.queued(), 0u);
+    EXPECT_EQ(gpu_.copied.load(), 0u);
+  }
+  // The fourth copy of eight pieces fails: three are queued on the stream. The
+  // transfer fails, once, and not before those three have run - a report first
+  // would let them land after the core was told the transfer is over.
+  void ExpectFailureAfterThreeCopies(uint32_t op) {
+    gpu_.copied = 0;
+    gpu_.fail_after_copies = 3;
+    const auto iov = Pieces(0, 8);
+    Completion c;
+    const ferry_xfer_v1 x = MakeXfer(op, a_peer_b_, src_, remote_, iov, &c);
+    ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK)
+        << "a launch that may have queued copies is failed by complete()";
+    const Observed o = Wait(c);
+    EXPECT_EQ(o.status, FERRY_ERR_GPU);
+    EXPECT_EQ(o.calls, 1);
+    EXPECT_EQ(gpu_.queued(), 0u) << "copies still queued when the failure was reported";
+    EXPECT_EQ(gpu_.copied.load(), 3u * 4096);
+    gpu_.fail_after_copies = -1;
+  }
   static Observed Wait(Completion& c) {
     EXPECT_TRUE(c.Wait()) << "never completed";
     std::lock_guard lk(c.mu);
@@ -108,35 +136,13 @@ TEST_F(Xgmi, PiecesLandWhereTheySay) {
   EXPECT_EQ(dst_->data[8192 * 3 + 100], 0);
 }
 
-TEST_F(Xgmi, APieceOutsideARegionQueuesNothing) {
-  auto iov = Pieces(0, 8);
-  iov.back().remote_off = kSize - 100;  // runs past the target's region
-  Completion c;
-  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
-  EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_ERR_INVALID_ARGS);
-  EXPECT_EQ(gpu_.queued(), 0u);
-  EXPECT_EQ(gpu_.copied.load(), 0u);
-}
+TEST_F(Xgmi, APieceOutsideARegionQueuesNothing) { ExpectAPieceOutsideRefused(); }
 
-// The fourth copy call of eight fails: three are queued on the stream. The
-// transfer fails, and not before those three have run - a report first would
-// let them land after the core was told the transfer is over.
+// A copy call fails part-way (ExpectFailureAfterThreeCopies).
 TEST_F(Xgmi, AFailedCopyCallFailsOnceWhatItQueuedHasRun) {
   for (const uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
     SCOPED_TRACE(op == FERRY_OP_WRITE ? "WRITE" : "READ");
-    gpu_.copied = 0;
-    gpu_.fail_after_copies = 3;
-    const auto iov = Pieces(0, 8);
-    Completion c;
-    const ferry_xfer_v1 x = MakeXfer(op, a_peer_b_, src_, remote_, iov, &c);
-    const int rc = a_->plugin().post(a_->ctx(), &x);
-    ASSERT_EQ(rc, FERRY_OK) << "a launch that may have queued copies is failed by complete()";
-    const Observed o = Wait(c);
-    EXPECT_EQ(o.status, FERRY_ERR_GPU);
-    EXPECT_EQ(o.calls, 1);
-    EXPECT_EQ(gpu_.queued(), 0u) << "copies still queued when the failure was reported";
-    EXPECT_EQ(gpu_.copied.load(), 3u * 4096);
-    gpu_.fail_after_copies = -1;
+    ExpectFailureAfterThreeCopies(op);
   }
 }
 
@@ -179,8 +185,7 @@ class XgmiPairs : public Xgmi {
     Mem* dst2 = b_->Register(4, kSize, 0);
     Fill(src2->data, 11);
     void* remote2 = a_->Import(a_peer_b_, *dst2);
-    std::vector<ferry_iov_v1> iov = Pieces(0, 4);
-    for (const auto& v : Pieces(10, 4)) iov.push_back(v);
+    const std::vector<ferry_iov_v1> iov = TwoPairPieces();
     const ferry_pair_v1 pairs[2] = {{src_->handle, remote_, 4}, {src2->handle, remote2, 4}};
     for (const PairCase& k : cases) {
       SCOPED_TRACE(k.fail_after);
@@ -188,11 +193,7 @@ class XgmiPairs : public Xgmi {
       gpu_.fail_after_copies = k.fail_after;
       const uint64_t launches = Counter("pair_launches");
       Completion c;
-      ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
-      x.local_mem = nullptr;
-      x.remote_mem = nullptr;
-      x.n_pairs = 2;
-      x.pairs = pairs;
+      const ferry_xfer_v1 x = PairsXfer(iov, pairs, &c);
       ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
       const Observed o = Wait(c);
       EXPECT_EQ(o.calls, 1);
@@ -211,6 +212,22 @@ class XgmiPairs : public Xgmi {
     char buf[4096];
     EXPECT_EQ(a_->plugin().counters(a_->ctx(), buf, sizeof buf), FERRY_OK);
     return nlohmann::json::parse(buf)[name].get<uint64_t>();
+  }
+  // Pieces 0-3 (the first pair's), then 10-13 (the second's).
+  static std::vector<ferry_iov_v1> TwoPairPieces() {
+    std::vector<ferry_iov_v1> iov = Pieces(0, 4);
+    for (const auto& v : Pieces(10, 4)) iov.push_back(v);
+    return iov;
+  }
+  // A WRITE of iov over the two pairs (borrows both).
+  ferry_xfer_v1 PairsXfer(const std::vector<ferry_iov_v1>& iov, const ferry_pair_v1* pairs,
+                          Completion* c) {
+    ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, c);
+    x.local_mem = nullptr;
+    x.remote_mem = nullptr;
+    x.n_pairs = 2;
+    x.pairs = pairs;
+    return x;
   }
 };
 
@@ -252,28 +269,14 @@ TEST_F(XgmiSegments, PiecesGoInOneCallAndLand) {
 }
 
 TEST_F(XgmiSegments, APieceTheRuntimeRefusesRefusesThePostWithNothingQueued) {
-  auto iov = Pieces(0, 8);
-  iov.back().remote_off = kSize - 100;  // runs past the target's region
-  Completion c;
-  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
-  EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_ERR_INVALID_ARGS);
+  ExpectAPieceOutsideRefused();
   EXPECT_EQ(gpu_.segment_calls.load(), 1);
-  EXPECT_EQ(gpu_.queued(), 0u);
-  EXPECT_EQ(gpu_.copied.load(), 0u);
 }
 
 TEST_F(XgmiSegments, AFailedCallFailsOnceWhatItQueuedHasRun) {
-  gpu_.fail_after_copies = 3;
-  const auto iov = Pieces(0, 8);
-  Completion c;
-  const ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
-  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
-  const Observed o = Wait(c);
-  EXPECT_EQ(o.status, FERRY_ERR_GPU);
-  EXPECT_EQ(o.calls, 1);
-  EXPECT_EQ(gpu_.queued(), 0u) << "copies still queued when the failure was reported";
-  EXPECT_EQ(gpu_.copied.load(), 3u * 4096);
-  gpu_.fail_after_copies = -1;
+  const int calls = gpu_.segment_calls.load();
+  ExpectFailureAfterThreeCopies(FERRY_OP_WRITE);
+  EXPECT_EQ(gpu_.segment_calls.load(), calls + 1);
 }
 
 TEST_F(XgmiSegments, WhereTheRuntimeCannotThePiecesAreMergedAndCopiedAsBefore) {
@@ -307,16 +310,11 @@ TEST_F(XgmiPairsSegments, APieceOutsideItsPairRefusesThePostAndGivesTheStreamBac
   Mem* src2 = a_->Register(5, kSize, 0);
   Mem* dst2 = b_->Register(6, kSize, 0);
   void* remote2 = a_->Import(a_peer_b_, *dst2);
-  std::vector<ferry_iov_v1> iov = Pieces(0, 4);
-  for (const auto& v : Pieces(10, 4)) iov.push_back(v);
+  std::vector<ferry_iov_v1> iov = TwoPairPieces();
   iov.back().local_off = kSize - 100;  // past src2's end
   const ferry_pair_v1 pairs[2] = {{src_->handle, remote_, 4}, {src2->handle, remote2, 4}};
   Completion c;
-  ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
-  x.local_mem = nullptr;
-  x.remote_mem = nullptr;
-  x.n_pairs = 2;
-  x.pairs = pairs;
+  const ferry_xfer_v1 x = PairsXfer(iov, pairs, &c);
   EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_ERR_INVALID_ARGS);
   EXPECT_EQ(gpu_.segment_calls.load(), 1);
   EXPECT_EQ(gpu_.queued(), 0u);
