@@ -20,6 +20,7 @@
 
 #include "ferry/ferry.hpp"
 #include "log.h"
+#include "range_fits.h"
 
 namespace ferry {
 namespace {
@@ -366,6 +367,9 @@ int table_for(void* stream, size_t entries, TableSlot** out) {
 // piece is split), so one big piece does not leave a single block copying
 // while the rest of the GPU idles.
 constexpr size_t kGatherRow = 64 << 10;
+// A piece (or, for copy_segments, a run of contiguous pieces) this long goes
+// as a plain copy on the copy engine, which moves it faster than the kernel.
+constexpr size_t kPlainCopyBytes = 1 << 20;
 
 // Launches the kernel over the first `rows` rows of table t and records the
 // event that frees the table (gather mutex held).
@@ -422,7 +426,6 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
 // queued): a run of contiguous pieces of 1 MiB or more (a plain copy on the
 // copy engine) and a batch that comes down to one row (AUTO: the runtime's copy).
 int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_segs, void* stream) {
-  constexpr uint64_t kBigRun = 1 << 20;  // as g_memcpy_batch's kBigPiece
   const gpu_batch::Method method = gpu_batch::method();
   int device = 0;
   if (method == gpu_batch::Method::RUNTIME || method == gpu_batch::Method::COPIES ||
@@ -445,12 +448,11 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
     const uint64_t lsize = sg.local_size, rsize = sg.remote_size;
     for (uint64_t i = 0; i < sg.n_iov; ++i) {
       const ferry_iov_v1& v = sg.iov[i];
-      if (v.len >= kBigRun) {
+      if (v.len >= kPlainCopyBytes) {
         t_error = "pieces of 1 MiB and more go as plain copies";
         return FERRY_ERR_UNSUPPORTED;
       }
-      bad |= (v.len == 0) | (v.local_off > lsize) | (v.len > lsize - v.local_off) |
-             (v.remote_off > rsize) | (v.len > rsize - v.remote_off);
+      bad |= !range_fits(v.local_off, v.remote_off, v.len, lsize, rsize);
       rows += static_cast<size_t>((v.len + kGatherRow - 1) / kGatherRow);
     }
   }
@@ -481,7 +483,7 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
       const unsigned long long src = sbase + (write ? v.local_off : v.remote_off);
       const bool follows = r > 0 && pd + pn == dst && ps + pn == src;
       run = follows ? run + v.len : v.len;
-      if (run >= kBigRun) {  // the table is not launched: its slot stays free
+      if (run >= kPlainCopyBytes) {  // the table is not launched: its slot stays free
         t_error = "contiguous pieces of 1 MiB and more go as plain copies";
         return FERRY_ERR_UNSUPPORTED;
       }
@@ -522,7 +524,6 @@ int runtime_batch(void* const* dsts, const void* const* srcs, const size_t* size
 // runtime's call, else copies).
 int g_memcpy_batch(void*, void* const* dsts, const void* const* srcs, const size_t* sizes,
                    size_t count, void* stream) {
-  constexpr size_t kBigPiece = 1 << 20;
   const gpu_batch::Method method = gpu_batch::method();
   if (method == gpu_batch::Method::COPIES) {
     for (size_t i = 0; i < count; ++i)
@@ -530,7 +531,7 @@ int g_memcpy_batch(void*, void* const* dsts, const void* const* srcs, const size
     return FERRY_OK;
   }
   size_t first_big = 0;
-  while (first_big < count && sizes[first_big] < kBigPiece) ++first_big;
+  while (first_big < count && sizes[first_big] < kPlainCopyBytes) ++first_big;
   // Without big pieces (the KV case) the caller's arrays go on as they are.
   void* const* sd = dsts;
   const void* const* ss = srcs;
@@ -549,7 +550,7 @@ int g_memcpy_batch(void*, void* const* dsts, const void* const* srcs, const size
     vs.assign(srcs, srcs + first_big);
     vn.assign(sizes, sizes + first_big);
     for (size_t i = first_big; i < count; ++i) {
-      if (sizes[i] >= kBigPiece) {
+      if (sizes[i] >= kPlainCopyBytes) {
         GPU_CALL(g_rt.memcpy_async(dsts[i], srcs[i], sizes[i], kMemcpyDefault, stream),
                  "async copy");
       } else {

@@ -313,13 +313,10 @@ Result Registry::deregister_memory(const MemoryDesc& d) {
   // ever used in each remote import.
   {
     std::shared_lock lk(mu_);
-    const auto forget = [&](RemoteMem& r) {
-      std::lock_guard<std::mutex> rl(r.route_mu);
+    for_each_import_routes([&](RemoteMem& r) {
       r.routes.erase(r.routes.lower_bound({d.id, INT_MIN, INT_MIN}),
                      r.routes.lower_bound({d.id + 1, INT_MIN, INT_MIN}));
-    };
-    for (auto& [key, r] : remote_mems_) forget(*r);
-    for (auto& [key, r] : retired_remote_mems_) forget(*r);
+    });
   }
   release_handles(m->handles, [](Backend& b, void* h) { b.ops->mem_deregister(b.ctx, h); });
   return {};
@@ -328,13 +325,20 @@ Result Registry::deregister_memory(const MemoryDesc& d) {
 size_t Registry::cached_routes_of(uint64_t local_id) const {
   std::shared_lock lk(mu_);
   size_t n = 0;
-  const auto count = [&](RemoteMem& r) {
-    std::lock_guard<std::mutex> rl(r.route_mu);
+  for_each_import_routes([&](RemoteMem& r) {
     for (const auto& [key, route] : r.routes) n += std::get<0>(key) == local_id;
-  };
-  for (const auto& [key, r] : remote_mems_) count(*r);
-  for (const auto& [key, r] : retired_remote_mems_) count(*r);
+  });
   return n;
+}
+
+template <class Fn>
+void Registry::for_each_import_routes(Fn fn) const {
+  const auto locked = [&](RemoteMem& r) {
+    std::lock_guard<std::mutex> rl(r.route_mu);
+    fn(r);
+  };
+  for (const auto& [key, r] : remote_mems_) locked(*r);
+  for (const auto& [key, r] : retired_remote_mems_) locked(*r);
 }
 
 // ---- imports of remote memory -------------------------------------------------------

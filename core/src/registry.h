@@ -209,6 +209,10 @@ class Registry {
   // hand it to release(backend, handle), holding the backend's life lock.
   template <class Release>
   void release_handles(HandleTable& handles, Release release);
+  // fn(RemoteMem&) for every import, current and retired, with its route_mu
+  // held (call with mu_ held).
+  template <class Fn>
+  void for_each_import_routes(Fn fn) const;
 
   const std::string self_key_;
   const uint64_t self_instance_;

@@ -26,6 +26,7 @@
 #include "messenger.h"
 #include "peer_job_queue.h"
 #include "policy.h"
+#include "range_fits.h"
 #include "registry.h"
 #include "status_state.h"
 #include "watchdog.h"
@@ -88,13 +89,6 @@ class TransferIov {
   IovList many_;
   size_t n_ = 0;
 };
-
-// Whether [lo, lo + len) lies in a local region of lsize bytes and [ro, ro +
-// len) in a remote one of rsize, len > 0. Without branches, so a loop over
-// many items stays one straight pass.
-inline bool range_fits(uint64_t lo, uint64_t ro, uint64_t len, uint64_t lsize, uint64_t rsize) {
-  return !((len == 0) | (lo > lsize) | (len > lsize - lo) | (ro > rsize) | (len > rsize - ro));
-}
 
 // The items of one region pair in a multi-region call: iov[first, first + n)
 // of the call's list, every range inside the pair's regions.

@@ -807,6 +807,8 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   // anything is queued. Several devices: every device's pieces must be checked
   // before the first launch, so they are merged here first.
   int direct_rc = FERRY_ERR_UNSUPPORTED;
+  // (CopySegments tests has_segments_ and batch_copy_ too; tested here as well
+  // so a runtime without the call costs no segment list.)
   if (launches.size() == 1 && has_segments_ && batch_copy_) {
     thread_local std::vector<ferry_gpu_seg_v1> gsegs;
     gsegs.clear();
@@ -826,18 +828,19 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   size_t* zv = sc.sizes.data();
   bool outside = direct_rc == kPieceOutside;
   size_t k = 0;
-  for (Launch& l : launches) {
-    if (direct) break;
-    l.first = k;
-    for (const Seg& sg : segs) {
-      if (sg.local->device != l.device) continue;
-      bool bad = false;
-      k = l.first + MergePieces(x->op, sg.iov, sg.n, sg.local->addr, sg.local->size, sg.rbase,
-                                sg.rsize, dv + l.first, sv + l.first, zv + l.first, k - l.first,
-                                &bad);
-      outside |= bad;
+  if (!direct) {
+    for (Launch& l : launches) {
+      l.first = k;
+      for (const Seg& sg : segs) {
+        if (sg.local->device != l.device) continue;
+        bool bad = false;
+        k = l.first + MergePieces(x->op, sg.iov, sg.n, sg.local->addr, sg.local->size, sg.rbase,
+                                  sg.rsize, dv + l.first, sv + l.first, zv + l.first, k - l.first,
+                                  &bad);
+        outside |= bad;
+      }
+      l.k = k - l.first;
     }
-    l.k = k - l.first;
   }
   const auto merged = Clock::now();
   if (outside) {
