@@ -401,7 +401,7 @@ StatusCode Registry::resolve(const MemoryDesc& local, const MemoryDesc& remote, 
             "' is from a previous instance of that engine (it restarted); ask it for a fresh one";
       return StatusCode::ERR_NOT_FOUND;
     }
-    auto r = remote_mems_.find({remote.engine_key, remote.id});
+    auto r = remote_mems_.find(std::pair<std::string_view, uint64_t>(remote.engine_key, remote.id));
     // A descriptor that no longer matches the cached one (re-registered memory) is re-imported.
     if (r != remote_mems_.end() && r->second->desc.addr == remote.addr &&
         r->second->desc.size == remote.size && r->second->desc.location == remote.location &&

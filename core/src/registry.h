@@ -16,6 +16,7 @@
 #include <set>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -222,7 +223,18 @@ class Registry {
   mutable std::shared_mutex mu_;  // the maps below and every handles map in them
   std::map<std::string, std::shared_ptr<PeerEntry>> peers_;
   std::unordered_map<uint64_t, std::shared_ptr<LocalMem>> local_mems_;
-  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<RemoteMem>> remote_mems_;
+  // By (engine key, region id); found with the caller's key as a string_view,
+  // so a post does not copy the key to look its region up.
+  struct RemoteKeyLess {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      return std::string_view(a.first) < std::string_view(b.first) ||
+             (std::string_view(a.first) == std::string_view(b.first) && a.second < b.second);
+    }
+  };
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<RemoteMem>, RemoteKeyLess>
+      remote_mems_;
   // Imports replaced by a newer descriptor, kept until their peer goes away.
   std::multimap<std::string, std::shared_ptr<RemoteMem>> retired_remote_mems_;
   // Why keys removed with a reason went (until registered again); bounded.
