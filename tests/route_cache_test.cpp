@@ -51,4 +51,36 @@ TEST(RouteCache, ADeregisteredRegionLeavesNoCachedRoutes) {
   }
 }
 
+// A pair resolved before its local region was deregistered (a session that
+// outlived the region, or a post racing the deregistration) does not put a
+// route back for the gone region: nothing would ever erase it again.
+TEST(RouteCache, APostWithAPairOfADeregisteredRegionCachesNoRoute) {
+  setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
+  EngineImpl ini("route-stale-ini", EngineConfig{}), tgt("route-stale-tgt", EngineConfig{});
+  for (EngineImpl* e : {&ini, &tgt}) {
+    Result r = e->add_backend("tcp", "{}");
+    ASSERT_TRUE(r) << r.message;
+  }
+  ASSERT_TRUE(ini.register_remote_engine(tgt.desc()));
+  ASSERT_TRUE(tgt.register_remote_engine(ini.desc()));
+  std::vector<char> dst(1 << 16), src(1 << 16, 'y');
+  const MemoryDesc rmem =
+      tgt.registry().register_memory(dst.data(), dst.size(), -1, MemoryLocation::CPU);
+  const MemoryDesc lmem =
+      ini.registry().register_memory(src.data(), src.size(), -1, MemoryLocation::CPU);
+  MemPair pair;
+  std::string why;
+  ASSERT_EQ(ini.registry().resolve(lmem, rmem, pair, why), StatusCode::SUCCESS) << why;
+  ASSERT_TRUE(ini.registry().deregister_memory(lmem));
+  for (Op op : {Op::WRITE, Op::READ}) {
+    const size_t off = 0, len = 4096;
+    TransferStatus st =
+        ini.transfers().submit(pair, op, &off, &off, &len, 1, ini.allocate_uid(), false);
+    ASSERT_TRUE(st.WaitFor(20s));
+    EXPECT_NE(st.Code(), StatusCode::SUCCESS) << "a transfer from a deregistered region";
+  }
+  EXPECT_EQ(ini.registry().cached_routes_of(lmem.id), 0u)
+      << "a route was cached for a region already deregistered";
+}
+
 }  // namespace

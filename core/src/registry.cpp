@@ -315,7 +315,7 @@ Result Registry::deregister_memory(const MemoryDesc& d) {
     std::shared_lock lk(mu_);
     for_each_import_routes([&](RemoteMem& r) {
       r.routes.erase(r.routes.lower_bound({d.id, INT_MIN, INT_MIN}),
-                     r.routes.lower_bound({d.id + 1, INT_MIN, INT_MIN}));
+                     r.routes.upper_bound({d.id, INT_MAX, INT_MAX}));
     });
   }
   release_handles(m->handles, [](Backend& b, void* h) { b.ops->mem_deregister(b.ctx, h); });

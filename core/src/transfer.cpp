@@ -199,7 +199,11 @@ Route Transfers::route_for(const MemPair& pair, Op op, uint64_t bytes, std::stri
   why = c.why;
   Route out = c.route;
   std::lock_guard<std::mutex> lk(pair.remote->route_mu);
-  pair.remote->routes[key] = std::move(c);
+  // Not for a region being deregistered: its deregistration sets draining
+  // before it erases the region's routes under this lock, so a route cached
+  // here after that erase would stay for good (a post racing the
+  // deregistration, or a session that outlived its region).
+  if (!pair.local->draining.load()) pair.remote->routes[key] = std::move(c);
   return out;
 }
 

@@ -917,12 +917,13 @@ int Instance::Post(const ferry_xfer_v1* x) {
     TellRefusal(x, why.c_str());
     return FERRY_ERR_GPU;
   }
-  if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK) return FERRY_ERR_GPU;
   // A part of a multi-region call with more to come: held for one launch.
   const bool more = (x->flags & FERRY_XFER_MORE) != 0 && hold_.count() > 0 && batch_copy_;
   // Held parts of another device go first (LaunchHeld releases mu_ meanwhile:
   // look again until what is held, if anything, is this device's).
   while (!held_.parts.empty() && held_.device != dev) LaunchHeld(lk);
+  // After them: LaunchHeld made their device this thread's current one.
+  if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK) return FERRY_ERR_GPU;
   if (more || !held_.parts.empty()) {
     const bool first = held_.parts.empty();
     if (!HoldLocked(x, *local, rbase, rsize)) {

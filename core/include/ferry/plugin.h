@@ -269,7 +269,9 @@ typedef struct ferry_gpu_v1 {
    * or outside its segment's sizes. FERRY_ERR_UNSUPPORTED, nothing queued,
    * where the runtime cannot or memcpy_batch_async serves the batch better
    * (no gather kernel; a piece, or contiguous pieces, of 1 MiB or more: plain
-   * copies; a batch that is one copy): use memcpy_batch_async. FERRY_OK with
+   * copies; a batch that is one copy): use memcpy_batch_async - the pieces
+   * may not all have been checked then, so the caller checks them itself
+   * before it copies them another way. FERRY_OK with
    * nothing queued for no pieces. FERRY_ERR_GPU when queueing failed (copies
    * queued before may still run). */
   int (*copy_segments_async)(void* gpu_ctx, uint32_t op, const ferry_gpu_seg_v1* segs,

@@ -27,11 +27,17 @@ class FakeGpu {
     t_.vendor = FERRY_GPU_CUDA;
     t_.gpu_ctx = this;
     t_.device_count = 2;
-    t_.set_device = [](void*, int32_t d) { return d >= 0 && d < 2 ? FERRY_OK : FERRY_ERR_GPU; };
+    // The current device is the calling thread's, as in CUDA and HIP.
+    t_.set_device = [](void*, int32_t d) {
+      if (d < 0 || d >= 2) return FERRY_ERR_GPU;
+      t_device_ = d;
+      return FERRY_OK;
+    };
     t_.stream_create = [](void* c, void** s) {
       auto* self = Self(c);
       std::lock_guard lk(self->mu_);
       self->streams_.emplace_back();
+      self->streams_.back().device = t_device_;
       *s = &self->streams_.back();
       return FERRY_OK;
     };
@@ -147,6 +153,10 @@ class FakeGpu {
     t_.ipc_event_open = nullptr;
   }
 
+  // Copies and event records queued on a stream of another device than the
+  // calling thread's current one (a kernel launched so fails on a real GPU,
+  // and a stream made so belongs to the wrong device for good).
+  std::atomic<uint64_t> wrong_device_calls{0};
   std::atomic<uint64_t> copied{0};         // bytes moved by copies that ran
   std::atomic<int> pinned_allocs{0};       // host_alloc calls
   std::atomic<int> fail_after_copies{-1};  // >= 0: copies after this many fail
@@ -167,6 +177,13 @@ class FakeGpu {
     }
     hold_cv_.notify_all();
   }
+  // Streams made while `device` was the current one.
+  size_t streams_on(int device) {
+    std::lock_guard lk(mu_);
+    size_t n = 0;
+    for (const Stream& s : streams_) n += s.device == device;
+    return n;
+  }
   // Copies queued and not yet run, on every stream.
   size_t queued() {
     std::lock_guard lk(mu_);
@@ -186,6 +203,7 @@ class FakeGpu {
   };
   struct Stream {
     std::deque<Op> ops;
+    int device = 0;  // current when it was made
   };
   struct Event {
     Stream* stream = nullptr;
@@ -194,6 +212,7 @@ class FakeGpu {
 
   int Queue(void* s, Op op) {
     std::lock_guard lk(mu_);
+    if (static_cast<Stream*>(s)->device != t_device_) wrong_device_calls.fetch_add(1);
     if (op.mark == nullptr) {
       // One atomic step, so a test re-arming the counter is never overwritten.
       int left = fail_after_copies.load();
@@ -227,6 +246,7 @@ class FakeGpu {
     return FERRY_OK;
   }
 
+  static inline thread_local int t_device_ = 0;
   ferry_gpu_v1 t_{};
   std::atomic<uint64_t> queries_{0};
   std::mutex hold_mu_;

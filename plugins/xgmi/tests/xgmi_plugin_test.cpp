@@ -67,6 +67,8 @@ class Xgmi : public PairTest<> {
   // instances before the fake runtime they use (a member of this class, so
   // destroyed before the base's instances would be).
   void TearDown() override {
+    EXPECT_EQ(gpu_.wrong_device_calls.load(), 0u)
+        << "work queued on a stream of another device than the current one";
     if (remote_) a_->plugin().mem_release(a_->ctx(), remote_);
     a_->plugin().peer_remove(a_->ctx(), a_peer_b_);
     b_->plugin().peer_remove(b_->ctx(), b_peer_a_);
@@ -167,6 +169,31 @@ TEST_F(Xgmi, AFailedHeldLaunchFailsEveryPartAfterItsQueuedCopies) {
   }
   EXPECT_EQ(gpu_.queued(), 0u);
   EXPECT_EQ(gpu_.copied.load(), 5u * 4096);
+}
+
+// Parts held on device 1 (FERRY_XFER_MORE) are launched first by a post on
+// device 0, which makes device 1 the thread's current one: the post's own
+// stream and copies must still be device 0's.
+TEST_F(Xgmi, APostAfterAnotherDevicesHeldPartsQueuesOnItsOwnDevice) {
+  Mem* src2 = a_->Register(3, kSize, 1);
+  Mem* dst2 = b_->Register(4, kSize, 0);
+  Fill(src2->data, 5);
+  void* remote2 = a_->Import(a_peer_b_, *dst2);
+  const auto iov1 = Pieces(0, 4), iov2 = Pieces(4, 4);
+  Completion c1, c2;
+  const ferry_xfer_v1 x1 = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src2, remote2, iov1, &c1,
+                                    XferArgs{.flags = FERRY_XFER_MORE});
+  const ferry_xfer_v1 x2 = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov2, &c2);
+  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x1), FERRY_OK);
+  ASSERT_EQ(a_->plugin().post(a_->ctx(), &x2), FERRY_OK);
+  EXPECT_EQ(Wait(c1).status, FERRY_OK);
+  EXPECT_EQ(Wait(c2).status, FERRY_OK);
+  for (const auto& v : iov1) EXPECT_TRUE(LandedIn(*src2, *dst2, v));
+  for (const auto& v : iov2) EXPECT_TRUE(Landed(v));
+  EXPECT_EQ(gpu_.wrong_device_calls.load(), 0u);
+  EXPECT_EQ(gpu_.streams_on(1), 1u) << "the held parts' stream";
+  EXPECT_EQ(gpu_.streams_on(0), 1u) << "device 0's copies went on a stream of device 1";
+  a_->plugin().mem_release(a_->ctx(), remote2);
 }
 
 // ABI 1.7: several region pairs in one post - src_ -> dst_ and a second pair
@@ -321,6 +348,8 @@ TEST_F(XgmiPairsSegments, APieceOutsideItsPairRefusesThePostAndGivesTheStreamBac
   EXPECT_EQ(Counter("copies_in_flight"), 0u);
   a_->plugin().mem_release(a_->ctx(), remote2);
   Check(0, {{-1, 1, 8}});
+  // A stream still counted busy would have made the next post take a new one.
+  EXPECT_EQ(gpu_.streams_on(0), 1u) << "the refused post kept its stream";
 }
 
 TEST_F(XgmiPairsSegments, TwoDevicesAreMergedHere) {
