@@ -17,15 +17,20 @@ using namespace std::chrono_literals;
 
 namespace {
 
-TEST(RouteCache, ADeregisteredRegionLeavesNoCachedRoutes) {
-  setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
-  EngineImpl ini("route-cache-ini", EngineConfig{}), tgt("route-cache-tgt", EngineConfig{});
+// Two engines with tcp, each registered with the other.
+void Connect(EngineImpl& ini, EngineImpl& tgt) {
   for (EngineImpl* e : {&ini, &tgt}) {
     Result r = e->add_backend("tcp", "{}");
     ASSERT_TRUE(r) << r.message;
   }
   ASSERT_TRUE(ini.register_remote_engine(tgt.desc()));
   ASSERT_TRUE(tgt.register_remote_engine(ini.desc()));
+}
+
+TEST(RouteCache, ADeregisteredRegionLeavesNoCachedRoutes) {
+  setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
+  EngineImpl ini("route-cache-ini", EngineConfig{}), tgt("route-cache-tgt", EngineConfig{});
+  ASSERT_NO_FATAL_FAILURE(Connect(ini, tgt));
   std::vector<char> dst(1 << 16);
   const MemoryDesc rmem =
       tgt.registry().register_memory(dst.data(), dst.size(), -1, MemoryLocation::CPU);
@@ -57,12 +62,7 @@ TEST(RouteCache, ADeregisteredRegionLeavesNoCachedRoutes) {
 TEST(RouteCache, APostWithAPairOfADeregisteredRegionCachesNoRoute) {
   setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
   EngineImpl ini("route-stale-ini", EngineConfig{}), tgt("route-stale-tgt", EngineConfig{});
-  for (EngineImpl* e : {&ini, &tgt}) {
-    Result r = e->add_backend("tcp", "{}");
-    ASSERT_TRUE(r) << r.message;
-  }
-  ASSERT_TRUE(ini.register_remote_engine(tgt.desc()));
-  ASSERT_TRUE(tgt.register_remote_engine(ini.desc()));
+  ASSERT_NO_FATAL_FAILURE(Connect(ini, tgt));
   std::vector<char> dst(1 << 16), src(1 << 16, 'y');
   const MemoryDesc rmem =
       tgt.registry().register_memory(dst.data(), dst.size(), -1, MemoryLocation::CPU);
