@@ -788,7 +788,9 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
         ChooseStreamLocked(dev, &l.si, &l.event) != FERRY_OK) {
       for (const Launch& taken : launches) give_back(taken);
       lk.unlock();
-      LogLine(FERRY_LOG_WARN, "no stream for the copies: " + GpuError());
+      const std::string why = "no stream for the copies: " + GpuError();
+      LogLine(FERRY_LOG_WARN, why);
+      TellRefusal(x, why.c_str());
       return FERRY_ERR_GPU;
     }
     l.stream = streams_[static_cast<size_t>(dev)][l.si];
@@ -923,7 +925,13 @@ int Instance::Post(const ferry_xfer_v1* x) {
   // look again until what is held, if anything, is this device's).
   while (!held_.parts.empty() && held_.device != dev) LaunchHeld(lk);
   // After them: LaunchHeld made their device this thread's current one.
-  if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK) return FERRY_ERR_GPU;
+  if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK) {
+    lk.unlock();
+    const std::string why = "cannot make device " + std::to_string(dev) + " current: " + GpuError();
+    LogLine(FERRY_LOG_WARN, why);
+    TellRefusal(x, why.c_str());
+    return FERRY_ERR_GPU;
+  }
   if (more || !held_.parts.empty()) {
     const bool first = held_.parts.empty();
     if (!HoldLocked(x, *local, rbase, rsize)) {
@@ -946,7 +954,13 @@ int Instance::Post(const ferry_xfer_v1* x) {
   const auto d = static_cast<size_t>(dev);
   size_t si = 0;
   void* event = nullptr;
-  if (ChooseStreamLocked(dev, &si, &event) != FERRY_OK) return FERRY_ERR_GPU;
+  if (ChooseStreamLocked(dev, &si, &event) != FERRY_OK) {
+    lk.unlock();
+    const std::string why = "no stream for the copy: " + GpuError();
+    LogLine(FERRY_LOG_WARN, why);
+    TellRefusal(x, why.c_str());
+    return FERRY_ERR_GPU;
+  }
   int64_t slot = TakeNotifySlotLocked(x, *remote, dev, &event);
   void* stream = streams_[d][si];
   ++stream_copies_[d][si];

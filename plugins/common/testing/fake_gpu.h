@@ -28,8 +28,8 @@ class FakeGpu {
     t_.gpu_ctx = this;
     t_.device_count = 2;
     // The current device is the calling thread's, as in CUDA and HIP.
-    t_.set_device = [](void*, int32_t d) {
-      if (d < 0 || d >= 2) return FERRY_ERR_GPU;
+    t_.set_device = [](void* c, int32_t d) {
+      if (d < 0 || d >= 2 || Self(c)->fail_set_device.load()) return FERRY_ERR_GPU;
       t_device_ = d;
       return FERRY_OK;
     };
@@ -157,10 +157,11 @@ class FakeGpu {
   // calling thread's current one (a kernel launched so fails on a real GPU,
   // and a stream made so belongs to the wrong device for good).
   std::atomic<uint64_t> wrong_device_calls{0};
-  std::atomic<uint64_t> copied{0};         // bytes moved by copies that ran
-  std::atomic<int> pinned_allocs{0};       // host_alloc calls
-  std::atomic<int> fail_after_copies{-1};  // >= 0: copies after this many fail
-  std::atomic<bool> hold_queries{false};   // event_query says "not yet" and runs nothing
+  std::atomic<bool> fail_set_device{false};  // set_device refuses every device
+  std::atomic<uint64_t> copied{0};           // bytes moved by copies that ran
+  std::atomic<int> pinned_allocs{0};         // host_alloc calls
+  std::atomic<int> fail_after_copies{-1};    // >= 0: copies after this many fail
+  std::atomic<bool> hold_queries{false};     // event_query says "not yet" and runs nothing
   uint64_t queries() const { return queries_.load(); }  // event and stream queries so far
   // Until Release(): every query says "not yet" and every synchronize waits,
   // so copies stay in flight for as long as a test needs them to.

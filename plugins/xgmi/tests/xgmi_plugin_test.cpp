@@ -196,6 +196,22 @@ TEST_F(Xgmi, APostAfterAnotherDevicesHeldPartsQueuesOnItsOwnDevice) {
   a_->plugin().mem_release(a_->ctx(), remote2);
 }
 
+// A device that cannot be made current refuses the post, saying why, with
+// nothing queued.
+TEST_F(Xgmi, ADeviceThatCannotBeSetRefusesThePostWithItsReason) {
+  const auto iov = Pieces(0, 4);
+  Completion c;
+  ferry_xfer_v1 x = MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote_, iov, &c);
+  char reason[256] = {};
+  x.reason = reason;
+  x.reason_len = sizeof reason;
+  gpu_.fail_set_device = true;
+  EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_ERR_GPU);
+  gpu_.fail_set_device = false;
+  EXPECT_NE(std::string(reason).find("cannot make device 0 current"), std::string::npos) << reason;
+  EXPECT_EQ(gpu_.queued(), 0u);
+}
+
 // ABI 1.7: several region pairs in one post - src_ -> dst_ and a second pair
 // whose local memory is on `device` - 4 pieces each, one WRITE. Each case
 // makes the copy calls fail after `fail_after` (never when < 0) and expects
