@@ -96,6 +96,11 @@ void Instance::LogLine(int level, const std::string& m) const {
   ferry::plugin_kit::Log(host_, level, "%s", m.c_str());
 }
 
+int Instance::RefuseForGpu(const ferry_xfer_v1* x, const std::string& why) const {
+  LogLine(FERRY_LOG_WARN, why);
+  return ferry::plugin_kit::Refuse(x, FERRY_ERR_GPU, why);
+}
+
 namespace {
 // Polls `done` until it is true or `until` passes; the first 100 us with the
 // CPU's pause only (a sched_yield costs ~1 us, as much as the copy being
@@ -773,9 +778,7 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
         RemoteBase(*static_cast<Remote*>(x->pairs[i].remote_mem), segs[i].local->device, &why);
     if (!segs[i].rbase) {
       lk.unlock();
-      LogLine(FERRY_LOG_WARN, why);
-      TellRefusal(x, why.c_str());
-      return FERRY_ERR_GPU;
+      return RefuseForGpu(x, why);
     }
   }
   // Parts held for a launch go first: they were posted before this.
@@ -788,10 +791,7 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
         ChooseStreamLocked(dev, &l.si, &l.event) != FERRY_OK) {
       for (const Launch& taken : launches) give_back(taken);
       lk.unlock();
-      const std::string why = "no stream for the copies: " + GpuError();
-      LogLine(FERRY_LOG_WARN, why);
-      TellRefusal(x, why.c_str());
-      return FERRY_ERR_GPU;
+      return RefuseForGpu(x, "no stream for the copies: " + GpuError());
     }
     l.stream = streams_[static_cast<size_t>(dev)][l.si];
     ++stream_copies_[static_cast<size_t>(dev)][l.si];
@@ -915,9 +915,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   char* rbase = RemoteBase(*remote, dev, &why);
   if (!rbase) {
     lk.unlock();
-    LogLine(FERRY_LOG_WARN, why);
-    TellRefusal(x, why.c_str());
-    return FERRY_ERR_GPU;
+    return RefuseForGpu(x, why);
   }
   // A part of a multi-region call with more to come: held for one launch.
   const bool more = (x->flags & FERRY_XFER_MORE) != 0 && hold_.count() > 0 && batch_copy_;
@@ -927,10 +925,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   // After them: LaunchHeld made their device this thread's current one.
   if (gpu_->set_device(gpu_->gpu_ctx, dev) != FERRY_OK) {
     lk.unlock();
-    const std::string why = "cannot make device " + std::to_string(dev) + " current: " + GpuError();
-    LogLine(FERRY_LOG_WARN, why);
-    TellRefusal(x, why.c_str());
-    return FERRY_ERR_GPU;
+    return RefuseForGpu(x, "cannot make device " + std::to_string(dev) + " current: " + GpuError());
   }
   if (more || !held_.parts.empty()) {
     const bool first = held_.parts.empty();
@@ -956,10 +951,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   void* event = nullptr;
   if (ChooseStreamLocked(dev, &si, &event) != FERRY_OK) {
     lk.unlock();
-    const std::string why = "no stream for the copy: " + GpuError();
-    LogLine(FERRY_LOG_WARN, why);
-    TellRefusal(x, why.c_str());
-    return FERRY_ERR_GPU;
+    return RefuseForGpu(x, "no stream for the copy: " + GpuError());
   }
   int64_t slot = TakeNotifySlotLocked(x, *remote, dev, &event);
   void* stream = streams_[d][si];

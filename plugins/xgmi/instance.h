@@ -224,6 +224,9 @@ class Instance {
   int CopyPieces(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t k,
                  void* stream);
   void LogLine(int level, const std::string& m) const;
+  // post() refusing for the GPU runtime (no remote mapping, device or stream):
+  // logs `why`, tells the core, returns FERRY_ERR_GPU. Call without mu_ held.
+  int RefuseForGpu(const ferry_xfer_v1* x, const std::string& why) const;
   std::string GpuError() const { return gpu_->last_error(gpu_->gpu_ctx); }
 
   const ferry_host_v1* host_;
