@@ -187,6 +187,11 @@ void Channel::Nudge(Side side) {
   }
 }
 
+void Channel::EnableDirect(std::unique_ptr<direct::Process> peer, bool initiator) {
+  gate_spare_ = initiator ? out_.spare() : in_.spare();
+  direct_peer_ = std::move(peer);
+}
+
 void Channel::SetSpin(std::chrono::microseconds spin) {
   out_.waiting.spin = in_.waiting.spin = spin;
 }

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "direct_copy.h"
 #include "shm_ring.h"
 #include "socket_util.h"
 
@@ -46,6 +47,15 @@ class Channel {
   bool on_rings() const { return out_.ok(); }
   // How long a ring wait polls before it sleeps (settings.h, ring_spin_us).
   void SetSpin(std::chrono::microseconds spin);
+
+  // A ring lane whose ends agreed to direct copies (direct_copy.h): peer is
+  // the other end's process; initiator says which end we are (the gate lives
+  // in the request ring: our outgoing one as the initiator, else incoming).
+  void EnableDirect(std::unique_ptr<direct::Process> peer, bool initiator);
+  // Null unless direct copies were agreed.
+  const direct::Process* direct_peer() const { return direct_peer_.get(); }
+  // The lane's gate over pushes into the initiator (only with direct_peer).
+  direct::Gate gate() const { return direct::Gate(gate_spare_); }
 
   // SendIov's contract (socket_util.h): iov[0..n) from *progress on; with
   // MSG_DONTWAIT in flags it may stop part-way with EAGAIN. MSG_MORE is a
@@ -100,6 +110,8 @@ class Channel {
   int wait_sets_[3] = {-1, -1, -1};  // by Side
   int nudges_[3] = {-1, -1, -1};     // by Side: Nudge's eventfd, in that side's wait set
   int NudgeFd(Side side);            // made on first use
+  std::unique_ptr<direct::Process> direct_peer_;
+  void* gate_spare_ = nullptr;
 };
 
 }  // namespace ferry_tcp

@@ -147,6 +147,10 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.sender_spin_us = settings_.sender_spin_us;
   info.sender_polls_caught = &sender_polls_caught_;
   info.ring_lanes_opened = &ring_lanes_opened_;
+  info.offer_direct = settings_.same_host_direct;
+  info.direct_min_bytes = settings_.direct_min_bytes;
+  info.direct_lanes_opened = &direct_lanes_opened_;
+  info.direct_frames = &direct_frames_;
   info.pool = &pool_;
   info.progress = &progress_;
   info.reaper = &reaper_;
@@ -210,7 +214,7 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** handle, void* blob, size
   }
   uint64_t key = 0;
   if (!RandomBytes(&key, sizeof key)) return FERRY_ERR_INTERNAL;
-  const std::vector<uint8_t> b = wire::EncodeMemBlob({m->id, m->size, key});
+  const std::vector<uint8_t> b = wire::EncodeMemBlob({m->id, m->size, key, device < 0});
   auto r = std::make_shared<Region>(m->id, static_cast<uint8_t*>(m->addr), m->size, device, key);
   auto h = std::make_unique<LocalMem>();
   h->region = r;
@@ -262,7 +266,7 @@ int Instance::MemImport(void* peer, uint64_t remote_id, uint64_t remote_size, co
     return FERRY_ERR_INVALID_ARGS;
   }
   auto h = std::make_unique<RemoteMem>(
-      RemoteMem{static_cast<PeerHandle*>(peer), mi.id, mi.size, mi.key});
+      RemoteMem{static_cast<PeerHandle*>(peer), mi.id, mi.size, mi.key, mi.host});
   std::lock_guard lk(handles_mu_);
   remotes_.insert(h.get());
   *handle = h.release();
@@ -288,7 +292,7 @@ int Instance::Post(const ferry_xfer_v1* x) {
   } else if (remote->peer != peer) {
     why = "remote memory was imported for another peer";
   } else {
-    rc = peer->peer->Post(*x, local->region, remote->id, remote->key, &why);
+    rc = peer->peer->Post(*x, local->region, remote->id, remote->key, remote->host, &why);
     if (rc == FERRY_OK) return rc;
   }
   Log(host_, FERRY_LOG_WARN, "post refused: %s", why.c_str());
@@ -317,7 +321,11 @@ int Instance::Describe(char* buf, size_t len) {
            ? std::string(" same_host=tcp")
            : " same_host=rings(@" + target_.unix_name() + ", " + FormatBytes(settings_.ring_bytes) +
                  " x2 per lane, chunk " + FormatBytes(settings_.ring_chunk_bytes) + ", spin " +
-                 std::to_string(settings_.ring_spin_us) + "us)";
+                 std::to_string(settings_.ring_spin_us) + "us, direct " +
+                 (settings_.same_host_direct
+                      ? "from " + FormatBytes(settings_.direct_min_bytes)
+                      : std::string("off")) +
+                 ")";
   s += std::string(" auth=") + (LinkAuthAvailable(host_) ? "descriptor" : "off") +
        " rejected_lanes=" + std::to_string(target_.rejected());
   std::snprintf(buf, len, "%s", s.c_str());
@@ -339,6 +347,7 @@ int Instance::Counters(char* buf, size_t len) {
       "{\"peers\":%zu,\"local_regions\":%zu,\"remote_regions\":%zu,"
       "\"rejected_lanes\":%llu,\"gpu_pinned_bytes\":%llu,"
       "\"ring_lanes_opened\":%llu,\"ring_lanes_served\":%llu,"
+      "\"direct_lanes_opened\":%llu,\"direct_lanes_served\":%llu,\"direct_frames_sent\":%llu,"
       "\"gpu_frames_sent\":%llu,\"gpu_send_ns\":%llu,\"gpu_send_wait_ns\":%llu,"
       "\"gpu_frames_received\":%llu,\"gpu_recv_ns\":%llu,\"gpu_recv_read_ns\":%llu,"
       "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu,"
@@ -347,9 +356,11 @@ int Instance::Counters(char* buf, size_t len) {
       peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
       static_cast<unsigned long long>(stages_.pinned_bytes()),
       static_cast<unsigned long long>(ring_lanes_opened_.load()),
-      static_cast<unsigned long long>(target_.ring_lanes()), u(t.frames_sent), u(t.send_ns),
-      u(t.send_wait_ns), u(t.frames_received), u(t.recv_ns), u(t.recv_read_ns), u(t.recv_wait_ns),
-      u(t.acquires), u(t.acquire_ns), static_cast<unsigned long long>(progress_.frames()),
+      static_cast<unsigned long long>(target_.ring_lanes()), u(direct_lanes_opened_),
+      static_cast<unsigned long long>(target_.direct_lanes()), u(direct_frames_), u(t.frames_sent),
+      u(t.send_ns), u(t.send_wait_ns), u(t.frames_received), u(t.recv_ns), u(t.recv_read_ns),
+      u(t.recv_wait_ns), u(t.acquires), u(t.acquire_ns),
+      static_cast<unsigned long long>(progress_.frames()),
       u(sender_polls_caught_) + static_cast<unsigned long long>(pool_.kicks_caught()),
       static_cast<unsigned long long>(posts_.by_waiters()),
       static_cast<unsigned long long>(posts_.by_flusher()),

@@ -39,6 +39,7 @@ struct RemoteMem {
   uint64_t id;
   uint64_t size;
   uint64_t key;  // presented with every request (wire::Header::region_key)
+  bool host;     // host memory at the target: a same-host lane may copy it directly
 };
 
 class Instance {
@@ -83,6 +84,8 @@ class Instance {
   const Settings settings_;
   RegionTable regions_;
   std::atomic<uint64_t> ring_lanes_opened_{0};    // same-host lanes we opened over rings
+  std::atomic<uint64_t> direct_lanes_opened_{0};  // ring lanes whose target agreed to direct copies
+  std::atomic<uint64_t> direct_frames_{0};        // frames sent as direct requests
   std::atomic<uint64_t> sender_polls_caught_{0};  // polls of a sender that caught a queued frame
   StagePool stages_;  // GPU staging; outlives the lanes and the target server that lease from it
   DeadlineWatcher watcher_;

@@ -118,6 +118,34 @@ void Lane::Fail(Doomed& doomed) {
   doomed.clear();
 }
 
+void Lane::WaitOutPushesLocked() {
+  direct::Gate gate = chan_->gate();
+  gate.Close();
+  const auto start = std::chrono::steady_clock::now();
+  bool warned = false;
+  // Normally over at once, or within one frame's copy. A target stopped in
+  // the middle of one holds us here: failing the READ now could let its bytes
+  // land in memory the application has moved on to.
+  while (gate.PushUnderWay() && !chan_->direct_peer()->WaitExit(1)) {
+    if (!warned && std::chrono::steady_clock::now() - start > std::chrono::seconds(1)) {
+      warned = true;
+      Log(info_->host, FERRY_LOG_WARN,
+          "lane %d to %s: waiting for the target to finish copying into our memory before "
+          "failing its READ",
+          index_, info_->label.c_str());
+    }
+  }
+}
+
+void Lane::MaybeDirectLocked(Frame& f) {
+  if (chan_ == nullptr || chan_->direct_peer() == nullptr || !f.xfer->direct_ok ||
+      f.payload_bytes < info_->direct_min_bytes || f.sent != 0)
+    return;
+  f.MakeDirect();
+  if (info_->direct_frames != nullptr)
+    info_->direct_frames->fetch_add(1, std::memory_order_relaxed);
+}
+
 void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset,
                        uint64_t keep_from) {
   // A second report of a break already made (the sender's send failed and then
@@ -143,6 +171,10 @@ void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool 
     else
       chan_->CloseOutgoing();
     ::shutdown(fd_, SHUT_RDWR);
+    // A direct READ's bytes are pushed by the target itself: none may land
+    // once the READ is failed, so the lane closes to pushes and one under way
+    // is waited out first (direct_copy.h).
+    if (chan_->direct_peer() != nullptr) WaitOutPushesLocked();
   } else if (state_ == State::kConnecting) {
     abort_connect_ = true;
     if (waker_ != nullptr) waker_->Signal();
@@ -256,6 +288,7 @@ void Lane::Submit(FramePtr f, bool try_direct) {
     // Nothing queued or half-sent ahead of it: the frame keeps its place. Frames
     // already sent and awaiting their responses do not matter to the socket.
     if (state_ == State::kUp && !stopping_ && queue_.empty() && !partial_) {
+      MaybeDirectLocked(*f);
       f->sending = true;
       last_used_ = std::chrono::steady_clock::now();
       inflight_.emplace(f->req_id, f);
@@ -341,10 +374,11 @@ int Lane::Open(int abort_fd, std::unique_ptr<Channel>* chan, std::string* err) {
     std::string why;
     if (ConnectUnix(info_->unix_name, info_->connect_timeout_ms, &fd, &why) == 0) {
       shm::Ring out, in;
+      std::unique_ptr<direct::Process> target;
       int status = InitiatorHandshake(fd, hello, err);
       if (status == FERRY_OK) {
         status = OfferRings(fd, info_->ring_bytes, abort_fd, info_->connect_timeout_ms,
-                            info_->label, &out, &in, err);
+                            info_->label, info_->offer_direct, &out, &in, &target, err);
       }
       if (status == FERRY_OK) {
         // No stall limit of our own, as on a TCP lane: a broken lane is shut down.
@@ -352,6 +386,10 @@ int Lane::Open(int abort_fd, std::unique_ptr<Channel>* chan, std::string* err) {
                                           std::chrono::milliseconds(0));
         (*chan)->SetSpin(std::chrono::microseconds(info_->ring_spin_us));
         if (info_->ring_lanes_opened != nullptr) info_->ring_lanes_opened->fetch_add(1);
+        if (target) {
+          (*chan)->EnableDirect(std::move(target), /*initiator=*/true);
+          if (info_->direct_lanes_opened != nullptr) info_->direct_lanes_opened->fetch_add(1);
+        }
         return FERRY_OK;
       }
       ::close(fd);
@@ -843,6 +881,7 @@ FramePtr Lane::TakeQueuedLocked(Doomed* doomed) {
     doomed->emplace_back(std::move(f), status, msg);
     return nullptr;
   }
+  MaybeDirectLocked(*f);
   f->sending = true;
   inflight_.emplace(f->req_id, f);
   SyncProgressLocked();

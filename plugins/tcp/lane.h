@@ -82,6 +82,13 @@ struct PeerInfo {
   // 0: never.
   int idle_close_ms = 0;
   std::atomic<uint64_t>* ring_lanes_opened = nullptr;  // counted for describe/counters
+  // Offer the target direct copies on ring lanes (direct_copy.h); frames of
+  // host memory both sides with at least direct_min_bytes then go as direct
+  // requests. Counted for describe/counters.
+  bool offer_direct = false;
+  uint64_t direct_min_bytes = 0;
+  std::atomic<uint64_t>* direct_lanes_opened = nullptr;
+  std::atomic<uint64_t>* direct_frames = nullptr;
   // Reads a TCP lane's responses; null: a receiver thread per lane.
   IoPool* pool = nullptr;
   // Where lanes with frames in flight are found by progress() (with pool).
@@ -199,6 +206,11 @@ class Lane final : public IdleReaper::Target, public Connector::Client {
   // A READ's payload into GPU memory; on failure *status/*msg say why the lane breaks.
   int ReceiveStaged(ByteReader& in, Frame& f, int* status, std::string* msg);
   void AfterSendLocked(const FramePtr& f, int err, Doomed* doomed);
+  // Makes f a direct request when this connection agreed to direct copies
+  // and f qualifies (host memory both ends, direct_min_bytes); before it is in flight.
+  void MaybeDirectLocked(Frame& f);
+  // Closes a direct lane to the target's pushes and waits out one under way.
+  void WaitOutPushesLocked();
   // Breaks the connection and fails what is queued. reset: an explicit Reset or
   // Stop, which also fails frames queued after an earlier break.
   void BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset = false,

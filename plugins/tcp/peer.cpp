@@ -61,7 +61,7 @@ void Peer::Finished(const Xfer& x) {
 }
 
 int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uint64_t remote_id,
-               uint64_t remote_key, std::string* why) {
+               uint64_t remote_key, bool remote_host, std::string* why) {
   if (stopped_) {
     *why = "peer " + info_.key + " was removed";
     return FERRY_ERR_BAD_STATE;
@@ -121,6 +121,8 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   xfer->peer = weak_from_this();
   xfer->watcher = watcher_;
   xfer->local = local;
+  // Both ends' memory is the host's: a lane that agreed to direct copies may use them.
+  xfer->direct_ok = remote_host && !local->on_gpu();
   xfer->SetFrameCount(n_frames);
 
   // One frame: a lane whose sender polls right now takes it without a wake-up

@@ -31,8 +31,9 @@ class Peer : public std::enable_shared_from_this<Peer> {
 
   // All or nothing, as plugin.h's post(): on FERRY_OK complete() follows exactly
   // once; otherwise *why says what was wrong and nothing was started.
+  // remote_host: the target's region is host memory (its blob said so).
   int Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uint64_t remote_id,
-           uint64_t remote_key, std::string* why);
+           uint64_t remote_key, bool remote_host, std::string* why);
   // Drops every lane's connection and fails the frames of transfers posted
   // before `keep_from` (a PostedSoFar() taken before the cause of the reset
   // could complete any transfer); later ones wait for the next connection.

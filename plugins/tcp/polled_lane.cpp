@@ -37,7 +37,7 @@ PolledLane::PolledLane(TargetServer* server, TargetServer::Conn* conn, std::uniq
 PolledLane::~PolledLane() {
   if (disowned_) return;
   use_.reset();
-  if (applying_) ctx_.tp->EndApply(h_, fd_, /*whole=*/false);
+  if (applying_) ctx_.tp->EndApply(h_, fd_, /*whole=*/false, 0);
   if (!close_why_.empty()) {
     s_->WarnFrom("closed", from_, "closing lane from " + ctx_.who + ": " + close_why_);
   } else {
@@ -173,9 +173,10 @@ PolledLane::Step PolledLane::ReadPhase(size_t* moved) {
 }
 
 PolledLane::Step PolledLane::HeaderDone() {
-  std::string why = s_->AcceptHead(hb_, ctx_.key, proven_, &registrations_seen_, &h_);
+  std::string why = s_->AcceptHead(hb_, ctx_.key, proven_, &registrations_seen_,
+                                   ch_->direct_peer() != nullptr, &h_);
   if (!why.empty()) return Close(why);
-  item_buf_.resize(size_t{h_.n_items} * wire::kItemSize);
+  item_buf_.resize(TargetServer::BodyBytes(h_));
   want_.assign(1, iovec{item_buf_.data(), item_buf_.size()});
   want_first_ = 0;
   phase_ = Phase::kItems;
@@ -183,7 +184,7 @@ PolledLane::Step PolledLane::HeaderDone() {
 }
 
 PolledLane::Step PolledLane::ItemsDone() {
-  std::string why = TargetServer::AcceptItems(h_, item_buf_, &items_);
+  std::string why = TargetServer::AcceptItems(h_, item_buf_, &items_, &addrs_);
   if (!why.empty()) return Close(why);
   return Begin();
 }
@@ -211,13 +212,16 @@ PolledLane::Step PolledLane::Begin() {
       reason_ = TargetServer::RevokedReason(h_);
     }
   }
+  const bool direct = (h_.flags & wire::kFlagDirect) != 0;
   if (status_ != FERRY_OK) {
     region_.reset();
-    if (!is_write) return Refused();
+    // A direct request's payload, its addresses, came with its items.
+    if (!is_write || direct) return Refused();
     discard_left_ = h_.payload_len;  // still on its way: skip it to stay in step
     phase_ = Phase::kDiscard;
     return Step::kGoOn;
   }
+  if (direct) return ServeDirect();
   // Straight between the socket and registered memory: no staging copy.
   std::vector<iovec> mem;
   mem.reserve(items_.size() + 1);
@@ -248,7 +252,7 @@ PolledLane::Step PolledLane::PayloadDone() {
   // Counted (the notification recorded) before EndApply: a fence that sees the
   // attempt whole also sees the target told.
   const bool whole = s_->Count(ctx_, h_, FERRY_OK, &close_why_);
-  ctx_.tp->EndApply(h_, fd_, whole);
+  ctx_.tp->EndApply(h_, fd_, whole, TargetServer::ItemBytes(items_));
   applying_ = false;
   region_.reset();
   if (!whole) return Step::kClose;
@@ -261,10 +265,29 @@ PolledLane::Step PolledLane::PayloadDone() {
   return Step::kGoOn;
 }
 
+PolledLane::Step PolledLane::ServeDirect() {
+  // On the pool thread: one copy of at most a frame's payload, no waiting on the peer.
+  status_ = TargetServer::CopyDirect(*ch_, h_, items_, addrs_, *region_, &reason_);
+  if (status_ != FERRY_OK) {
+    use_.reset();
+    region_.reset();
+    return Refused();  // a WRITE's apply ends not whole: part of it may have landed
+  }
+  if (h_.type == wire::Type::kWrite) return PayloadDone();
+  use_.reset();
+  region_.reset();
+  // Counted before the answer that lets the initiator complete.
+  if (!s_->Count(ctx_, h_, FERRY_OK, &close_why_)) return Step::kClose;
+  std::vector<uint8_t> frame(wire::kHeaderSize);
+  TargetServer::EncodeDirectReadDone(h_, frame.data());
+  Respond(std::move(frame), Then::kNextFrame);
+  return Step::kGoOn;
+}
+
 PolledLane::Step PolledLane::Refused() {
   const bool counted = s_->Count(ctx_, h_, status_, &close_why_);
   if (applying_) {  // began, then its memory went: nothing of it was stored
-    ctx_.tp->EndApply(h_, fd_, /*whole=*/false);
+    ctx_.tp->EndApply(h_, fd_, /*whole=*/false, 0);
     applying_ = false;
   }
   if (!counted) return Step::kClose;
@@ -303,7 +326,7 @@ PolledLane::Step PolledLane::ServeBlocking() {
   if (socket && !SetNonBlocking(fd_, false))
     return Close(std::string("fcntl: ") + IoErrorString(errno));
   // The reader keeps what it read ahead: the blocking reads continue from it.
-  const bool go_on = s_->ServeFrame(*ch_, *in_, ctx_, h_, items_, &close_why_);
+  const bool go_on = s_->ServeFrame(*ch_, *in_, ctx_, h_, items_, addrs_, &close_why_);
   if (socket && !SetNonBlocking(fd_, true))
     return Close(std::string("fcntl: ") + IoErrorString(errno));
   if (!go_on) return Step::kClose;

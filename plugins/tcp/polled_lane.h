@@ -82,6 +82,8 @@ class PolledLane final : public IoPool::Handler {
   // The request is whole up to its payload: check it and start serving it.
   Step Begin();
   Step PayloadDone();
+  // A checked direct request (wire.h kFlagDirect): the copy, then its answer.
+  Step ServeDirect();
   Step Refused();
   Step Sent();
   // A request on GPU memory, with blocking I/O through the staging pipeline.
@@ -109,6 +111,7 @@ class PolledLane final : public IoPool::Handler {
   wire::Header h_;
   std::vector<uint8_t> item_buf_;
   std::vector<wire::Item> items_;
+  std::vector<uint64_t> addrs_;  // a direct request's, in the initiator's memory
   std::shared_ptr<Region> region_;
   std::optional<RegionUse> use_;
   bool applying_ = false;  // between BeginApply and EndApply

@@ -96,12 +96,14 @@ bool ResponseReader::HeaderDone() {
                 std::string("unexpected ") + wire::TypeName(h_.type) + " frame from " + label);
   current_ = lane_->TakeInflight(h_.req_id);
   if (!current_) return Fail(FERRY_ERR_PROTOCOL, "response to an unknown request from " + label);
+  // A direct READ's bytes were put in place by the target: its answer has none.
+  const uint64_t payload = current_->direct ? 0 : current_->payload_bytes;
   if ((h_.type == wire::Type::kWriteAck) != current_->is_write ||
-      (h_.type == wire::Type::kReadData && h_.payload_len != current_->payload_bytes)) {
+      (h_.type == wire::Type::kReadData && h_.payload_len != payload)) {
     return Fail(FERRY_ERR_PROTOCOL,
                 std::string("mismatched ") + wire::TypeName(h_.type) + " from " + label);
   }
-  if (h_.type == wire::Type::kWriteAck) {
+  if (h_.type == wire::Type::kWriteAck || current_->direct) {
     Complete(FERRY_OK, {});
     ExpectHeader();
     return true;

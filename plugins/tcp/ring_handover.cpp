@@ -18,11 +18,21 @@ constexpr uint32_t kHandoverVersion = 1;
 constexpr size_t kMessageSize = 16;
 constexpr size_t kFds = 6;
 
-void Encode(uint8_t out[kMessageSize]) {
+// The message's last word: offered (initiator) or agreed (target) options.
+// A target before direct copies answers 0 whatever was offered.
+constexpr uint32_t kOptDirect = 1;
+
+void Encode(uint8_t out[kMessageSize], uint32_t options) {
   std::memcpy(out, kTag, sizeof kTag);
-  const uint32_t v = kHandoverVersion, zero = 0;  // little-endian hosts only (wire.h)
+  const uint32_t v = kHandoverVersion;  // little-endian hosts only (wire.h)
   std::memcpy(out + 8, &v, 4);
-  std::memcpy(out + 12, &zero, 4);
+  std::memcpy(out + 12, &options, 4);
+}
+
+uint32_t Options(const uint8_t m[kMessageSize]) {
+  uint32_t o = 0;
+  std::memcpy(&o, m + 12, 4);
+  return o;
 }
 
 bool IsOurs(const uint8_t m[kMessageSize]) {
@@ -34,7 +44,8 @@ bool IsOurs(const uint8_t m[kMessageSize]) {
 }  // namespace
 
 int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const std::string& label,
-               shm::Ring* out, shm::Ring* in, std::string* err) {
+               bool offer_direct, shm::Ring* out, shm::Ring* in,
+               std::unique_ptr<direct::Process>* target, std::string* err) {
   std::string why;
   shm::Ring req = shm::Ring::Create(capacity, &why);
   shm::Ring resp = req.ok() ? shm::Ring::Create(capacity, &why) : shm::Ring();
@@ -42,8 +53,14 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
     *err = why;
     return FERRY_ERR_NO_MEMORY;
   }
+  // The token stays here, in our memory, until the target answered.
+  direct::Probe probe;
+  std::unique_ptr<direct::Process> peer;
+  // The target's process too: a push it began must be waited out, or its exit.
+  if (offer_direct && (peer = direct::Process::OfPeer(fd, &why)) && !probe.Publish(req.spare()))
+    peer.reset();
   uint8_t msg[kMessageSize];
-  Encode(msg);
+  Encode(msg, peer ? kOptDirect : 0);
   const shm::Handover a = req.ForPeer();
   const shm::Handover b = resp.ForPeer();
   const int fds[kFds] = {a.memfd, a.data_bell, a.space_bell, b.memfd, b.data_bell, b.space_bell};
@@ -62,6 +79,7 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
   if (IsOurs(answer)) {
     *out = std::move(req);
     *in = std::move(resp);
+    if (peer && (Options(answer) & kOptDirect) != 0) *target = std::move(peer);
     return FERRY_OK;
   }
   // Not the tag: an ERROR frame, whose head we have the start of.
@@ -83,8 +101,9 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
   return FERRY_ERR_REMOTE;
 }
 
-bool AcceptRings(int fd, std::chrono::steady_clock::time_point deadline, shm::Ring* out,
-                 shm::Ring* in, std::string* why) {
+bool AcceptRings(int fd, std::chrono::steady_clock::time_point deadline, bool allow_direct,
+                 shm::Ring* out, shm::Ring* in, std::unique_ptr<direct::Process>* initiator,
+                 std::string* why, std::string* no_direct) {
   uint8_t msg[kMessageSize];
   int fds[kFds];
   size_t n = 0;
@@ -115,8 +134,17 @@ bool AcceptRings(int fd, std::chrono::steady_clock::time_point deadline, shm::Ri
     *why = "shared rings larger than " + std::to_string(kMaxAcceptedRing >> 20) + " MiB";
     return false;
   }
+  std::unique_ptr<direct::Process> peer;
+  if ((Options(msg) & kOptDirect) == 0) {
+    *no_direct = "not offered";
+  } else if (!allow_direct) {
+    *no_direct = "off here (same_host_direct)";
+  } else if ((peer = direct::Process::OfPeer(fd, no_direct)) &&
+             !direct::CheckProbe(*peer, req.spare(), no_direct)) {
+    peer.reset();
+  }
   uint8_t answer[kMessageSize];
-  Encode(answer);
+  Encode(answer, peer ? kOptDirect : 0);
   const int sent = SendAll(fd, answer, sizeof answer);
   if (sent != 0) {
     *why = "cannot answer the shared rings: " + IoErrorString(sent);
@@ -124,6 +152,7 @@ bool AcceptRings(int fd, std::chrono::steady_clock::time_point deadline, shm::Ri
   }
   *in = std::move(req);
   *out = std::move(resp);
+  *initiator = std::move(peer);
   return true;
 }
 

@@ -37,6 +37,16 @@ struct Settings {
   // only (tests that shape loopback TCP; a peer of a ferry before 2026-12-03,
   // which cannot read the connection blob that carries the socket's name).
   bool same_host_rings = true;
+  // Same-host ring lanes of host memory: the target copies each request's
+  // bytes itself, straight between the initiator's memory and its region
+  // (process_vm_readv/writev, direct_copy.h) - one copy where the rings take
+  // two - when the kernel lets it (same user; Yama ptrace_scope 0, or 1 with
+  // the target a parent of the initiator; checked per lane, else the rings
+  // carry the bytes). Off at either end: never.
+  bool same_host_direct = true;
+  // Frames with less payload than this go through the rings even so: a copy
+  // system call costs more than copying them twice.
+  uint64_t direct_min_bytes = 32 << 10;
   // Each ring's bytes (a lane has two): a power of two in 64KiB..16MiB.
   uint64_t ring_bytes = 1 << 20;
   // Largest payload of one frame to a peer whose lanes run over rings: smaller

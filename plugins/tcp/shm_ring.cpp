@@ -28,8 +28,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x46525347;  // "FRSG"
 constexpr uint32_t kVersion = 3;  // 2: bells (eventfds) instead of futex words; 3: socket pairs
-// The control block's share of the segment; the ring's bytes follow it.
+// The control block's share of the segment; the ring's bytes follow it. Its
+// second half is spare (Ring::spare): a peer that does not use it ignores it.
 constexpr size_t kControlBytes = 4096;
+constexpr size_t kSpareOffset = kControlBytes - Ring::kSpareBytes;
 // Each copy publishes at most this much, so the peer starts on a large write
 // while its tail is still being copied in.
 constexpr uint64_t kPublishBytes = 256 << 10;
@@ -237,7 +239,7 @@ Handover Ring::Duplicate() const {
 }
 
 Ring Ring::Create(uint64_t capacity, std::string* why) {
-  static_assert(sizeof(Control) <= kControlBytes);
+  static_assert(sizeof(Control) <= kSpareOffset);
   if (!PowerOfTwo(capacity) || capacity < kMinCapacity || capacity > kMaxCapacity) {
     *why = "shared ring: capacity must be a power of two in 64KiB..64MiB";
     return {};
@@ -274,6 +276,8 @@ Ring Ring::Create(uint64_t capacity, std::string* why) {
   ctl->capacity = capacity;
   return Ring(h, theirs, map, bytes, capacity);
 }
+
+void* Ring::spare() const { return static_cast<uint8_t*>(map_) + kSpareOffset; }
 
 Ring Ring::Attach(Handover h, std::string* why) {
   auto refuse = [&](std::string msg) {

@@ -90,6 +90,11 @@ class Ring {
   // the memory) and the peer's bell ends, so a lane holds fewer descriptors.
   void CloseSegmentFd();
   uint64_t capacity() const { return capacity_; }
+  // Bytes of the control block that the ring itself never touches, zero in a
+  // new segment, shared by both ends: the lane keeps its own per-lane state
+  // there (direct_copy.h). The peer may write them at any time.
+  void* spare() const;
+  static constexpr size_t kSpareBytes = 2048;
 
   // The producer's end. Writes iov[0..n) from `*progress` bytes in, advancing
   // it. While the ring is full it waits, ETIMEDOUT after `timeout` without room

@@ -483,7 +483,10 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
   std::unique_ptr<Channel> ch;
   if (c->local) {
     shm::Ring out, in;
-    if (!AcceptRings(fd, deadline, &out, &in, &why)) {
+    std::unique_ptr<direct::Process> initiator;
+    std::string no_direct;
+    if (!AcceptRings(fd, deadline, settings_.same_host_direct, &out, &in, &initiator, &why,
+                     &no_direct)) {
       tp->Detach(fd);
       Refuse(fd, from, why, FERRY_ERR_UNSUPPORTED);
       return false;
@@ -492,6 +495,15 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
                                    std::chrono::milliseconds(settings_.io_timeout_ms));
     ch->SetSpin(std::chrono::microseconds(settings_.ring_spin_us));
     ++ring_lanes_;
+    if (initiator) {
+      Log(host_, FERRY_LOG_DEBUG, "ring lane from %s: direct copies with pid %d", from.c_str(),
+          static_cast<int>(initiator->pid()));
+      ch->EnableDirect(std::move(initiator), /*initiator=*/false);
+      ++direct_lanes_;
+    } else {
+      Log(host_, FERRY_LOG_DEBUG, "ring lane from %s: no direct copies: %s", from.c_str(),
+          no_direct.c_str());
+    }
   } else {
     ch = std::make_unique<Channel>(fd);
   }
@@ -544,6 +556,7 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
 
   std::vector<uint8_t> item_buf;
   std::vector<wire::Item> items;
+  std::vector<uint64_t> addrs;
   std::string close_why;
   // From here on the lane carries frames only: read them with read-ahead, so a
   // small request costs one recv() rather than three.
@@ -559,17 +572,17 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
       }
       break;
     }
-    close_why = AcceptHead(hb, key, proven, &registrations_seen, &h);
+    close_why = AcceptHead(hb, key, proven, &registrations_seen, ch->direct_peer() != nullptr, &h);
     if (!close_why.empty()) break;
-    item_buf.resize(size_t{h.n_items} * wire::kItemSize);
+    item_buf.resize(BodyBytes(h));
     err = in.Read(item_buf.data(), item_buf.size());
     if (err != 0) {
       close_why = IoErrorString(err);
       break;
     }
-    close_why = AcceptItems(h, item_buf, &items);
+    close_why = AcceptItems(h, item_buf, &items, &addrs);
     if (!close_why.empty()) break;
-    if (!ServeFrame(*ch, in, ctx, h, items, &close_why)) break;
+    if (!ServeFrame(*ch, in, ctx, h, items, addrs, &close_why)) break;
   }
   if (!close_why.empty()) {
     WarnFrom("closed", from, "closing lane from " + ctx.who + ": " + close_why);
@@ -580,21 +593,37 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
 
 std::string TargetServer::AcceptHead(const uint8_t* head, const std::string& key,
                                      const LaneProof& proven, uint64_t* registrations_seen,
-                                     wire::Header* h) {
+                                     bool direct_lane, wire::Header* h) {
   std::string why;
   if (!wire::DecodeHeader(head, h, &why)) return "malformed frame: " + why;
   if (h->type != wire::Type::kWrite && h->type != wire::Type::kRead)
     return std::string("unexpected ") + wire::TypeName(h->type) + " frame";
+  if ((h->flags & wire::kFlagDirect) != 0 && !direct_lane)
+    return "a direct request on a lane that did not agree to direct copies";
   if (!LaneStillProven(key, proven, registrations_seen, &why)) return why;
   return {};
 }
 
+size_t TargetServer::BodyBytes(const wire::Header& h) {
+  const size_t per_item =
+      wire::kItemSize + ((h.flags & wire::kFlagDirect) != 0 ? wire::kAddrSize : 0);
+  return size_t{h.n_items} * per_item;
+}
+
 std::string TargetServer::AcceptItems(const wire::Header& h, const std::vector<uint8_t>& item_buf,
-                                      std::vector<wire::Item>* items) {
+                                      std::vector<wire::Item>* items,
+                                      std::vector<uint64_t>* addrs) {
   std::string why;
   uint64_t total = 0;
   if (!wire::DecodeItems(item_buf.data(), h.n_items, items, &total, &why))
     return "malformed frame: " + why;
+  if ((h.flags & wire::kFlagDirect) != 0) {
+    // The addresses are the initiator's own: whatever they say, the copy
+    // reaches only its memory (direct_copy.h).
+    wire::DecodeAddrs(item_buf.data() + size_t{h.n_items} * wire::kItemSize, h.n_items, addrs);
+    return {};
+  }
+  addrs->clear();
   if (h.type == wire::Type::kWrite && total != h.payload_len)
     return "malformed frame: WRITE items do not add up to its payload";
   return {};
@@ -617,12 +646,12 @@ bool TargetServer::Count(const LaneCtx& ctx, const wire::Header& h, int frame_st
 
 bool TargetServer::ServeFrame(Channel& ch, ByteReader& in, const LaneCtx& ctx,
                               const wire::Header& h, const std::vector<wire::Item>& items,
-                              std::string* close_why) {
+                              const std::vector<uint64_t>& addrs, std::string* close_why) {
   auto count = [&](int frame_status) { return Count(ctx, h, frame_status, close_why); };
   int status = FERRY_OK;
   std::string reason;
-  const Outcome out =
-      ServeRequest(ch, in, *ctx.tp, h, items, count, ctx.clock_offset, &status, &reason, close_why);
+  const Outcome out = ServeRequest(ch, in, *ctx.tp, h, items, addrs, count, ctx.clock_offset,
+                                   &status, &reason, close_why);
   if (out == Outcome::kCloseLane) return false;
   int err = 0;
   if (out == Outcome::kRefused) {
@@ -653,6 +682,12 @@ int TargetServer::CheckRequest(const wire::Header& h, const std::vector<wire::It
               " is not registered (or was deregistered, or the request's key is not its key)";
     return FERRY_ERR_NOT_FOUND;
   }
+  if ((h.flags & wire::kFlagDirect) != 0 && (*r)->on_gpu()) {
+    // Its initiator was told the region's kind (wire.h MemInfo) and must not ask.
+    *reason = "memory " + std::to_string(h.region_id) +
+              " is GPU memory: direct copies reach host memory only";
+    return FERRY_ERR_UNSUPPORTED;
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     if (!(*r)->Contains(items[i].offset, items[i].len)) {
       *reason = "item " + std::to_string(i) + " [" + std::to_string(items[i].offset) + ", +" +
@@ -675,6 +710,51 @@ void TargetServer::EncodeReadDataHead(const wire::Header& req, const std::vector
   wire::EncodeHeader(resp, out);
 }
 
+void TargetServer::EncodeDirectReadDone(const wire::Header& req, uint8_t* out) {
+  wire::Header resp;
+  resp.type = wire::Type::kReadData;
+  resp.req_id = req.req_id;
+  wire::EncodeHeader(resp, out);
+}
+
+int TargetServer::CopyDirect(const Channel& ch, const wire::Header& h,
+                             const std::vector<wire::Item>& items,
+                             const std::vector<uint64_t>& addrs, const Region& r,
+                             std::string* reason) {
+  const direct::Process& initiator = *ch.direct_peer();
+  std::vector<iovec> ours(items.size()), theirs(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    ours[i] = {r.addr() + items[i].offset, items[i].len};
+    theirs[i] = {reinterpret_cast<void*>(static_cast<uintptr_t>(addrs[i])), items[i].len};
+  }
+  int err;
+  if (h.type == wire::Type::kWrite) {
+    err = initiator.Pull(ours.data(), theirs.data(), ours.size(), reason);
+    // Its pid named the lane's process throughout only if that has not exited.
+    if (err == 0 && initiator.Exited()) {
+      err = ESRCH;
+      *reason = "the initiator exited during the copy";
+    }
+  } else {
+    direct::Gate gate = ch.gate();
+    if (!gate.BeginPush()) {
+      *reason = "the initiator closed the lane to direct copies";
+      return FERRY_ERR_TRANSPORT;
+    }
+    if (initiator.Exited()) {
+      err = ESRCH;
+      *reason = "the initiator exited";
+    } else {
+      err = initiator.Push(ours.data(), theirs.data(), ours.size(), reason);
+    }
+    gate.EndPush();
+  }
+  if (err == 0) return FERRY_OK;
+  // EFAULT: it named memory it does not have (its own mistake); anything else
+  // is the lane's (it exited, or lost the access the probe showed).
+  return err == EFAULT ? FERRY_ERR_INVALID_ARGS : FERRY_ERR_TRANSPORT;
+}
+
 std::string TargetServer::FencedReason(const wire::Header& h) {
   return "attempt " + std::to_string(h.attempt_id) +
          " expired or was fenced by its initiator: not applied";
@@ -687,10 +767,12 @@ std::string TargetServer::RevokedReason(const wire::Header& h) {
 TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, TargetPeer& tp,
                                                  const wire::Header& h,
                                                  const std::vector<wire::Item>& items,
+                                                 const std::vector<uint64_t>& addrs,
                                                  const std::function<bool(int)>& count,
                                                  int64_t clock_offset, int* status,
                                                  std::string* reason, std::string* close_why) {
   const bool is_write = h.type == wire::Type::kWrite;
+  const bool direct = (h.flags & wire::kFlagDirect) != 0;
   const int fd = ch.fd();  // the lane's identity for fences and revocation
   std::shared_ptr<Region> r;
   if (tp.removed() || stopped_.load(std::memory_order_relaxed)) {
@@ -716,13 +798,14 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
   struct ApplyEnd {  // ends the apply however the frame's serving ends
     TargetPeer& tp;
     const wire::Header& h;
+    const std::vector<wire::Item>& items;
     int fd;
     bool active;
     bool whole = false;
     ~ApplyEnd() {
-      if (active) tp.EndApply(h, fd, whole);
+      if (active) tp.EndApply(h, fd, whole, whole ? ItemBytes(items) : 0);
     }
-  } apply_end{tp, h, fd, applying};
+  } apply_end{tp, h, items, fd, applying};
 
   if (*status == FERRY_OK) {
     std::optional<RegionUse> use(std::in_place, r.get(), fd);
@@ -738,6 +821,26 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
       use.reset();
       apply_end.whole = out == Outcome::kServed;
       return out;
+    } else if (direct) {
+      *status = CopyDirect(ch, h, items, addrs, *r, reason);
+      use.reset();
+      if (*status == FERRY_OK && is_write) {
+        apply_end.whole = count(FERRY_OK);
+        return apply_end.whole ? Outcome::kServed : Outcome::kCloseLane;
+      }
+      if (*status == FERRY_OK) {
+        // Counted before the answer that lets the initiator complete.
+        if (!count(FERRY_OK)) return Outcome::kCloseLane;
+        uint8_t rb[wire::kHeaderSize];
+        EncodeDirectReadDone(h, rb);
+        const int err = ch.SendAll(rb, sizeof rb);
+        if (err != 0) {
+          *close_why = IoErrorString(err);
+          return Outcome::kCloseLane;
+        }
+        return Outcome::kServed;
+      }
+      // Refused below; a WRITE's apply ends not whole (part may have landed).
     } else {
       std::vector<iovec> iov;
       iov.reserve(items.size() + 1);
@@ -788,8 +891,9 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
     }
   }
 
-  // Refused (or fenced): a WRITE's payload is still on its way and must be skipped.
-  if (is_write) {
+  // Refused (or fenced): a WRITE's payload is still on its way and must be
+  // skipped (a direct one's addresses were read with its items).
+  if (is_write && !direct) {
     const int err = in.Discard(h.payload_len);
     if (err != 0) {
       *close_why = IoErrorString(err);

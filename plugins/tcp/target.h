@@ -66,8 +66,10 @@ class TargetServer {
   uint16_t port() const { return port_; }
   // The abstract unix socket same-host lanes connect to; empty when off.
   const std::string& unix_name() const { return unix_name_; }
-  // Lanes admitted over shared rings since the start.
+  // Lanes admitted over shared rings since the start, and of them those whose
+  // requests may ask for direct copies (direct_copy.h).
   uint64_t ring_lanes() const { return ring_lanes_.load(); }
+  uint64_t direct_lanes() const { return direct_lanes_.load(); }
   // False when the key is already added. same_host: it runs on this kernel, so
   // its clock (steady_clock) is ours and request expiries need no mapping.
   bool AddPeer(const std::string& key, bool same_host = false);
@@ -126,7 +128,8 @@ class TargetServer {
   // WRITE_ACK, or the READ data). False when the lane must close (*close_why
   // says why; empty for a quiet close).
   bool ServeFrame(Channel& ch, ByteReader& in, const LaneCtx& ctx, const wire::Header& h,
-                  const std::vector<wire::Item>& items, std::string* close_why);
+                  const std::vector<wire::Item>& items, const std::vector<uint64_t>& addrs,
+                  std::string* close_why);
   // Authenticates the initiator `key` (HELLO carried kFlagAuth == theirs).
   // False with *why when the lane must be refused.
   // The handshake ends by `deadline` (the lane's connect timeout).
@@ -154,9 +157,19 @@ class TargetServer {
                                           std::string* why);
   void WarnFrom(const char* what, const std::string& from, const std::string& msg);
   Outcome ServeRequest(Channel& ch, ByteReader& in, TargetPeer& tp, const wire::Header& h,
-                       const std::vector<wire::Item>& items, const std::function<bool(int)>& count,
-                       int64_t clock_offset, int* status, std::string* reason,
-                       std::string* close_why);
+                       const std::vector<wire::Item>& items, const std::vector<uint64_t>& addrs,
+                       const std::function<bool(int)>& count, int64_t clock_offset, int* status,
+                       std::string* reason, std::string* close_why);
+  // A checked direct request's copy (wire.h kFlagDirect) between the
+  // initiator's memory and r, on a lane that agreed to direct copies, with
+  // the region in use (and a WRITE's apply begun): FERRY_OK once every byte
+  // moved, else the refusal's code with *reason (a WRITE may have landed in
+  // part: its apply ends not whole).
+  static int CopyDirect(const Channel& ch, const wire::Header& h,
+                        const std::vector<wire::Item>& items, const std::vector<uint64_t>& addrs,
+                        const Region& r, std::string* reason);
+  // The answer to a direct READ that was served: READ_DATA without payload.
+  static void EncodeDirectReadDone(const wire::Header& req, uint8_t* out);
   // ServeRequest for a checked request on a GPU region, through `stage`.
   Outcome ServeStaged(Channel& ch, ByteReader& in, const Region& r, const wire::Header& h,
                       const std::vector<wire::Item>& items, Stage& stage,
@@ -168,12 +181,21 @@ class TargetServer {
   // *r, else the refusal's code with *reason.
   // A lane's next frame, as every lane reads it (its own thread or the pool):
   // the head decoded into *h and checked (a request, from a peer still proven),
-  // then its items decoded into *items and checked against the head. "" when
-  // the frame may be served, else why the lane closes.
+  // then its body - items, and a direct request's addresses (BodyBytes in
+  // all) - decoded into *items and *addrs and checked against the head. ""
+  // when the frame may be served, else why the lane closes. direct_lane: the
+  // lane agreed to direct copies (else a direct request closes it).
   std::string AcceptHead(const uint8_t* head, const std::string& key, const LaneProof& proven,
-                         uint64_t* registrations_seen, wire::Header* h);
+                         uint64_t* registrations_seen, bool direct_lane, wire::Header* h);
+  static size_t BodyBytes(const wire::Header& h);
+  // The bytes a request's items name (a WRITE's payload, unless direct).
+  static uint64_t ItemBytes(const std::vector<wire::Item>& items) {
+    uint64_t n = 0;
+    for (const auto& it : items) n += it.len;
+    return n;
+  }
   static std::string AcceptItems(const wire::Header& h, const std::vector<uint8_t>& item_buf,
-                                 std::vector<wire::Item>* items);
+                                 std::vector<wire::Item>* items, std::vector<uint64_t>* addrs);
   int CheckRequest(const wire::Header& h, const std::vector<wire::Item>& items,
                    std::shared_ptr<Region>* r, std::string* reason) const;
   // A READ's response header: kHeaderSize bytes at out, the items' total as its payload.
@@ -188,6 +210,7 @@ class TargetServer {
   const Settings settings_;
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> ring_lanes_{0};
+  std::atomic<uint64_t> direct_lanes_{0};
   std::atomic<uint64_t> registrations_{0};  // AddPeer calls so far (LaneStillProven)
   RegionTable* regions_;
   StagePool* stages_;  // for requests on GPU regions

@@ -147,7 +147,7 @@ bool TargetPeer::BeginApply(const wire::Header& h, int fd, int64_t clock_offset_
   return true;
 }
 
-void TargetPeer::EndApply(const wire::Header& h, int fd, bool whole) {
+void TargetPeer::EndApply(const wire::Header& h, int fd, bool whole, uint64_t bytes) {
   if (h.attempt_id == 0) return;
   {
     std::lock_guard lk(mu_);
@@ -157,7 +157,7 @@ void TargetPeer::EndApply(const wire::Header& h, int fd, bool whole) {
       a.lanes.erase(it);
     if (whole) {
       ++a.frames_done;
-      a.landed += h.payload_len;
+      a.landed += bytes;
     } else {
       a.broken = true;  // part of the payload may be in memory
     }

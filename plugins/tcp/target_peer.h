@@ -59,8 +59,10 @@ class TargetPeer {
   // frame whose attempt expired before we got to it is dropped, and the attempt
   // fenced, so a stopped target that resumes does not apply what its initiator
   // has given up on (the fence stays the exact answer; this makes it "none").
+  // `bytes`: what a whole frame landed (its items' total; a direct request's
+  // payload is addresses, not its bytes).
   bool BeginApply(const wire::Header& h, int fd, int64_t clock_offset_ns);
-  void EndApply(const wire::Header& h, int fd, bool whole);
+  void EndApply(const wire::Header& h, int fd, bool whole, uint64_t bytes);
   // A frame of a fenced attempt already being applied is let finish (at most
   // one chunk per lane; it counts as landed): its lane also carries other
   // attempts' frames - a sibling part of the same call, the next call - which

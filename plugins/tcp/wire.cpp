@@ -106,7 +106,7 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
   if (h->type == Type::kHello) {
     if (h->flags & ~kFlagAuth) return Fail(why, name + ": unknown flags");
   } else {
-    if (h->flags & ~kFlagNotify) return Fail(why, name + ": unknown flags");
+    if (h->flags & ~(kFlagNotify | kFlagDirect)) return Fail(why, name + ": unknown flags");
     if (h->flags && !request) return Fail(why, name + ": flags on a non-request frame");
   }
   if (!request && h->n_items != 0) return Fail(why, name + ": unexpected items");
@@ -122,6 +122,11 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
              (h->expires_ns != 0 && h->type != Type::kHello)) {
     return Fail(why, name + ": attempt id or expiry on a non-request frame");
   }
+  if (h->flags & kFlagDirect) {
+    if (h->payload_len != uint64_t{h->n_items} * kAddrSize)
+      return Fail(why, name + ": a direct request's payload is not one address per item");
+    return true;
+  }
   switch (h->type) {
     case Type::kHello:
       if (h->payload_len == 0 || h->payload_len > kMaxKeyLen) {
@@ -129,9 +134,9 @@ bool DecodeHeader(const uint8_t in[kHeaderSize], Header* h, std::string* why) {
                              std::to_string(kMaxKeyLen));
       }
       break;
+    case Type::kReadData:  // 0: the answer to a direct READ
     case Type::kWrite:
-    case Type::kReadData:
-      if (h->payload_len == 0 || h->payload_len > kMaxPayload) {
+      if ((h->payload_len == 0 && h->type == Type::kWrite) || h->payload_len > kMaxPayload) {
         return Fail(why, name + ": payload length " + std::to_string(h->payload_len) +
                              " not in 1.." + std::to_string(kMaxPayload));
       }
@@ -188,6 +193,21 @@ std::vector<uint8_t> EncodeFrameHead(const Header& h, const std::vector<Item>& i
     EncodeItem(items[i], out.data() + kHeaderSize + i * kItemSize);
   }
   return out;
+}
+
+void MakeDirect(std::vector<uint8_t>* frame_head, const iovec* local, size_t n) {
+  uint8_t* h = frame_head->data();
+  Put16(h + 6, static_cast<uint16_t>(Get16(h + 6) | kFlagDirect));
+  Put64(h + 32, n * kAddrSize);
+  const size_t at = frame_head->size();
+  frame_head->resize(at + n * kAddrSize);
+  for (size_t i = 0; i < n; ++i)
+    Put64(frame_head->data() + at + i * kAddrSize, reinterpret_cast<uintptr_t>(local[i].iov_base));
+}
+
+void DecodeAddrs(const uint8_t* in, uint32_t n, std::vector<uint64_t>* addrs) {
+  addrs->resize(n);
+  for (uint32_t i = 0; i < n; ++i) (*addrs)[i] = Get64(in + i * kAddrSize);
 }
 
 std::vector<uint8_t> AuthTranscript(std::string_view label, const uint8_t* initiator_nonce,
@@ -263,18 +283,27 @@ std::vector<uint8_t> EncodeMemBlob(const MemInfo& info) {
   Put64(out.data() + 1, info.id);
   Put64(out.data() + 9, info.size);
   Put64(out.data() + 17, info.key);
+  out[25] = info.host ? kMemHost : 0;
   return out;
 }
 
 bool DecodeMemBlob(const void* blob, size_t len, MemInfo* info, std::string* why) {
   const auto* p = static_cast<const uint8_t*>(blob);
-  if (p == nullptr || len != kMemBlobSize) return Fail(why, "tcp memory blob has a bad length");
-  if (p[0] != kMemBlobVersion) {
+  if (p == nullptr || len == 0) return Fail(why, "tcp memory blob has a bad length");
+  // Version 2: the same less the flags byte.
+  const size_t want = p[0] == 2 ? kMemBlobSize - 1 : kMemBlobSize;
+  if (p[0] != kMemBlobVersion && p[0] != 2) {
     return Fail(why, "tcp memory blob version " + std::to_string(p[0]) + " unsupported");
   }
+  if (len != want) return Fail(why, "tcp memory blob has a bad length");
   info->id = Get64(p + 1);
   info->size = Get64(p + 9);
   info->key = Get64(p + 17);
+  info->host = false;
+  if (p[0] == kMemBlobVersion) {
+    if ((p[25] & ~kMemHost) != 0) return Fail(why, "tcp memory blob has unknown flags");
+    info->host = (p[25] & kMemHost) != 0;
+  }
   return true;
 }
 

@@ -7,6 +7,8 @@
 // says in words what it rejected.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -40,6 +42,13 @@ enum class Type : uint8_t {
 };
 
 inline constexpr uint16_t kFlagNotify = 1;  // requests: the target must learn of the transfer
+// Requests on a ring lane whose ends agreed to direct copies (direct_copy.h):
+// the payload is n_items addresses in the initiator's memory (u64 each, in item
+// order; payload_len = 8 * n_items), item i's bytes are there, and the target
+// copies them itself (a WRITE's from there, a READ's to there). A READ's
+// READ_DATA then carries no payload: the bytes are in place when it is sent.
+inline constexpr uint16_t kFlagDirect = 4;
+inline constexpr size_t kAddrSize = 8;
 // HELLO: the initiator proves access by descriptor (host link_prove, ABI 1.4).
 // Then, before any request:
 //   initiator -> target  AUTH  Ni (32 random bytes)
@@ -93,6 +102,12 @@ bool DecodeItems(const uint8_t* in, uint32_t n, std::vector<Item>* items, uint64
 
 // A whole request/hello/error frame minus any payload, ready to send.
 std::vector<uint8_t> EncodeFrameHead(const Header& h, const std::vector<Item>& items);
+// Turns an encoded request head (EncodeFrameHead) into a direct one: sets
+// kFlagDirect and the payload length, and appends local[i]'s address for each
+// of its n items (local[i] holds item i's bytes).
+void MakeDirect(std::vector<uint8_t>* frame_head, const iovec* local, size_t n);
+// A direct request's payload: n addresses.
+void DecodeAddrs(const uint8_t* in, uint32_t n, std::vector<uint64_t>* addrs);
 
 // Connection info: version, port, host. An empty host means "use the host the
 // core knows the peer by" (set when listening on a wildcard address).
@@ -116,13 +131,19 @@ bool DecodeConnBlob(const void* blob, size_t len, ConnInfo* info, std::string* w
 // Memory info: the region id and size, so an import can be cross-checked, and
 // the region's random key, which every request for it presents (like an rkey):
 // an engine's descriptor alone does not grant every region.
+//
+// Version 3 appends a flags byte: bit 0, the region is host memory, which a
+// same-host initiator may have the target copy directly (kFlagDirect). A
+// version-2 blob (25 bytes) still decodes, as memory of an unknown kind.
 struct MemInfo {
   uint64_t id = 0;
   uint64_t size = 0;
   uint64_t key = 0;
+  bool host = false;
 };
-inline constexpr uint8_t kMemBlobVersion = 2;
-inline constexpr size_t kMemBlobSize = 25;
+inline constexpr uint8_t kMemBlobVersion = 3;
+inline constexpr size_t kMemBlobSize = 26;
+inline constexpr uint8_t kMemHost = 1;
 std::vector<uint8_t> EncodeMemBlob(const MemInfo& info);
 bool DecodeMemBlob(const void* blob, size_t len, MemInfo* info, std::string* why);
 

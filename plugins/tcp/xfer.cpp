@@ -77,11 +77,17 @@ FramePtr FrameRun::Build(uint64_t k) const {
                    {{local + off, static_cast<size_t>(bytes)}}, bytes);
 }
 
+void Frame::MakeDirect() {
+  wire::MakeDirect(&head, local.data(), local.size());
+  direct = true;
+}
+
 std::vector<iovec> Frame::WireIov() {
   std::vector<iovec> v;
-  v.reserve(1 + (is_write ? local.size() : 0));
+  const bool payload = is_write && !direct;
+  v.reserve(1 + (payload ? local.size() : 0));
   v.push_back({head.data(), head.size()});
-  if (is_write) v.insert(v.end(), local.begin(), local.end());
+  if (payload) v.insert(v.end(), local.begin(), local.end());
   return v;
 }
 

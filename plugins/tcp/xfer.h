@@ -39,6 +39,7 @@ class Xfer {
   std::weak_ptr<Peer> peer;
   DeadlineWatcher* watcher = nullptr;
   std::shared_ptr<Region> local;
+  bool direct_ok = false;  // host memory at both ends (direct_copy.h)
 
   void SetFrameCount(uint32_t n) { frames_left_ = n; }
   // Resolves one frame; the last one completes the transfer with the first error seen.
@@ -77,6 +78,9 @@ struct Frame {
   uint64_t payload_bytes = 0;
   size_t sent = 0;       // bytes of head+payload already on the socket
   bool sending = false;  // guarded by the lane: a thread is copying from `local`
+  // Sent as a direct request (wire.h kFlagDirect; set by the lane before it is
+  // in flight): the target copies, and a READ's answer carries no payload.
+  bool direct = false;
   std::atomic<bool> resolved{false};
   // A queued entry standing for `count` frames of a run: frames run_next,
   // run_next + run_stride, ... (guarded by the lane, as the queue is).
@@ -87,6 +91,8 @@ struct Frame {
 
   // Exactly once per entry (for each frame it stands for); later calls are ignored.
   void Resolve(int status, const std::string& msg);
+  // Turns it into a direct request (before it is in flight; not sent yet).
+  void MakeDirect();
   // head followed by the payload pieces (WRITE) - what goes on the wire.
   std::vector<iovec> WireIov();
 };

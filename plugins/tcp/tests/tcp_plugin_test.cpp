@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -28,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "direct_copy.h"
 #include "ferry/plugin.h"
 #include "planner.h"
 #include "shm_ring.h"
@@ -339,11 +341,21 @@ TEST(TcpPlanner, CoalescesPacksAndSplits) {
 
 // The byte stream a pair's lanes run over: TCP, or - the peers on one host -
 // shared rings behind a unix socket (channel.h). Each pair suite runs on both.
-enum class Stream { kTcp, kRings };
-std::string StreamName(const ::testing::TestParamInfo<Stream>& p) {
-  return p.param == Stream::kTcp ? "tcp" : "rings";
+// kRings: same-host ring lanes carrying the bytes (direct copies off);
+// kDirect: ring lanes whose target copies every frame itself (direct_copy.h).
+enum class Stream { kTcp, kRings, kDirect };
+const char* Name(Stream s) {
+  return s == Stream::kTcp ? "tcp" : s == Stream::kRings ? "rings" : "direct";
 }
-uint32_t SameHost(Stream s) { return s == Stream::kRings ? 1 : 0; }
+std::string StreamName(const ::testing::TestParamInfo<Stream>& p) { return Name(p.param); }
+uint32_t SameHost(Stream s) { return s == Stream::kTcp ? 0 : 1; }
+// A test's settings (JSON) with the stream's own added.
+std::string ForStream(Stream s, const std::string& settings) {
+  nlohmann::json j = nlohmann::json::parse(settings);
+  if (s == Stream::kRings) j["same_host_direct"] = false;
+  if (s == Stream::kDirect) j["direct_min_bytes"] = 1;
+  return j.dump();
+}
 
 // A counter from the instance's counters() JSON (tcp's: instance.cpp).
 uint64_t Counter(Instance& e, const char* name) {
@@ -362,14 +374,18 @@ class TcpPair : public PairTest<::testing::TestWithParam<Stream>> {
     // What the suite ran over is what it says it ran over: a same-host pair
     // whose lanes quietly took TCP would test nothing new.
     if (a_ && b_ && Counter(*a_, "ring_lanes_opened") + Counter(*b_, "ring_lanes_opened") > 0) {
-      EXPECT_EQ(GetParam(), Stream::kRings) << "ring lanes opened between hosts";
+      EXPECT_NE(GetParam(), Stream::kTcp) << "ring lanes opened between hosts";
     }
-    if (GetParam() == Stream::kRings && a_ && Counter(*a_, "ring_lanes_opened") > 0) {
+    if (GetParam() != Stream::kTcp && a_ && Counter(*a_, "ring_lanes_opened") > 0) {
       EXPECT_GT(Counter(*b_, "ring_lanes_served"), 0u);
+      // Direct copies where asked for, and only there.
+      EXPECT_EQ(Counter(*a_, "direct_lanes_opened") > 0, GetParam() == Stream::kDirect);
+      EXPECT_EQ(Counter(*b_, "direct_lanes_served") > 0, GetParam() == Stream::kDirect);
     }
     PairTest::TearDown();
   }
   void SetUp() override { Connect("{}"); }
+  void Connect(const std::string& settings) { PairTest::Connect(ForStream(GetParam(), settings)); }
 
   // Calls a's progress() until transfer number i (c) completes, 30 s at most;
   // adds the frames progress() reported to *reported.
@@ -403,8 +419,11 @@ class TcpPair : public PairTest<::testing::TestWithParam<Stream>> {
     ASSERT_EQ(r.status, FERRY_OK) << r.msg;
     EXPECT_TRUE(SameBytes(back->data.data() + local_off, dst->data.data() + remote_off, n));
     ops.mem_release(a_->ctx(), remote);
-    if (GetParam() == Stream::kRings) {
+    if (GetParam() != Stream::kTcp) {
       EXPECT_GT(Counter(*a_, "ring_lanes_opened"), 0u);
+    }
+    if (GetParam() == Stream::kDirect) {
+      EXPECT_GT(Counter(*a_, "direct_frames_sent"), 0u);
     }
   }
 };
@@ -447,8 +466,7 @@ TEST_P(TcpPair, WaitingThreadCompletesThroughProgress) {
   // response: over 200 transfers the waiter completes some (on a quiet 2-vCPU
   // VM TCP nearly all, rings 50-140; under load as few as 0-2 of 200).
   EXPECT_GT(reported, 0u);
-  std::printf("RESULT progress %s: %llu of %d completed by the waiting thread\n",
-              GetParam() == Stream::kTcp ? "tcp" : "rings",
+  std::printf("RESULT progress %s: %llu of %d completed by the waiting thread\n", Name(GetParam()),
               static_cast<unsigned long long>(reported), i);
   ops.mem_release(a_->ctx(), remote);
 }
@@ -782,7 +800,7 @@ void ApplyFrame(ferry_tcp::TargetPeer& tp, uint64_t id, uint32_t frames = 1) {
   h.payload_len = 4096;
   h.attempt_id = id;
   ASSERT_TRUE(tp.BeginApply(h, 3, 0)) << "attempt " << id;
-  tp.EndApply(h, 3, true);
+  tp.EndApply(h, 3, true, h.payload_len);
 }
 ferry_fence_result_v1 FenceOne(ferry_tcp::TargetPeer& tp, uint64_t id) {
   ferry_fence_result_v1 r{};
@@ -796,7 +814,7 @@ bool Admits(ferry_tcp::TargetPeer& tp, uint64_t id) {
   h.payload_len = 4096;
   h.attempt_id = id;
   if (!tp.BeginApply(h, 3, 0)) return false;
-  tp.EndApply(h, 3, true);
+  tp.EndApply(h, 3, true, h.payload_len);
   return true;
 }
 
@@ -893,11 +911,11 @@ TEST_F(FenceWhileApplying, TheFrameFinishesAndItsLaneIsNotCut) {
   wire::Header probe = h;
   for (;;) {
     if (!tp.BeginApply(probe, sp[1], 0)) break;
-    tp.EndApply(probe, sp[1], /*whole=*/true);  // not fenced yet: it landed
-    ++probe.frame_count;                        // (the table believes the latest count)
+    tp.EndApply(probe, sp[1], /*whole=*/true, probe.payload_len);  // not fenced yet: it landed
+    ++probe.frame_count;  // (the table believes the latest count)
     std::this_thread::yield();
   }
-  tp.EndApply(h, sp[0], /*whole=*/true);  // the frame in progress is whole
+  tp.EndApply(h, sp[0], /*whole=*/true, h.payload_len);  // the frame in progress is whole
   ASSERT_EQ(fence.get(), FERRY_OK);
   EXPECT_NE(res.state, FERRY_FENCE_NONE);
   EXPECT_EQ(res.landed_bytes % 4096, 0u);
@@ -919,7 +937,7 @@ TEST_F(FenceWhileApplying, AStalledFrameIsCutAfterTheGrace) {
   setsockopt(sp[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   char c;
   EXPECT_EQ(recv(sp[1], &c, 1, 0), 0) << "the stalled lane was not cut";
-  tp.EndApply(h, sp[0], /*whole=*/false);
+  tp.EndApply(h, sp[0], /*whole=*/false, 0);
   ASSERT_EQ(fence.get(), FERRY_OK);
   EXPECT_LT(std::chrono::steady_clock::now(), deadline);
   EXPECT_EQ(res.state, FERRY_FENCE_PARTIAL);
@@ -1185,7 +1203,8 @@ TEST_P(TcpPair, DeregisterRevokesRequestsAlreadyQueued) {
 // GPU memory through host staging (gpu_stage.h), with the fake runtime of
 // fake_gpu.h: its copies run only when waited for, so a stager that touches a
 // staging buffer too early moves stale bytes and these tests see it.
-INSTANTIATE_TEST_SUITE_P(Streams, TcpPair, ::testing::Values(Stream::kTcp, Stream::kRings),
+INSTANTIATE_TEST_SUITE_P(Streams, TcpPair,
+                         ::testing::Values(Stream::kTcp, Stream::kRings, Stream::kDirect),
                          StreamName);
 
 class TcpGpuStaging : public PairTest<::testing::TestWithParam<Stream>> {
@@ -1342,12 +1361,12 @@ struct Pair {
 // Both byte streams: a ring lane holds its socket and four bells per side, all
 // returned at fini, and sleeps on them when idle.
 TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
-  for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
-    SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
+  for (const Stream stream : {Stream::kTcp, Stream::kRings, Stream::kDirect}) {
+    SCOPED_TRACE(Name(stream));
     const size_t fds = CountEntries("/proc/self/fd");
     const size_t threads = CountEntries("/proc/self/task");
     {
-      Pair p({.same_host = SameHost(stream)});
+      Pair p({.settings = ForStream(stream, "{}"), .same_host = SameHost(stream)});
       Instance& a = p.a;
       void* pb = p.pb;
       Mem* src = a.Register(1, 4 << 20);
@@ -1360,7 +1379,7 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
                 FERRY_OK);
       EXPECT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 1 << 30, 8}}).status,
                 FERRY_ERR_INVALID_ARGS);
-      EXPECT_EQ(Counter(a, "ring_lanes_opened") > 0, stream == Stream::kRings);
+      EXPECT_EQ(Counter(a, "ring_lanes_opened") > 0, stream != Stream::kTcp);
       // Every plugin thread now blocks: a quiet stretch must cost (almost) no CPU.
       const double cpu_ms = CpuMsOver(300ms);
       EXPECT_LT(cpu_ms, 30.0) << "idle plugin threads are burning CPU";
@@ -1374,9 +1393,10 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
 // Idle lanes close, at both ends, and their threads and descriptors go; the
 // next transfer reopens them. Both byte streams.
 TEST(TcpIdle, IdleLanesCloseEverywhereAndReopenOnTheNextTransfer) {
-  for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
-    SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
-    Pair p({.settings = R"({"lane_idle_ms": 150})", .same_host = SameHost(stream)});
+  for (const Stream stream : {Stream::kTcp, Stream::kRings, Stream::kDirect}) {
+    SCOPED_TRACE(Name(stream));
+    Pair p(
+        {.settings = ForStream(stream, R"({"lane_idle_ms": 150})"), .same_host = SameHost(stream)});
     Instance &a = p.a, &b = p.b;
     void* pb = p.pb;
     Mem* src = a.Register(1, 1 << 20);
@@ -1408,7 +1428,7 @@ TEST(TcpIdle, IdleLanesCloseEverywhereAndReopenOnTheNextTransfer) {
       ++n;
     }
     EXPECT_GT(n, 10);
-    if (stream == Stream::kRings) {
+    if (stream != Stream::kTcp) {
       EXPECT_LE(Counter(a, "ring_lanes_opened"), opened + 4) << "busy lanes were closed";
     }
     ops.mem_release(a.ctx(), remote);
@@ -1432,8 +1452,8 @@ class TcpPool : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
-  for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
-    SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
+  for (const Stream stream : {Stream::kTcp, Stream::kRings, Stream::kDirect}) {
+    SCOPED_TRACE(Name(stream));
     OpenLanesCostNoThread(stream);
   }
 }
@@ -1444,9 +1464,10 @@ TEST_P(TcpPool, OpenLanesCostNoThreadAtEitherEnd) {
 // the pools watch each lane's wait sets (the rings' bells and the socket)
 // instead of a socket, and nothing else changes.
 void TcpPool::OpenLanesCostNoThread(Stream stream) {
-  const bool rings = stream == Stream::kRings;
-  Pair p({.settings = With(R"({"lanes": 4, "chunk_bytes": 262144, "io_threads": 2,
-                               "ring_chunk_bytes": 65536, "ring_bytes": 65536})"),
+  const bool rings = stream != Stream::kTcp;
+  const bool direct = stream == Stream::kDirect;
+  Pair p({.settings = ForStream(stream, With(R"({"lanes": 4, "chunk_bytes": 262144,
+                               "io_threads": 2, "ring_chunk_bytes": 65536, "ring_bytes": 65536})")),
           .same_host = SameHost(stream)});
   Instance &a = p.a, &b = p.b;
   void* pb = p.pb;
@@ -1474,9 +1495,12 @@ void TcpPool::OpenLanesCostNoThread(Stream stream) {
   // registered on, the target's socket. Over rings the initiator: its socket,
   // its ends of four bells, the responses' wait set and its nudge, the sends'
   // wait set and its nudge, and the duplicate the pool watches; the target:
-  // its socket, its ends of four bells, its wait set and its nudge.
-  EXPECT_EQ(CountEntries("/proc/self/fd"), fds + 4 * (rings ? 10 + 7 : 3))
+  // its socket, its ends of four bells, its wait set and its nudge. With
+  // direct copies each end holds a pidfd for the other's process.
+  EXPECT_EQ(CountEntries("/proc/self/fd"), fds + 4 * (rings ? 10 + 7 + (direct ? 2 : 0) : 3))
       << "lanes not open, or more than 4";
+  EXPECT_EQ(Counter(a, "direct_lanes_opened"), direct ? 4u : 0u);
+  EXPECT_EQ(Counter(a, "direct_frames_sent") > 0, direct);
   ops.mem_release(a.ctx(), remote);
 }
 
@@ -1485,9 +1509,10 @@ void TcpPool::OpenLanesCostNoThread(Stream stream) {
 // transfer still completes exactly once, the frames not built yet are dropped
 // with it (not sent), and the lanes carry the next transfer at once.
 TEST(TcpRuns, ARunPartlyRefusedFailsOnceAndTheLanesGoOn) {
-  for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
-    SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
-    Pair p({.settings = R"({"lanes": 4, "chunk_bytes": 65536, "ring_chunk_bytes": 65536})",
+  for (const Stream stream : {Stream::kTcp, Stream::kRings, Stream::kDirect}) {
+    SCOPED_TRACE(Name(stream));
+    Pair p({.settings = ForStream(
+                stream, R"({"lanes": 4, "chunk_bytes": 65536, "ring_chunk_bytes": 65536})"),
             .same_host = SameHost(stream)});
     Instance &a = p.a, &b = p.b;
     constexpr size_t kBytes = 16 << 20;  // 256 frames
@@ -1523,15 +1548,15 @@ TEST(TcpRuns, ARunPartlyRefusedFailsOnceAndTheLanesGoOn) {
 // connection to be retired and goes out on the next one; every transfer
 // completes once and every byte read back is the byte written.
 TEST_P(TcpPool, TransfersRacingTheIdleCloseAllLand) {
-  for (const Stream stream : {Stream::kTcp, Stream::kRings}) {
-    SCOPED_TRACE(stream == Stream::kTcp ? "tcp" : "rings");
+  for (const Stream stream : {Stream::kTcp, Stream::kRings, Stream::kDirect}) {
+    SCOPED_TRACE(Name(stream));
     RaceTheIdleClose(stream);
   }
 }
 
 void TcpPool::RaceTheIdleClose(Stream stream) {
-  Pair p({.settings = With(R"({"lane_idle_ms": 2, "chunk_bytes": 65536,
-                               "ring_chunk_bytes": 65536, "io_threads": 2})"),
+  Pair p({.settings = ForStream(stream, With(R"({"lane_idle_ms": 2, "chunk_bytes": 65536,
+                               "ring_chunk_bytes": 65536, "io_threads": 2})")),
           .same_host = SameHost(stream)});
   Instance &a = p.a, &b = p.b;
   constexpr int kThreads = 4, kPerThread = 120;
@@ -1841,21 +1866,179 @@ TEST(TcpRings, AHostileHandoverIsRefusedAndOthersAreServed) {
 
 // A raw ring lane from "a" (the rings a hostile peer controls): HELLO on the
 // unix socket, then the two rings handed over. *req carries our frames, *resp
-// the target's.
-int RawRingLane(const std::string& name, shm::Ring* req, shm::Ring* resp) {
+// the target's. options: the handover's last word (1: direct copies offered;
+// the probe, if any, is the caller's to publish in req's spare bytes first,
+// through *req made beforehand); *agreed, the target's answer to it.
+int RawRingLane(const std::string& name, shm::Ring* req, shm::Ring* resp, uint32_t options = 0,
+                uint32_t* agreed = nullptr) {
   std::string why;
-  *req = shm::Ring::Create(64 << 10, &why);
+  if (!req->ok()) *req = shm::Ring::Create(64 << 10, &why);
   *resp = shm::Ring::Create(64 << 10, &why);
   EXPECT_TRUE(req->ok() && resp->ok()) << why;
-  const uint8_t tag[16] = {'F', 'R', 'R', 'Y', 'R', 'I', 'N', 'G', 1, 0, 0, 0, 0, 0, 0, 0};
+  uint8_t tag[16] = {'F', 'R', 'R', 'Y', 'R', 'I', 'N', 'G', 1, 0, 0, 0, 0, 0, 0, 0};
+  std::memcpy(tag + 12, &options, 4);
   const shm::Handover x = req->ForPeer(), y = resp->ForPeer();
   const int fds[6] = {x.memfd, x.data_bell, x.space_bell, y.memfd, y.data_bell, y.space_bell};
   const int fd = RawUnixLane(name, "a");
   EXPECT_EQ(ferry_tcp::SendWithFds(fd, tag, sizeof tag, fds, 6), 0);
   uint8_t answer[16] = {};
   EXPECT_EQ(recv(fd, answer, sizeof answer, MSG_WAITALL), 16);
-  EXPECT_EQ(std::memcmp(answer, tag, sizeof tag), 0) << "the target refused the rings";
+  EXPECT_EQ(std::memcmp(answer, tag, 12), 0) << "the target refused the rings";
+  if (agreed != nullptr) std::memcpy(agreed, answer + 12, 4);
   return fd;
+}
+
+// Direct copies (direct_copy.h) against a hostile initiator: a probe that
+// names memory it does not have, or lies about the token, gets no direct
+// copies (the rings still serve it); a direct request on a lane that did not
+// agree closes the lane; on a lane that did, an address it does not have
+// refuses that request (the lane goes on), a request outside the region is
+// refused before anything is copied, and once it closed the gate no push
+// lands. What it asks for in range is copied, WRITE and READ.
+TEST(TcpRings, DirectRequestsAreCheckedAsAnyAndBadAddressesRefused) {
+  Pair p({.same_host = 1});
+  Instance &a = p.a, &b = p.b;
+  const std::string name = InfoOf(b.ConnBlob()).unix_name;
+  Mem* dst = b.Register(1, 64 << 10);
+  wire::MemInfo mi;
+  std::string why;
+  ASSERT_TRUE(wire::DecodeMemBlob(dst->blob.data(), dst->blob.size(), &mi, &why)) << why;
+  EXPECT_TRUE(mi.host);
+  auto put = [](shm::Ring& ring, const std::vector<uint8_t>& bytes) {
+    iovec v{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+    size_t progress = 0;
+    return ring.Write(&v, 1, &progress, 2000ms, -1);
+  };
+  // A direct request for [off, off+len) of region 1 from `addr` in our memory.
+  auto direct = [&](wire::Type type, uint64_t req_id, uint64_t off, uint64_t len,
+                    const void* addr) {
+    wire::Header h;
+    h.type = type;
+    h.n_items = 1;
+    h.frame_count = 1;
+    h.region_id = 1;
+    h.region_key = mi.key;
+    h.req_id = req_id;
+    h.xfer_seq = req_id;
+    h.low_seq = req_id;
+    std::vector<uint8_t> f = wire::EncodeFrameHead(h, {{off, len}});
+    const iovec local{const_cast<void*>(addr), len};
+    wire::MakeDirect(&f, &local, 1);
+    return f;
+  };
+  // The target's next answer: its header, and an ERROR's text.
+  auto answer = [](shm::Ring& ring, int fd, wire::Header* h) {
+    uint8_t hb[wire::kHeaderSize];
+    size_t got = 0;
+    std::string why;
+    EXPECT_EQ(ring.Read(hb, sizeof hb, &got, 5000ms, fd), 0);
+    EXPECT_TRUE(wire::DecodeHeader(hb, h, &why)) << why;
+    std::string text(h->type == wire::Type::kError ? h->payload_len : 0, '\0');
+    if (!text.empty()) {
+      EXPECT_EQ(ring.Read(text.data(), text.size(), &got, 5000ms, fd), 0);
+    }
+    return text;
+  };
+  std::vector<uint8_t> mine(16 << 10);
+  Fill(mine, 7);
+
+  {  // No probe at all (zero address), then a direct request anyway.
+    shm::Ring req, resp;
+    uint32_t agreed = 9;
+    const int fd = RawRingLane(name, &req, &resp, 1, &agreed);
+    EXPECT_EQ(agreed, 0u) << "direct copies agreed without a probe";
+    ASSERT_EQ(put(req, direct(wire::Type::kWrite, 1, 0, 4096, mine.data())), 0);
+    EXPECT_TRUE(ClosedByPeer(fd)) << "a direct request on a lane without them was served";
+    close(fd);
+  }
+  {  // A probe whose token is not the one in our memory.
+    shm::Ring req = shm::Ring::Create(64 << 10, &why), resp;
+    ferry_tcp::direct::Probe probe;
+    ASSERT_TRUE(probe.Publish(req.spare()));
+    probe.token[0] ^= 1;
+    uint32_t agreed = 9;
+    const int fd = RawRingLane(name, &req, &resp, 1, &agreed);
+    EXPECT_EQ(agreed, 0u) << "direct copies agreed on a token we do not hold";
+    close(fd);
+  }
+  EXPECT_EQ(std::count(dst->data.begin(), dst->data.end(), 0), 64 << 10) << "something landed";
+
+  shm::Ring req = shm::Ring::Create(64 << 10, &why), resp;
+  ferry_tcp::direct::Probe probe;
+  ASSERT_TRUE(probe.Publish(req.spare()));
+  uint32_t agreed = 0;
+  const int fd = RawRingLane(name, &req, &resp, 1, &agreed);
+  ASSERT_EQ(agreed, 1u) << "the target refused direct copies to a good probe";
+  wire::Header h;
+  // An address we do not have: refused with the kernel's word, nothing lands.
+  ASSERT_EQ(put(req, direct(wire::Type::kWrite, 1, 0, 4096, reinterpret_cast<void*>(4096))), 0);
+  std::string text = answer(resp, fd, &h);
+  EXPECT_EQ(h.type, wire::Type::kError);
+  EXPECT_EQ(h.status, FERRY_ERR_INVALID_ARGS);
+  EXPECT_NE(text.find("Bad address"), std::string::npos) << text;
+  EXPECT_EQ(std::count(dst->data.begin(), dst->data.end(), 0), 64 << 10);
+  // Outside the region: refused before any copy.
+  ASSERT_EQ(put(req, direct(wire::Type::kWrite, 2, 60 << 10, 8192, mine.data())), 0);
+  text = answer(resp, fd, &h);
+  EXPECT_EQ(h.status, FERRY_ERR_INVALID_ARGS);
+  EXPECT_NE(text.find("outside"), std::string::npos) << text;
+  // In range: WRITE pulled from our memory, READ pushed into it.
+  ASSERT_EQ(put(req, direct(wire::Type::kWrite, 3, 4096, mine.size(), mine.data())), 0);
+  answer(resp, fd, &h);
+  EXPECT_EQ(h.type, wire::Type::kWriteAck);
+  EXPECT_TRUE(SameBytes(mine.data(), dst->data.data() + 4096, mine.size()));
+  std::vector<uint8_t> back(mine.size(), 0);
+  ASSERT_EQ(put(req, direct(wire::Type::kRead, 4, 4096, back.size(), back.data())), 0);
+  answer(resp, fd, &h);
+  EXPECT_EQ(h.type, wire::Type::kReadData);
+  EXPECT_EQ(h.payload_len, 0u);
+  EXPECT_TRUE(back == mine);
+  // The gate closed: a READ is refused, and nothing is pushed.
+  ferry_tcp::direct::Gate(req.spare()).Close();
+  std::fill(back.begin(), back.end(), 0);
+  ASSERT_EQ(put(req, direct(wire::Type::kRead, 5, 4096, back.size(), back.data())), 0);
+  text = answer(resp, fd, &h);
+  EXPECT_EQ(h.type, wire::Type::kError);
+  EXPECT_NE(text.find("closed the lane"), std::string::npos) << text;
+  EXPECT_EQ(std::count(back.begin(), back.end(), 0), static_cast<long>(back.size()));
+  close(fd);
+  EXPECT_EQ(Counter(b, "direct_lanes_served"), 1u);
+  WriteChecked(a, p.pb, b, 3);
+}
+
+// The gate over pushes on its own: whichever of Close and BeginPush comes
+// second sees the other, and a push under way shows until it ends.
+TEST(TcpRings, TheDirectGateNeverLetsAPushStartAfterItClosed) {
+  // Aligned as the spare bytes of a mapped segment are.
+  alignas(64) uint8_t spare[shm::Ring::kSpareBytes] = {};
+  ferry_tcp::direct::Gate target(spare), initiator(spare);
+  ASSERT_TRUE(target.BeginPush());
+  EXPECT_TRUE(initiator.PushUnderWay());
+  initiator.Close();
+  EXPECT_TRUE(initiator.PushUnderWay()) << "a push under way vanished at the close";
+  target.EndPush();
+  EXPECT_FALSE(initiator.PushUnderWay());
+  EXPECT_FALSE(target.BeginPush()) << "a push began after the close";
+  EXPECT_FALSE(initiator.PushUnderWay());
+  // Racing, many times over: a push that began is seen by the close's look
+  // (the pusher ends it only after that look).
+  for (int round = 0; round < 2000; ++round) {
+    alignas(64) uint8_t fresh[shm::Ring::kSpareBytes] = {};
+    ferry_tcp::direct::Gate t(fresh), i(fresh);
+    std::atomic<bool> looked{false};
+    bool began = false;
+    std::thread pusher([&] {
+      began = t.BeginPush();
+      while (!looked.load()) {
+      }
+      if (began) t.EndPush();
+    });
+    i.Close();
+    const bool seen = i.PushUnderWay();
+    looked = true;
+    pusher.join();
+    ASSERT_TRUE(!began || seen) << "round " << round << ": a push began unseen by the close";
+  }
 }
 
 // Ring lanes are served by the target's I/O pool, not a thread each: a peer
