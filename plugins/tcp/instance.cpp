@@ -322,9 +322,8 @@ int Instance::Describe(char* buf, size_t len) {
            : " same_host=rings(@" + target_.unix_name() + ", " + FormatBytes(settings_.ring_bytes) +
                  " x2 per lane, chunk " + FormatBytes(settings_.ring_chunk_bytes) + ", spin " +
                  std::to_string(settings_.ring_spin_us) + "us, direct " +
-                 (settings_.same_host_direct
-                      ? "from " + FormatBytes(settings_.direct_min_bytes)
-                      : std::string("off")) +
+                 (settings_.same_host_direct ? "from " + FormatBytes(settings_.direct_min_bytes)
+                                             : std::string("off")) +
                  ")";
   s += std::string(" auth=") + (LinkAuthAvailable(host_) ? "descriptor" : "off") +
        " rejected_lanes=" + std::to_string(target_.rejected());

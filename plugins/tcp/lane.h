@@ -82,9 +82,9 @@ struct PeerInfo {
   // 0: never.
   int idle_close_ms = 0;
   std::atomic<uint64_t>* ring_lanes_opened = nullptr;  // counted for describe/counters
-  // Offer the target direct copies on ring lanes (direct_copy.h); frames of
-  // host memory both sides with at least direct_min_bytes then go as direct
-  // requests. Counted for describe/counters.
+  // Offer the target direct copies on ring lanes (direct_copy.h); one-frame
+  // transfers of host memory both sides with at least direct_min_bytes then
+  // go as direct requests. Counted for describe/counters.
   bool offer_direct = false;
   uint64_t direct_min_bytes = 0;
   std::atomic<uint64_t>* direct_lanes_opened = nullptr;

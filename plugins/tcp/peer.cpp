@@ -121,8 +121,12 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
   xfer->peer = weak_from_this();
   xfer->watcher = watcher_;
   xfer->local = local;
-  // Both ends' memory is the host's: a lane that agreed to direct copies may use them.
-  xfer->direct_ok = remote_host && !local->on_gpu();
+  // Both ends' memory is the host's, and one frame: a lane that agreed to
+  // direct copies may use them. A transfer of several frames stays on the
+  // rings, whose lanes copy in parallel at both ends, where several target
+  // threads copying from one process at once slow each other down (16-core
+  // host: 1-64 MiB at 0.5-0.8 x the rings' rate; docs/benchmarks.md).
+  xfer->direct_ok = remote_host && !local->on_gpu() && n_frames == 1;
   xfer->SetFrameCount(n_frames);
 
   // One frame: a lane whose sender polls right now takes it without a wake-up

@@ -44,8 +44,10 @@ struct Settings {
   // the target a parent of the initiator; checked per lane, else the rings
   // carry the bytes). Off at either end: never.
   bool same_host_direct = true;
-  // Frames with less payload than this go through the rings even so: a copy
-  // system call costs more than copying them twice.
+  // Only a transfer of one frame (up to ring_chunk_bytes) is copied directly;
+  // larger ones are striped over the lanes' rings, which copy in parallel at
+  // both ends. One with less than this goes through the rings even so: a copy
+  // system call costs more than copying it twice.
   uint64_t direct_min_bytes = 32 << 10;
   // Each ring's bytes (a lane has two): a power of two in 64KiB..16MiB.
   uint64_t ring_bytes = 1 << 20;

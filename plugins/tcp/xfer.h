@@ -39,7 +39,7 @@ class Xfer {
   std::weak_ptr<Peer> peer;
   DeadlineWatcher* watcher = nullptr;
   std::shared_ptr<Region> local;
-  bool direct_ok = false;  // host memory at both ends (direct_copy.h)
+  bool direct_ok = false;  // host memory at both ends, one frame (direct_copy.h)
 
   void SetFrameCount(uint32_t n) { frames_left_ = n; }
   // Resolves one frame; the last one completes the transfer with the first error seen.
