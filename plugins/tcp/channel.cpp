@@ -187,9 +187,8 @@ void Channel::Nudge(Side side) {
   }
 }
 
-void Channel::EnableDirect(std::unique_ptr<direct::Process> peer, bool initiator) {
-  gate_spare_ = initiator ? out_.spare() : in_.spare();
-  direct_peer_ = std::move(peer);
+void Channel::EnableDirect(std::unique_ptr<direct::Process> initiator) {
+  direct_peer_ = std::move(initiator);
 }
 
 void Channel::SetSpin(std::chrono::microseconds spin) {

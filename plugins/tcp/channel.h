@@ -48,14 +48,17 @@ class Channel {
   // How long a ring wait polls before it sleeps (settings.h, ring_spin_us).
   void SetSpin(std::chrono::microseconds spin);
 
-  // A ring lane whose ends agreed to direct copies (direct_copy.h): peer is
-  // the other end's process; initiator says which end we are (the gate lives
-  // in the request ring: our outgoing one as the initiator, else incoming).
-  void EnableDirect(std::unique_ptr<direct::Process> peer, bool initiator);
-  // Null unless direct copies were agreed.
+  // A ring lane whose ends agreed to direct copies (direct_copy.h). At the
+  // target: the initiator's process (the gate lives in our incoming ring, the
+  // request ring). At the initiator: the lane's link.
+  void EnableDirect(std::unique_ptr<direct::Process> initiator);
+  void EnableDirect(std::shared_ptr<direct::Link> link) { direct_link_ = std::move(link); }
+  // The target's: null unless direct copies were agreed.
   const direct::Process* direct_peer() const { return direct_peer_.get(); }
-  // The lane's gate over pushes into the initiator (only with direct_peer).
-  direct::Gate gate() const { return direct::Gate(gate_spare_); }
+  // The target's gate over its pushes into the initiator (only with direct_peer).
+  direct::Gate gate() const { return direct::Gate(in_.spare()); }
+  // The initiator's: null unless direct copies were agreed.
+  const std::shared_ptr<direct::Link>& direct_link() const { return direct_link_; }
 
   // SendIov's contract (socket_util.h): iov[0..n) from *progress on; with
   // MSG_DONTWAIT in flags it may stop part-way with EAGAIN. MSG_MORE is a
@@ -111,7 +114,7 @@ class Channel {
   int nudges_[3] = {-1, -1, -1};     // by Side: Nudge's eventfd, in that side's wait set
   int NudgeFd(Side side);            // made on first use
   std::unique_ptr<direct::Process> direct_peer_;
-  void* gate_spare_ = nullptr;
+  std::shared_ptr<direct::Link> direct_link_;
 };
 
 }  // namespace ferry_tcp

@@ -72,16 +72,19 @@ bool Process::WaitExit(int timeout_ms) const {
   return rc > 0;
 }
 
-int Process::Pull(const iovec* ours, const iovec* theirs, size_t n, std::string* why) const {
-  return Copy(true, ours, theirs, n, why);
-}
-
-int Process::Push(const iovec* ours, const iovec* theirs, size_t n, std::string* why) const {
-  return Copy(false, ours, theirs, n, why);
-}
-
-int Process::Copy(bool pull, const iovec* ours, const iovec* theirs, size_t n,
+int Process::Pull(const iovec* ours, const iovec* theirs, size_t n, uint64_t* moved,
                   std::string* why) const {
+  return Copy(true, ours, theirs, n, moved, why);
+}
+
+int Process::Push(const iovec* ours, const iovec* theirs, size_t n, uint64_t* moved,
+                  std::string* why) const {
+  return Copy(false, ours, theirs, n, moved, why);
+}
+
+int Process::Copy(bool pull, const iovec* ours, const iovec* theirs, size_t n, uint64_t* moved,
+                  std::string* why) const {
+  *moved = 0;
   iovec l[kBatch], r[kBatch];
   size_t i = 0, off = 0;  // the first piece not copied whole, and how far it is
   while (i < n) {
@@ -102,6 +105,7 @@ int Process::Copy(bool pull, const iovec* ours, const iovec* theirs, size_t n,
     // A partial copy stops at a piece it could not reach: go on from there
     // (the next call fails on it, or copies the rest of a long one).
     auto left = static_cast<size_t>(got);
+    *moved += left;
     while (left > 0) {
       const size_t rest = ours[i].iov_len - off;
       if (left < rest) {
@@ -116,11 +120,22 @@ int Process::Copy(bool pull, const iovec* ours, const iovec* theirs, size_t n,
   return 0;
 }
 
-bool Probe::Publish(void* spare) {
-  if (getrandom(token, sizeof token, 0) != static_cast<ssize_t>(sizeof token)) return false;
+bool PublishProbe(void* spare) {
+  // Once per process, never freed: a target whose probe outlived the handover
+  // (ours timed out meanwhile) still reads and writes back these 16 bytes.
+  struct Token {
+    uint8_t bytes[kTokenBytes];
+    bool ok;
+  };
+  static Token token = [] {
+    Token t{};
+    t.ok = getrandom(t.bytes, sizeof t.bytes, 0) == static_cast<ssize_t>(sizeof t.bytes);
+    return t;
+  }();
+  if (!token.ok) return false;
   auto* s = static_cast<Shared*>(spare);
-  std::memcpy(s->probe_token, token, sizeof token);
-  s->probe_addr = reinterpret_cast<uintptr_t>(token);
+  std::memcpy(s->probe_token, token.bytes, sizeof token.bytes);
+  s->probe_addr = reinterpret_cast<uintptr_t>(token.bytes);
   return true;
 }
 
@@ -133,14 +148,15 @@ bool CheckProbe(const Process& initiator, const void* spare, std::string* why) {
   std::memcpy(want, s->probe_token, sizeof want);
   iovec ours{got, sizeof got};
   iovec theirs{reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), sizeof got};
-  if (initiator.Pull(&ours, &theirs, 1, why) != 0) return false;
+  uint64_t moved = 0;
+  if (initiator.Pull(&ours, &theirs, 1, &moved, why) != 0) return false;
   if (std::memcmp(got, want, sizeof got) != 0) {
     *why = "the initiator's process does not hold the token it published";
     return false;
   }
   // The same bytes back: a push needs the same access, and a kernel or
   // sandbox may allow one and not the other.
-  return initiator.Push(&ours, &theirs, 1, why) == 0;
+  return initiator.Push(&ours, &theirs, 1, &moved, why) == 0;
 }
 
 }  // namespace ferry_tcp::direct

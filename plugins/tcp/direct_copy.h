@@ -25,12 +25,22 @@
 //   of its attempt waits for it; the core fences a failed WRITE before the
 //   application may reuse the buffer, so no pull reads it after that;
 // - a READ's push into the initiator has no fence. The Gate - two words in the
-//   spare bytes, a Dekker pair - lets the initiator close the lane to pushes and
-//   wait out one under way before it fails a READ: no byte lands after the
-//   application was told the READ is over.
+//   spare bytes, a Dekker pair - lets the initiator close the lane to pushes
+//   when it breaks, and a READ failed with it waits (push_waiter.h, on a thread
+//   of its own: a stopped target holds nothing else) until no push is under way
+//   or the target exited: no byte lands after the application was told the
+//   READ is over.
+// - a copy that fails having moved nothing because an address was not the
+//   initiator's (EFAULT) refuses the request; any other failure (part of it
+//   moved, the access gone, the process gone) closes the lane, as a lane that
+//   breaks mid-payload: the initiator fails over, and fences a WRITE.
 // A pid names another process once its own was reaped and the pid space went
-// round. A pull checks the pidfd after copying (not fired: the process read was
-// the lane's, alive throughout); a push checks it before.
+// round. A pull checks the pidfd before and after copying (not fired after:
+// the process read was the lane's, alive throughout); a push checks it before.
+// Not covered: a copy blocks on the initiator's page faults, so memory that
+// never faults in (a hung FUSE or NFS mapping) holds the target's pool thread;
+// memory the kernel cannot reach this way (VM_IO/PFNMAP mappings,
+// memfd_secret) is refused with EFAULT where the rings would have carried it.
 #pragma once
 
 #include <sys/types.h>
@@ -41,6 +51,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+namespace ferry_tcp {
+class PushWaiter;
+}
 
 namespace ferry_tcp::direct {
 
@@ -91,23 +105,42 @@ class Process {
   // Copies n pieces between our memory (ours[i]) and the process's
   // (theirs[i]), pairwise of equal length: Pull into ours, Push into theirs.
   // 0, or an errno value with *why (EFAULT: an address of theirs is not
-  // mapped so; ESRCH: it exited).
-  int Pull(const iovec* ours, const iovec* theirs, size_t n, std::string* why) const;
-  int Push(const iovec* ours, const iovec* theirs, size_t n, std::string* why) const;
+  // mapped so; ESRCH: it exited); *moved: the bytes copied either way.
+  int Pull(const iovec* ours, const iovec* theirs, size_t n, uint64_t* moved,
+           std::string* why) const;
+  int Push(const iovec* ours, const iovec* theirs, size_t n, uint64_t* moved,
+           std::string* why) const;
 
  private:
   Process(pid_t pid, int pidfd) : pid_(pid), pidfd_(pidfd) {}
-  int Copy(bool pull, const iovec* ours, const iovec* theirs, size_t n, std::string* why) const;
+  int Copy(bool pull, const iovec* ours, const iovec* theirs, size_t n, uint64_t* moved,
+           std::string* why) const;
   const pid_t pid_;
   const int pidfd_;
 };
 
-// Initiator: a random token in its own memory, published with its address in
-// the request ring's spare bytes. Must stay put until the target answered.
-struct Probe {
-  uint8_t token[kTokenBytes];
-  // False when no random bytes could be had (offer no direct copies).
-  bool Publish(void* spare);
+// Initiator: publishes this process's random token (made once, kept for the
+// process's life: a target may still be probing after a handover was given
+// up on) and its address in the request ring's spare bytes. False when no
+// random bytes could be had (offer no direct copies).
+bool PublishProbe(void* spare);
+
+// The initiator's side of one lane's direct copies: the target's process and
+// a mapping of the request ring's spare bytes of its own, so the gate outlives
+// the lane's channel. Kept by the lane and by each direct READ in flight: a
+// READ failed while a push may be under way waits for it on `waiter`.
+class Link {
+ public:
+  Link(std::unique_ptr<Process> target, std::shared_ptr<void> spare, PushWaiter* waiter)
+      : target_(std::move(target)), spare_(std::move(spare)), waiter_(waiter) {}
+  Gate gate() const { return Gate(spare_.get()); }
+  const Process& target() const { return *target_; }
+  PushWaiter* waiter() const { return waiter_; }
+
+ private:
+  const std::unique_ptr<Process> target_;
+  const std::shared_ptr<void> spare_;
+  PushWaiter* const waiter_;
 };
 
 // Target: reads the published token from the initiator's memory and writes it

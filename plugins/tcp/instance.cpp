@@ -23,6 +23,7 @@ Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings s
       engine_key_(std::move(engine_key)),
       settings_(std::move(settings)),
       stages_(host, settings_.gpu_stage_bytes, settings_.gpu_pinned_bytes),
+      push_waiter_(host),
       watcher_(host, &Instance::OnExpired),
       pool_(settings_.io_threads > 0 ? settings_.io_threads : IoPool::DefaultThreads(),
             // Stalls are looked for a few times per io_timeout, at most every 250 ms.
@@ -46,6 +47,8 @@ Instance::~Instance() {
     peers.swap(peers_);
   }
   for (PeerHandle* p : peers) p->peer->Stop(FERRY_ERR_BAD_STATE, "tcp plugin shutting down");
+  // Failed direct READs whose target still copies: until it is done, or io_timeout_ms.
+  push_waiter_.Stop(std::chrono::milliseconds(settings_.io_timeout_ms));
   target_.Stop();
   pool_.Stop();
   reaper_.Stop();
@@ -151,6 +154,7 @@ int Instance::PeerAdd(const ferry_peer_v1* p, void** handle) {
   info.direct_min_bytes = settings_.direct_min_bytes;
   info.direct_lanes_opened = &direct_lanes_opened_;
   info.direct_frames = &direct_frames_;
+  info.push_waiter = &push_waiter_;
   info.pool = &pool_;
   info.progress = &progress_;
   info.reaper = &reaper_;

@@ -88,6 +88,7 @@ class Instance {
   std::atomic<uint64_t> direct_frames_{0};        // frames sent as direct requests
   std::atomic<uint64_t> sender_polls_caught_{0};  // polls of a sender that caught a queued frame
   StagePool stages_;  // GPU staging; outlives the lanes and the target server that lease from it
+  PushWaiter push_waiter_;  // failed direct READs waiting out a push; outlives the lanes
   DeadlineWatcher watcher_;
   // Every peer's transfer sequence (peer.h). Starts at the monotonic clock in
   // ns: above what an earlier instance of this engine on this host used (it

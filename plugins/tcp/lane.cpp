@@ -114,34 +114,23 @@ std::string Lane::Lost(int err) const {
 }
 
 void Lane::Fail(Doomed& doomed) {
-  for (auto& [f, status, msg] : doomed) f->Resolve(status, msg);
+  for (auto& [f, status, msg] : doomed) {
+    // A direct READ's target may still be copying into its memory: it
+    // completes once that copy is over (push_waiter.h).
+    if (f->push_link != nullptr && f->push_link->waiter() != nullptr)
+      f->push_link->waiter()->Resolve(f, status, msg);
+    else
+      f->Resolve(status, msg);
+  }
   doomed.clear();
 }
 
-void Lane::WaitOutPushesLocked() {
-  direct::Gate gate = chan_->gate();
-  gate.Close();
-  const auto start = std::chrono::steady_clock::now();
-  bool warned = false;
-  // Normally over at once, or within one frame's copy. A target stopped in
-  // the middle of one holds us here: failing the READ now could let its bytes
-  // land in memory the application has moved on to.
-  while (gate.PushUnderWay() && !chan_->direct_peer()->WaitExit(1)) {
-    if (!warned && std::chrono::steady_clock::now() - start > std::chrono::seconds(1)) {
-      warned = true;
-      Log(info_->host, FERRY_LOG_WARN,
-          "lane %d to %s: waiting for the target to finish copying into our memory before "
-          "failing its READ",
-          index_, info_->label.c_str());
-    }
-  }
-}
-
 void Lane::MaybeDirectLocked(Frame& f) {
-  if (chan_ == nullptr || chan_->direct_peer() == nullptr || !f.xfer->direct_ok ||
+  if (chan_ == nullptr || chan_->direct_link() == nullptr || !f.xfer->direct_ok ||
       f.payload_bytes < info_->direct_min_bytes || f.sent != 0)
     return;
   f.MakeDirect();
+  if (!f.is_write) f.push_link = chan_->direct_link();
   if (info_->direct_frames != nullptr)
     info_->direct_frames->fetch_add(1, std::memory_order_relaxed);
 }
@@ -171,10 +160,9 @@ void Lane::BreakLocked(int status, const std::string& msg, Doomed* doomed, bool 
     else
       chan_->CloseOutgoing();
     ::shutdown(fd_, SHUT_RDWR);
-    // A direct READ's bytes are pushed by the target itself: none may land
-    // once the READ is failed, so the lane closes to pushes and one under way
-    // is waited out first (direct_copy.h).
-    if (chan_->direct_peer() != nullptr) WaitOutPushesLocked();
+    // A direct READ's bytes are pushed by the target itself: the lane closes
+    // to pushes now, and a READ failed with it waits out one under way (Fail).
+    if (chan_->direct_link() != nullptr) chan_->direct_link()->gate().Close();
   } else if (state_ == State::kConnecting) {
     abort_connect_ = true;
     if (waker_ != nullptr) waker_->Signal();
@@ -375,10 +363,11 @@ int Lane::Open(int abort_fd, std::unique_ptr<Channel>* chan, std::string* err) {
     if (ConnectUnix(info_->unix_name, info_->connect_timeout_ms, &fd, &why) == 0) {
       shm::Ring out, in;
       std::unique_ptr<direct::Process> target;
+      std::shared_ptr<void> spare;
       int status = InitiatorHandshake(fd, hello, err);
       if (status == FERRY_OK) {
         status = OfferRings(fd, info_->ring_bytes, abort_fd, info_->connect_timeout_ms,
-                            info_->label, info_->offer_direct, &out, &in, &target, err);
+                            info_->label, info_->offer_direct, &out, &in, &target, &spare, err);
       }
       if (status == FERRY_OK) {
         // No stall limit of our own, as on a TCP lane: a broken lane is shut down.
@@ -387,7 +376,8 @@ int Lane::Open(int abort_fd, std::unique_ptr<Channel>* chan, std::string* err) {
         (*chan)->SetSpin(std::chrono::microseconds(info_->ring_spin_us));
         if (info_->ring_lanes_opened != nullptr) info_->ring_lanes_opened->fetch_add(1);
         if (target) {
-          (*chan)->EnableDirect(std::move(target), /*initiator=*/true);
+          (*chan)->EnableDirect(std::make_shared<direct::Link>(std::move(target), std::move(spare),
+                                                               info_->push_waiter));
           if (info_->direct_lanes_opened != nullptr) info_->direct_lanes_opened->fetch_add(1);
         }
         return FERRY_OK;

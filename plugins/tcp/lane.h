@@ -49,6 +49,7 @@
 #include "gpu_stage.h"
 #include "idle_reaper.h"
 #include "io_pool.h"
+#include "push_waiter.h"
 #include "responses.h"
 #include "socket_util.h"
 #include "xfer.h"
@@ -89,6 +90,7 @@ struct PeerInfo {
   uint64_t direct_min_bytes = 0;
   std::atomic<uint64_t>* direct_lanes_opened = nullptr;
   std::atomic<uint64_t>* direct_frames = nullptr;
+  PushWaiter* push_waiter = nullptr;  // completes failed direct READs (push_waiter.h)
   // Reads a TCP lane's responses; null: a receiver thread per lane.
   IoPool* pool = nullptr;
   // Where lanes with frames in flight are found by progress() (with pool).
@@ -130,7 +132,8 @@ class Lane final : public IdleReaper::Target, public Connector::Client {
   // Its sender thread polls for frames now (sender_spin_us): one submitted is
   // sent without a wake-up.
   bool SenderPolling() const { return spinning_.load(std::memory_order_relaxed); }
-  // Frames to resolve once the locks are released.
+  // Frames to resolve once the locks are released (a direct READ through its
+  // link's PushWaiter).
   using Doomed = std::vector<std::tuple<FramePtr, int, std::string>>;
   // Drops the connection; everything queued or in flight fails with status/msg.
   void Reset(int status, const std::string& msg);
@@ -209,8 +212,6 @@ class Lane final : public IdleReaper::Target, public Connector::Client {
   // Makes f a direct request when this connection agreed to direct copies
   // and f qualifies (host memory both ends, direct_min_bytes); before it is in flight.
   void MaybeDirectLocked(Frame& f);
-  // Closes a direct lane to the target's pushes and waits out one under way.
-  void WaitOutPushesLocked();
   // Breaks the connection and fails what is queued. reset: an explicit Reset or
   // Stop, which also fails frames queued after an earlier break.
   void BreakLocked(int status, const std::string& msg, Doomed* doomed, bool reset = false,

@@ -266,12 +266,16 @@ PolledLane::Step PolledLane::PayloadDone() {
 }
 
 PolledLane::Step PolledLane::ServeDirect() {
-  // On the pool thread: one copy of at most a frame's payload, no waiting on the peer.
-  status_ = TargetServer::CopyDirect(*ch_, h_, items_, addrs_, *region_, &reason_);
+  // On the pool thread: one copy of at most a frame's payload (it may wait on
+  // the initiator's page faults; direct_copy.h).
+  bool close_lane = false;
+  status_ = TargetServer::CopyDirect(*ch_, h_, items_, addrs_, *region_, &reason_, &close_lane);
   if (status_ != FERRY_OK) {
     use_.reset();
     region_.reset();
-    return Refused();  // a WRITE's apply ends not whole: part of it may have landed
+    // Closing ends a WRITE's apply not whole (the destructor): part may have landed.
+    if (close_lane) return Close(reason_);
+    return Refused();
   }
   if (h_.type == wire::Type::kWrite) return PayloadDone();
   use_.reset();

@@ -45,7 +45,8 @@ bool IsOurs(const uint8_t m[kMessageSize]) {
 
 int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const std::string& label,
                bool offer_direct, shm::Ring* out, shm::Ring* in,
-               std::unique_ptr<direct::Process>* target, std::string* err) {
+               std::unique_ptr<direct::Process>* target, std::shared_ptr<void>* spare,
+               std::string* err) {
   std::string why;
   shm::Ring req = shm::Ring::Create(capacity, &why);
   shm::Ring resp = req.ok() ? shm::Ring::Create(capacity, &why) : shm::Ring();
@@ -53,11 +54,12 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
     *err = why;
     return FERRY_ERR_NO_MEMORY;
   }
-  // The token stays here, in our memory, until the target answered.
-  direct::Probe probe;
+  // The target's process too: a push it began must be waited out, or its
+  // exit; and the spare bytes mapped on their own, for the gate.
   std::unique_ptr<direct::Process> peer;
-  // The target's process too: a push it began must be waited out, or its exit.
-  if (offer_direct && (peer = direct::Process::OfPeer(fd, &why)) && !probe.Publish(req.spare()))
+  std::shared_ptr<void> shared;
+  if (offer_direct && (peer = direct::Process::OfPeer(fd, &why)) &&
+      (!(shared = req.ShareSpare(&why)) || !direct::PublishProbe(req.spare())))
     peer.reset();
   uint8_t msg[kMessageSize];
   Encode(msg, peer ? kOptDirect : 0);
@@ -79,7 +81,10 @@ int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const st
   if (IsOurs(answer)) {
     *out = std::move(req);
     *in = std::move(resp);
-    if (peer && (Options(answer) & kOptDirect) != 0) *target = std::move(peer);
+    if (peer && (Options(answer) & kOptDirect) != 0) {
+      *target = std::move(peer);
+      *spare = std::move(shared);
+    }
     return FERRY_OK;
   }
   // Not the tag: an ERROR frame, whose head we have the start of.

@@ -37,10 +37,12 @@ inline constexpr uint64_t kMaxAcceptedRing = 16ull << 20;
 // both cases the lane may use TCP instead), FERRY_ERR_REMOTE when the target
 // refused the initiator, FERRY_ERR_TRANSPORT when the socket failed. With
 // offer_direct, *target is the target's process once it agreed to direct
-// copies (else left null).
+// copies, and *spare the request ring's spare bytes mapped on their own
+// (direct::Link); else both are left null.
 int OfferRings(int fd, uint64_t capacity, int abort_fd, int timeout_ms, const std::string& label,
                bool offer_direct, shm::Ring* out, shm::Ring* in,
-               std::unique_ptr<direct::Process>* target, std::string* err);
+               std::unique_ptr<direct::Process>* target, std::shared_ptr<void>* spare,
+               std::string* err);
 
 // Target side: receives and checks the rings and answers. False with *why: the
 // lane must be refused (Refuse() sends the ERROR the initiator waits for).

@@ -279,6 +279,21 @@ Ring Ring::Create(uint64_t capacity, std::string* why) {
 
 void* Ring::spare() const { return static_cast<uint8_t*>(map_) + kSpareOffset; }
 
+std::shared_ptr<void> Ring::ShareSpare(std::string* why) const {
+  if (h_.memfd < 0) {
+    *why = "shared ring: its segment's descriptor is closed";
+    return nullptr;
+  }
+  void* map = mmap(nullptr, kControlBytes, PROT_READ | PROT_WRITE, MAP_SHARED, h_.memfd, 0);
+  if (map == MAP_FAILED) {
+    *why = Errno("shared ring: mmap");
+    return nullptr;
+  }
+  return std::shared_ptr<void>(static_cast<uint8_t*>(map) + kSpareOffset, [](void* p) {
+    munmap(static_cast<uint8_t*>(p) - kSpareOffset, kControlBytes);
+  });
+}
+
 Ring Ring::Attach(Handover h, std::string* why) {
   auto refuse = [&](std::string msg) {
     *why = "shared ring from the peer refused: " + std::move(msg);

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace ferry_tcp::shm {
@@ -95,6 +96,10 @@ class Ring {
   // there (direct_copy.h). The peer may write them at any time.
   void* spare() const;
   static constexpr size_t kSpareBytes = 2048;
+  // The same spare bytes through a mapping of their own, unmapped when the
+  // last copy of the pointer goes: for state that outlives this ring. A
+  // created ring only, before CloseSegmentFd; null with *why on failure.
+  std::shared_ptr<void> ShareSpare(std::string* why) const;
 
   // The producer's end. Writes iov[0..n) from `*progress` bytes in, advancing
   // it. While the ring is full it waits, ETIMEDOUT after `timeout` without room

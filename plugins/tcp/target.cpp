@@ -498,7 +498,7 @@ bool TargetServer::ServeLane(Conn* c, int fd, const std::string& from) {
     if (initiator) {
       Log(host_, FERRY_LOG_DEBUG, "ring lane from %s: direct copies with pid %d", from.c_str(),
           static_cast<int>(initiator->pid()));
-      ch->EnableDirect(std::move(initiator), /*initiator=*/false);
+      ch->EnableDirect(std::move(initiator));
       ++direct_lanes_;
     } else {
       Log(host_, FERRY_LOG_DEBUG, "ring lane from %s: no direct copies: %s", from.c_str(),
@@ -720,17 +720,24 @@ void TargetServer::EncodeDirectReadDone(const wire::Header& req, uint8_t* out) {
 int TargetServer::CopyDirect(const Channel& ch, const wire::Header& h,
                              const std::vector<wire::Item>& items,
                              const std::vector<uint64_t>& addrs, const Region& r,
-                             std::string* reason) {
+                             std::string* reason, bool* close_lane) {
   const direct::Process& initiator = *ch.direct_peer();
   std::vector<iovec> ours(items.size()), theirs(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     ours[i] = {r.addr() + items[i].offset, items[i].len};
     theirs[i] = {reinterpret_cast<void*>(static_cast<uintptr_t>(addrs[i])), items[i].len};
   }
+  *close_lane = true;
+  // Its pid names the lane's process only while that has not exited: looked
+  // at before any copy, and after a pull (before its bytes count).
+  if (initiator.Exited()) {
+    *reason = "the initiator exited";
+    return FERRY_ERR_TRANSPORT;
+  }
+  uint64_t moved = 0;
   int err;
   if (h.type == wire::Type::kWrite) {
-    err = initiator.Pull(ours.data(), theirs.data(), ours.size(), reason);
-    // Its pid named the lane's process throughout only if that has not exited.
+    err = initiator.Pull(ours.data(), theirs.data(), ours.size(), &moved, reason);
     if (err == 0 && initiator.Exited()) {
       err = ESRCH;
       *reason = "the initiator exited during the copy";
@@ -741,18 +748,19 @@ int TargetServer::CopyDirect(const Channel& ch, const wire::Header& h,
       *reason = "the initiator closed the lane to direct copies";
       return FERRY_ERR_TRANSPORT;
     }
-    if (initiator.Exited()) {
-      err = ESRCH;
-      *reason = "the initiator exited";
-    } else {
-      err = initiator.Push(ours.data(), theirs.data(), ours.size(), reason);
-    }
+    err = initiator.Push(ours.data(), theirs.data(), ours.size(), &moved, reason);
     gate.EndPush();
   }
-  if (err == 0) return FERRY_OK;
-  // EFAULT: it named memory it does not have (its own mistake); anything else
-  // is the lane's (it exited, or lost the access the probe showed).
-  return err == EFAULT ? FERRY_ERR_INVALID_ARGS : FERRY_ERR_TRANSPORT;
+  if (err == 0) {
+    *close_lane = false;
+    return FERRY_OK;
+  }
+  // An address that is not the initiator's, nothing moved: its own mistake,
+  // refused as an item out of bounds is. Anything else (part of it moved, the
+  // access or the process gone) ends the lane as a break mid-payload does: the
+  // initiator fails over, and fences a WRITE to learn what landed.
+  *close_lane = !(err == EFAULT && moved == 0);
+  return FERRY_ERR_INVALID_ARGS;
 }
 
 std::string TargetServer::FencedReason(const wire::Header& h) {
@@ -822,8 +830,13 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
       apply_end.whole = out == Outcome::kServed;
       return out;
     } else if (direct) {
-      *status = CopyDirect(ch, h, items, addrs, *r, reason);
+      bool close_lane = false;
+      *status = CopyDirect(ch, h, items, addrs, *r, reason, &close_lane);
       use.reset();
+      if (close_lane) {
+        *close_why = *reason;
+        return Outcome::kCloseLane;  // a WRITE's apply ends not whole
+      }
       if (*status == FERRY_OK && is_write) {
         apply_end.whole = count(FERRY_OK);
         return apply_end.whole ? Outcome::kServed : Outcome::kCloseLane;

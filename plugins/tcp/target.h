@@ -163,11 +163,13 @@ class TargetServer {
   // A checked direct request's copy (wire.h kFlagDirect) between the
   // initiator's memory and r, on a lane that agreed to direct copies, with
   // the region in use (and a WRITE's apply begun): FERRY_OK once every byte
-  // moved, else the refusal's code with *reason (a WRITE may have landed in
-  // part: its apply ends not whole).
+  // moved. Else *reason, and *close_lane: true when the lane must end (part
+  // of it may have moved, or the initiator's process or access is gone: its
+  // apply ends not whole), false when it is refused with the code returned
+  // (an address not the initiator's, nothing moved).
   static int CopyDirect(const Channel& ch, const wire::Header& h,
                         const std::vector<wire::Item>& items, const std::vector<uint64_t>& addrs,
-                        const Region& r, std::string* reason);
+                        const Region& r, std::string* reason, bool* close_lane);
   // The answer to a direct READ that was served: READ_DATA without payload.
   static void EncodeDirectReadDone(const wire::Header& req, uint8_t* out);
   // ServeRequest for a checked request on a GPU region, through `stage`.

@@ -24,6 +24,9 @@ namespace ferry_tcp {
 
 class Peer;
 class DeadlineWatcher;
+namespace direct {
+class Link;
+}
 
 class Xfer {
  public:
@@ -81,6 +84,9 @@ struct Frame {
   // Sent as a direct request (wire.h kFlagDirect; set by the lane before it is
   // in flight): the target copies, and a READ's answer carries no payload.
   bool direct = false;
+  // A direct READ's lane link: a failure of it completes only once the
+  // target's push into its memory is over (push_waiter.h).
+  std::shared_ptr<direct::Link> push_link;
   std::atomic<bool> resolved{false};
   // A queued entry standing for `count` frames of a run: frames run_next,
   // run_next + run_stride, ... (guarded by the lane, as the queue is).

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,7 +32,9 @@
 
 #include "direct_copy.h"
 #include "ferry/plugin.h"
+#include "lane.h"
 #include "planner.h"
+#include "push_waiter.h"
 #include "shm_ring.h"
 #include "socket_util.h"
 #include "target_peer.h"
@@ -1960,9 +1963,8 @@ TEST(TcpRings, DirectRequestsAreCheckedAsAnyAndBadAddressesRefused) {
   }
   {  // A probe whose token is not the one in our memory.
     shm::Ring req = shm::Ring::Create(64 << 10, &why), resp;
-    ferry_tcp::direct::Probe probe;
-    ASSERT_TRUE(probe.Publish(req.spare()));
-    probe.token[0] ^= 1;
+    ASSERT_TRUE(ferry_tcp::direct::PublishProbe(req.spare()));
+    static_cast<ferry_tcp::direct::Shared*>(req.spare())->probe_token[0] ^= 1;
     uint32_t agreed = 9;
     const int fd = RawRingLane(name, &req, &resp, 1, &agreed);
     EXPECT_EQ(agreed, 0u) << "direct copies agreed on a token we do not hold";
@@ -1970,12 +1972,17 @@ TEST(TcpRings, DirectRequestsAreCheckedAsAnyAndBadAddressesRefused) {
   }
   EXPECT_EQ(std::count(dst->data.begin(), dst->data.end(), 0), 64 << 10) << "something landed";
 
-  shm::Ring req = shm::Ring::Create(64 << 10, &why), resp;
-  ferry_tcp::direct::Probe probe;
-  ASSERT_TRUE(probe.Publish(req.spare()));
-  uint32_t agreed = 0;
-  const int fd = RawRingLane(name, &req, &resp, 1, &agreed);
-  ASSERT_EQ(agreed, 1u) << "the target refused direct copies to a good probe";
+  // A lane that agreed to direct copies.
+  auto direct_lane = [&](shm::Ring* req, shm::Ring* resp) {
+    *req = shm::Ring::Create(64 << 10, &why);
+    EXPECT_TRUE(ferry_tcp::direct::PublishProbe(req->spare()));
+    uint32_t agreed = 0;
+    const int fd = RawRingLane(name, req, resp, 1, &agreed);
+    EXPECT_EQ(agreed, 1u) << "the target refused direct copies to a good probe";
+    return fd;
+  };
+  shm::Ring req, resp;
+  const int fd = direct_lane(&req, &resp);
   wire::Header h;
   // An address we do not have: refused with the kernel's word, nothing lands.
   ASSERT_EQ(put(req, direct(wire::Type::kWrite, 1, 0, 4096, reinterpret_cast<void*>(4096))), 0);
@@ -2000,17 +2007,78 @@ TEST(TcpRings, DirectRequestsAreCheckedAsAnyAndBadAddressesRefused) {
   EXPECT_EQ(h.type, wire::Type::kReadData);
   EXPECT_EQ(h.payload_len, 0u);
   EXPECT_TRUE(back == mine);
-  // The gate closed: a READ is refused, and nothing is pushed.
-  ferry_tcp::direct::Gate(req.spare()).Close();
-  std::fill(back.begin(), back.end(), 0);
-  ASSERT_EQ(put(req, direct(wire::Type::kRead, 5, 4096, back.size(), back.data())), 0);
-  text = answer(resp, fd, &h);
-  EXPECT_EQ(h.type, wire::Type::kError);
-  EXPECT_NE(text.find("closed the lane"), std::string::npos) << text;
-  EXPECT_EQ(std::count(back.begin(), back.end(), 0), static_cast<long>(back.size()));
+  // A WRITE whose second page cannot be read: half of it lands, so it is no
+  // refusal (the initiator would end it without a fence) - the lane closes,
+  // as one that breaks mid-payload.
+  const long page = sysconf(_SC_PAGESIZE);
+  auto* two = static_cast<uint8_t*>(
+      mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(two, MAP_FAILED);
+  std::memset(two, 0x5a, page);
+  ASSERT_EQ(mprotect(two + page, page, PROT_NONE), 0);
+  ASSERT_EQ(put(req, direct(wire::Type::kWrite, 5, 0, 2 * page, two)), 0);
+  EXPECT_TRUE(ClosedByPeer(fd)) << "a direct WRITE that landed in part was refused, not cut";
+  munmap(two, 2 * page);
   close(fd);
-  EXPECT_EQ(Counter(b, "direct_lanes_served"), 1u);
+  // The gate closed (the initiator's lane broke): no push, the lane ends.
+  shm::Ring req2, resp2;
+  const int fd2 = direct_lane(&req2, &resp2);
+  ferry_tcp::direct::Gate(req2.spare()).Close();
+  std::fill(back.begin(), back.end(), 0);
+  ASSERT_EQ(put(req2, direct(wire::Type::kRead, 1, 4096, back.size(), back.data())), 0);
+  EXPECT_TRUE(ClosedByPeer(fd2)) << "a READ was served after the gate closed";
+  EXPECT_EQ(std::count(back.begin(), back.end(), 0), static_cast<long>(back.size()));
+  close(fd2);
+  EXPECT_EQ(Counter(b, "direct_lanes_served"), 2u);
   WriteChecked(a, p.pb, b, 3);
+}
+
+// A READ failed on a direct lane while its target is copying into it (the
+// test plays the target: a push under way behind the closed gate) completes
+// only once that push is over - on the waiter's thread: the thread that failed
+// it (a lane's lock holder, the deadline thread) goes on at once. With no push
+// under way one completes at once, without the waiter.
+TEST(TcpRings, AFailedDirectReadWaitsOutThePushUnderWay) {
+  ferry_plugin_test::FakeHost host(ops, "a");
+  ferry_tcp::PushWaiter waiter(host.host());
+  alignas(64) static uint8_t spare[shm::Ring::kSpareBytes];
+  std::memset(spare, 0, sizeof spare);
+  int sp[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+  std::string why;
+  auto target = ferry_tcp::direct::Process::OfPeer(sp[0], &why);  // this process
+  ASSERT_TRUE(target) << why;
+  auto link = std::make_shared<ferry_tcp::direct::Link>(
+      std::move(target), std::shared_ptr<void>(spare, [](void*) {}), &waiter);
+  auto failed_read = [&](Completion* c) {
+    auto x = std::make_shared<ferry_tcp::Xfer>();
+    x->host = host.host();
+    x->ctx = c;
+    x->SetFrameCount(1);
+    x->MarkLeft();  // its request was sent
+    auto f = std::make_shared<ferry_tcp::Frame>();
+    f->xfer = x;
+    f->push_link = link;
+    ferry_tcp::Lane::Doomed doomed;
+    doomed.emplace_back(f, FERRY_ERR_TRANSPORT, "lane lost");
+    ferry_tcp::Lane::Fail(doomed);
+  };
+  ferry_tcp::direct::Gate as_target(spare);
+  ASSERT_TRUE(as_target.BeginPush());
+  link->gate().Close();  // the lane broke
+  Completion held;
+  failed_read(&held);
+  EXPECT_EQ(waiter.held(), 1u);
+  EXPECT_FALSE(held.Wait(50ms)) << "a READ completed while its target was still copying into it";
+  as_target.EndPush();
+  ASSERT_TRUE(held.Wait(5s)) << "the READ never completed once the push ended";
+  EXPECT_EQ(held.status, FERRY_ERR_TRANSPORT);
+  Completion quick;
+  failed_read(&quick);
+  EXPECT_EQ(quick.calls, 1) << "a READ with no push under way waited";
+  EXPECT_EQ(waiter.held(), 1u);
+  close(sp[0]);
+  close(sp[1]);
 }
 
 // The gate over pushes on its own: whichever of Close and BeginPush comes
