@@ -121,8 +121,9 @@ int Process::Copy(bool pull, const iovec* ours, const iovec* theirs, size_t n, u
 }
 
 bool PublishProbe(void* spare) {
-  // Once per process, never freed: a target whose probe outlived the handover
-  // (ours timed out meanwhile) still reads and writes back these 16 bytes.
+  // Once per load of this plugin, never freed before its unload: a target
+  // whose probe outlived the handover (ours timed out meanwhile) still reads
+  // and writes back these 16 bytes (after an unload, it fails on them).
   struct Token {
     uint8_t bytes[kTokenBytes];
     bool ok;

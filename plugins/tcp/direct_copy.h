@@ -119,8 +119,8 @@ class Process {
   const int pidfd_;
 };
 
-// Initiator: publishes this process's random token (made once, kept for the
-// process's life: a target may still be probing after a handover was given
+// Initiator: publishes the plugin's random token (made once, kept while the
+// plugin is loaded: a target may still be probing after a handover was given
 // up on) and its address in the request ring's spare bytes. False when no
 // random bytes could be had (offer no direct copies).
 bool PublishProbe(void* spare);

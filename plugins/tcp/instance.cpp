@@ -47,7 +47,8 @@ Instance::~Instance() {
     peers.swap(peers_);
   }
   for (PeerHandle* p : peers) p->peer->Stop(FERRY_ERR_BAD_STATE, "tcp plugin shutting down");
-  // Failed direct READs whose target still copies: until it is done, or io_timeout_ms.
+  // Failed direct READs whose target still copies: until it is done, or
+  // io_timeout_ms (then completed anyway, with an error in the log).
   push_waiter_.Stop(std::chrono::milliseconds(settings_.io_timeout_ms));
   target_.Stop();
   pool_.Stop();
@@ -194,6 +195,8 @@ void Instance::PeerRemove(void* handle) {
   // Its transfers still on the post queue fail on its stopped lanes now:
   // plugin.h, every transfer to it is completed before peer_remove returns.
   posts_.Barrier();
+  // And its failed direct READs whose target still copied into them (bounded).
+  push_waiter_.Drain(h->peer.get(), std::chrono::milliseconds(settings_.io_timeout_ms));
   target_.RemovePeer(h->peer->info().key);
   delete h;
 }

@@ -748,8 +748,11 @@ int TargetServer::CopyDirect(const Channel& ch, const wire::Header& h,
       *reason = "the initiator closed the lane to direct copies";
       return FERRY_ERR_TRANSPORT;
     }
+    struct PushEnd {  // however the push ends (its reason may fail to allocate)
+      direct::Gate& gate;
+      ~PushEnd() { gate.EndPush(); }
+    } end{gate};
     err = initiator.Push(ours.data(), theirs.data(), ours.size(), &moved, reason);
-    gate.EndPush();
   }
   if (err == 0) {
     *close_lane = false;

@@ -2077,6 +2077,31 @@ TEST(TcpRings, AFailedDirectReadWaitsOutThePushUnderWay) {
   failed_read(&quick);
   EXPECT_EQ(quick.calls, 1) << "a READ with no push under way waited";
   EXPECT_EQ(waiter.held(), 1u);
+  // peer_remove drains its peer's held READs (these have no peer: owner null):
+  // Drain returns once the push ended...
+  // A push under way again (set by hand: the closed gate refuses BeginPush).
+  static_cast<ferry_tcp::direct::Shared*>(static_cast<void*>(spare))->pushing = 1;
+  Completion drained;
+  failed_read(&drained);
+  std::promise<void> returned;
+  std::thread drain([&] {
+    waiter.Drain(nullptr, 60s);
+    returned.set_value();
+  });
+  auto back = returned.get_future();
+  EXPECT_EQ(back.wait_for(50ms), std::future_status::timeout) << "Drain left a READ held";
+  as_target.EndPush();
+  EXPECT_EQ(back.wait_for(10s), std::future_status::ready);
+  drain.join();
+  EXPECT_EQ(drained.calls, 1);
+  // ...or, the push going on, once the grace period is over (completed anyway).
+  static_cast<ferry_tcp::direct::Shared*>(static_cast<void*>(spare))->pushing = 1;
+  Completion given_up;
+  failed_read(&given_up);
+  EXPECT_EQ(waiter.held(), 3u);
+  waiter.Drain(nullptr, 20ms);
+  EXPECT_EQ(given_up.calls, 1) << "Drain returned with a READ still held";
+  as_target.EndPush();
   close(sp[0]);
   close(sp[1]);
 }
