@@ -856,7 +856,8 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
         }
         return Outcome::kServed;
       }
-      // Refused below; a WRITE's apply ends not whole (part may have landed).
+      // Refused below (an address not the initiator's, nothing moved); a
+      // WRITE's apply still ends not whole, as any refused after it began.
     } else {
       std::vector<iovec> iov;
       iov.reserve(items.size() + 1);
