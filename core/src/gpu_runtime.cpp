@@ -73,6 +73,8 @@ struct Runtime {
   Err (*host_alloc_cuda)(void**, size_t) = nullptr;
   Err (*host_alloc_hip)(void**, size_t, unsigned) = nullptr;
   Err (*host_free)(void*) = nullptr;
+  Err (*host_register)(void*, size_t, unsigned) = nullptr;  // optional (ABI 1.10)
+  Err (*host_unregister)(void*) = nullptr;
   Err (*bus_id)(char*, int, int) = nullptr;
   Err (*mem_range_hip)(void**, size_t*, void*) = nullptr;
   int (*mem_range_cu)(unsigned long long*, size_t*, unsigned long long) = nullptr;
@@ -247,6 +249,16 @@ int g_host_alloc(void*, void** p, size_t n) {
 }
 int g_host_free(void*, void* p) {
   GPU_CALL(g_rt.host_free(p), "pinned host free");
+  return FERRY_OK;
+}
+// cudaHostRegisterPortable and hipHostRegisterPortable: pinned for every device.
+constexpr unsigned kHostRegisterPortable = 1;
+int g_host_register(void*, void* p, size_t n) {
+  GPU_CALL(g_rt.host_register(p, n, kHostRegisterPortable), "host memory register");
+  return FERRY_OK;
+}
+int g_host_unregister(void*, void* p) {
+  GPU_CALL(g_rt.host_unregister(p), "host memory unregister");
   return FERRY_OK;
 }
 const char* g_last_error(void*) { return t_error.c_str(); }
@@ -662,6 +674,9 @@ bool load_cuda() {
       !sym(h, "cudaIpcOpenEventHandle", r.ipc_event_open))
     r.ipc_event_get = nullptr;
   if (r.version >= 12080) r.batch = dlsym(h, "cudaMemcpyBatchAsync");
+  if (!sym(h, "cudaHostRegister", r.host_register) ||
+      !sym(h, "cudaHostUnregister", r.host_unregister))
+    r.host_register = nullptr;
   r.driver = open_first({"libcuda.so.1", "libcuda.so"});
   if (r.driver) {
     sym(r.driver, "cuMemGetAddressRange_v2", r.mem_range_cu);
@@ -709,6 +724,9 @@ bool load_hip() {
             sym(h, "hipFree", r.dev_free) && sym(h, "hipMemcpy", r.memcpy_sync);
   if (!ok) return false;
   r.vendor = FERRY_GPU_HIP;
+  if (!sym(h, "hipHostRegister", r.host_register) ||
+      !sym(h, "hipHostUnregister", r.host_unregister))
+    r.host_register = nullptr;
   if (!sym(h, "hipIpcGetEventHandle", r.ipc_event_get) ||
       !sym(h, "hipIpcOpenEventHandle", r.ipc_event_open))
     r.ipc_event_get = nullptr;
@@ -754,6 +772,10 @@ const ferry_gpu_v1* load() {
   t.copy_segments_async = g_copy_segments;
   t.device_bus_id = g_bus_id;
   t.stream_query = g_stream_query;
+  if (g_rt.host_register) {
+    t.host_register = g_host_register;
+    t.host_unregister = g_host_unregister;
+  }
   if (g_rt.ipc_event_get) {
     t.event_create_ipc = g_event_create_ipc;
     t.ipc_event_handle = g_ipc_event_handle;
@@ -810,6 +832,11 @@ void free(void* ptr) {
 void copy(void* dst, const void* src, size_t bytes) {
   need_runtime();
   check(g_rt.memcpy_sync(dst, src, bytes, kMemcpyDefault), "copy");
+  // From pageable host memory the runtime returns once it has taken the bytes,
+  // and the DMA into the device may still run; a transfer's copies on a stream
+  // of their own are not ordered after it. Done means done here (ferry-bench's
+  // VRAM checks read stale bytes without this): the legacy stream drains it.
+  check(g_rt.stream_sync(nullptr), "copy");
 }
 }  // namespace gpu
 

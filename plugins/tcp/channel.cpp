@@ -99,6 +99,7 @@ Channel::Channel(int fd, shm::Ring out, shm::Ring in, std::chrono::milliseconds 
     : fd_(fd), out_(std::move(out)), in_(std::move(in)), io_timeout_(io_timeout) {}
 
 Channel::~Channel() {
+  for (auto& pin : ring_pins_) pin.reset();  // before the rings unmap their bytes
   for (int ep : wait_sets_)
     if (ep >= 0) ::close(ep);
   for (int fd : nudges_)
@@ -210,6 +211,10 @@ int Channel::SendAll(const void* buf, size_t len) {
 }
 
 int Channel::WaitReadable() { return in_.WaitReadable(io_timeout_, fd_); }
+
+std::chrono::milliseconds Channel::ring_wait() const {
+  return io_timeout_.count() == 0 ? kNoStallLimit : io_timeout_;
+}
 
 std::unique_ptr<ByteReader> Channel::Reader() {
   if (!on_rings()) return std::make_unique<SocketReader>(fd_);

@@ -99,6 +99,19 @@ class Channel {
   // to go on with what it left to let other lanes have a turn.
   void Nudge(Side side = Side::kBoth);
 
+  // A ring lane's rings themselves (null on a socket lane), for the GPU stager
+  // that copies device memory straight into and out of their bytes
+  // (gpu_stage.h): out_ring by the one thread that sends, in_ring by the one
+  // that reads. ring_wait is the stall limit of their Reserve and Peek: the
+  // io timeout, or as long as the peer lives.
+  shm::Ring* out_ring() { return on_rings() ? &out_ : nullptr; }
+  shm::Ring* in_ring() { return on_rings() ? &in_ : nullptr; }
+  std::chrono::milliseconds ring_wait() const;
+  // The stager's record of having pinned that ring's bytes for the GPU runtime
+  // (kOut or kIn; the same threads' rule): it unpins them when it goes, which
+  // is before the rings are unmapped.
+  std::shared_ptr<void>& ring_pin(Side side) { return ring_pins_[side == Side::kOut ? 1 : 0]; }
+
   // The lane breaks while frames are on their way: the peer must not apply
   // what it has not read yet (a socket lane's abortive close does the same
   // with a RST). Then shut the socket down as always.
@@ -115,6 +128,8 @@ class Channel {
   int NudgeFd(Side side);            // made on first use
   std::unique_ptr<direct::Process> direct_peer_;
   std::shared_ptr<direct::Link> direct_link_;
+  // After out_ and in_: destroyed first, so the runtime unpins the bytes before they are unmapped.
+  std::shared_ptr<void> ring_pins_[2];  // [0] in, [1] out
 };
 
 }  // namespace ferry_tcp

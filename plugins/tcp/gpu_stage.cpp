@@ -24,8 +24,22 @@ uint64_t ns_since(Clock::time_point t) {
 
 }  // namespace
 
-Stage::Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned, StageTimes* times)
-    : gpu_(gpu), piece_(piece_bytes), pinned_(pinned), times_(times) {}
+// A ring's bytes pinned for the runtime (Stage::InRing), unpinned when the
+// channel lets go of it, before it unmaps the ring.
+struct RingPin {
+  const ferry_gpu_v1* gpu = nullptr;
+  void* at = nullptr;  // null: the runtime could not pin them; the buffers are used
+  RingPin() = default;
+  RingPin(const RingPin&) = delete;
+  RingPin& operator=(const RingPin&) = delete;
+  ~RingPin() {
+    if (at != nullptr) gpu->host_unregister(gpu->gpu_ctx, at);
+  }
+};
+
+Stage::Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned, bool in_ring,
+             StageTimes* times)
+    : gpu_(gpu), piece_(piece_bytes), pinned_(pinned), in_ring_(in_ring), times_(times) {}
 
 Stage::~Stage() {
   Release();
@@ -80,15 +94,14 @@ bool Stage::Bind(int device) {
   return true;
 }
 
-void Stage::NextPiece(const iovec* iov, size_t n, size_t* idx, size_t* off, int slot,
-                      Piece* p) const {
+void Stage::NextPiece(const iovec* iov, size_t n, size_t* idx, size_t* off, uint8_t* host,
+                      uint64_t room, Piece* p) {
   p->dev.clear();
   p->host.clear();
   p->len.clear();
   p->bytes = 0;
-  uint8_t* host = buf_ + static_cast<size_t>(slot) * piece_;
-  while (*idx < n && p->bytes < piece_) {
-    const size_t take = std::min<size_t>(iov[*idx].iov_len - *off, piece_ - p->bytes);
+  while (*idx < n && p->bytes < room) {
+    const size_t take = std::min<uint64_t>(iov[*idx].iov_len - *off, room - p->bytes);
     p->dev.push_back(static_cast<uint8_t*>(iov[*idx].iov_base) + *off);
     p->host.push_back(host + p->bytes);
     p->len.push_back(take);
@@ -112,7 +125,7 @@ bool Stage::Wait(int slot, const char* what) {
   return gpu_->event_sync(ctx, event_[slot]) == FERRY_OK || Fail(what);
 }
 
-bool Stage::Copy(const Piece& p, bool to_device, int slot) {
+bool Stage::Copy(const Piece& p, bool to_device, int slot, bool host_pinned) {
   void* ctx = gpu_->gpu_ctx;
   const std::vector<void*>& dst = to_device ? p.dev : p.host;
   const std::vector<void*>& src = to_device ? p.host : p.dev;
@@ -120,7 +133,7 @@ bool Stage::Copy(const Piece& p, bool to_device, int slot) {
   // Only into or out of pinned memory: a batched copy may be a kernel, which
   // cannot reach pageable host memory.
   int rc = FERRY_ERR_UNSUPPORTED;
-  if (p.len.size() > 1 && pinned_ && gpu_->memcpy_batch_async != nullptr) {
+  if (p.len.size() > 1 && host_pinned && gpu_->memcpy_batch_async != nullptr) {
     rc = gpu_->memcpy_batch_async(ctx, dst.data(), src.data(), p.len.data(), p.len.size(), stream_);
   }
   if (rc == FERRY_ERR_UNSUPPORTED) {
@@ -134,23 +147,186 @@ bool Stage::Copy(const Piece& p, bool to_device, int slot) {
   return true;
 }
 
+bool Stage::InRing(Channel& ch, bool out) {
+  if (!in_ring_ || !ch.on_rings()) return false;
+  if (!FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, host_unregister) || gpu_->host_register == nullptr ||
+      gpu_->host_unregister == nullptr)
+    return false;
+  std::shared_ptr<void>& slot = ch.ring_pin(out ? Channel::Side::kOut : Channel::Side::kIn);
+  if (!slot) {
+    // Once per ring: pinning costs a system call per page range, and a ring the
+    // runtime refused is not asked again.
+    shm::Ring* ring = out ? ch.out_ring() : ch.in_ring();
+    auto pin = std::make_shared<RingPin>();
+    pin->gpu = gpu_;
+    if (gpu_->host_register(gpu_->gpu_ctx, ring->data(), ring->capacity()) == FERRY_OK) {
+      pin->at = ring->data();
+      ++times_->ring_pins;
+    } else {
+      ++times_->ring_pin_fails;
+    }
+    slot = std::move(pin);
+  }
+  return static_cast<const RingPin*>(slot.get())->at != nullptr;
+}
+
+int Stage::SendInRing(Channel& ch, const iovec* iov, size_t n, uint8_t* held_last) {
+  void* ctx = gpu_->gpu_ctx;
+  shm::Ring& ring = *ch.out_ring();
+  const auto started = Clock::now();
+  uint64_t wait_ns = 0;
+  uint64_t left = 0;
+  for (size_t i = 0; i < n; ++i) left += iov[i].iov_len;
+  // kSlots pieces fit in the ring at once, so the reader copies out of some while we copy in.
+  const uint64_t room = std::max<uint64_t>(1, std::min(piece_, ring.capacity() / kSlots));
+  struct InFlight {
+    uint8_t* at;
+    uint64_t len;
+  } flight[kSlots];
+  int first = 0, count = 0;
+  size_t idx = 0, off = 0;
+  Piece piece;
+  int err = 0;
+  while (left > 0 || count > 0) {
+    if (left > 0 && count < kSlots) {
+      uint8_t* at = nullptr;
+      uint64_t len = 0;
+      // With copies in flight, never wait for room: finishing them is what frees it.
+      const int r =
+          ring.Reserve(std::min(room, left), &at, &len,
+                       count > 0 ? std::chrono::milliseconds(0) : ch.ring_wait(), ch.fd());
+      if (r == 0) {
+        const int slot = (first + count) % kSlots;
+        NextPiece(iov, n, &idx, &off, at, len, &piece);
+        if (!Copy(piece, false, slot, true)) {
+          err = kGpuError;
+          break;
+        }
+        flight[slot] = {at, len};
+        ++count;
+        left -= len;
+        continue;
+      }
+      if (r != EAGAIN) {
+        err = r;
+        break;
+      }
+    }
+    // The oldest copy: once it is done its bytes are published, in order.
+    const auto waited = Clock::now();
+    const bool copied = Wait(first, "device-to-host copy");
+    wait_ns += ns_since(waited);
+    if (!copied) {
+      err = kGpuError;
+      break;
+    }
+    const InFlight& f = flight[first];
+    const bool last = left == 0 && count == 1;
+    if (last && held_last != nullptr) {
+      // Held back: the caller sends it once the READ is counted.
+      *held_last = f.at[f.len - 1];
+      ring.Commit(f.len - 1);
+    } else {
+      ring.Commit(f.len);
+    }
+    first = (first + 1) % kSlots;
+    --count;
+  }
+  // Nothing may still write into the ring, or read the region, once we return.
+  if (err != 0 && count > 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK)
+    Fail("device-to-host copy");
+  ring.Unreserve();
+  ++times_->frames_sent;
+  ++times_->ring_frames;
+  times_->send_ns += ns_since(started);
+  times_->send_wait_ns += wait_ns;
+  return err;
+}
+
+int Stage::RecvInRing(Channel& ch, const iovec* iov, size_t n) {
+  void* ctx = gpu_->gpu_ctx;
+  shm::Ring& ring = *ch.in_ring();
+  const auto started = Clock::now();
+  uint64_t read_ns = 0, wait_ns = 0;
+  uint64_t left = 0;
+  for (size_t i = 0; i < n; ++i) left += iov[i].iov_len;
+  const uint64_t room = std::max<uint64_t>(1, std::min(piece_, ring.capacity() / kSlots));
+  uint64_t flight[kSlots];  // each slot's bytes, handed back once copied
+  int first = 0, count = 0;
+  size_t idx = 0, off = 0;
+  Piece piece;
+  int err = 0;
+  while (left > 0 || count > 0) {
+    if (left > 0 && count < kSlots) {
+      const uint8_t* at = nullptr;
+      uint64_t len = 0;
+      const auto reading = Clock::now();
+      const int r = ring.Peek(std::min(room, left), &at, &len,
+                              count > 0 ? std::chrono::milliseconds(0) : ch.ring_wait(), ch.fd());
+      read_ns += ns_since(reading);
+      if (r == 0) {
+        const int slot = (first + count) % kSlots;
+        NextPiece(iov, n, &idx, &off, const_cast<uint8_t*>(at), len, &piece);
+        if (!Copy(piece, true, slot, true)) {
+          err = kGpuError;
+          break;
+        }
+        flight[slot] = len;
+        ++count;
+        left -= len;
+        continue;
+      }
+      if (r != EAGAIN) {
+        // The socket's end reads as end of stream, as RingReader's does.
+        err = r == EPIPE ? kEof : r;
+        break;
+      }
+    }
+    // The oldest copy: once it is done its ring bytes go back to the sender.
+    const auto waited = Clock::now();
+    const bool copied = Wait(first, "host-to-device copy");
+    wait_ns += ns_since(waited);
+    if (!copied) {
+      err = kGpuError;
+      break;
+    }
+    ring.Consume(flight[first]);
+    first = (first + 1) % kSlots;
+    --count;
+  }
+  // The bytes are in the region (or the lane is lost) before the caller acks or lets go.
+  if (err != 0 && count > 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK)
+    Fail("host-to-device copy");
+  ring.Unpeek();
+  ++times_->frames_received;
+  ++times_->ring_frames;
+  times_->recv_ns += ns_since(started);
+  times_->recv_read_ns += read_ns;
+  times_->recv_wait_ns += wait_ns;
+  return err;
+}
+
 int Stage::Send(Channel& out, const iovec* iov, size_t n, int last_flags, uint8_t* held_last) {
   void* ctx = gpu_->gpu_ctx;
   if (gpu_->set_device(ctx, device_) != FERRY_OK) {
     Fail("selecting the device");
     return kGpuError;
   }
+  if (InRing(out, true)) return SendInRing(out, iov, n, held_last);
   const auto started = Clock::now();
   uint64_t wait_ns = 0;
   size_t idx = 0, off = 0;
   Piece piece[2];
   int err = 0;
-  NextPiece(iov, n, &idx, &off, 0, &piece[0]);
-  if (piece[0].bytes > 0 && !Copy(piece[0], false, 0)) err = kGpuError;
+  auto next = [&](int slot) {
+    NextPiece(iov, n, &idx, &off, buf_ + static_cast<size_t>(slot) * piece_, piece_, &piece[slot]);
+  };
+  next(0);
+  if (piece[0].bytes > 0 && !Copy(piece[0], false, 0, pinned_)) err = kGpuError;
   for (int s = 0; err == 0 && piece[s].bytes > 0; s ^= 1) {
     // The other slot's bytes are on the socket already, so it is free for the next piece.
-    NextPiece(iov, n, &idx, &off, s ^ 1, &piece[s ^ 1]);
-    if (piece[s ^ 1].bytes > 0 && !Copy(piece[s ^ 1], false, s ^ 1)) {
+    next(s ^ 1);
+    if (piece[s ^ 1].bytes > 0 && !Copy(piece[s ^ 1], false, s ^ 1, pinned_)) {
       err = kGpuError;
       break;
     }
@@ -178,12 +354,13 @@ int Stage::Send(Channel& out, const iovec* iov, size_t n, int last_flags, uint8_
   return err;
 }
 
-int Stage::Recv(ByteReader& in, const iovec* iov, size_t n) {
+int Stage::Recv(Channel& ch, ByteReader& in, const iovec* iov, size_t n) {
   void* ctx = gpu_->gpu_ctx;
   if (gpu_->set_device(ctx, device_) != FERRY_OK) {
     Fail("selecting the device");
     return kGpuError;
   }
+  if (InRing(ch, false)) return RecvInRing(ch, iov, n);
   const auto started = Clock::now();
   uint64_t read_ns = 0, wait_ns = 0;
   // Accounts the frame's times when Recv returns, whichever way.
@@ -209,7 +386,7 @@ int Stage::Recv(ByteReader& in, const iovec* iov, size_t n) {
   bool busy[2] = {false, false};
   int err = 0;
   for (int s = 0;; s ^= 1) {
-    NextPiece(iov, n, &idx, &off, s, &piece);
+    NextPiece(iov, n, &idx, &off, buf_ + static_cast<size_t>(s) * piece_, piece_, &piece);
     if (piece.bytes == 0) break;
     // The slot's previous piece must have reached the device before it is reused.
     if (busy[s] && !wait(s)) {
@@ -221,7 +398,7 @@ int Stage::Recv(ByteReader& in, const iovec* iov, size_t n) {
     err = in.Read(buf_ + static_cast<size_t>(s) * piece_, piece.bytes);
     read_ns += ns_since(reading);
     if (err != 0) break;
-    if (!Copy(piece, true, s)) {
+    if (!Copy(piece, true, s, pinned_)) {
       err = kGpuError;
       break;
     }
@@ -238,8 +415,9 @@ int Stage::Recv(ByteReader& in, const iovec* iov, size_t n) {
   return 0;
 }
 
-StagePool::StagePool(const ferry_host_v1* host, uint64_t piece_bytes, uint64_t pinned_cap)
-    : host_(host), piece_(piece_bytes), cap_(pinned_cap) {}
+StagePool::StagePool(const ferry_host_v1* host, uint64_t piece_bytes, uint64_t pinned_cap,
+                     bool in_ring)
+    : host_(host), piece_(piece_bytes), cap_(pinned_cap), in_ring_(in_ring) {}
 
 StagePool::~StagePool() = default;
 
@@ -264,10 +442,10 @@ StagePool::Lease StagePool::Acquire(int device, std::string* why) {
       s = std::move(*it);
       idle_.erase(it);
     } else if (pinned_ + 2 * piece_ <= cap_) {
-      s = std::make_unique<Stage>(gpu, piece_, true, &times_);
+      s = std::make_unique<Stage>(gpu, piece_, true, in_ring_, &times_);
       pinned_ += 2 * piece_;
     } else {
-      s = std::make_unique<Stage>(gpu, piece_, false, &times_);
+      s = std::make_unique<Stage>(gpu, piece_, false, in_ring_, &times_);
       warn = !warned_;
       warned_ = true;
     }

@@ -8,6 +8,15 @@
 // arrives. A frame then costs about max(copy, network) rather than their sum,
 // and since every lane leases its own stage, the lanes of a peer overlap too.
 //
+// On a same-host ring lane (channel.h) a frame needs no staging buffer: the
+// runtime pins the ring's own shared bytes (ferry_gpu_v1.host_register, once per
+// ring, kept with the channel), the sender's device->host copies write straight
+// into space reserved in the outgoing ring and the receiver's host->device
+// copies read straight out of the incoming one, up to kSlots pieces in flight,
+// each published (or handed back) once its copy is done. A frame then costs one
+// device copy per side and no memcpy, where the buffers take a device copy and
+// a memcpy per side. Without host_register, or if pinning fails, the buffers.
+//
 // Stages come from a StagePool that caps the pinned host memory the plugin
 // holds (gpu_pinned_bytes). A stage is leased for one frame and returned. When
 // the cap is reached, a frame gets an unpinned stage instead - correct, slower
@@ -48,11 +57,18 @@ struct StageTimes {
   std::atomic<uint64_t> recv_read_ns{0};  //   of which reading the channel into the stage
   std::atomic<uint64_t> recv_wait_ns{0};  //   of which waiting for host->device copies
   std::atomic<uint64_t> acquires{0}, acquire_ns{0};  // leasing (and binding) a stage
+  std::atomic<uint64_t> ring_frames{0};     // frames (either way) staged in a ring's own bytes
+  std::atomic<uint64_t> ring_pins{0};       // rings pinned for that
+  std::atomic<uint64_t> ring_pin_fails{0};  // rings the runtime could not pin (buffers used)
 };
 
 class Stage {
  public:
-  Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned, StageTimes* times);
+  // Device copies in flight at once in a ring's bytes; the buffers use two.
+  static constexpr int kSlots = 4;
+
+  Stage(const ferry_gpu_v1* gpu, uint64_t piece_bytes, bool pinned, bool in_ring,
+        StageTimes* times);
   ~Stage();
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
@@ -68,8 +84,9 @@ class Stage {
   // `last_flags` go with the final piece (e.g. MSG_MORE). Returns 0, a socket
   // error (socket_util.h) or kGpuError. No copy is running when it returns.
   int Send(Channel& out, const iovec* iov, size_t n, int last_flags, uint8_t* held_last);
-  // Receives into the device bytes iov[0..n); same returns.
-  int Recv(ByteReader& in, const iovec* iov, size_t n);
+  // Receives into the device bytes iov[0..n) from `in`, the reader of `ch`;
+  // same returns.
+  int Recv(Channel& ch, ByteReader& in, const iovec* iov, size_t n);
   const std::string& error() const { return error_; }
 
  private:
@@ -79,9 +96,16 @@ class Stage {
     std::vector<size_t> len;
     size_t bytes = 0;
   };
-  // Cuts the next piece out of iov, starting at (*idx, *off).
-  void NextPiece(const iovec* iov, size_t n, size_t* idx, size_t* off, int slot, Piece* p) const;
-  bool Copy(const Piece& p, bool to_device, int slot);
+  // Cuts the next piece, up to `room` bytes at `host`, out of iov, starting at (*idx, *off).
+  static void NextPiece(const iovec* iov, size_t n, size_t* idx, size_t* off, uint8_t* host,
+                        uint64_t room, Piece* p);
+  // host_pinned: the host side may be read by a kernel (a batched copy).
+  bool Copy(const Piece& p, bool to_device, int slot, bool host_pinned);
+  // Whether this channel's ring of that side (Channel::Side kOut / kIn) takes
+  // the frame in place: a ring lane, a runtime that pins, the ring pinned.
+  bool InRing(Channel& ch, bool out);
+  int SendInRing(Channel& ch, const iovec* iov, size_t n, uint8_t* held_last);
+  int RecvInRing(Channel& ch, const iovec* iov, size_t n);
   // Until the slot's last copy is done: polls briefly, then blocks.
   bool Wait(int slot, const char* what);
   bool Fail(const char* what);
@@ -90,17 +114,18 @@ class Stage {
   const ferry_gpu_v1* gpu_;
   const uint64_t piece_;
   const bool pinned_;
+  const bool in_ring_;       // settings.h gpu_stage_in_ring
   StageTimes* const times_;  // the pool's
   int device_ = -1;
   uint8_t* buf_ = nullptr;  // 2 * piece_ bytes: slot s starts at buf_ + s * piece_
   void* stream_ = nullptr;
-  void* event_[2] = {nullptr, nullptr};
+  void* event_[kSlots] = {};
   std::string error_;
 };
 
 class StagePool {
  public:
-  StagePool(const ferry_host_v1* host, uint64_t piece_bytes, uint64_t pinned_cap);
+  StagePool(const ferry_host_v1* host, uint64_t piece_bytes, uint64_t pinned_cap, bool in_ring);
   ~StagePool();  // every lease must have been returned (the lanes are joined first)
   StagePool(const StagePool&) = delete;
   StagePool& operator=(const StagePool&) = delete;
@@ -135,6 +160,7 @@ class StagePool {
   const ferry_host_v1* host_;
   const uint64_t piece_;
   const uint64_t cap_;
+  const bool in_ring_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Stage>> idle_;
   uint64_t pinned_ = 0;  // held by idle and leased pinned stages

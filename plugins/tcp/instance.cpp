@@ -21,8 +21,10 @@ bool IsWildcard(const std::string& h) { return h == "0.0.0.0" || h == "::" || h 
 Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings settings)
     : host_(host),
       engine_key_(std::move(engine_key)),
-      settings_(std::move(settings)),
-      stages_(host, settings_.gpu_stage_bytes, settings_.gpu_pinned_bytes),
+      settings_(WithRuntimeDefaults(std::move(settings),
+                                    FERRY_HAS_FIELD(ferry_host_v1, host, gpu) && host->gpu)),
+      stages_(host, settings_.gpu_stage_bytes, settings_.gpu_pinned_bytes,
+              settings_.gpu_stage_in_ring),
       push_waiter_(host),
       watcher_(host, &Instance::OnExpired),
       pool_(settings_.io_threads > 0 ? settings_.io_threads : IoPool::DefaultThreads(),
@@ -322,7 +324,8 @@ int Instance::Describe(char* buf, size_t len) {
     s += " gpu_chunk=" + FormatBytes(settings_.gpu_chunk_bytes) +
          " gpu_stage=" + FormatBytes(settings_.gpu_stage_bytes) +
          " gpu_pinned=" + FormatBytes(stages_.pinned_bytes()) + "/" +
-         FormatBytes(settings_.gpu_pinned_bytes);
+         FormatBytes(settings_.gpu_pinned_bytes) +
+         (settings_.gpu_stage_in_ring ? " gpu_in_ring" : "");
   }
   s += target_.unix_name().empty()
            ? std::string(" same_host=tcp")
@@ -357,6 +360,7 @@ int Instance::Counters(char* buf, size_t len) {
       "\"gpu_frames_sent\":%llu,\"gpu_send_ns\":%llu,\"gpu_send_wait_ns\":%llu,"
       "\"gpu_frames_received\":%llu,\"gpu_recv_ns\":%llu,\"gpu_recv_read_ns\":%llu,"
       "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu,"
+      "\"gpu_ring_frames\":%llu,\"gpu_ring_pins\":%llu,\"gpu_ring_pin_fails\":%llu,"
       "\"progress_frames\":%llu,\"sender_polls_caught\":%llu,"
       "\"posts_by_waiters\":%llu,\"posts_by_flusher\":%llu,\"post_flusher_wakeups\":%llu}",
       peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
@@ -365,8 +369,8 @@ int Instance::Counters(char* buf, size_t len) {
       static_cast<unsigned long long>(target_.ring_lanes()), u(direct_lanes_opened_),
       static_cast<unsigned long long>(target_.direct_lanes()), u(direct_frames_), u(t.frames_sent),
       u(t.send_ns), u(t.send_wait_ns), u(t.frames_received), u(t.recv_ns), u(t.recv_read_ns),
-      u(t.recv_wait_ns), u(t.acquires), u(t.acquire_ns),
-      static_cast<unsigned long long>(progress_.frames()),
+      u(t.recv_wait_ns), u(t.acquires), u(t.acquire_ns), u(t.ring_frames), u(t.ring_pins),
+      u(t.ring_pin_fails), static_cast<unsigned long long>(progress_.frames()),
       u(sender_polls_caught_) + static_cast<unsigned long long>(pool_.kicks_caught()),
       static_cast<unsigned long long>(posts_.by_waiters()),
       static_cast<unsigned long long>(posts_.by_flusher()),

@@ -589,7 +589,7 @@ void Lane::SenderMain() {
 int Lane::ReceiveStaged(ByteReader& in, Frame& f, int* status, std::string* msg) {
   std::string why;
   StagePool::Lease stage = info_->stages->Acquire(f.xfer->local->device(), &why);
-  int err = stage ? stage->Recv(in, f.local.data(), f.local.size()) : kGpuError;
+  int err = stage ? stage->Recv(*chan_, in, f.local.data(), f.local.size()) : kGpuError;
   if (err == kGpuError) {
     // The payload is still on the socket (or half of it): the lane cannot go on.
     *status = FERRY_ERR_GPU;

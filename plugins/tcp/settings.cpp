@@ -84,12 +84,15 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
       if (!GetBytes(v, "gpu_pinned_bytes", &s.gpu_pinned_bytes, err)) return false;
     } else if (key == "same_host_rings") {
       if (!GetBool(v, "same_host_rings", &s.same_host_rings, err)) return false;
+    } else if (key == "gpu_stage_in_ring") {
+      if (!GetBool(v, "gpu_stage_in_ring", &s.gpu_stage_in_ring, err)) return false;
     } else if (key == "same_host_direct") {
       if (!GetBool(v, "same_host_direct", &s.same_host_direct, err)) return false;
     } else if (key == "direct_min_bytes") {
       if (!GetBytes(v, "direct_min_bytes", &s.direct_min_bytes, err)) return false;
     } else if (key == "ring_bytes") {
       if (!GetBytes(v, "ring_bytes", &s.ring_bytes, err)) return false;
+      s.ring_bytes_given = true;
       if (s.ring_bytes < shm::kMinCapacity || s.ring_bytes > kMaxAcceptedRing ||
           (s.ring_bytes & (s.ring_bytes - 1)) != 0) {
         *err = "setting 'ring_bytes' must be a power of two in 64KiB.." +
@@ -118,7 +121,8 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
              "connect_timeout_ms, io_timeout_ms, keepalive_s, io_threads, lane_idle_ms, "
              "gpu_stage_bytes, "
              "gpu_chunk_bytes, "
-             "gpu_pinned_bytes, same_host_rings, same_host_direct, direct_min_bytes, ring_bytes, "
+             "gpu_pinned_bytes, gpu_stage_in_ring, same_host_rings, same_host_direct, "
+             "direct_min_bytes, ring_bytes, "
              "ring_chunk_bytes, ring_spin_us, "
              "sender_spin_us, post_flush_us)";
       return false;
@@ -132,6 +136,11 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
   }
   *out = std::move(s);
   return true;
+}
+
+Settings WithRuntimeDefaults(Settings s, bool gpu) {
+  if (gpu && !s.ring_bytes_given) s.ring_bytes = kGpuRingBytes;
+  return s;
 }
 
 }  // namespace ferry_tcp

@@ -32,6 +32,11 @@ struct Settings {
   // copies overlap its own network time and not only other lanes'.
   uint64_t gpu_chunk_bytes = 4 << 20;
   uint64_t gpu_pinned_bytes = 64ull << 20;
+  // On a same-host ring lane, GPU frames are copied by the device straight
+  // into and out of the ring's shared bytes, pinned for the runtime once per
+  // ring (gpu_stage.h), instead of through the staging buffers and a memcpy
+  // per side. Off: the buffers (the A/B of docs/benchmarks.md).
+  bool gpu_stage_in_ring = true;
   // Lanes to an engine on this host run over shared memory (channel.h): this
   // engine listens on a unix socket for them and uses the peer's. Off: TCP
   // only (tests that shape loopback TCP; a peer of a ferry before 2026-12-03,
@@ -50,8 +55,11 @@ struct Settings {
   // direct 4-16 KiB transfers ran 1.0-1.7 x the rings' rate; below 4 KiB the
   // copy's system call is most of the work.)
   uint64_t direct_min_bytes = 4 << 10;
-  // Each ring's bytes (a lane has two): a power of two in 64KiB..16MiB.
+  // Each ring's bytes (a lane has two; the initiator's setting makes them): a
+  // power of two in 64KiB..16MiB. Unset, kGpuRingBytes in a process with a GPU
+  // runtime (WithRuntimeDefaults).
   uint64_t ring_bytes = 1 << 20;
+  bool ring_bytes_given = false;
   // Largest payload of one frame to a peer whose lanes run over rings: smaller
   // than chunk_bytes, so a 1 MiB transfer is four frames copied by four lanes
   // at once (16-core host: READ 1 MiB 3.5-4.0 -> 19-21 GB/s; docs/benchmarks.md).
@@ -83,6 +91,15 @@ struct Settings {
 
 // Rejects bad JSON, unknown keys, wrong types and out-of-range values, saying which.
 bool ParseSettings(const char* json, Settings* out, std::string* err);
+
+// A GPU frame staged in a ring's bytes goes in pieces of a quarter ring, at
+// most gpu_stage_bytes (gpu_stage.h); 4 MiB rings give 1 MiB pieces. On an
+// H100 host, VRAM -> VRAM through 1 MiB rings (256 KiB pieces) ran 10-14 GB/s
+// at 16-256 MiB where 4 MiB rings ran 20-33 (docs/benchmarks.md).
+inline constexpr uint64_t kGpuRingBytes = 4 << 20;
+// The settings with the defaults that depend on the process: ring_bytes, when
+// not given, is kGpuRingBytes where a GPU runtime is loaded (`gpu`, the host's).
+Settings WithRuntimeDefaults(Settings s, bool gpu);
 
 // "1MiB", "64KiB", "4097B": for describe() and messages.
 using ferry::plugin_kit::FormatBytes;

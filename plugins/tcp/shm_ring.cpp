@@ -209,6 +209,8 @@ Ring& Ring::operator=(Ring&& o) noexcept {
   capacity_ = std::exchange(o.capacity_, 0);
   head_ = std::exchange(o.head_, 0);
   tail_ = std::exchange(o.tail_, 0);
+  reserved_ = std::exchange(o.reserved_, 0);
+  peeked_ = std::exchange(o.peeked_, 0);
   return *this;
 }
 
@@ -384,6 +386,7 @@ int Ring::Wait(Ready ready, int bell, std::atomic<uint32_t>* sleeping,
 int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milliseconds timeout,
                 int liveness_fd) {
   if (ctl_ == nullptr) return EBADF;
+  if (reserved_ != 0) return EINVAL;  // bytes reserved in place come first
   // Find where *progress left off.
   size_t idx = 0, off = *progress;
   while (idx < n && off >= iov[idx].iov_len) off -= iov[idx++].iov_len;
@@ -425,21 +428,83 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
   return 0;
 }
 
+int Ring::Reserve(uint64_t max, uint8_t** at, uint64_t* len, std::chrono::milliseconds timeout,
+                  int liveness_fd) {
+  if (ctl_ == nullptr) return EBADF;
+  if (max == 0) return EINVAL;
+  uint64_t space = 0;
+  auto room = [&]() -> int {
+    const uint64_t tail = ctl_->tail.load(std::memory_order_seq_cst);  // pairs with Publish
+    SyncAcquire(sync_ == nullptr ? nullptr : sync_ + 1);
+    if (!InOrder(head_, tail, capacity_)) return EPROTO;
+    if (ctl_->closed.load(std::memory_order_acquire) != 0) return EPIPE;
+    const uint64_t used = head_ - tail + reserved_;
+    space = used < capacity_ ? capacity_ - used : 0;
+    return space > 0 ? 0 : kNotYet;
+  };
+  int r = room();
+  if (r == kNotYet) {
+    if (timeout.count() == 0) return EAGAIN;
+    r = Wait(room, h_.space_bell, &ctl_->writer_sleeping, timeout, liveness_fd);
+  }
+  if (r != 0) return r;
+  const uint64_t pos = (head_ + reserved_) & (capacity_ - 1);
+  *len = std::min({max, space, capacity_ - pos});
+  *at = data_ + pos;
+  reserved_ += *len;
+  return 0;
+}
+
+void Ring::Commit(uint64_t len) {
+  len = std::min(len, reserved_);
+  reserved_ -= len;
+  head_ += len;
+  Publish(&ctl_->head, head_, &ctl_->reader_sleeping, h_.data_bell, sync_);
+}
+
+int Ring::Peek(uint64_t max, const uint8_t** at, uint64_t* len, std::chrono::milliseconds timeout,
+               int liveness_fd) {
+  if (ctl_ == nullptr) return EBADF;
+  if (max == 0) return EINVAL;
+  uint64_t avail = 0;
+  auto ready = [&] { return Available(&avail, peeked_); };
+  int r = ready();
+  if (r == kNotYet) {
+    if (timeout.count() == 0) return EAGAIN;
+    r = Wait(ready, h_.data_bell, &ctl_->reader_sleeping, timeout, liveness_fd);
+  }
+  if (r != 0) return r;
+  const uint64_t pos = (tail_ + peeked_) & (capacity_ - 1);
+  *len = std::min({max, avail, capacity_ - pos});
+  *at = data_ + pos;
+  peeked_ += *len;
+  return 0;
+}
+
+void Ring::Consume(uint64_t len) {
+  len = std::min(len, peeked_);
+  peeked_ -= len;
+  tail_ += len;
+  Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, h_.space_bell,
+          sync_ == nullptr ? nullptr : sync_ + 1);
+}
+
 uint64_t Ring::Readable() const {
   if (ctl_ == nullptr) return 0;
   const uint64_t head = ctl_->head.load(std::memory_order_acquire);
   return InOrder(head, tail_, capacity_) ? head - tail_ : 0;
 }
 
-int Ring::Available(uint64_t* avail) {
+int Ring::Available(uint64_t* avail, uint64_t skip) {
   // The close first: a head read after it includes every byte written before
   // it, so "closed and nothing left" is the end, never a lost tail.
   const uint32_t closed = ctl_->closed.load(std::memory_order_acquire);
   if (closed == kAborted) return ECONNRESET;
   const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);  // pairs with Publish
   SyncAcquire(sync_);
-  if (!InOrder(head, tail_, capacity_)) return EPROTO;
-  *avail = head - tail_;
+  // The peer may only move head forward: below what was peeked is a broken rule.
+  if (!InOrder(head, tail_, capacity_) || head - tail_ < skip) return EPROTO;
+  *avail = head - tail_ - skip;
   if (*avail > 0) return 0;
   return closed != kOpen ? kEof : kNotYet;
 }
@@ -472,6 +537,7 @@ int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds tim
 
 int Ring::ReadSome(void* buf, size_t len, size_t* got) {
   if (ctl_ == nullptr) return EBADF;
+  if (peeked_ != 0) return EINVAL;  // bytes peeked in place come first
   auto* out = static_cast<uint8_t*>(buf);
   *got = 0;
   while (*got < len) {

@@ -125,6 +125,33 @@ class Ring {
   // Bytes readable now (0 after a corrupt index: the next Read says EPROTO).
   uint64_t Readable() const;
 
+  // In-place ends, for a stager whose device copies write into and read out of
+  // the ring's own bytes (gpu_stage.h: one copy per side instead of a copy into
+  // a staging buffer and another into the ring). Neither mixes with Write /
+  // Read while bytes are reserved or peeked.
+  //
+  // The producer's: the next contiguous free bytes after those already
+  // reserved, up to max (fewer at the ring's end or when less is free): 0 with
+  // *at and *len > 0; otherwise as Write (EAGAIN at a timeout of 0).
+  int Reserve(uint64_t max, uint8_t** at, uint64_t* len, std::chrono::milliseconds timeout,
+              int liveness_fd);
+  // Publishes the oldest len reserved bytes (reservations commit in order).
+  void Commit(uint64_t len);
+  // Forgets every reservation not committed: nothing of it is published.
+  void Unreserve() { reserved_ = 0; }
+  // The consumer's: the next contiguous readable bytes after those already
+  // peeked, up to max, left in the ring (the producer cannot reuse them until
+  // Consume): 0 with *at and *len > 0; otherwise as Read, except that a
+  // timeout of 0 does not wait (EAGAIN with nothing more there), as Write's.
+  int Peek(uint64_t max, const uint8_t** at, uint64_t* len, std::chrono::milliseconds timeout,
+           int liveness_fd);
+  // Hands the oldest len peeked bytes back to the producer.
+  void Consume(uint64_t len);
+  // Forgets every peek not consumed: those bytes are read again.
+  void Unpeek() { peeked_ = 0; }
+  // The ring's bytes, to register with a GPU runtime (null for an invalid ring).
+  uint8_t* data() const { return data_; }
+
   // An end driven by an event loop instead of a waiting thread (the target's
   // I/O pool, polled_lane.h): it watches the bell in its own wait set
   // (data_bell as the consumer, space_bell as the producer) and announces its
@@ -153,8 +180,9 @@ class Ring {
   int Wait(Ready ready, int bell, std::atomic<uint32_t>* sleeping,
            std::chrono::milliseconds timeout, int liveness_fd);
   void Release();
-  // What a read finds now: 0 with *avail bytes, kNotYet, kEof, ECONNRESET, EPROTO.
-  int Available(uint64_t* avail);
+  // What a read finds now past the first `skip` readable bytes: 0 with *avail
+  // bytes, kNotYet, kEof, ECONNRESET, EPROTO.
+  int Available(uint64_t* avail, uint64_t skip = 0);
   // Copies k <= what is available out of the ring and publishes the room.
   void Take(uint8_t* out, uint64_t k);
 
@@ -170,6 +198,8 @@ class Ring {
   // peer's copy in the segment is published, never read back.
   uint64_t head_ = 0;
   uint64_t tail_ = 0;
+  uint64_t reserved_ = 0;  // the producer's bytes past head_ handed out by Reserve
+  uint64_t peeked_ = 0;    // the consumer's bytes past tail_ handed out by Peek
 };
 
 }  // namespace ferry_tcp::shm

@@ -936,7 +936,7 @@ TargetServer::Outcome TargetServer::ServeStaged(Channel& ch, ByteReader& in, con
     return Outcome::kCloseLane;
   };
   if (h.type == wire::Type::kWrite) {
-    const int err = stage.Recv(in, mem.data(), mem.size());
+    const int err = stage.Recv(ch, in, mem.data(), mem.size());
     if (err != 0) return lost(err);
     return count(FERRY_OK) ? Outcome::kServed : Outcome::kCloseLane;
   }

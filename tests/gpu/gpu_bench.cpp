@@ -373,12 +373,13 @@ int main(int argc, char** argv) {
     if (staged["gpu_frames_sent"] + staged["gpu_frames_received"] > 0)
       std::printf(
           "       staged here: %llu frames sent, %.1f us each (copy wait %.1f); %llu received, "
-          "%.1f us each (read %.1f, copy wait %.1f); lease %.1f us\n",
+          "%.1f us each (read %.1f, copy wait %.1f); lease %.1f us; %llu in rings' bytes\n",
           static_cast<unsigned long long>(staged["gpu_frames_sent"]),
           per("gpu_send_ns", "gpu_frames_sent"), per("gpu_send_wait_ns", "gpu_frames_sent"),
           static_cast<unsigned long long>(staged["gpu_frames_received"]),
           per("gpu_recv_ns", "gpu_frames_received"), per("gpu_recv_read_ns", "gpu_frames_received"),
-          per("gpu_recv_wait_ns", "gpu_frames_received"), per("gpu_acquire_ns", "gpu_acquires"));
+          per("gpu_recv_wait_ns", "gpu_frames_received"), per("gpu_acquire_ns", "gpu_acquires"),
+          static_cast<unsigned long long>(staged["gpu_ring_frames"]));
     std::fflush(stdout);
     return ok;
   };

@@ -183,13 +183,14 @@ void RunCase(Rig& r, const Case& c, const std::string& backend) {
 // xgmi tells the target itself where it can (plugin ABI 1.8): an interprocess
 // event recorded behind the copy, which the target process's xgmi watches.
 // The pop in RunCase proves the target heard; these counters say who told it.
-uint64_t xgmi_counter(Rig& r, const char* name) {
+uint64_t backend_counter(Rig& r, const char* backend, const char* name) {
   const auto st = r.engine->stats();
-  auto b = st.backends.find("xgmi");
+  auto b = st.backends.find(backend);
   if (b == st.backends.end()) return 0;
   auto c = b->second.plugin.find(name);
   return c == b->second.plugin.end() ? 0 : c->second;
 }
+uint64_t xgmi_counter(Rig& r, const char* name) { return backend_counter(r, "xgmi", name); }
 
 // One rig per suite: the target process and the registrations are set up once.
 template <const char* kBackend>
@@ -203,6 +204,12 @@ class GpuMatrix : public testing::TestWithParam<Case> {
     // processes, not left to the core every time.
     if (rig_ && std::string(kBackend) == "xgmi") {
       EXPECT_GT(xgmi_counter(*rig_, "notified_by_event"), 0u);
+    }
+    // Both processes on one host: tcp's lanes run over shared rings, and the
+    // runtime pinned them, so frames were staged in the rings' own bytes.
+    if (rig_ && std::string(kBackend) == "tcp") {
+      EXPECT_GT(backend_counter(*rig_, "tcp", "gpu_ring_frames"), 0u);
+      EXPECT_EQ(backend_counter(*rig_, "tcp", "gpu_ring_pin_fails"), 0u);
     }
     delete rig_;
     rig_ = nullptr;

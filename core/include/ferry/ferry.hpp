@@ -501,7 +501,8 @@ bool available();    // a runtime and at least one device
 int device_count();  // 0 without a runtime
 void* alloc(size_t bytes, int device);
 void free(void* ptr);
-// Synchronous copy in any direction (unified addressing).
+// Copy in any direction (unified addressing), returned once the bytes are at
+// dst - a DMA into the device included - so a transfer posted next sees them.
 void copy(void* dst, const void* src, size_t bytes);
 }  // namespace gpu
 

@@ -34,7 +34,9 @@
  * on a plugin that claims it). 1.8 a plugin's own notification in its
  * transfer's order (ctrl_try_send, interprocess events in the GPU shim,
  * NATIVE_NOTIFY_READ, FERRY_OK_NOTIFY_BY_CORE); 1.9 copy_segments_async in the
- * GPU shim (a batch's copy table written from the pieces by the runtime).
+ * GPU shim (a batch's copy table written from the pieces by the runtime);
+ * 1.10 host_register / host_unregister in the GPU shim (pinning memory the
+ * plugin mapped itself).
  * A plugin built against any 1.x header keeps loading and working: CI builds the
  * plugin template against tests/plugins/abi-1.1 (a frozen copy of the 1.1 header)
  * and runs ferry-plugin-check on it (ctest plugin_check_abi11).
@@ -69,7 +71,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 9
+#define FERRY_PLUGIN_ABI_MINOR 10
 
 /* Name of the entry symbol for ABI major 1 (for dlsym). */
 #define FERRY_PLUGIN_SYMBOL_V1 "ferry_plugin_v1"
@@ -276,6 +278,14 @@ typedef struct ferry_gpu_v1 {
    * queued before may still run). */
   int (*copy_segments_async)(void* gpu_ctx, uint32_t op, const ferry_gpu_seg_v1* segs,
                              size_t n_segs, void* stream);
+  /* ---- ABI 1.10: pinning host memory the caller already has ---- */
+  /* Page-locks [ptr, ptr + n) for every device (cudaHostRegister /
+   * hipHostRegister, portable), so device copies into and out of it run
+   * asynchronously, by DMA (tcp stages GPU frames straight through its
+   * same-host rings' shared memory this way). Unpin with host_unregister before
+   * the memory is unmapped. NULL in a runtime that cannot. */
+  int (*host_register)(void* gpu_ctx, void* ptr, size_t n);
+  int (*host_unregister)(void* gpu_ctx, void* ptr);
 } ferry_gpu_v1;
 
 /* ---- services the core offers to a plugin --------------------------------- */

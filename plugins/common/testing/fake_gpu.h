@@ -106,6 +106,19 @@ class FakeGpu {
       std::free(p);
       return FERRY_OK;
     };
+    // Pinning memory the caller mapped (ABI 1.10): counted, so a test sees
+    // that every range pinned was unpinned, and refused while fail_register.
+    t_.host_register = [](void* c, void* p, size_t n) {
+      if (p == nullptr || n == 0 || Self(c)->fail_register.load()) return FERRY_ERR_GPU;
+      Self(c)->registrations.fetch_add(1);
+      Self(c)->registered.fetch_add(1);
+      return FERRY_OK;
+    };
+    t_.host_unregister = [](void* c, void* p) {
+      if (p == nullptr) return FERRY_ERR_GPU;
+      Self(c)->registered.fetch_sub(1);
+      return FERRY_OK;
+    };
     t_.last_error = [](void*) { return "fake GPU: copy refused (test)"; };
     // memcpy_batch_async left NULL: the stager loops over memcpy_async.
   }
@@ -162,6 +175,14 @@ class FakeGpu {
   std::atomic<int> pinned_allocs{0};         // host_alloc calls
   std::atomic<int> fail_after_copies{-1};    // >= 0: copies after this many fail
   std::atomic<bool> hold_queries{false};     // event_query says "not yet" and runs nothing
+  std::atomic<int> registrations{0};         // host_register calls that pinned
+  std::atomic<int> registered{0};            // of them, not unregistered yet
+  std::atomic<bool> fail_register{false};    // host_register refuses
+  // A runtime that cannot pin memory it did not allocate (before ABI 1.10).
+  void WithoutHostRegister() {
+    t_.host_register = nullptr;
+    t_.host_unregister = nullptr;
+  }
   uint64_t queries() const { return queries_.load(); }  // event and stream queries so far
   // Until Release(): every query says "not yet" and every synchronize waits,
   // so copies stay in flight for as long as a test needs them to.

@@ -49,6 +49,8 @@ Ring MustCreate(uint64_t cap = kCap) {
   return r;
 }
 
+void Poke(int fd, size_t offset, uint64_t value);
+
 Ring MustAttach(const Ring& r) {
   std::string why;
   Ring a = Ring::Attach(r.Duplicate(), &why);
@@ -145,6 +147,167 @@ TEST(ShmRing, StreamsAcrossProcessesBothWaysPolling) { StreamBothWays(50us); }
 
 // No polling at all: every wait sleeps on its bell, so every wake-up path runs.
 TEST(ShmRing, StreamsAcrossProcessesBothWaysSleeping) { StreamBothWays(0us); }
+
+// The in-place ends (Reserve / Commit, Peek / Consume) as a GPU stager uses
+// them: the child peeks up to three pieces before it consumes the oldest,
+// copies each into up to three reservations of the other ring and commits
+// them oldest first, so pieces stop at the ring's end and the indices wrap
+// many times. The parent writes and reads with Write / Read and checks every
+// byte that comes back. Exit codes as EchoChild's.
+[[noreturn]] void InPlaceEchoChild(Handover in_h, Handover out_h, uint64_t total) {
+  std::string why;
+  Ring in = Ring::Attach(in_h, &why), out = Ring::Attach(out_h, &why);
+  if (!in.ok() || !out.ok()) _exit(10);
+  Sizes sz{5};
+  struct Piece {
+    const uint8_t* at;
+    uint64_t len;
+  };
+  std::vector<Piece> peeked;
+  std::vector<uint64_t> reserved;
+  uint64_t read = 0, checked = 0;
+  while (checked < total) {
+    if (read < total && peeked.size() < 3) {
+      const uint8_t* at = nullptr;
+      uint64_t len = 0;
+      const int err = in.Peek(std::min<uint64_t>(sz.Next(40000), total - read), &at, &len,
+                              peeked.empty() ? 10s : 0ms, -1);
+      if (err == 0) {
+        peeked.push_back({at, len});
+        read += len;
+        continue;
+      }
+      if (err != EAGAIN) _exit(11);
+    }
+    // The oldest peeked piece: check it, copy it into reservations, consume it.
+    const Piece p = peeked.front();
+    peeked.erase(peeked.begin());
+    for (uint64_t i = 0; i < p.len; ++i) {
+      if (p.at[i] != PatternByte(checked + i)) _exit(12);
+    }
+    for (uint64_t done = 0; done < p.len;) {
+      uint8_t* at = nullptr;
+      uint64_t len = 0;
+      int err = out.Reserve(p.len - done, &at, &len, 0ms, -1);
+      if (err == EAGAIN && !reserved.empty()) {
+        out.Commit(reserved.front());
+        reserved.erase(reserved.begin());
+        continue;
+      }
+      if (err == EAGAIN) err = out.Reserve(p.len - done, &at, &len, 10s, -1);
+      if (err != 0) _exit(13);
+      std::memcpy(at, p.at + done, len);
+      reserved.push_back(len);
+      done += len;
+      if (reserved.size() == 3) {
+        out.Commit(reserved.front());
+        reserved.erase(reserved.begin());
+      }
+    }
+    in.Consume(p.len);
+    checked += p.len;
+  }
+  for (uint64_t len : reserved) out.Commit(len);
+  _exit(0);
+}
+
+TEST(ShmRing, InPlaceEndsStreamAcrossProcesses) {
+  const uint64_t total = (6u << 20) + 7;
+  Ring a2b = MustCreate(), b2a = MustCreate();
+  ASSERT_TRUE(a2b.ok() && b2a.ok());
+  Handover in_h = a2b.Duplicate(), out_h = b2a.Duplicate();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) InPlaceEchoChild(in_h, out_h, total);
+  in_h.Close();
+  out_h.Close();
+  std::atomic<bool> echo_ok{false};
+  std::thread reader([&] {
+    std::vector<uint8_t> buf(100000);
+    Sizes sz{9};
+    for (uint64_t at = 0; at < total;) {
+      const size_t n = std::min<uint64_t>(sz.Next(buf.size()), total - at);
+      size_t got = 0;
+      if (b2a.Read(buf.data(), n, &got, 10s, -1) != 0) return;
+      for (size_t i = 0; i < n; ++i) {
+        if (buf[i] != PatternByte(at + i)) return;
+      }
+      at += n;
+    }
+    echo_ok = true;
+  });
+  std::vector<uint8_t> src(total);
+  for (uint64_t i = 0; i < total; ++i) src[i] = PatternByte(i);
+  Sizes sz{13};
+  int write_err = 0;
+  for (uint64_t at = 0; at < total && write_err == 0;) {
+    const size_t n = std::min<uint64_t>(sz.Next(90000), total - at);
+    iovec v{src.data() + at, n};
+    size_t progress = 0;
+    write_err = a2b.Write(&v, 1, &progress, 10s, -1);
+    at += n;
+  }
+  if (write_err != 0) {
+    a2b.Close();
+    b2a.Close();
+  }
+  reader.join();
+  EXPECT_EQ(write_err, 0) << IoErrorString(write_err);
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "the child saw wrong bytes or an error (exit code says where)";
+  EXPECT_TRUE(echo_ok) << "the echo came back wrong";
+}
+
+// Peeked bytes stay the consumer's until consumed: the producer finds no room
+// in them. A reservation is invisible until committed, and Unreserve drops it.
+// Write and ReadSome refuse to run past in-place bytes. A head the peer moves
+// back below what was peeked is EPROTO.
+TEST(ShmRing, InPlaceEndsKeepTheirBytesUntilHandedOn) {
+  Ring w = MustCreate();
+  Ring r = MustAttach(w);
+  uint8_t* at = nullptr;
+  uint64_t len = 0;
+  ASSERT_EQ(w.Reserve(kCap, &at, &len, 0ms, -1), 0);
+  EXPECT_EQ(len, kCap);
+  std::memset(at, 0x11, len);
+  const uint8_t* got_at = nullptr;
+  uint64_t got = 0;
+  EXPECT_EQ(r.Peek(16, &got_at, &got, 0ms, -1), EAGAIN);  // reserved, not committed
+  EXPECT_EQ(w.Reserve(1, &at, &len, 0ms, -1), EAGAIN);    // the whole ring is reserved
+  uint8_t b = 0;
+  iovec v{&b, 1};
+  size_t progress = 0;
+  EXPECT_EQ(w.Write(&v, 1, &progress, 0ms, -1), EINVAL);
+  w.Commit(1000);
+  w.Unreserve();
+  EXPECT_EQ(r.Readable(), 1000u);
+  ASSERT_EQ(r.Peek(600, &got_at, &got, 0ms, -1), 0);
+  EXPECT_EQ(got, 600u);
+  ASSERT_EQ(r.Peek(kCap, &got_at, &got, 0ms, -1), 0);
+  EXPECT_EQ(got, 400u);
+  EXPECT_EQ(r.Peek(kCap, &got_at, &got, 0ms, -1), EAGAIN);
+  size_t n = 0;
+  EXPECT_EQ(r.ReadSome(&b, 1, &n), EINVAL);
+  // Room for exactly the bytes never written: the 1000 peeked ones are held.
+  ASSERT_EQ(w.Reserve(kCap, &at, &len, 0ms, -1), 0);
+  EXPECT_EQ(len, kCap - 1000);
+  EXPECT_EQ(w.Reserve(1, &at, &len, 0ms, -1), EAGAIN);
+  w.Unreserve();
+  r.Consume(600);
+  ASSERT_EQ(w.Reserve(kCap, &at, &len, 0ms, -1), 0);
+  EXPECT_EQ(len, kCap - 1000);  // stops at the ring's end
+  ASSERT_EQ(w.Reserve(kCap, &at, &len, 0ms, -1), 0);
+  EXPECT_EQ(len, 600u);  // then goes on at its start
+  w.Unreserve();
+  r.Unpeek();  // the other 400 are read again
+  ASSERT_EQ(r.Peek(kCap, &got_at, &got, 0ms, -1), 0);
+  EXPECT_EQ(got, 400u);
+  EXPECT_EQ(got_at[0], 0x11);
+  Poke(w.fd(), 64, 700);  // the peer's head back below the 1000 peeked
+  EXPECT_EQ(r.Peek(kCap, &got_at, &got, 0ms, -1), EPROTO);
+}
 
 TEST(ShmRing, IdleReaderTimesOutAsleepNotSpinning) {
   Ring w = MustCreate();

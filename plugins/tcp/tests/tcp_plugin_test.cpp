@@ -35,6 +35,7 @@
 #include "lane.h"
 #include "planner.h"
 #include "push_waiter.h"
+#include "settings.h"
 #include "shm_ring.h"
 #include "socket_util.h"
 #include "target_peer.h"
@@ -1223,11 +1224,19 @@ class TcpGpuStaging : public PairTest<::testing::TestWithParam<Stream>> {
                        .key_b = "engine-b",
                        .instance = {.same_host = SameHost(GetParam())},
                        .fini_a_first = false}) {}
-  // Small pieces so a transfer is many pieces deep in the pipeline; two lanes.
+  // Small pieces so a transfer is many pieces deep in the pipeline; two lanes;
+  // the smallest rings, so staging in a ring's own bytes wraps it often (a
+  // piece handed back before its copy ran would be overwritten and caught).
   static constexpr const char* kSettings =
       R"({"lanes": 2, "chunk_bytes": "256KiB", "gpu_chunk_bytes": "256KiB",
-          "gpu_stage_bytes": "16KiB"})";
+          "gpu_stage_bytes": "16KiB", "ring_bytes": "64KiB"})";
   void SetUp() override { Connect(kSettings); }
+  void TearDown() override {
+    PairTest::TearDown();
+    // Every ring pinned for the runtime was unpinned with its lane.
+    EXPECT_EQ(gpu_a_.registered.load(), 0);
+    EXPECT_EQ(gpu_b_.registered.load(), 0);
+  }
   void Connect(const std::string& settings) {
     PairTest::Connect(settings, gpu_a_.table(), gpu_b_.table());
   }
@@ -1243,6 +1252,8 @@ class TcpGpuStaging : public PairTest<::testing::TestWithParam<Stream>> {
     Mem* dst = b_->Register(id, rsize, dev_b);
     Fill(src->data, static_cast<uint32_t>(id));
     void* remote = a_->Import(a_peer_b_, *dst);
+    const uint64_t in_ring_a = Counter(*a_, "gpu_ring_frames");
+    const uint64_t in_ring_b = Counter(*b_, "gpu_ring_frames");
     Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov,
                         {.flags = FERRY_XFER_NOTIFY, .uid = id});
     ASSERT_EQ(w.status, FERRY_OK) << w.msg;
@@ -1262,10 +1273,15 @@ class TcpGpuStaging : public PairTest<::testing::TestWithParam<Stream>> {
     ASSERT_TRUE(b_->host().WaitInbound(id + 1));
     EXPECT_EQ(b_->host().CountInbound(id), 1);
     EXPECT_EQ(b_->host().CountInbound(id + 1), 1);
+    // On rings each GPU side staged in the rings' own bytes, unless told not to.
+    const bool rings = GetParam() == Stream::kRings && in_ring_;
+    EXPECT_EQ(Counter(*a_, "gpu_ring_frames") > in_ring_a, rings && dev_a >= 0);
+    EXPECT_EQ(Counter(*b_, "gpu_ring_frames") > in_ring_b, rings && dev_b >= 0);
     ops.mem_release(a_->ctx(), remote);
   }
 
   ferry_test::FakeGpu gpu_a_, gpu_b_;
+  bool in_ring_ = true;  // frames on ring lanes are expected to stage in the rings' bytes
 };
 
 TEST_P(TcpGpuStaging, GpuToGpuOddSizesThroughManyPieces) {
@@ -1291,6 +1307,27 @@ TEST_P(TcpGpuStaging, GpuToCpuAndCpuToGpu) {
   const uint64_t copied_b = gpu_b_.copied.load();
   RoundTrip({{7, 9, (1u << 20) + 3}}, -1, 1, 60);  // staged at the target only
   EXPECT_GT(gpu_b_.copied.load(), copied_b);
+}
+
+// The staging buffers still carry GPU frames on ring lanes where the rings'
+// bytes are not used: turned off, a runtime without host_register (before ABI
+// 1.10), a runtime that refuses to pin them (asked once per ring).
+TEST_P(TcpGpuStaging, RingLanesWithoutPinnedRingsStageThroughTheBuffers) {
+  in_ring_ = false;
+  Connect(R"({"lanes": 2, "gpu_chunk_bytes": "256KiB", "gpu_stage_bytes": "16KiB",
+              "ring_bytes": "64KiB", "gpu_stage_in_ring": false})");
+  RoundTrip({{5, 3, (1u << 20) + 9}}, 0, 1, 80);
+  EXPECT_EQ(gpu_a_.registrations.load() + gpu_b_.registrations.load(), 0);
+  gpu_a_.fail_register = true;
+  gpu_b_.WithoutHostRegister();
+  Connect(kSettings);
+  RoundTrip({{5, 3, (1u << 20) + 9}}, 0, 1, 90);
+  EXPECT_EQ(gpu_a_.registrations.load() + gpu_b_.registrations.load(), 0);
+  if (GetParam() == Stream::kRings) {
+    // Two lanes, two rings each, each asked once.
+    EXPECT_GT(Counter(*a_, "gpu_ring_pin_fails"), 0u);
+    EXPECT_LE(Counter(*a_, "gpu_ring_pin_fails"), 4u);
+  }
 }
 
 TEST_P(TcpGpuStaging, PinnedMemoryStaysUnderTheCap) {
@@ -1338,6 +1375,29 @@ TEST(TcpGpuSettings, StageAndPinnedBoundsAreChecked) {
   EXPECT_EQ(ops.init(h.host(), "x", "n", R"({"gpu_pinned_bytes": "1MiB"})", &ctx, err, sizeof(err)),
             FERRY_ERR_INVALID_ARGS);
   EXPECT_NE(std::string(err).find("gpu_pinned_bytes"), std::string::npos) << err;
+}
+
+// GPU frames stage in pieces of a quarter ring: a process with a GPU runtime
+// makes larger rings unless told a size.
+TEST(TcpGpuSettings, RingsAreLargerWhereAGpuRuntimeIsLoadedUnlessGiven) {
+  using ferry_tcp::kGpuRingBytes;
+  using ferry_tcp::WithRuntimeDefaults;
+  ferry_tcp::Settings s;
+  std::string err;
+  ASSERT_TRUE(ferry_tcp::ParseSettings("{}", &s, &err)) << err;
+  EXPECT_EQ(WithRuntimeDefaults(s, false).ring_bytes, 1u << 20);
+  EXPECT_EQ(WithRuntimeDefaults(s, true).ring_bytes, kGpuRingBytes);
+  ASSERT_TRUE(ferry_tcp::ParseSettings(R"({"ring_bytes": "256KiB"})", &s, &err)) << err;
+  EXPECT_EQ(WithRuntimeDefaults(s, true).ring_bytes, 256u << 10);
+  ferry_test::FakeGpu gpu;
+  FakeHost with_gpu(ops, "g", {.gpu = gpu.table()});
+  void* ctx = nullptr;
+  char msg[256] = {0};
+  ASSERT_EQ(ops.init(with_gpu.host(), "g", "n", "{}", &ctx, msg, sizeof(msg)), FERRY_OK) << msg;
+  char desc[1024] = {0};
+  ops.describe(ctx, desc, sizeof(desc));
+  EXPECT_NE(std::string(desc).find("4MiB x2 per lane"), std::string::npos) << desc;
+  ops.fini(ctx);
 }
 
 TEST(TcpTarget, StalledFrameIsDroppedAfterIoTimeout) {
