@@ -19,6 +19,7 @@
 
 #include <sys/uio.h>
 
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -110,7 +111,10 @@ class Channel {
   // The stager's record of having pinned that ring's bytes for the GPU runtime
   // (kOut or kIn; the same threads' rule): it unpins them when it goes, which
   // is before the rings are unmapped.
-  std::shared_ptr<void>& ring_pin(Side side) { return ring_pins_[side == Side::kOut ? 1 : 0]; }
+  std::shared_ptr<void>& ring_pin(Side side) {
+    assert(side != Side::kBoth);
+    return ring_pins_[side == Side::kOut ? 1 : 0];
+  }
 
   // The lane breaks while frames are on their way: the peer must not apply
   // what it has not read yet (a socket lane's abortive close does the same

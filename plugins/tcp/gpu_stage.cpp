@@ -29,11 +29,15 @@ uint64_t ns_since(Clock::time_point t) {
 struct RingPin {
   const ferry_gpu_v1* gpu = nullptr;
   void* at = nullptr;  // null: the runtime could not pin them; the buffers are used
+  int device = -1;     // current while pinning: so while unpinning, on whatever thread
   RingPin() = default;
   RingPin(const RingPin&) = delete;
   RingPin& operator=(const RingPin&) = delete;
   ~RingPin() {
-    if (at != nullptr) gpu->host_unregister(gpu->gpu_ctx, at);
+    if (at == nullptr) return;
+    // Without a current device the runtime would make device 0's context for this.
+    gpu->set_device(gpu->gpu_ctx, device);
+    gpu->host_unregister(gpu->gpu_ctx, at);
   }
 };
 
@@ -159,6 +163,7 @@ bool Stage::InRing(Channel& ch, bool out) {
     shm::Ring* ring = out ? ch.out_ring() : ch.in_ring();
     auto pin = std::make_shared<RingPin>();
     pin->gpu = gpu_;
+    pin->device = device_;
     if (gpu_->host_register(gpu_->gpu_ctx, ring->data(), ring->capacity()) == FERRY_OK) {
       pin->at = ring->data();
       ++times_->ring_pins;
@@ -233,8 +238,8 @@ int Stage::SendInRing(Channel& ch, const iovec* iov, size_t n, uint8_t* held_las
     --count;
   }
   // Nothing may still write into the ring, or read the region, once we return.
-  if (err != 0 && count > 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK)
-    Fail("device-to-host copy");
+  // A failed queueing may have left copies of its own running, counted or not.
+  if (err != 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK) Fail("device-to-host copy");
   ring.Unreserve();
   ++times_->frames_sent;
   ++times_->ring_frames;
@@ -295,8 +300,8 @@ int Stage::RecvInRing(Channel& ch, const iovec* iov, size_t n) {
     --count;
   }
   // The bytes are in the region (or the lane is lost) before the caller acks or lets go.
-  if (err != 0 && count > 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK)
-    Fail("host-to-device copy");
+  // A failed queueing may have left copies of its own running, counted or not.
+  if (err != 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK) Fail("host-to-device copy");
   ring.Unpeek();
   ++times_->frames_received;
   ++times_->ring_frames;
@@ -360,6 +365,8 @@ int Stage::Recv(Channel& ch, ByteReader& in, const iovec* iov, size_t n) {
     Fail("selecting the device");
     return kGpuError;
   }
+  // Straight from the ring's bytes, not through `in`: a ring's reader keeps
+  // nothing read ahead (channel.cpp RingReader), so the frame's bytes are all there.
   if (InRing(ch, false)) return RecvInRing(ch, iov, n);
   const auto started = Clock::now();
   uint64_t read_ns = 0, wait_ns = 0;

@@ -16,6 +16,8 @@
 // each published (or handed back) once its copy is done. A frame then costs one
 // device copy per side and no memcpy, where the buffers take a device copy and
 // a memcpy per side. Without host_register, or if pinning fails, the buffers.
+// A piece of several blocks (a KV layout) is one batched copy between the
+// blocks and the ring's bytes, as between the blocks and a buffer.
 //
 // Stages come from a StagePool that caps the pinned host memory the plugin
 // holds (gpu_pinned_bytes). A stage is leased for one frame and returned. When
@@ -99,11 +101,15 @@ class Stage {
   // Cuts the next piece, up to `room` bytes at `host`, out of iov, starting at (*idx, *off).
   static void NextPiece(const iovec* iov, size_t n, size_t* idx, size_t* off, uint8_t* host,
                         uint64_t room, Piece* p);
-  // host_pinned: the host side may be read by a kernel (a batched copy).
+  // host_pinned: the host side may be read by a kernel (a batched copy): memory
+  // from host_alloc, or a ring pinned with host_register (a kernel then uses
+  // the registered pointer as is: true on x86-64 hosts with unified
+  // addressing, cudaDevAttrCanUseHostPointerForRegisteredMem, measured on H100).
   bool Copy(const Piece& p, bool to_device, int slot, bool host_pinned);
   // Whether this channel's ring of that side (Channel::Side kOut / kIn) takes
   // the frame in place: a ring lane, a runtime that pins, the ring pinned.
   bool InRing(Channel& ch, bool out);
+
   int SendInRing(Channel& ch, const iovec* iov, size_t n, uint8_t* held_last);
   int RecvInRing(Channel& ch, const iovec* iov, size_t n);
   // Until the slot's last copy is done: polls briefly, then blocks.

@@ -138,8 +138,9 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
   return true;
 }
 
-Settings WithRuntimeDefaults(Settings s, bool gpu) {
-  if (gpu && !s.ring_bytes_given) s.ring_bytes = kGpuRingBytes;
+Settings WithRuntimeDefaults(Settings s, bool gpu_pins) {
+  if (gpu_pins && s.gpu_stage_in_ring && s.gpu_pinned_bytes != 0 && !s.ring_bytes_given)
+    s.ring_bytes = kGpuRingBytes;
   return s;
 }
 

@@ -35,7 +35,9 @@ struct Settings {
   // On a same-host ring lane, GPU frames are copied by the device straight
   // into and out of the ring's shared bytes, pinned for the runtime once per
   // ring (gpu_stage.h), instead of through the staging buffers and a memcpy
-  // per side. Off: the buffers (the A/B of docs/benchmarks.md).
+  // per side. Off: the buffers (the A/B of docs/benchmarks.md). Those pinned
+  // rings are the lanes' own memory, not counted in gpu_pinned_bytes; with
+  // gpu_pinned_bytes 0 (never pin) no ring is pinned either.
   bool gpu_stage_in_ring = true;
   // Lanes to an engine on this host run over shared memory (channel.h): this
   // engine listens on a unix socket for them and uses the peer's. Off: TCP
@@ -98,8 +100,10 @@ bool ParseSettings(const char* json, Settings* out, std::string* err);
 // at 16-256 MiB where 4 MiB rings ran 20-33 (docs/benchmarks.md).
 inline constexpr uint64_t kGpuRingBytes = 4 << 20;
 // The settings with the defaults that depend on the process: ring_bytes, when
-// not given, is kGpuRingBytes where a GPU runtime is loaded (`gpu`, the host's).
-Settings WithRuntimeDefaults(Settings s, bool gpu);
+// not given, is kGpuRingBytes where GPU frames can be staged in the rings - a
+// GPU runtime that pins memory (`gpu_pins`: the host's, with host_register),
+// gpu_stage_in_ring on, gpu_pinned_bytes not 0.
+Settings WithRuntimeDefaults(Settings s, bool gpu_pins);
 
 // "1MiB", "64KiB", "4097B": for describe() and messages.
 using ferry::plugin_kit::FormatBytes;

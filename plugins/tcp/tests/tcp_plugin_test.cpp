@@ -1318,6 +1318,11 @@ TEST_P(TcpGpuStaging, RingLanesWithoutPinnedRingsStageThroughTheBuffers) {
               "ring_bytes": "64KiB", "gpu_stage_in_ring": false})");
   RoundTrip({{5, 3, (1u << 20) + 9}}, 0, 1, 80);
   EXPECT_EQ(gpu_a_.registrations.load() + gpu_b_.registrations.load(), 0);
+  // "Never pin" covers the rings.
+  Connect(R"({"lanes": 2, "gpu_chunk_bytes": "256KiB", "gpu_stage_bytes": "16KiB",
+              "ring_bytes": "64KiB", "gpu_pinned_bytes": 0})");
+  RoundTrip({{5, 3, (1u << 20) + 9}}, 0, 1, 85);
+  EXPECT_EQ(gpu_a_.registrations.load() + gpu_b_.registrations.load(), 0);
   gpu_a_.fail_register = true;
   gpu_b_.WithoutHostRegister();
   Connect(kSettings);
@@ -1361,6 +1366,28 @@ TEST_P(TcpGpuStaging, CopyFailureFailsTheTransferWithGpuErrorThenRecovers) {
   ops.mem_release(a_->ctx(), remote);
 }
 
+// A copy that fails to queue part-way through the first piece of a frame (its
+// blocks gathered one by one: the fake has no batched copy) leaves the blocks
+// queued before it; none may still run once the stager gave up on the frame.
+TEST_P(TcpGpuStaging, AFailedFirstPieceLeavesNoCopyRunning) {
+  Mem* src = a_->Register(1, 1 << 20, 0);
+  Mem* dst = b_->Register(1, 1 << 20, 1);
+  void* remote = a_->Import(a_peer_b_, *dst);
+  std::vector<ferry_iov_v1> iov;
+  for (uint64_t i = 0; i < 8; ++i) iov.push_back({i * 8192, i * 8192, 4096});
+  gpu_a_.fail_after_copies = 3;
+  Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov);
+  EXPECT_EQ(w.status, FERRY_ERR_GPU) << w.msg;
+  EXPECT_EQ(gpu_a_.queued(), 0u) << "copies of the failed frame were left queued";
+  gpu_a_.fail_after_copies = -1;
+  Fill(src->data, 9);
+  w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, iov);
+  ASSERT_EQ(w.status, FERRY_OK) << w.msg;
+  for (const auto& i : iov)
+    EXPECT_TRUE(SameBytes(src->data.data() + i.local_off, dst->data.data() + i.remote_off, i.len));
+  ops.mem_release(a_->ctx(), remote);
+}
+
 INSTANTIATE_TEST_SUITE_P(Streams, TcpGpuStaging, ::testing::Values(Stream::kTcp, Stream::kRings),
                          StreamName);
 
@@ -1389,6 +1416,11 @@ TEST(TcpGpuSettings, RingsAreLargerWhereAGpuRuntimeIsLoadedUnlessGiven) {
   EXPECT_EQ(WithRuntimeDefaults(s, true).ring_bytes, kGpuRingBytes);
   ASSERT_TRUE(ferry_tcp::ParseSettings(R"({"ring_bytes": "256KiB"})", &s, &err)) << err;
   EXPECT_EQ(WithRuntimeDefaults(s, true).ring_bytes, 256u << 10);
+  // Where frames are not staged in the rings, their size stays.
+  ASSERT_TRUE(ferry_tcp::ParseSettings(R"({"gpu_stage_in_ring": false})", &s, &err)) << err;
+  EXPECT_EQ(WithRuntimeDefaults(s, true).ring_bytes, 1u << 20);
+  ASSERT_TRUE(ferry_tcp::ParseSettings(R"({"gpu_pinned_bytes": 0})", &s, &err)) << err;
+  EXPECT_EQ(WithRuntimeDefaults(s, true).ring_bytes, 1u << 20);
   ferry_test::FakeGpu gpu;
   FakeHost with_gpu(ops, "g", {.gpu = gpu.table()});
   void* ctx = nullptr;
