@@ -175,41 +175,35 @@ bool Stage::InRing(Channel& ch, bool out) {
   return static_cast<const RingPin*>(slot.get())->at != nullptr;
 }
 
-int Stage::SendInRing(Channel& ch, const iovec* iov, size_t n, uint8_t* held_last) {
-  void* ctx = gpu_->gpu_ctx;
-  shm::Ring& ring = *ch.out_ring();
-  const auto started = Clock::now();
-  uint64_t wait_ns = 0;
+template <typename Take, typename Give>
+int Stage::ThroughRing(const iovec* iov, size_t n, uint64_t room, bool to_device, Take take,
+                       Give give, uint64_t* take_ns, uint64_t* wait_ns) {
   uint64_t left = 0;
   for (size_t i = 0; i < n; ++i) left += iov[i].iov_len;
-  // kSlots pieces fit in the ring at once, so the reader copies out of some while we copy in.
-  const uint64_t room = std::max<uint64_t>(1, std::min(piece_, ring.capacity() / kSlots));
-  struct InFlight {
-    uint8_t* at;
-    uint64_t len;
-  } flight[kSlots];
+  const char* what = to_device ? "host-to-device copy" : "device-to-host copy";
+  RingPiece flight[kSlots];
   int first = 0, count = 0;
   size_t idx = 0, off = 0;
   Piece piece;
   int err = 0;
   while (left > 0 || count > 0) {
     if (left > 0 && count < kSlots) {
-      uint8_t* at = nullptr;
-      uint64_t len = 0;
-      // With copies in flight, never wait for room: finishing them is what frees it.
-      const int r =
-          ring.Reserve(std::min(room, left), &at, &len,
-                       count > 0 ? std::chrono::milliseconds(0) : ch.ring_wait(), ch.fd());
+      RingPiece p;
+      const auto taking = Clock::now();
+      // With copies in flight, never wait for ring space: finishing them is
+      // what frees it (ours, or the peer's to read).
+      const int r = take(std::min(room, left), count == 0, &p);
+      *take_ns += ns_since(taking);
       if (r == 0) {
         const int slot = (first + count) % kSlots;
-        NextPiece(iov, n, &idx, &off, at, len, &piece);
-        if (!Copy(piece, false, slot, true)) {
+        NextPiece(iov, n, &idx, &off, p.at, p.len, &piece);
+        if (!Copy(piece, to_device, slot, true)) {
           err = kGpuError;
           break;
         }
-        flight[slot] = {at, len};
+        flight[slot] = p;
         ++count;
-        left -= len;
+        left -= p.len;
         continue;
       }
       if (r != EAGAIN) {
@@ -217,29 +211,44 @@ int Stage::SendInRing(Channel& ch, const iovec* iov, size_t n, uint8_t* held_las
         break;
       }
     }
-    // The oldest copy: once it is done its bytes are published, in order.
-    const auto waited = Clock::now();
-    const bool copied = Wait(first, "device-to-host copy");
-    wait_ns += ns_since(waited);
+    // The oldest copy: once it is done its ring bytes are handed on, in order.
+    const auto waiting = Clock::now();
+    const bool copied = Wait(first, what);
+    *wait_ns += ns_since(waiting);
     if (!copied) {
       err = kGpuError;
       break;
     }
-    const InFlight& f = flight[first];
-    const bool last = left == 0 && count == 1;
-    if (last && held_last != nullptr) {
-      // Held back: the caller sends it once the READ is counted.
-      *held_last = f.at[f.len - 1];
-      ring.Commit(f.len - 1);
-    } else {
-      ring.Commit(f.len);
-    }
+    give(flight[first], left == 0 && count == 1);
     first = (first + 1) % kSlots;
     --count;
   }
-  // Nothing may still write into the ring, or read the region, once we return.
-  // A failed queueing may have left copies of its own running, counted or not.
-  if (err != 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK) Fail("device-to-host copy");
+  // Nothing may still write into the ring or the region once we return: a
+  // failed queueing may have left copies of its own running, counted or not.
+  if (err != 0 && gpu_->stream_sync(gpu_->gpu_ctx, stream_) != FERRY_OK) Fail(what);
+  return err;
+}
+
+int Stage::SendInRing(Channel& ch, const iovec* iov, size_t n, uint8_t* held_last) {
+  shm::Ring& ring = *ch.out_ring();
+  const auto started = Clock::now();
+  uint64_t reserve_ns = 0, wait_ns = 0;
+  // kSlots pieces fit in the ring at once, so the reader copies out of some while we copy in.
+  const uint64_t room = std::max<uint64_t>(1, std::min(piece_, ring.capacity() / kSlots));
+  auto reserve = [&](uint64_t max, bool wait, RingPiece* p) {
+    return ring.Reserve(max, &p->at, &p->len, wait ? ch.ring_wait() : std::chrono::milliseconds(0),
+                        ch.fd());
+  };
+  auto publish = [&](const RingPiece& p, bool last) {
+    if (last && held_last != nullptr) {
+      // Held back: the caller sends it once the READ is counted.
+      *held_last = p.at[p.len - 1];
+      ring.Commit(p.len - 1);
+    } else {
+      ring.Commit(p.len);
+    }
+  };
+  const int err = ThroughRing(iov, n, room, false, reserve, publish, &reserve_ns, &wait_ns);
   ring.Unreserve();
   ++times_->frames_sent;
   ++times_->ring_frames;
@@ -249,59 +258,21 @@ int Stage::SendInRing(Channel& ch, const iovec* iov, size_t n, uint8_t* held_las
 }
 
 int Stage::RecvInRing(Channel& ch, const iovec* iov, size_t n) {
-  void* ctx = gpu_->gpu_ctx;
   shm::Ring& ring = *ch.in_ring();
   const auto started = Clock::now();
   uint64_t read_ns = 0, wait_ns = 0;
-  uint64_t left = 0;
-  for (size_t i = 0; i < n; ++i) left += iov[i].iov_len;
   const uint64_t room = std::max<uint64_t>(1, std::min(piece_, ring.capacity() / kSlots));
-  uint64_t flight[kSlots];  // each slot's bytes, handed back once copied
-  int first = 0, count = 0;
-  size_t idx = 0, off = 0;
-  Piece piece;
-  int err = 0;
-  while (left > 0 || count > 0) {
-    if (left > 0 && count < kSlots) {
-      const uint8_t* at = nullptr;
-      uint64_t len = 0;
-      const auto reading = Clock::now();
-      const int r = ring.Peek(std::min(room, left), &at, &len,
-                              count > 0 ? std::chrono::milliseconds(0) : ch.ring_wait(), ch.fd());
-      read_ns += ns_since(reading);
-      if (r == 0) {
-        const int slot = (first + count) % kSlots;
-        NextPiece(iov, n, &idx, &off, const_cast<uint8_t*>(at), len, &piece);
-        if (!Copy(piece, true, slot, true)) {
-          err = kGpuError;
-          break;
-        }
-        flight[slot] = len;
-        ++count;
-        left -= len;
-        continue;
-      }
-      if (r != EAGAIN) {
-        // The socket's end reads as end of stream, as RingReader's does.
-        err = r == EPIPE ? kEof : r;
-        break;
-      }
-    }
-    // The oldest copy: once it is done its ring bytes go back to the sender.
-    const auto waited = Clock::now();
-    const bool copied = Wait(first, "host-to-device copy");
-    wait_ns += ns_since(waited);
-    if (!copied) {
-      err = kGpuError;
-      break;
-    }
-    ring.Consume(flight[first]);
-    first = (first + 1) % kSlots;
-    --count;
-  }
+  auto peek = [&](uint64_t max, bool wait, RingPiece* p) {
+    const uint8_t* at = nullptr;
+    const int r =
+        ring.Peek(max, &at, &p->len, wait ? ch.ring_wait() : std::chrono::milliseconds(0), ch.fd());
+    p->at = const_cast<uint8_t*>(at);  // only read: the host side of host-to-device copies
+    // The socket's end reads as end of stream, as RingReader's does.
+    return r == EPIPE ? kEof : r;
+  };
+  auto hand_back = [&](const RingPiece& p, bool) { ring.Consume(p.len); };
+  const int err = ThroughRing(iov, n, room, true, peek, hand_back, &read_ns, &wait_ns);
   // The bytes are in the region (or the lane is lost) before the caller acks or lets go.
-  // A failed queueing may have left copies of its own running, counted or not.
-  if (err != 0 && gpu_->stream_sync(ctx, stream_) != FERRY_OK) Fail("host-to-device copy");
   ring.Unpeek();
   ++times_->frames_received;
   ++times_->ring_frames;

@@ -110,6 +110,19 @@ class Stage {
   // the frame in place: a ring lane, a runtime that pins, the ring pinned.
   bool InRing(Channel& ch, bool out);
 
+  // A piece of ring bytes: reserved in the outgoing ring, or peeked in the incoming one.
+  struct RingPiece {
+    uint8_t* at = nullptr;
+    uint64_t len = 0;
+  };
+  // Moves iov[0..n) through a ring in pieces of up to `room` bytes, kSlots in
+  // flight: take(max, may_wait, &piece) gets ring bytes (Reserve or Peek: 0, or
+  // EAGAIN without waiting, or an error), a device copy moves the piece, and
+  // give(piece, last) hands it on once its copy is done (Commit or Consume), in
+  // order. Returns 0, take's error or kGpuError; no copy runs after it returns.
+  template <typename Take, typename Give>
+  int ThroughRing(const iovec* iov, size_t n, uint64_t room, bool to_device, Take take, Give give,
+                  uint64_t* take_ns, uint64_t* wait_ns);
   int SendInRing(Channel& ch, const iovec* iov, size_t n, uint8_t* held_last);
   int RecvInRing(Channel& ch, const iovec* iov, size_t n);
   // Until the slot's last copy is done: polls briefly, then blocks.
