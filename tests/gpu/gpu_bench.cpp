@@ -7,7 +7,11 @@
 //          [--settings JSON (the first backend's, on both sides)] [--method M]
 //          [--rows all|blocks|batches]
 // A device of -1 is host memory on that side: `ferry-gpu-bench tcp -1 -1` is the
-// CPU->CPU reference for tcp's staged GPU->GPU figures in the same run.
+// CPU->CPU reference for tcp's staged GPU->GPU figures. With tcp and GPU memory
+// on a side, that reference is also measured in the same run, alternating with
+// each of the row's runs (a second target process with host memory), in the
+// last two columns, **cpu GB/s** and its **ratio** (issue 19 item 3);
+// `--no-cpu-reference` leaves it out.
 //
 // Rows: WRITE and READ of one block (64 KiB .. 256 MiB), notification off and
 // on, then scattered blocks as one batch (1024 x 16 KiB, 4096 x 4 KiB). Each row
@@ -169,8 +173,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> pos;
   int runs = 5;
   std::string settings, method = "auto", rows = "all";
+  bool cpu_reference = true;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
+    if (std::strcmp(argv[i], "--no-cpu-reference") == 0)
+      cpu_reference = false;
+    else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
       runs = std::max(1, std::stoi(argv[++i]));
     else if (std::strcmp(argv[i], "--settings") == 0 && i + 1 < argc)
       settings = argv[++i];
@@ -185,7 +192,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: %s BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE] [--runs N] "
                  "[--settings JSON] [--method auto|gather|runtime|copies] "
-                 "[--rows all|blocks|batches]\n",
+                 "[--rows all|blocks|batches] [--no-cpu-reference]\n",
                  argv[0]);
     return 2;
   }
@@ -239,6 +246,32 @@ int main(int argc, char** argv) {
   MemoryDesc local = engine.register_memory(buf, region);
   auto session = engine.create_session(local, remote);
   if (!session) return 1;
+  // tcp's reference for staged GPU memory: the same transfers between host
+  // memory of this process and of a second target process.
+  std::unique_ptr<test::ChildProcess> cpu_child;
+  std::vector<uint8_t> cpu_plain;
+  MemoryDesc cpu_local;
+  std::string cpu_key;
+  std::unique_ptr<Session> cpu_session;
+  if (cpu_reference && first_backend == "tcp" && (idev >= 0 || tdev >= 0)) {
+    cpu_child = std::make_unique<test::ChildProcess>(std::vector<std::string>{
+        FERRY_GPU_PEER, "gpu-bench-target-cpu", backends, "-1", std::to_string(region), settings});
+    std::istringstream cin(cpu_child->read_line(120000));
+    std::string cword, cehex, cmhex;
+    cin >> cword >> cehex >> cmhex;
+    if (cword != "READY") {
+      std::fprintf(stderr, "ferry-gpu-bench: CPU reference target: %s\n", cword.c_str());
+      return 1;
+    }
+    const EngineDesc cpu_target = EngineDesc::unpack(test::from_hex(cehex));
+    cpu_key = cpu_target.key;
+    engine.register_remote_engine(cpu_target);
+    if (cpu_child->ask("register " + test::to_hex(engine.desc().pack())) != "OK") return 1;
+    cpu_plain = host;
+    cpu_local = engine.register_memory(cpu_plain.data(), region);
+    cpu_session = engine.create_session(cpu_local, MemoryDesc::unpack(test::from_hex(cmhex)));
+    if (!cpu_session) return 1;
+  }
   std::unique_ptr<Raw> raw;
   if (idev >= 0 && tdev >= 0) {
     raw = std::make_unique<Raw>(idev, tdev, region);
@@ -273,16 +306,16 @@ int main(int argc, char** argv) {
   };
   // One run: `iters` transfers, each waited for; GB/s, and the waiter's wake-up
   // and the session call's ns summed.
-  auto run_once = [&](Op op, const Pieces& p, bool notify, int iters, double* wake_ns,
+  auto run_once = [&](Session* on, Op op, const Pieces& p, bool notify, int iters, double* wake_ns,
                       double* call_ns) {
     double total_s = 0;
     for (int i = -2; i < iters; ++i) {
       auto t0 = Clock::now();
-      TransferStatus st =
-          p.sz.size() == 1 ? (op == Op::WRITE ? session->write(p.lo[0], p.ro[0], p.sz[0], 0, notify)
-                                              : session->read(p.lo[0], p.ro[0], p.sz[0], 0, notify))
-                           : (op == Op::WRITE ? session->batch_write(p.lo, p.ro, p.sz, 0, notify)
-                                              : session->batch_read(p.lo, p.ro, p.sz, 0, notify));
+      TransferStatus st = p.sz.size() == 1
+                              ? (op == Op::WRITE ? on->write(p.lo[0], p.ro[0], p.sz[0], 0, notify)
+                                                 : on->read(p.lo[0], p.ro[0], p.sz[0], 0, notify))
+                              : (op == Op::WRITE ? on->batch_write(p.lo, p.ro, p.sz, 0, notify)
+                                                 : on->batch_read(p.lo, p.ro, p.sz, 0, notify));
       const auto called = Clock::now();
       if (st.Wait() != StatusCode::SUCCESS) {
         std::fprintf(stderr, "transfer failed: %s\n", st.Message().c_str());
@@ -311,7 +344,7 @@ int main(int argc, char** argv) {
     return child.ask(cmd.str()) == "HASH " + std::to_string(h);
   };
   auto row = [&](const char* name, Op op, const Pieces& p, bool notify, int iters) {
-    std::vector<double> ferry_gbs, raw_gbs, ipc_gbs;
+    std::vector<double> ferry_gbs, raw_gbs, ipc_gbs, cpu_gbs;
     double wake = 0, call = 0, raw_call = 0, ipc_call = 0, faults = 0;
     const auto before = stage_totals();
     const auto staged_before = staging();
@@ -320,8 +353,11 @@ int main(int argc, char** argv) {
       if (raw) raw_gbs.push_back(raw->measure(op, p, iters, &raw_call));
       if (raw && raw->has_peer()) ipc_gbs.push_back(raw->measure(op, p, iters, &ipc_call, true));
       const long f0 = minor_faults();
-      ferry_gbs.push_back(run_once(op, p, notify, iters, &wake, &call));
+      ferry_gbs.push_back(run_once(session.get(), op, p, notify, iters, &wake, &call));
       faults += static_cast<double>(minor_faults() - f0);
+      double cpu_wake = 0, cpu_call = 0;
+      if (cpu_session)
+        cpu_gbs.push_back(run_once(cpu_session.get(), op, p, notify, iters, &cpu_wake, &cpu_call));
     }
     const auto after = stage_totals();
     const bool ok = op == Op::WRITE ? verify_write(p) : true;
@@ -364,7 +400,12 @@ int main(int argc, char** argv) {
       std::printf(" %8.1f", ipc_call / n / 1e3);
     else
       std::printf(" %8s", "-");
-    std::printf(" %6.1f\n", faults / n);
+    std::printf(" %6.1f", faults / n);
+    if (!cpu_gbs.empty()) {
+      Spread c = spread(cpu_gbs);
+      std::printf(" %8.1f %6.2f", c.median, f.median / c.median);
+    }
+    std::printf("\n");
     auto staged = staging();
     for (auto& [k, v] : staged) v -= staged_before.count(k) ? staged_before.at(k) : 0;
     auto per = [&](const char* k, const char* frames) {
@@ -391,10 +432,10 @@ int main(int argc, char** argv) {
       settings.empty() ? "{}" : settings.c_str());
   std::printf(
       "%-6s %-12s %-6s %9s %9s %9s %9s %6s %9s %6s %5s  %6s %6s %6s %6s %6s %6s %6s %6s %6s %6s "
-      "%8s %8s %6s\n",
+      "%8s %8s %6s %8s %6s\n",
       "op", "bytes", "notify", "GB/s", "min", "max", "raw GB/s", "ratio", "ipc GB/s", "ratio", "ok",
       "post", "setup", "enq", "merge", "pickup", "gpu", "compl", "wake", "waiter", "call",
-      "raw call", "ipc call", "faults");
+      "raw call", "ipc call", "faults", cpu_session ? "cpu GB/s" : "", cpu_session ? "ratio" : "");
   std::printf("%-6s %-12s %-6s %9s %9s %9s %9s %6s %9s %6s %5s  %55s\n", "", "", "", "(median)", "",
               "", "(median)", "", "(median)", "", "", "us per transfer, mean");
   bool all_ok = true;
@@ -416,7 +457,16 @@ int main(int argc, char** argv) {
   }
   session.reset();
   engine.deregister_memory(local);
+  // Each target is let go before it quits: its lanes close cleanly, and this
+  // engine, still up for the other one, logs no lost connection.
+  engine.deregister_remote_engine(EngineDesc::unpack(test::from_hex(ehex)).key);
   child.ask("quit", 10000);
+  if (cpu_session) {
+    cpu_session.reset();
+    engine.deregister_memory(cpu_local);
+    engine.deregister_remote_engine(cpu_key);
+    cpu_child->ask("quit", 10000);
+  }
   raw.reset();
   if (idev >= 0) gpu::free(buf);
   return all_ok ? 0 : 1;

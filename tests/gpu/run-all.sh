@@ -77,17 +77,9 @@ log "## ferry-gpu-bench over xgmi (two processes; each row beside the raw copy o
 log '```'; "$build/bin/ferry-gpu-bench" xgmi 2>&1 | tee -a "$report/report.md" || status=1; log '```'
 log "### the same with every piece through the gather kernel (--method gather)"
 log '```'; "$build/bin/ferry-gpu-bench" xgmi --method gather 2>&1 | tee -a "$report/report.md" || status=1; log '```'
-log "## tcp with GPU memory staged through pinned host buffers, beside tcp CPU->CPU (same run)"
-"$build/bin/ferry-gpu-bench" tcp --runs 3 > "$report/tcp-gpu.txt" 2>&1 || status=1
-"$build/bin/ferry-gpu-bench" tcp -1 -1 --runs 3 > "$report/tcp-cpu.txt" 2>&1 || status=1
-log '```'; cat "$report/tcp-gpu.txt" "$report/tcp-cpu.txt" | tee -a "$report/report.md"; log '```'
-log "staged GPU->GPU / CPU->CPU over tcp, median GB/s ratio per row:"
-log '```'
-awk 'NR==FNR { if ($4 ~ /^[0-9.]+$/) g[$1 " " $2 " " $3] = $4; next }
-     ($4 ~ /^[0-9.]+$/) && (($1 " " $2 " " $3) in g) && $4 > 0 {
-       printf "%6s %12s notify %-3s  gpu %6.2f  cpu %6.2f  ratio %.2f\n", $1, $2, $3, g[$1 " " $2 " " $3], $4, g[$1 " " $2 " " $3] / $4 }' \
-  "$report/tcp-gpu.txt" "$report/tcp-cpu.txt" | tee -a "$report/report.md"
-log '```'
+log "## tcp with GPU memory staged (on one host: in the rings' own bytes), beside tcp CPU->CPU"
+log "(the last two columns: the same transfers between host memory, alternating with each run)"
+log '```'; "$build/bin/ferry-gpu-bench" tcp --runs 3 2>&1 | tee -a "$report/report.md" || status=1; log '```'
 log "## same-host CPU -> CPU: the raw references beside tcp (issue 19, item 4)"
 log "same_host_probe: memcpy one thread; process_vm_readv pulled by the target; a polled shared ring"
 log '```'; "$build/bin/same_host_probe" --threads 1,4 2>&1 | tee -a "$report/report.md"; log '```'
