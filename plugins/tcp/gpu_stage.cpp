@@ -151,11 +151,15 @@ bool Stage::Copy(const Piece& p, bool to_device, int slot, bool host_pinned) {
   return true;
 }
 
+bool RuntimePins(const ferry_host_v1* host) {
+  const ferry_gpu_v1* gpu = FERRY_HAS_FIELD(ferry_host_v1, host, gpu) ? host->gpu : nullptr;
+  return FERRY_HAS_FIELD(ferry_gpu_v1, gpu, host_unregister) && gpu->host_register != nullptr &&
+         gpu->host_unregister != nullptr;
+}
+
 bool Stage::InRing(Channel& ch, bool out) {
+  // in_ring_ says the runtime pins (StagePool's in_ring).
   if (!in_ring_ || !ch.on_rings()) return false;
-  if (!FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, host_unregister) || gpu_->host_register == nullptr ||
-      gpu_->host_unregister == nullptr)
-    return false;
   std::shared_ptr<void>& slot = ch.ring_pin(out ? Channel::Side::kOut : Channel::Side::kIn);
   if (!slot) {
     // Once per ring: pinning costs a system call per page range, and a ring the

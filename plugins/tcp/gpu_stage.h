@@ -142,8 +142,13 @@ class Stage {
   std::string error_;
 };
 
+// Whether the host's GPU runtime pins memory it did not allocate
+// (ferry_gpu_v1.host_register, plugin ABI 1.10): what in-ring staging needs.
+bool RuntimePins(const ferry_host_v1* host);
+
 class StagePool {
  public:
+  // in_ring: StagesInRing (settings.h), so the runtime pins (RuntimePins).
   StagePool(const ferry_host_v1* host, uint64_t piece_bytes, uint64_t pinned_cap, bool in_ring);
   ~StagePool();  // every lease must have been returned (the lanes are joined first)
   StagePool(const StagePool&) = delete;

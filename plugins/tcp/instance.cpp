@@ -21,13 +21,9 @@ bool IsWildcard(const std::string& h) { return h == "0.0.0.0" || h == "::" || h 
 Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings settings)
     : host_(host),
       engine_key_(std::move(engine_key)),
-      settings_(WithRuntimeDefaults(std::move(settings),
-                                    FERRY_HAS_FIELD(ferry_host_v1, host, gpu) && host->gpu &&
-                                        FERRY_HAS_FIELD(ferry_gpu_v1, host->gpu, host_unregister) &&
-                                        host->gpu->host_register && host->gpu->host_unregister)),
-      // gpu_pinned_bytes 0 is "never pin": the rings are not pinned either.
+      settings_(WithRuntimeDefaults(std::move(settings), RuntimePins(host))),
       stages_(host, settings_.gpu_stage_bytes, settings_.gpu_pinned_bytes,
-              settings_.gpu_stage_in_ring && settings_.gpu_pinned_bytes != 0),
+              StagesInRing(settings_, RuntimePins(host))),
       push_waiter_(host),
       watcher_(host, &Instance::OnExpired),
       pool_(settings_.io_threads > 0 ? settings_.io_threads : IoPool::DefaultThreads(),

@@ -138,9 +138,12 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
   return true;
 }
 
+bool StagesInRing(const Settings& s, bool gpu_pins) {
+  return gpu_pins && s.gpu_stage_in_ring && s.gpu_pinned_bytes != 0;
+}
+
 Settings WithRuntimeDefaults(Settings s, bool gpu_pins) {
-  if (gpu_pins && s.gpu_stage_in_ring && s.gpu_pinned_bytes != 0 && !s.ring_bytes_given)
-    s.ring_bytes = kGpuRingBytes;
+  if (StagesInRing(s, gpu_pins) && !s.ring_bytes_given) s.ring_bytes = kGpuRingBytes;
   return s;
 }
 

@@ -102,8 +102,12 @@ inline constexpr uint64_t kGpuRingBytes = 4 << 20;
 // The settings with the defaults that depend on the process: ring_bytes, when
 // not given, is kGpuRingBytes where GPU frames can be staged in the rings - a
 // GPU runtime that pins memory (`gpu_pins`: the host's, with host_register),
-// gpu_stage_in_ring on, gpu_pinned_bytes not 0.
+// gpu_stage_in_ring on, gpu_pinned_bytes not 0 (StagesInRing).
 Settings WithRuntimeDefaults(Settings s, bool gpu_pins);
+// Whether GPU frames are staged in the rings' own bytes (gpu_stage.h): the
+// setting, pinning allowed (gpu_pinned_bytes 0 is "never pin"), a runtime
+// that pins memory it did not allocate.
+bool StagesInRing(const Settings& s, bool gpu_pins);
 
 // "1MiB", "64KiB", "4097B": for describe() and messages.
 using ferry::plugin_kit::FormatBytes;

@@ -392,14 +392,7 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
   while (idx < n && off >= iov[idx].iov_len) off -= iov[idx++].iov_len;
   const uint64_t mask = capacity_ - 1;
   uint64_t space = 0;
-  auto room = [&]() -> int {
-    const uint64_t tail = ctl_->tail.load(std::memory_order_seq_cst);  // pairs with Publish
-    SyncAcquire(sync_ == nullptr ? nullptr : sync_ + 1);
-    if (!InOrder(head_, tail, capacity_)) return EPROTO;
-    if (ctl_->closed.load(std::memory_order_acquire) != 0) return EPIPE;
-    space = capacity_ - (head_ - tail);
-    return space > 0 ? 0 : kNotYet;
-  };
+  auto room = [&] { return Room(&space); };
   while (idx < n) {
     int r = room();
     if (r == kNotYet) {
@@ -423,9 +416,28 @@ int Ring::Write(const iovec* iov, size_t n, size_t* progress, std::chrono::milli
     }
     head_ += done;
     *progress += done;
-    Publish(&ctl_->head, head_, &ctl_->reader_sleeping, h_.data_bell, sync_);
+    PublishHead();
   }
   return 0;
+}
+
+int Ring::Room(uint64_t* space) {
+  const uint64_t tail = ctl_->tail.load(std::memory_order_seq_cst);  // pairs with Publish
+  SyncAcquire(sync_ == nullptr ? nullptr : sync_ + 1);
+  if (!InOrder(head_, tail, capacity_)) return EPROTO;
+  if (ctl_->closed.load(std::memory_order_acquire) != kOpen) return EPIPE;
+  const uint64_t used = head_ - tail + reserved_;
+  *space = used < capacity_ ? capacity_ - used : 0;
+  return *space > 0 ? 0 : kNotYet;
+}
+
+void Ring::PublishHead() {
+  Publish(&ctl_->head, head_, &ctl_->reader_sleeping, h_.data_bell, sync_);
+}
+
+void Ring::PublishTail() {
+  Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, h_.space_bell,
+          sync_ == nullptr ? nullptr : sync_ + 1);
 }
 
 int Ring::Reserve(uint64_t max, uint8_t** at, uint64_t* len, std::chrono::milliseconds timeout,
@@ -433,15 +445,7 @@ int Ring::Reserve(uint64_t max, uint8_t** at, uint64_t* len, std::chrono::millis
   if (ctl_ == nullptr) return EBADF;
   if (max == 0) return EINVAL;
   uint64_t space = 0;
-  auto room = [&]() -> int {
-    const uint64_t tail = ctl_->tail.load(std::memory_order_seq_cst);  // pairs with Publish
-    SyncAcquire(sync_ == nullptr ? nullptr : sync_ + 1);
-    if (!InOrder(head_, tail, capacity_)) return EPROTO;
-    if (ctl_->closed.load(std::memory_order_acquire) != 0) return EPIPE;
-    const uint64_t used = head_ - tail + reserved_;
-    space = used < capacity_ ? capacity_ - used : 0;
-    return space > 0 ? 0 : kNotYet;
-  };
+  auto room = [&] { return Room(&space); };
   int r = room();
   if (r == kNotYet) {
     if (timeout.count() == 0) return EAGAIN;
@@ -459,7 +463,7 @@ void Ring::Commit(uint64_t len) {
   len = std::min(len, reserved_);
   reserved_ -= len;
   head_ += len;
-  Publish(&ctl_->head, head_, &ctl_->reader_sleeping, h_.data_bell, sync_);
+  PublishHead();
 }
 
 int Ring::Peek(uint64_t max, const uint8_t** at, uint64_t* len, std::chrono::milliseconds timeout,
@@ -485,8 +489,7 @@ void Ring::Consume(uint64_t len) {
   len = std::min(len, peeked_);
   peeked_ -= len;
   tail_ += len;
-  Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, h_.space_bell,
-          sync_ == nullptr ? nullptr : sync_ + 1);
+  PublishTail();
 }
 
 uint64_t Ring::Readable() const {
@@ -515,8 +518,7 @@ void Ring::Take(uint8_t* out, uint64_t k) {
   std::memcpy(out, data_ + pos, first);
   std::memcpy(out + first, data_, k - first);
   tail_ += k;
-  Publish(&ctl_->tail, tail_, &ctl_->writer_sleeping, h_.space_bell,
-          sync_ == nullptr ? nullptr : sync_ + 1);
+  PublishTail();
 }
 
 int Ring::Read(void* buf, size_t len, size_t* got, std::chrono::milliseconds timeout,
@@ -564,11 +566,9 @@ bool Ring::SleepForData() {
 bool Ring::SleepForRoom() {
   if (ctl_ == nullptr) return false;
   ctl_->writer_sleeping.store(1, std::memory_order_seq_cst);
-  const uint64_t tail = ctl_->tail.load(std::memory_order_seq_cst);
   // Room, a corrupt index or a close: a write would not wait (it says which).
-  if (InOrder(head_, tail, capacity_) && head_ - tail == capacity_ &&
-      ctl_->closed.load(std::memory_order_acquire) == kOpen)
-    return true;
+  uint64_t space = 0;
+  if (Room(&space) == kNotYet) return true;
   ctl_->writer_sleeping.store(0, std::memory_order_relaxed);
   return false;
 }

@@ -183,6 +183,12 @@ class Ring {
   // What a read finds now past the first `skip` readable bytes: 0 with *avail
   // bytes, kNotYet, kEof, ECONNRESET, EPROTO.
   int Available(uint64_t* avail, uint64_t skip = 0);
+  // The producer's side of Available: 0 with *space bytes free past head_ and
+  // what is reserved, kNotYet when none, EPROTO, EPIPE once closed.
+  int Room(uint64_t* space);
+  // Makes head_ (the producer's) or tail_ (the consumer's) visible to the peer.
+  void PublishHead();
+  void PublishTail();
   // Copies k <= what is available out of the ring and publishes the room.
   void Take(uint8_t* out, uint64_t k);
 
