@@ -161,6 +161,38 @@ const char* kStages[] = {"stage_post_ns",   "stage_setup_ns", "stage_enqueue_ns"
 constexpr size_t kNumStages = sizeof kStages / sizeof kStages[0];
 
 // Minor page faults of this process so far (all its threads).
+// A target process (ferry-gpu-peer, started with exec) once it said READY:
+// its engine and the region it registered.
+struct Target {
+  std::unique_ptr<test::ChildProcess> child;
+  EngineDesc engine;
+  MemoryDesc memory;
+};
+
+// Starts one; false, with its answer on stderr, when it did not come up.
+bool start_target(const char* name, const std::string& backends, int device, size_t region,
+                  const std::string& settings, Target* t) {
+  t->child = std::make_unique<test::ChildProcess>(std::vector<std::string>{
+      FERRY_GPU_PEER, name, backends, std::to_string(device), std::to_string(region), settings});
+  const std::string ready = t->child->read_line(120000);
+  std::istringstream in(ready);
+  std::string word, ehex, mhex;
+  in >> word >> ehex >> mhex;
+  if (word != "READY") {
+    std::fprintf(stderr, "ferry-gpu-bench: target %s: %s\n", name, ready.c_str());
+    return false;
+  }
+  t->engine = EngineDesc::unpack(test::from_hex(ehex));
+  t->memory = MemoryDesc::unpack(test::from_hex(mhex));
+  return true;
+}
+
+// The initiator and the target learn each other.
+bool link(Engine& engine, Target& t) {
+  engine.register_remote_engine(t.engine);
+  return t.child->ask("register " + test::to_hex(engine.desc().pack())) == "OK";
+}
+
 long minor_faults() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -211,16 +243,9 @@ int main(int argc, char** argv) {
                                                 : gpu_batch::Method::COPIES);
   }
   const size_t region = 256u << 20;
-  test::ChildProcess child({FERRY_GPU_PEER, "gpu-bench-target", backends, std::to_string(tdev),
-                            std::to_string(region), settings});
-  std::string ready = child.read_line(120000);
-  std::istringstream in(ready);
-  std::string word, ehex, mhex;
-  in >> word >> ehex >> mhex;
-  if (word != "READY") {
-    std::fprintf(stderr, "ferry-gpu-bench: target: %s\n", ready.c_str());
-    return 1;
-  }
+  Target target;
+  if (!start_target("gpu-bench-target", backends, tdev, region, settings, &target)) return 1;
+  test::ChildProcess& child = *target.child;
   Engine engine("gpu-bench-initiator");
   std::stringstream bs(backends);
   std::string first_backend;
@@ -231,9 +256,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  engine.register_remote_engine(EngineDesc::unpack(test::from_hex(ehex)));
-  if (child.ask("register " + test::to_hex(engine.desc().pack())) != "OK") return 1;
-  MemoryDesc remote = MemoryDesc::unpack(test::from_hex(mhex));
+  if (!link(engine, target)) return 1;
   std::vector<uint8_t> plain(idev >= 0 ? 0 : region);
   uint8_t* buf = idev >= 0 ? static_cast<uint8_t*>(gpu::alloc(region, idev)) : plain.data();
   std::vector<uint8_t> host(region);
@@ -244,32 +267,21 @@ int main(int argc, char** argv) {
     std::copy(host.begin(), host.end(), plain.begin());
   }
   MemoryDesc local = engine.register_memory(buf, region);
-  auto session = engine.create_session(local, remote);
+  auto session = engine.create_session(local, target.memory);
   if (!session) return 1;
   // tcp's reference for staged GPU memory: the same transfers between host
   // memory of this process and of a second target process.
-  std::unique_ptr<test::ChildProcess> cpu_child;
+  Target cpu_target;
   std::vector<uint8_t> cpu_plain;
   MemoryDesc cpu_local;
-  std::string cpu_key;
   std::unique_ptr<Session> cpu_session;
   if (cpu_reference && first_backend == "tcp" && (idev >= 0 || tdev >= 0)) {
-    cpu_child = std::make_unique<test::ChildProcess>(std::vector<std::string>{
-        FERRY_GPU_PEER, "gpu-bench-target-cpu", backends, "-1", std::to_string(region), settings});
-    std::istringstream cin(cpu_child->read_line(120000));
-    std::string cword, cehex, cmhex;
-    cin >> cword >> cehex >> cmhex;
-    if (cword != "READY") {
-      std::fprintf(stderr, "ferry-gpu-bench: CPU reference target: %s\n", cword.c_str());
+    if (!start_target("gpu-bench-target-cpu", backends, -1, region, settings, &cpu_target) ||
+        !link(engine, cpu_target))
       return 1;
-    }
-    const EngineDesc cpu_target = EngineDesc::unpack(test::from_hex(cehex));
-    cpu_key = cpu_target.key;
-    engine.register_remote_engine(cpu_target);
-    if (cpu_child->ask("register " + test::to_hex(engine.desc().pack())) != "OK") return 1;
     cpu_plain = host;
     cpu_local = engine.register_memory(cpu_plain.data(), region);
-    cpu_session = engine.create_session(cpu_local, MemoryDesc::unpack(test::from_hex(cmhex)));
+    cpu_session = engine.create_session(cpu_local, cpu_target.memory);
     if (!cpu_session) return 1;
   }
   std::unique_ptr<Raw> raw;
@@ -459,13 +471,13 @@ int main(int argc, char** argv) {
   engine.deregister_memory(local);
   // Each target is let go before it quits: its lanes close cleanly, and this
   // engine, still up for the other one, logs no lost connection.
-  engine.deregister_remote_engine(EngineDesc::unpack(test::from_hex(ehex)).key);
+  engine.deregister_remote_engine(target.engine.key);
   child.ask("quit", 10000);
   if (cpu_session) {
     cpu_session.reset();
     engine.deregister_memory(cpu_local);
-    engine.deregister_remote_engine(cpu_key);
-    cpu_child->ask("quit", 10000);
+    engine.deregister_remote_engine(cpu_target.engine.key);
+    cpu_target.child->ask("quit", 10000);
   }
   raw.reset();
   if (idev >= 0) gpu::free(buf);
