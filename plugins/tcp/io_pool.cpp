@@ -224,6 +224,21 @@ void IoPool::SweepIfDue() {
 }
 
 void IoPool::Turn(Handler* h, uint32_t events) {
+  // One thread at a time, whatever re-armed it. Looked at under the lock
+  // Finish takes to delete it, so h is there to look at; once turning_ is ours
+  // only this turn can finish it. Still in another thread's turn: wait for its
+  // end (a parked handler re-armed before that turn returned: a few
+  // instructions; a handler re-armed by a thread that took it for parked: the
+  // whole turn). Dropping the event instead could lose the only wake-up.
+  for (bool counted = false;; std::this_thread::yield()) {
+    {
+      std::shared_lock lk(mu_);
+      if (handlers_.count(h) == 0) return;  // finished by the turn it was in
+      if (!h->turning_.exchange(true, std::memory_order_acq_rel)) break;
+    }
+    if (!counted) turn_waits_.fetch_add(1, std::memory_order_relaxed);
+    counted = true;
+  }
   uint32_t next = 0;
   h->turns_.load(std::memory_order_acquire);  // after the re-arm or kick that gave us this turn
   try {
@@ -231,13 +246,19 @@ void IoPool::Turn(Handler* h, uint32_t events) {
   } catch (...) {
     next = 0;  // a handler that cannot go on ends; its destructor cleans up
   }
-  if (next == kParked) return;
+  if (next == kParked) {
+    h->turning_.store(false, std::memory_order_release);  // whoever re-arms it may run it
+    return;
+  }
   if (next != 0) {
     epoll_event again{};
     again.events = next | EPOLLONESHOT;
     again.data.ptr = h;
     h->turns_.fetch_add(1, std::memory_order_release);
+    // Before the re-arm: the turn it allows must not find this one running.
+    h->turning_.store(false, std::memory_order_release);
     if (epoll_ctl(epfd_, EPOLL_CTL_MOD, h->fd(), &again) == 0) return;
+    h->turning_.store(true, std::memory_order_relaxed);  // never armed again: ours to finish
   }
   Finish(h);
 }
@@ -263,15 +284,27 @@ void IoPool::Poll() {
     // the futex, when they collide on two cores).
     if (kicks_waiting_.load(std::memory_order_acquire) ||
         std::chrono::steady_clock::now() >= until) {
-      std::lock_guard k(kick_mu_);
-      work.swap(kicked_);
-      kicks_waiting_.store(false, std::memory_order_relaxed);
-      // Decided under the lock a kick takes: a kick after this re-arms instead.
-      if (work.empty() && std::chrono::steady_clock::now() >= until) {
-        poller_ = taking_kicks_ = false;
+      bool done = false;
+      {
+        std::lock_guard k(kick_mu_);
+        work.swap(kicked_);
+        kicks_waiting_.store(false, std::memory_order_relaxed);
+        // Decided under the lock a kick takes: a kick after this re-arms instead.
+        if (work.empty() && std::chrono::steady_clock::now() >= until) {
+          poller_ = taking_kicks_ = false;
+          done = true;
+        } else if (!work.empty()) {
+          taking_kicks_ = false;
+        }
+      }
+      if (done) {
+        // The other lanes of a transfer kicked during this thread's last
+        // turns (KickAll leaves them to the thread that catches the first):
+        // Main would look for them only at its next event, which may never
+        // come - a hang.
+        RearmDeferred();
         return;
       }
-      if (!work.empty()) taking_kicks_ = false;
     }
     RearmDeferred();
     // The first kick is this thread's; the others go to the pool's threads

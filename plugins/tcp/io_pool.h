@@ -4,7 +4,9 @@
 // grow with its peers or their lanes.
 //
 // Every handler is registered EPOLLONESHOT: one pool thread at a time runs its
-// OnEvents, which does non-blocking I/O until the socket has nothing more for
+// OnEvents (a handler armed again during its turn - as it parks, or by a
+// caller that took it for parked - goes to a second thread, which waits for
+// the turn to end: Turn), which does non-blocking I/O until the socket has nothing more for
 // it and says what to wait for next (or that it is done: the pool then removes
 // and deletes it). Any thread may take any ready handler, so one busy lane
 // does not hold back the others beyond one turn.
@@ -75,6 +77,10 @@ class IoPool {
     // release, and would report the handler's state as raced between turns on
     // two pool threads.
     std::atomic<uint64_t> turns_{0};
+    // A pool thread runs OnEvents now (Turn). A handler re-armed while in a
+    // turn can be handed to a second thread: that one finds this set and
+    // waits for the turn's end.
+    std::atomic<bool> turning_{false};
   };
 
   // threads: the pool's size (>= 1). sweep: how often stalls are looked for
@@ -110,6 +116,10 @@ class IoPool {
   void KickAll(Kicks& kicks);
   // Kicks the polling thread took (a turn given without a system call).
   uint64_t kicks_caught() const { return kicks_caught_.load(std::memory_order_relaxed); }
+  // Turns that began while the handler was still in another thread's turn
+  // and waited for its end (a handler re-armed as it parked, or re-armed
+  // though it was not parked).
+  uint64_t turn_waits() const { return turn_waits_.load(std::memory_order_relaxed); }
   // Joins the threads (a handler in OnEvents finishes its call first), then
   // deletes every handler still registered, from this thread.
   void Stop();
@@ -162,6 +172,7 @@ class IoPool {
   std::vector<std::pair<Handler*, uint32_t>> kicked_;
   std::atomic<bool> kicks_waiting_{false};  // kicked_ is not empty (a hint read without the lock)
   std::atomic<uint64_t> kicks_caught_{0};
+  std::atomic<uint64_t> turn_waits_{0};
   std::vector<std::pair<Handler*, uint32_t>> deferred_;  // KickAll's rest; under kick_mu_
   std::atomic<bool> deferred_waiting_{false};            // deferred_ is not empty (a hint)
 };

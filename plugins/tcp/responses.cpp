@@ -176,17 +176,25 @@ uint32_t PolledResponses::OnEvents(IoPool::Handler* h) {
       handler_ = h;
       const bool over = PumpInTurn();
       turn_.Release();
+      // This turn re-arms the handler (or ends it), which covers any park: one
+      // could only come from a second pool thread given the same handler.
+      parked_.exchange(false);
       return over ? 0u : uint32_t{EPOLLIN};
     }
-    // A waiting thread is pumping: it re-arms us when it lets go (TryPump).
-    missed_.store(true);
+    // A waiting thread holds the turn: whoever lets go of it next re-arms us,
+    // once (TryPump).
+    parked_.store(true);
     if (turn_.held()) return IoPool::kParked;
+    // It let go before it could see the park. Take the park back and try
+    // again - unless it took it first: then it re-arms the handler, which this
+    // thread must leave alone from here on.
+    if (!parked_.exchange(false)) return IoPool::kParked;
   }
 }
 
 uint64_t PolledResponses::TryPump() {
   if (!turn_.TryTake()) return 0;
-  uint32_t rearm = 0;
+  bool blocking = false;
   const uint64_t before = reader_.resolved();
   if (handler_ != nullptr && !over_) {
     switch (reader_.Pump(/*may_block=*/false)) {
@@ -198,9 +206,7 @@ uint64_t PolledResponses::TryPump() {
         ::shutdown(fd_, SHUT_RDWR);
         break;
       case ResponseReader::Pumped::kNeedsBlocking:
-        // For the pool, at once: EPOLLOUT fires on a writable socket even when
-        // the payload is already read ahead; a ring's wait set is nudged.
-        rearm = EPOLLIN | EPOLLOUT;
+        blocking = true;  // a READ's payload for the GPU stage: a pool thread's work
         break;
     }
   }
@@ -208,13 +214,24 @@ uint64_t PolledResponses::TryPump() {
   const uint64_t done = reader_.resolved() - before;
   turn_.Release();
   if (h == nullptr) return done;  // closed
-  // A missed event is still there (the descriptor is level-triggered, and a
-  // ring's bell was not quieted by the turn that found it held); a READ for
-  // the GPU stage read ahead has no event of its own: a ring's wait set is
-  // nudged (a socket's EPOLLOUT is ready by itself).
-  const bool nudge = ring_ != nullptr && (rearm & EPOLLOUT) != 0;
-  if (missed_.exchange(false)) rearm |= EPOLLIN;
-  if (rearm != 0) pool_->Rearm(h, rearm, nudge);
+  // Exactly one re-arm per park, by whoever takes it: a re-arm of a handler
+  // that is armed, or in a pool thread's turn, hands it to a second pool
+  // thread, which then waits for the first one's turn (IoPool::Turn). A parked one
+  // still has its event (the descriptor is level-triggered, and a ring's bell
+  // was not quieted by the turn that found the turn held). A READ for the GPU
+  // stage read ahead has no event of its own: EPOLLOUT fires on a writable
+  // socket, a ring's wait set is nudged.
+  if (parked_.exchange(false)) {
+    pool_->Rearm(h, EPOLLIN | (blocking ? uint32_t{EPOLLOUT} : 0u), ring_ != nullptr && blocking);
+  } else if (blocking && ring_ != nullptr) {
+    // Armed, or a pool thread is on its way: the nudge is level-triggered,
+    // so it fires once the handler is armed again.
+    ring_->Nudge(Channel::Side::kIn);
+  } else if (blocking) {
+    // A socket has no nudge: re-armed for EPOLLOUT. A pool thread handed it
+    // at this moment makes the next one wait for its turn, not run beside it.
+    pool_->Rearm(h, EPOLLIN | EPOLLOUT);
+  }
   return done;
 }
 

@@ -93,7 +93,9 @@ class Turn {
   void Take() {
     while (!TryTake()) std::this_thread::yield();
   }
-  void Release() { held_.store(false, std::memory_order_release); }
+  // seq_cst: with the parker's store and look (PolledResponses::OnEvents),
+  // either it sees the turn free or the releaser sees it parked.
+  void Release() { held_.store(false, std::memory_order_seq_cst); }
   bool held() const { return held_.load(); }
 
  private:
@@ -152,9 +154,10 @@ class PolledResponses final : public Pumpable {
   bool gone_ = false;    // rings: the socket fired (under the turn)
   ResponseReader reader_;
   Turn turn_;
-  // The pool's event came while a waiting thread held the turn: that thread
-  // re-arms the handler when it lets go.
-  std::atomic<bool> missed_{false};
+  // The pool's turn found a waiting thread holding the turn and parked the
+  // handler: the next thread to let go of the turn takes this (exchange) and
+  // re-arms it. Exactly one re-arm per park: see TryPump.
+  std::atomic<bool> parked_{false};
   IoPool::Handler* handler_ = nullptr;  // set under the turn; null once closed
   bool over_ = false;                   // under the turn
 };

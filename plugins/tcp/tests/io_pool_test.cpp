@@ -173,6 +173,72 @@ TEST_P(IoPoolKicks, AStoppedPoolTakesKicksWithoutTurns) {
   EXPECT_EQ(turns.count[1], 0);
 }
 
+// A handler that is always ready (an eventfd with a count never read) and
+// notes any turn that starts while another is still running; it ends itself
+// after `last` turns.
+class OverlapHandler final : public IoPool::Handler {
+ public:
+  explicit OverlapHandler(int last) : last_(last) {
+    fd_ = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);  // readable from the start
+  }
+  ~OverlapHandler() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd() const override { return fd_; }
+  uint32_t OnEvents(uint32_t) override {
+    if (inside_.fetch_add(1) != 0) overlaps.fetch_add(1);
+    // Long enough for another thread to be handed the same handler meanwhile.
+    const auto until = std::chrono::steady_clock::now() + 20us;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    const int n = ++turns_;  // plain: only one turn at a time may touch it
+    inside_.fetch_sub(1);
+    if (n >= last_) {
+      done.store(true);
+      return 0;  // finished: the pool deletes it
+    }
+    return EPOLLIN;
+  }
+  void Expire() override {}
+
+  static inline std::atomic<int> overlaps{0};
+  static inline std::atomic<bool> done{false};
+
+ private:
+  const int last_;
+  int fd_ = -1;
+  int turns_ = 0;
+  std::atomic<int> inside_{0};
+};
+
+TEST_P(IoPoolKicks, AHandlerReArmedDuringItsTurnStillRunsOnOneThreadAtATime) {
+  // Another thread re-arms the handler over and over whatever it is doing,
+  // as a caller that took it for parked when it was not: the pool hands it
+  // to a second thread while the first runs it. That one must wait for the
+  // turn's end - never run beside it, never touch it once it is finished.
+  OverlapHandler::overlaps = 0;
+  OverlapHandler::done = false;
+  IoPool pool(4, 100ms, spin());
+  std::string err;
+  ASSERT_TRUE(pool.Start(&err)) << err;
+  auto owned = std::make_unique<OverlapHandler>(3000);
+  ASSERT_GE(owned->fd(), 0);
+  IoPool::Handler* h = owned.get();
+  std::unique_ptr<IoPool::Handler> back;
+  ASSERT_TRUE(pool.Add(std::move(owned), EPOLLIN, &back, &err)) << err;
+  uint64_t rearms = 0;
+  // Rearm checks that h is still registered (under the pool's lock) before
+  // it touches it: once the handler finished, it refuses.
+  while (pool.Rearm(h, EPOLLIN)) ++rearms;
+  EXPECT_TRUE(OverlapHandler::done.load());
+  pool.Stop();
+  EXPECT_EQ(OverlapHandler::overlaps.load(), 0) << "turns of one handler ran at once";
+  EXPECT_GT(rearms, 0u);
+  // The re-arms did hand it to a second thread during a turn (else this test
+  // proves nothing about that case).
+  EXPECT_GT(pool.turn_waits(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Spin, IoPoolKicks, ::testing::Values(0, 200),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return "spin" + std::to_string(i.param);
