@@ -10,13 +10,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -51,7 +55,9 @@ std::string policy(int after_failures = 100, int max_attempts = 3) {
 
 // Two engines in this process: `ini` writes/reads `tgt`'s memory.
 struct Rig {
-  explicit Rig(const std::string& fault_mode, const std::string& policy_text = policy()) {
+  // extra: more settings for the fault backend (JSON members, each after a comma).
+  explicit Rig(const std::string& fault_mode, const std::string& policy_text = policy(),
+               const std::string& extra = "") {
     setenv("FERRY_PLUGIN_PATH",
            (std::string(FERRY_TEST_PLUGIN_DIR) + ":" + FERRY_PLUGIN_BUILD_DIR).c_str(), 1);
     policy_path = write_policy(policy_text);
@@ -59,7 +65,7 @@ struct Rig {
     cfg.policy_file = policy_path;
     ini = std::make_unique<Engine>("ini", cfg);
     tgt = std::make_unique<Engine>("tgt", cfg);
-    std::string settings = "{\"mode\":\"" + fault_mode + "\",\"n\":2}";
+    std::string settings = "{\"mode\":\"" + fault_mode + "\",\"n\":2" + extra + "}";
     for (Engine* e : {ini.get(), tgt.get()}) {
       Result r1 = e->add_backend("fault", settings);
       Result r2 = e->add_backend("tcp");
@@ -175,6 +181,44 @@ TEST(Failover, HungAttemptEndsUnknownAndFencesThePeerUntilItEnds) {
   ASSERT_TRUE(rig.ini->remove_backend("fault"));
   TransferStatus after = rig.run(Op::WRITE, 22);
   EXPECT_EQ(after.Code(), StatusCode::SUCCESS) << after.Message();
+}
+
+// post() blocked in the plugin past the attempt's watchdog time: the watchdog
+// ends the transfer (unknown) and fences the peer. Then post() refuses - it
+// started nothing - so the gate opens again, and nothing else is tried for
+// the transfer that already ended.
+TEST(Failover, APostRefusedAfterTheWatchdogEndedItReopensThePeer) {
+  int gate[2];
+  ASSERT_EQ(::pipe(gate), 0);
+  Rig rig("refuse_late", policy(), ",\"gate_fd\":" + std::to_string(gate[0]));
+  test::fill_pattern(rig.src.data(), 0, kBytes, 31);
+  std::atomic<bool> returned{false};
+  TransferStatus st;
+  std::thread poster([&] {
+    st = rig.ini->write(rig.lmem, 0, rig.rmem, 0, kBytes, 1);
+    returned = true;
+  });
+  auto eventually = [](const std::function<bool()>& cond) {
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (!cond()) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(5ms);  // a bounded poll of the engine's state
+    }
+    return true;
+  };
+  // The watchdog ended the attempt while its post() is still in the plugin.
+  const bool fenced = eventually([&] { return rig.ini->stats().fenced_peers != 0; });
+  EXPECT_TRUE(fenced) << "the watchdog never ended the attempt";
+  EXPECT_FALSE(returned.load());
+  ASSERT_EQ(::write(gate[1], "x", 1), 1);  // now post() refuses
+  poster.join();
+  ::close(gate[0]);
+  ::close(gate[1]);
+  ASSERT_TRUE(st.WaitFor(5s));
+  EXPECT_EQ(st.Code(), StatusCode::ERR_OUTCOME_UNKNOWN) << st.Message();
+  EXPECT_TRUE(eventually([&] { return rig.ini->stats().fenced_peers == 0; }))
+      << "the peer stays fenced after a refused post()";
+  EXPECT_EQ(rig.stats("tcp").transfers, 0u) << "a transfer the watchdog ended was tried again";
 }
 
 TEST(Failover, HealthyBackendIsUsedFirstAndNotifiesOnce) {

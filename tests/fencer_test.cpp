@@ -547,3 +547,58 @@ TEST(Fencer, AnUnansweredFenceOfALifeNoLongerRegisteredIsParked) {
   EXPECT_TRUE(held.go) << held.why;
   EXPECT_EQ(o.count(), 0);
 }
+
+// An attempt fenced while a request for another, due later, is out (the target
+// is stopped and lets that request run to its deadline) is told "unknown" by
+// its own deadline, and closes the gate then - not when that request comes back.
+TEST(Fencer, AnAttemptFencedBehindALaterOnesRequestIsToldByItsOwnDeadline) {
+  HeldRequests net;
+  Fencer f(net.ask());
+  ReleaseOnExit release{net};
+  Outcome late, early;
+  struct Told {
+    FenceState state = FenceState::NONE;
+    Fencer::Clock::time_point at;
+  } early_told;
+  f.fence(kTarget, "tcp", 1, Fencer::Clock::now() + 60s,
+          [&](const FenceResult& r, const std::string&) {
+            late.resume()(r.state == FenceState::NONE, {});
+          });
+  net.wait_asked(1);  // out, by attempt 1's deadline a minute away
+  // A transfer that starts now waits for that request.
+  Outcome held;
+  std::string why;
+  ASSERT_EQ(f.admit(kTarget.key, kTarget.instance, held.resume(), &why), Fencer::Gate::HELD);
+  const auto due = Fencer::Clock::now() + 300ms;
+  f.fence(kTarget, "tcp", 2, due, [&](const FenceResult& r, const std::string& w) {
+    early_told.state = r.state;
+    early_told.at = Fencer::Clock::now();
+    early.resume()(false, w);
+  });
+  ASSERT_TRUE(early.wait(20s)) << "attempt 2 waited for attempt 1's request";
+  EXPECT_EQ(early_told.state, FenceState::UNKNOWN) << early.why;
+  EXPECT_GE(early_told.at, due);
+  EXPECT_EQ(late.count(), 0) << "attempt 1's request is still out";
+  // The gate closed with it: the held transfer fails, a new one fails at once.
+  ASSERT_TRUE(held.wait());
+  EXPECT_FALSE(held.go);
+  EXPECT_NE(held.why.find("fenced"), std::string::npos) << held.why;
+  Outcome next;
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, next.resume(), &why), Fencer::Gate::CLOSED);
+  EXPECT_EQ(f.counts().unknown, 1u);
+  // The request comes back answered: attempt 1 hears it; attempt 2, told
+  // already, is asked next and not told twice.
+  net.answer(true);
+  ASSERT_TRUE(late.wait());
+  EXPECT_TRUE(late.go);
+  net.wait_asked(2);
+  net.answer(true);
+  Outcome after;
+  for (int i = 0; i < 1000; ++i) {  // bounded: until the second answer is in
+    if (f.admit(kTarget.key, kTarget.instance, after.resume(), &why) == Fencer::Gate::OPEN) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(f.admit(kTarget.key, kTarget.instance, after.resume(), &why), Fencer::Gate::OPEN)
+      << why;
+  EXPECT_EQ(early.count(), 1);
+}

@@ -39,6 +39,21 @@ const char* state_name(FenceState s) {
 
 }  // namespace
 
+// One pending attempt's deadline. Owned by its Pending: gone with it (answered,
+// reset), disarmed then.
+class Fencer::Overdue final : public WatchItem {
+ public:
+  Overdue(Fencer* f, std::weak_ptr<PeerState> state, uint64_t attempt)
+      : f_(f), state_(std::move(state)), attempt_(attempt) {}
+  ~Overdue() override { f_->timers_.disarm(this); }
+  void on_deadline() override { f_->overdue(state_, attempt_); }
+
+ private:
+  Fencer* const f_;
+  const std::weak_ptr<PeerState> state_;
+  const uint64_t attempt_;
+};
+
 Fencer::Fencer(ControlPlane* control)
     : Fencer([control](const Target& t, const std::vector<uint8_t>& body,
                        Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
@@ -109,7 +124,12 @@ void Fencer::fence(const Target& t, const std::string& backend, uint64_t attempt
     return;
   }
   PeerState& p = state_for(t);
-  p.pending.push_back({backend, attempt, deadline, std::move(done), false});
+  p.pending.push_back({backend, attempt, deadline, std::move(done), false, nullptr});
+  if (deadline > Clock::now()) {
+    auto timer = std::make_shared<Overdue>(this, peers_[Life{t.key, t.instance}], attempt);
+    timers_.arm(timer, deadline);
+    p.pending.back().timer = std::move(timer);
+  }
   p.parked = false;  // a registered life's fence is asked (what was parked with it too)
   std::vector<std::function<void()>> calls;
   start_worker_locked({t.key, t.instance}, calls);
@@ -126,7 +146,7 @@ void Fencer::fence_later(const Target& t, const std::string& backend, uint64_t a
   // the truth before anything new starts.
   p.pending.push_back({backend, attempt, Clock::now(),
                        [](const FenceResult&, const std::string&) {},
-                       /*reported=*/true});
+                       /*reported=*/true, nullptr});
   ++counts_.unknown;
   if (p.closed_why.empty()) p.closed_why = why;
   const bool waiting = !p.held.empty() || std::any_of(p.pending.begin(), p.pending.end(),
@@ -348,6 +368,38 @@ Fencer::Counts Fencer::counts() const {
     last = &life.key;
   }
   return c;
+}
+
+void Fencer::overdue(const std::weak_ptr<PeerState>& state, uint64_t attempt) {
+  std::vector<std::function<void()>> calls;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const std::shared_ptr<PeerState> p = state.lock();
+    if (stopping_ || p == nullptr) return;
+    auto a = std::find_if(p->pending.begin(), p->pending.end(),
+                          [&](const Pending& x) { return x.attempt == attempt; });
+    if (a == p->pending.end() || a->reported) return;  // answered, or told already
+    // What the worker does once a request comes back unanswered - now, at this
+    // attempt's own deadline: the request still out may be one for an attempt
+    // due later, which the target (stopped, say) lets run to its end.
+    ++counts_.unknown;
+    a->reported = true;
+    calls.push_back([d = std::move(a->done), r = FenceResult{attempt, FenceState::UNKNOWN, 0}] {
+      d(r, "fence unanswered by the attempt's deadline");
+    });
+    a->done = [](const FenceResult&, const std::string&) {};
+    if (p->closed_why.empty()) {
+      p->closed_why = "peer '" + p->target.key + "' is fenced: a WRITE on " + a->backend +
+                      " ended with its outcome unknown (its fence was not answered by its "
+                      "deadline); transfers to it fail until it answers the fence or a new "
+                      "instance of it is registered";
+      FERRY_LOG(WARN, "fence", p->closed_why);
+    }
+    for (auto& h : p->held)
+      calls.push_back([h = std::move(h), why = p->closed_why] { h(false, why); });
+    p->held.clear();
+  }
+  for (auto& c : calls) c();
 }
 
 void Fencer::run(const Life& life, const std::shared_ptr<PeerState>& p) {

@@ -39,6 +39,7 @@
 
 #include "async_runner.h"
 #include "control_frame.h"
+#include "watchdog.h"
 
 namespace ferry {
 
@@ -143,7 +144,11 @@ class Fencer {
     Clock::time_point deadline;
     Done done;
     bool reported = false;  // told "unknown" at its deadline; kept to learn the truth
+    // Tells it "unknown" at its deadline if no answer came (Overdue): the
+    // request out may be another attempt's, asked by a later deadline.
+    std::shared_ptr<WatchItem> timer;
   };
+  class Overdue;
   struct PeerState {
     Target target;
     std::vector<Pending> pending;
@@ -198,6 +203,10 @@ class Fencer {
   // Whether a reset state of `key`'s life `instance` still has its FENCE out;
   // if so `resume` joins its held transfers (mu_ held).
   bool hold_behind_draining(const std::string& key, uint64_t instance, Resume& resume);
+  // An attempt's deadline passed (its Overdue timer): told "unknown" now if no
+  // answer came, the gate closes and held transfers fail, as when a request
+  // comes back unanswered.
+  void overdue(const std::weak_ptr<PeerState>& state, uint64_t attempt);
   // The FENCE of reset state `p` came back: it stops draining and its held
   // transfers go (mu_ held; the calls run after it is released).
   void end_draining(const std::string& key, const std::shared_ptr<PeerState>& p,
@@ -218,6 +227,10 @@ class Fencer {
   std::multimap<std::string, std::shared_ptr<PeerState>> draining_;
   // peers_ and draining_ both empty (all_open()); written under mu_.
   std::atomic<bool> quiet_{true};
+  // The attempts' deadline timers. Before the last member: its thread is
+  // joined after the workers', and before the state it uses goes; the
+  // destructor drops every Pending (and so every timer) while it still runs.
+  Watchdog timers_;
   // Last member: destroyed (its threads joined) before the state they use.
   AsyncRunner workers_;
 };

@@ -407,10 +407,16 @@ void Transfers::start_next(const TransferPtr& t, bool fresh) {
   std::string why;
   const EngineDesc& peer = t->pair.peer->desc;
   auto gate = Fencer::Gate::OPEN;
-  if (!fencer_.all_open())
+  if (!fencer_.all_open()) {
+    // Held, it is resumed by the fence's answer or ended by its own deadline,
+    // whichever comes first (the other then does nothing): the answer may wait
+    // for a request asked by another transfer's later deadline.
+    auto held = std::make_shared<HeldTransfer>(this, t);
     gate = fencer_.admit(
         peer.key, peer.instance,
-        [this, t](bool go, const std::string& w) {
+        [this, t, held](bool go, const std::string& w) {
+          if (held->claimed.exchange(true)) return;  // its deadline came first
+          watchdog_.disarm(held.get());
           if (go) {
             start_next(t);
             return;
@@ -419,6 +425,8 @@ void Transfers::start_next(const TransferPtr& t, bool fresh) {
           finish(t, StatusCode::ERR_BAD_STATE, t->history);
         },
         &why);
+    if (gate == Fencer::Gate::HELD) watchdog_.arm(held, t->deadline);
+  }
   if (gate == Fencer::Gate::HELD) return;
   if (gate == Fencer::Gate::CLOSED) {
     add_history(t->history, why);
@@ -541,7 +549,14 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   int rc = b->ops->post(b->ctx, &x);
   if (rc != FERRY_OK) {
     a->plugin_ref.reset();
-    a->settled = true;
+    if (a->settled.exchange(true)) {
+      // post() took longer than the attempt's watchdog time, which ended the
+      // transfer (unknown) and closed the gate to the peer meanwhile. A
+      // refusal started nothing: reopen it as a late report does, and touch
+      // the transfer no more (it is the watchdog's, and finished).
+      late_completion(a);
+      return FERRY_OK;
+    }
     reason[sizeof reason - 1] = '\0';  // whatever the plugin wrote, it ends here
     why = "refused the transfer: " + plugin_error_name(rc) +
           (reason[0] ? " (" + printable(reason, 255) + ")" : "");
@@ -550,9 +565,12 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   // In flight from here (unless it completed inside post(): then a later
   // attempt may be current already). Published only now, so a cancel never
   // fences an attempt whose post() may still be refused.
-  if (!a->settled) {
+  {
+    // Looked at under the lock: a completion inside post() settles this
+    // attempt before a failover publishes the next one under the same lock,
+    // which this must not overwrite (a cancel would then miss it).
     std::lock_guard<std::mutex> lk(t->current_mu);
-    t->current = a;
+    if (!a->settled) t->current = a;
   }
   if (t->cancelled) cancel(t);  // asked while post() ran: fence it now
   return rc;
@@ -781,6 +799,17 @@ void Transfers::close_gate_for(const std::shared_ptr<Attempt>& a, const std::str
     const EngineDesc& d = t->pair.peer->desc;
     fencer_.reopen(d.key, d.instance, a->gate_token);
   }
+}
+
+Transfers::HeldTransfer::~HeldTransfer() { owner->watchdog_.disarm(this); }
+
+void Transfers::HeldTransfer::on_deadline() {
+  if (claimed.exchange(true)) return;  // resumed (or failed) by the fence first
+  TransferPtr t = transfer.lock();
+  if (!t) return;
+  add_history(t->history, "the deadline passed while transfers to '" + t->pair.peer->desc.key +
+                              "' waited for its fence");
+  owner->finish(t, StatusCode::ERR_TIMEOUT, t->history);
 }
 
 void Transfers::late_completion(const std::shared_ptr<Attempt>& a) {

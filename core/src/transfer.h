@@ -288,6 +288,18 @@ class Transfers {
   void landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error);
   // host->complete for an attempt the watchdog had already ended.
   void late_completion(const std::shared_ptr<Attempt>& a);
+  // A transfer held by the fencer (Fencer::Gate::HELD), timed by its own
+  // deadline: whichever of the fencer's resume and the deadline claims it
+  // first decides; the deadline ends it ERR_TIMEOUT (nothing of this attempt
+  // was started). Kept alive by the resume the fencer holds.
+  struct HeldTransfer final : WatchItem {
+    HeldTransfer(Transfers* o, const TransferPtr& t) : owner(o), transfer(t) {}
+    ~HeldTransfer() override;
+    void on_deadline() override;
+    Transfers* const owner;
+    const std::weak_ptr<Transfer> transfer;
+    std::atomic<bool> claimed{false};
+  };
   // The peer's gate for a watchdog-ended attempt: closed now, reopened when its
   // plugin reports (maybe already has).
   void close_gate_for(const std::shared_ptr<Attempt>& a, const std::string& why);

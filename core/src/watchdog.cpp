@@ -26,13 +26,23 @@ void Watchdog::arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint 
     if (item->linked_) return;
     item->when_ = when;
     item->self_ = item;
-    item->prev_ = tail_;
-    item->next_ = nullptr;
-    if (tail_)
-      tail_->next_ = item.get();
+    // In deadline order, looked for from the tail: most deadlines are now +
+    // the engine's timeout, the latest yet (no step back). A failover attempt
+    // or a part of an older call comes earlier than items armed after its
+    // transfer: behind them, it would fire only once they had.
+    WatchItem* before = tail_;
+    while (before != nullptr && when < before->when_) before = before->prev_;
+    WatchItem* after = before != nullptr ? before->next_ : head_;
+    item->prev_ = before;
+    item->next_ = after;
+    if (before != nullptr)
+      before->next_ = item.get();
     else
       head_ = item.get();
-    tail_ = item.get();
+    if (after != nullptr)
+      after->prev_ = item.get();
+    else
+      tail_ = item.get();
     item->linked_.store(true, std::memory_order_relaxed);
     // Behind a head, the thread wakes for the (no later) head first; a new head
     // needs it only before the time it wakes by itself.

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Guarantees that every transfer ends. Items are kept in an intrusive list in
-// deadline order (every deadline is now + the engine's timeout, so appending keeps
-// the order); one thread sleeps until the head's deadline, so an idle engine
+// deadline order (most deadlines are now + the engine's timeout, so an item
+// usually goes at the tail; a failover attempt's, earlier, is put in its
+// place); one thread sleeps until the head's deadline, so an idle engine
 // costs no CPU and the memory held is bounded by what is in flight.
 // arm() wakes that thread only when the new deadline is earlier than the time it
 // wakes by itself: after the list empties the thread lingers a second before
@@ -42,8 +43,8 @@ class Watchdog {
  public:
   Watchdog();
   ~Watchdog();
-  // Arm an item; its deadline should not be earlier than those armed before
-  // (an earlier one is still honoured, only later than exact).
+  // Arm an item: on_deadline runs once `when` passed (in deadline order; a
+  // deadline earlier than those armed before costs a walk back past them).
   void arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint when);
   // Unlists the item (no lock when it is not listed: the completion unlisted
   // it before its destructor asks again).

@@ -21,6 +21,10 @@
 //   complete_twice     copy, then complete the transfer twice inside post()
 //                      with different outcomes (an ABI breach): the core
 //                      must keep the first and ignore the second
+//   refuse_late        post() reads a byte from the descriptor "gate_fd" (the
+//                      test's pipe: it writes once it saw what it waits for),
+//                      then refuses the transfer - a post() slower than the
+//                      core's watchdog time
 // On success it notifies the target itself AND lacks FERRY_CAP_NATIVE_NOTIFY, so
 // the core notifies too: the target must still see each transfer once.
 // Built twice: as 'fault' (FERRY_CAP_POST_MORE) and, with FAULT_MULTI_PAIR, as
@@ -29,6 +33,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -50,7 +55,8 @@ enum class Mode {
   FAIL_FIRST_N,
   NOTIFY_THEN_FAIL,
   DEFERRED,
-  COMPLETE_TWICE
+  COMPLETE_TWICE,
+  REFUSE_LATE
 };
 
 // A deferred transfer: copied, its success not reported yet.
@@ -66,6 +72,7 @@ struct Instance {
   std::string key;
   Mode mode = Mode::OK;
   int n = 0;
+  int gate_fd = -1;  // refuse_late: the test's pipe
   std::atomic<int> seen{0};
   std::mutex mu;
   std::vector<void*> hung;         // xfer_ctx of hung transfers, completed at fini
@@ -100,6 +107,7 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
   auto j = nlohmann::json::parse(settings, nullptr, false);
   std::string mode = j.is_object() ? j.value("mode", "ok") : "?";
   in->n = j.is_object() ? j.value("n", 0) : 0;
+  in->gate_fd = j.is_object() ? j.value("gate_fd", -1) : -1;
   static const std::pair<const char*, Mode> modes[] = {{"ok", Mode::OK},
                                                        {"fail_submit", Mode::FAIL_SUBMIT},
                                                        {"fail_complete", Mode::FAIL_COMPLETE},
@@ -108,7 +116,8 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
                                                        {"fail_first_n", Mode::FAIL_FIRST_N},
                                                        {"notify_then_fail", Mode::NOTIFY_THEN_FAIL},
                                                        {"deferred", Mode::DEFERRED},
-                                                       {"complete_twice", Mode::COMPLETE_TWICE}};
+                                                       {"complete_twice", Mode::COMPLETE_TWICE},
+                                                       {"refuse_late", Mode::REFUSE_LATE}};
   bool found = false;
   for (const auto& [name, m] : modes)
     if (mode == name) {
@@ -228,6 +237,12 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       if (FERRY_HAS_FIELD(ferry_xfer_v1, x, reason_len) && x->reason && x->reason_len)
         std::snprintf(x->reason, x->reason_len, "fault: scripted refusal in post()");
       return FERRY_ERR_TRANSPORT;
+    case Mode::REFUSE_LATE: {
+      char b;
+      while (::read(in->gate_fd, &b, 1) < 0 && errno == EINTR) {
+      }
+      return FERRY_ERR_TRANSPORT;
+    }
     case Mode::FAIL_COMPLETE:
       in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT,
                          "fault: scripted completion failure");
