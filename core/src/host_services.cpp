@@ -77,8 +77,16 @@ void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) 
     b->engine->transfers().complete(a, status, message);
   } catch (...) {
     host_failed("complete");
-    // Still end the transfer: its application must not wait forever.
-    a->transfer->status.Finish(StatusCode::ERR_BAD_STATE, "internal error completing the transfer");
+    // Still end the transfer: its application must not wait forever - nor
+    // the multi-region call it is a part of (on_end counts the part).
+    try {
+      const std::string why = "internal error completing the transfer";
+      Transfer& t = *a->transfer;
+      if (t.status.Finish(StatusCode::ERR_BAD_STATE, why) && t.on_end)
+        t.on_end(StatusCode::ERR_BAD_STATE, why);
+    } catch (...) {
+      host_failed("complete (ending the transfer)");
+    }
   }
 }
 
