@@ -116,3 +116,31 @@ TEST(CancelProcess, CancellingAMultiRegionTransferCancelsEveryPart) {
   EXPECT_EQ(rig.child.ask("pop initiator 4 200"), "NONE") << "a cancelled call notifies nobody";
   EXPECT_EQ(rig.child.ask("notifs 200"), "NOTIFS 0");
 }
+
+// A transfer held behind a fence (the peer is being fenced: a cancelled WRITE
+// to it, the target stopped) is cancelled at once - nothing of it started -
+// instead of waiting for the stopped target's answer.
+TEST(CancelProcess, ATransferHeldBehindAFenceEndsAtOnceWhenCancelled) {
+  Rig rig;
+  ASSERT_EQ(rig.child.ask("fill 0"), "OK");
+  const std::string before = rig.hash(kAfterOff, 4096);
+  rig.stop();
+  auto big = rig.ini->write(rig.local, 0, rig.remote, 0, kBig, 4, false);
+  ASSERT_FALSE(big.WaitFor(200ms)) << big.Message();
+  ASSERT_TRUE(big.Cancel());  // its fence goes to the stopped target and waits there
+  auto held = rig.ini->write(rig.local2, 0, rig.remote, kAfterOff, 4096, 5, false);
+  ASSERT_FALSE(held.WaitFor(200ms)) << "not held behind the fence: " << held.Message();
+  std::string why;
+  ASSERT_TRUE(held.Cancel(&why)) << why;
+  ASSERT_TRUE(held.WaitFor(5s)) << "a held transfer waited for the fence to end its cancel";
+  EXPECT_EQ(held.Code(), StatusCode::ERR_CANCELLED) << held.Message();
+  EXPECT_NE(held.Message().find("waiting for peer"), std::string::npos) << held.Message();
+  EXPECT_TRUE(big.InProgress()) << "the fence is still unanswered";
+  rig.resume();
+  ASSERT_TRUE(big.WaitFor(40s));
+  EXPECT_EQ(big.Code(), StatusCode::ERR_CANCELLED) << big.Message();
+  rig.transfer_after();  // writes kAfterOff too, from local
+  // The held one never started: its 0x5a bytes are nowhere at the target.
+  EXPECT_NE(rig.hash(kAfterOff, 4096), before) << "transfer_after did not land";
+  EXPECT_EQ(rig.hash(kAfterOff, 4096), "HASH " + std::to_string(test::fnv1a(rig.src.data(), 4096)));
+}

@@ -324,10 +324,25 @@ void Transfers::cancel(const TransferPtr& t) {
   t->cancelled = true;
   std::shared_ptr<Attempt> a;
   std::vector<TransferStatus> split;
+  std::shared_ptr<WatchItem> held;
   {
     std::lock_guard<std::mutex> lk(t->current_mu);
     a = t->current.lock();
     split = t->split;
+    held = t->held.lock();
+  }
+  if (held) {
+    // Held behind a fence: no attempt of it is running. Whichever of this, the
+    // fence's answer and the deadline claims it first ends it (the fence's
+    // answer would find it cancelled too, but only once the peer answers).
+    auto* h = static_cast<HeldTransfer*>(held.get());
+    if (!h->claimed.exchange(true)) {
+      watchdog_.disarm(h);
+      finish(t, StatusCode::ERR_CANCELLED,
+             "cancelled while waiting for peer '" + t->pair.peer->desc.key + "' to answer a fence" +
+                 (t->history.empty() ? std::string() : " (after: " + t->history + ")"));
+      return;
+    }
   }
   for (const auto& s : split) s.Cancel();  // (split() passes on a cancel it started under)
   // No attempt in flight: the next step (start_next, a fence's answer) ends it.
@@ -425,7 +440,11 @@ void Transfers::start_next(const TransferPtr& t, bool fresh) {
           finish(t, StatusCode::ERR_BAD_STATE, t->history);
         },
         &why);
-    if (gate == Fencer::Gate::HELD) watchdog_.arm(held, t->deadline);
+    if (gate == Fencer::Gate::HELD) {
+      watchdog_.arm(held, t->deadline);
+      std::lock_guard<std::mutex> lk(t->current_mu);
+      t->held = held;
+    }
   }
   if (gate == Fencer::Gate::HELD) return;
   if (gate == Fencer::Gate::CLOSED) {

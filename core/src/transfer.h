@@ -122,6 +122,9 @@ struct Transfer final : StatusDriver, std::enable_shared_from_this<Transfer> {
   std::atomic<bool> cancelled{false};
   std::mutex current_mu;
   std::weak_ptr<Attempt> current;  // the attempt in flight (guarded by current_mu)
+  // While held behind a fence (Transfers::HeldTransfer; guarded by current_mu):
+  // a cancel ends it at once instead of waiting for the fence's answer.
+  std::weak_ptr<WatchItem> held;
   // A part of a multi-region transfer: told once when this part ends.
   std::function<void(StatusCode code, const std::string& why)> on_end;
   TransferIov iov;
