@@ -96,7 +96,7 @@ void Conn::StartConnectLocked(FinishedList* out) {
     if (!dev->ReserveCqes(cqes, &err)) {
       err += ": a connection of ours reserves qp_per_transfer x (max_send_wr + 2) = " +
              std::to_string(cqes) + "; lower either";
-      FailQueuedLocked(FERRY_ERR_TRANSPORT, err, out);
+      FailQueuedLocked(FERRY_ERR_NOT_SENT, err, out);
       return;
     }
     cqes_reserved_ = cqes;
@@ -127,7 +127,7 @@ void Conn::StartConnectLocked(FinishedList* out) {
       qps_.clear();
       dev->ReleaseCqes(cqes_reserved_);
       cqes_reserved_ = 0;
-      FailQueuedLocked(FERRY_ERR_TRANSPORT, err, out);
+      FailQueuedLocked(FERRY_ERR_NOT_SENT, err, out);
       return;
     }
     caps_.inline_bytes = std::min(caps_.inline_bytes, s.max_inline);
@@ -137,7 +137,7 @@ void Conn::StartConnectLocked(FinishedList* out) {
   for (auto& q : qps_) {
     QpToState(q.qp, IBV_QPS_RESET);
     if (!QpToInit(q.qp, *local_, 0, &err)) {
-      FailQueuedLocked(FERRY_ERR_TRANSPORT, err + " (" + Where() + ")", out);
+      FailQueuedLocked(FERRY_ERR_NOT_SENT, err + " (" + Where() + ")", out);
       return;
     }
     q.psn = RandomPsn();
@@ -172,7 +172,7 @@ void Conn::OnSendFailed(uint64_t conn_id, const std::string& why, FinishedList* 
   inst_->UnregisterConnId(conn_id_);
   state_ = State::kIdle;
   last_error_ = why;
-  FailQueuedLocked(FERRY_ERR_TRANSPORT, "cannot send the QP handshake to " + Where() + ": " + why,
+  FailQueuedLocked(FERRY_ERR_NOT_SENT, "cannot send the QP handshake to " + Where() + ": " + why,
                    out);
 }
 
@@ -208,7 +208,7 @@ void Conn::OnReply(const wire::ConnectMsg& m, FinishedList* out) {
         !QpToRts(qps_[i].qp, qps_[i].psn, rd, t, &err)) {
       for (auto& q : qps_) QpToState(q.qp, IBV_QPS_RESET);
       last_error_ = err;
-      FailQueuedLocked(FERRY_ERR_TRANSPORT, err + " (" + Where() + ")", out);
+      FailQueuedLocked(FERRY_ERR_NOT_SENT, err + " (" + Where() + ")", out);
       return;
     }
   }
@@ -262,6 +262,10 @@ void Conn::ReleaseIdleLocked() {
 }
 
 void Conn::FailQueuedLocked(int status, const std::string& why, FinishedList* out) {
+  // Handshake failures pass FERRY_ERR_NOT_SENT: no work request of a queued
+  // transfer was posted (a reset fails those that had some first), so the core
+  // fails them over without fencing the target - an rdma fence retires every
+  // QP serving this initiator there, its other transfers' too.
   for (auto& x : queue_) FinishLocked(x, status, why, out);
   queue_.clear();
 }
@@ -443,10 +447,16 @@ void Conn::ResetLocked(int status, const std::string& why, const std::shared_ptr
   Log(inst_->host(), FERRY_LOG_WARN, "resetting %zu QPs: %s", qps_.size(), why.c_str());
   std::vector<std::shared_ptr<Xfer>> victims(inflight_.begin(), inflight_.end());
   for (const auto& x : victims) {
-    if (x == culprit)
+    if (x == culprit) {
       FinishLocked(x, culprit_status, culprit_msg, out);
-    else
+    } else if (x->next == 0) {
+      // At the head of the queue, waiting for send queue room: nothing of it
+      // was posted, so it waits for the rebuilt connection like those behind it.
+      x->stage = Xfer::Stage::kQueued;
+      inflight_.erase(x);
+    } else {
       FinishLocked(x, status, why, out);
+    }
   }
   if (culprit) FinishLocked(culprit, culprit_status, culprit_msg, out);
   notify_queue_.clear();
@@ -469,9 +479,12 @@ void Conn::ResetLocked(int status, const std::string& why, const std::shared_ptr
 void Conn::Expire(const std::shared_ptr<Xfer>& x, FinishedList* out) {
   std::lock_guard lk(mu_);
   if (x->stage == Xfer::Stage::kDone || state_ == State::kClosed) return;
-  if (x->stage == Xfer::Stage::kQueued) {
+  // Nothing of it posted - queued, or at the head of the queue waiting for
+  // send queue room: it leaves the queue, and the connection and the other
+  // transfers on it are left alone; nothing was sent, so no fence is needed.
+  if (x->stage == Xfer::Stage::kQueued || (x->stage == Xfer::Stage::kData && x->next == 0)) {
     queue_.erase(std::remove(queue_.begin(), queue_.end(), x), queue_.end());
-    FinishLocked(x, FERRY_ERR_TIMEOUT,
+    FinishLocked(x, FERRY_ERR_NOT_SENT,
                  state_ == State::kConnecting
                      ? "deadline passed while the QP handshake with " + Where() + " was pending"
                      : "deadline passed while queued for send queue room on " + Where(),
@@ -509,7 +522,7 @@ void Conn::OnTimer(uint64_t now, FinishedList* out) {
   inst_->UnregisterConnId(conn_id_);
   state_ = State::kIdle;
   last_error_ = "handshake timed out";
-  FailQueuedLocked(FERRY_ERR_TRANSPORT,
+  FailQueuedLocked(FERRY_ERR_NOT_SENT,
                    "no answer to the QP handshake from " + Where() + " within " +
                        std::to_string(inst_->settings().connect_timeout_ms) +
                        " ms (is the rdma backend loaded there?)",
