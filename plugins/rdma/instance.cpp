@@ -60,7 +60,7 @@ bool Instance::Start(int* code, std::string* err) {
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, d->ctx->async_fd, &ev);
   }
   cq_thread_ = std::thread([this] { CqMain(); });
-  worker_ = std::thread([this] { WorkerMain(); });
+  for (int i = 0; i < kWorkers; ++i) workers_.emplace_back([this] { WorkerMain(); });
   Log(host_, FERRY_LOG_INFO, "using %s", devices_.Describe().c_str());
   return true;
 }
@@ -70,10 +70,12 @@ Instance::~Instance() {
   {
     std::lock_guard lk(work_mu_);
     work_.clear();
+    ready_.clear();
   }
   work_cv_.notify_all();
   Wake();
-  if (worker_.joinable()) worker_.join();
+  for (auto& w : workers_)
+    if (w.joinable()) w.join();
   if (cq_thread_.joinable()) cq_thread_.join();
 
   // The threads are gone: deliver what the CQs hold (notifications that their
@@ -631,35 +633,54 @@ void Instance::CqMain() {
 
 // ---- the worker thread: handshakes ------------------------------------------------------------
 
-void Instance::PushWork(std::function<void()> fn) {
+void Instance::PushWork(const std::string& peer_key, std::function<void()> fn) {
   {
     std::lock_guard lk(work_mu_);
     if (stop_) return;
-    work_.push_back(std::move(fn));
+    auto& q = work_[peer_key];
+    // A peer with work queued is in ready_ already, or a worker has it.
+    if (q.empty() && running_.count(peer_key) == 0) ready_.push_back(peer_key);
+    q.push_back(std::move(fn));
   }
   work_cv_.notify_one();
 }
 
 void Instance::WorkerMain() {
+  std::unique_lock lk(work_mu_);
   for (;;) {
-    std::function<void()> fn;
-    {
-      std::unique_lock lk(work_mu_);
-      work_cv_.wait(lk, [&] { return stop_ || !work_.empty(); });
-      if (stop_) return;
-      fn = std::move(work_.front());
-      work_.pop_front();
-    }
+    work_cv_.wait(lk, [&] { return stop_ || !ready_.empty(); });
+    if (stop_) return;
+    std::string peer = std::move(ready_.front());
+    ready_.pop_front();
+    auto it = work_.find(peer);
+    if (it == work_.end() || it->second.empty()) continue;
+    std::function<void()> fn = std::move(it->second.front());
+    it->second.pop_front();
+    running_.insert(peer);
+    lk.unlock();
     try {
       fn();
     } catch (const std::exception& e) {
       Log(host_, FERRY_LOG_ERROR, "worker: %s", e.what());
     }
+    fn = nullptr;  // what it holds goes before the lock is taken again
+    lk.lock();
+    running_.erase(peer);
+    it = work_.find(peer);
+    if (it == work_.end()) continue;  // cleared (stopping)
+    if (it->second.empty()) {
+      work_.erase(it);
+    } else {
+      ready_.push_back(std::move(peer));  // its next job, behind other peers' waiting ones
+      work_cv_.notify_one();
+    }
   }
 }
 
 void Instance::SendConnectReq(std::weak_ptr<Conn> wc, uint64_t conn_id, std::vector<uint8_t> msg) {
-  PushWork([this, wc = std::move(wc), conn_id, msg = std::move(msg)] {
+  auto owner = wc.lock();  // the caller's Conn (it holds its lock): alive
+  if (!owner) return;
+  PushWork(owner->peer_key(), [this, wc = std::move(wc), conn_id, msg = std::move(msg)] {
     auto c = wc.lock();
     if (!c) return;
     const int rc = host_->ctrl_send(host_->host_ctx, c->peer_key().c_str(), msg.data(), msg.size());
@@ -679,7 +700,7 @@ void Instance::OnCtrl(const char* peer_key, const void* msg, size_t len) {
   std::string key = peer_key;
   std::vector<uint8_t> bytes(static_cast<const uint8_t*>(msg),
                              static_cast<const uint8_t*>(msg) + len);
-  PushWork([this, key = std::move(key), bytes = std::move(bytes)] { HandleCtrl(key, bytes); });
+  PushWork(key, [this, key, bytes = std::move(bytes)] { HandleCtrl(key, bytes); });
 }
 
 uint64_t Instance::FirstConnId() {
@@ -720,7 +741,7 @@ void Instance::HandleCtrl(const std::string& peer_key, const std::vector<uint8_t
 
 void Instance::SendDisconnect(const std::string& peer_key, const wire::ConnectMsg& m) {
   // From the worker: ctrl_send may block on the network, and the caller holds a Conn's lock.
-  PushWork([this, peer_key, bytes = wire::EncodeConnectMsg(m)] {
+  PushWork(peer_key, [this, peer_key, bytes = wire::EncodeConnectMsg(m)] {
     const int rc = host_->ctrl_send(host_->host_ctx, peer_key.c_str(), bytes.data(), bytes.size());
     if (rc != FERRY_OK)
       Log(host_, FERRY_LOG_DEBUG, "cannot tell '%s' that idle QPs were released (error %d)",

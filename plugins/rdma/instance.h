@@ -130,7 +130,12 @@ class Instance {
   void Wake();
 
   void WorkerMain();
-  void PushWork(std::function<void()> fn);
+  // Runs fn on a worker thread after the work queued before it for the same
+  // peer (a DISCONNECT before the next handshake, a reply after its request);
+  // different peers' work runs on different workers at once, so a peer whose
+  // control channel blocks (ctrl_send waits up to its connect timeout for an
+  // unreachable host) holds up only its own handshakes.
+  void PushWork(const std::string& peer_key, std::function<void()> fn);
   void HandleCtrl(const std::string& peer_key, const std::vector<uint8_t>& msg);
   void Accept(const std::string& peer_key, const wire::ConnectMsg& req);
   // The initiator released connection m.conn_id: retire our side of it.
@@ -157,11 +162,14 @@ class Instance {
   std::map<std::pair<uint64_t, uint64_t>, Timer> timers_;  // (deadline, seq)
   uint64_t next_timer_seq_ = 1;
 
-  // worker thread
+  // worker threads: per peer, a queue run in order by one worker at a time
+  static constexpr int kWorkers = 4;
   std::mutex work_mu_;
   std::condition_variable work_cv_;
-  std::deque<std::function<void()>> work_;
-  std::thread worker_;
+  std::map<std::string, std::deque<std::function<void()>>> work_;  // by peer key
+  std::deque<std::string> ready_;  // peers with work and no worker on it, in order
+  std::set<std::string> running_;  // peers a worker runs a job of now
+  std::vector<std::thread> workers_;
 
   std::mutex mu_;  // the maps below
   std::map<std::pair<int, uint32_t>, QpRef> qps_;

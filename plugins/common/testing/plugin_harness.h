@@ -111,6 +111,16 @@ struct Net {
   bool drop = false;                          // lose every control message (a lost handshake)
   int unknown_peer_rc = FERRY_ERR_NOT_FOUND;  // ctrl_send's answer for a key not routed
   bool busy = false;                          // ctrl_try_send finds the connection busy (NOT_SENT)
+  // ctrl_send to this key blocks until it is cleared (Unstall): a host that
+  // does not answer, whose connect waits out its timeout.
+  std::string stalled;
+  std::condition_variable stall_cv;
+  int stalls = 0;  // ctrl_sends blocked so far
+  void Unstall() {
+    std::lock_guard lk(mu);
+    stalled.clear();
+    stall_cv.notify_all();
+  }
 };
 
 struct HostOptions {
@@ -207,8 +217,13 @@ class FakeHost {
     if (net == nullptr) return try_only ? FERRY_ERR_NOT_SENT : FERRY_ERR_UNSUPPORTED;
     void* to = nullptr;
     {
-      std::lock_guard lk(net->mu);
+      std::unique_lock lk(net->mu);
       if (try_only && net->busy) return FERRY_ERR_NOT_SENT;
+      if (!try_only && !net->stalled.empty() && net->stalled == peer) {
+        ++net->stalls;
+        net->stall_cv.notify_all();
+        net->stall_cv.wait(lk, [&] { return net->stalled != peer; });
+      }
       ctrl_sent.fetch_add(1);
       if (net->drop) return FERRY_OK;  // "queued", then lost
       auto it = net->hosts.find(peer);

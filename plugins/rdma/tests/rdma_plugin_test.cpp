@@ -517,6 +517,46 @@ TEST_F(TwoInstances, LostHandshakeEndsAtTheDeadline) {
   }
 }
 
+// A peer whose control channel blocks (its host does not answer: the core's
+// ctrl_send waits out a connect timeout) holds up its own handshakes only:
+// a handshake with another peer goes on meanwhile.
+TEST_F(TwoInstances, AStalledPeersHandshakeDoesNotHoldUpAnotherPeers) {
+  Inst c("c", &net_, Settings());
+  ASSERT_EQ(c.rc, FERRY_OK) << c.error;
+  void* a_peer_c = a_->AddPeer(c.key(), c.ConnBlob());
+  void* c_peer_a = c.AddPeer(a_->key(), a_->ConnBlob());
+  Mem* rc = c.Register(1, kSize);
+  void* rc_import = a_->Import(a_peer_c, *rc);
+  {
+    std::lock_guard lk(net_.mu);
+    net_.stalled = c.key();
+  }
+  Fill(la_->data, 8);
+  Completion to_c;
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_c, *la_, rc_import, {{0, 0, 4096}}, 1, &to_c),
+            FERRY_OK);
+  {
+    // The handshake to c is out, blocked in ctrl_send.
+    std::unique_lock lk(net_.mu);
+    ASSERT_TRUE(net_.stall_cv.wait_for(lk, 10s, [&] { return net_.stalls > 0; }));
+  }
+  Completion to_b;
+  ASSERT_EQ(Post(*a_, FERRY_OP_WRITE, a_peer_b_, *la_, rb_import_, {{0, 0, 4096}}, 2, &to_b),
+            FERRY_OK);
+  const bool b_done = to_b.Wait(3s);  // well inside connect_timeout_ms (5 s)
+  net_.Unstall();
+  ASSERT_TRUE(b_done) << "the handshake with b waited behind c's blocked control message";
+  EXPECT_EQ(to_b.status, FERRY_OK) << to_b.msg;
+  EXPECT_EQ(std::memcmp(la_->data.data(), rb_->data.data(), 4096), 0);
+  ASSERT_TRUE(to_c.Wait());
+  EXPECT_EQ(to_c.status, FERRY_OK) << to_c.msg;
+  EXPECT_EQ(std::memcmp(la_->data.data(), rc->data.data(), 4096), 0);
+  ops.mem_release(a_->ctx(), rc_import);
+  c.Deregister(rc);
+  ops.peer_remove(a_->ctx(), a_peer_c);
+  ops.peer_remove(c.ctx(), c_peer_a);
+}
+
 TEST_F(TwoInstances, FiniCompletesWhatIsPending) {
   {
     std::lock_guard lk(net_.mu);
