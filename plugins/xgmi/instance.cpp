@@ -448,6 +448,17 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** h, void* blob, size_t* l
   b.addr = reinterpret_cast<uint64_t>(m->addr);
   b.size = m->size;
   b.offset = b.addr - reinterpret_cast<uint64_t>(base);
+  // One allocation: the importer maps exactly that one (IPC), so a region
+  // running past it would be copied past the mapping - an illegal address
+  // that breaks the importer's context, not an error here. (A runtime that
+  // does not know the size says 0.)
+  if (alloc_size != 0 && (b.offset > alloc_size || m->size > alloc_size - b.offset)) {
+    LogLine(FERRY_LOG_WARN, "cannot export memory: " + std::to_string(m->size) + " bytes at " +
+                                std::to_string(b.offset) + " into an allocation of " +
+                                std::to_string(alloc_size) +
+                                " (a region must lie within one GPU allocation)");
+    return FERRY_ERR_INVALID_ARGS;
+  }
   // Whoever imports this region may name its notify transfers' events to us.
   if (FERRY_HAS_FIELD(ferry_gpu_v1, gpu_, ipc_event_open) && gpu_->ipc_event_open != nullptr)
     b.flags |= kMemWatchesEvents;

@@ -71,9 +71,9 @@ class FakeGpu {
       if (Self(c)->queries_.fetch_add(1) % 2 == 0) return 1;
       return Self(c)->Run(s, nullptr);
     };
-    t_.mem_range = [](void*, const void* p, void** base, size_t* size) {
+    t_.mem_range = [](void* c, const void* p, void** base, size_t* size) {
       *base = const_cast<void*>(p);
-      *size = 0;  // unknown; nothing here reads it
+      *size = Self(c)->allocation_bytes.load();  // 0: unknown
       return FERRY_OK;
     };
     t_.ipc_get_handle = [](void*, const void* base, uint8_t handle[64]) {
@@ -178,6 +178,9 @@ class FakeGpu {
   std::atomic<int> registrations{0};         // host_register calls that pinned
   std::atomic<int> registered{0};            // of them, not unregistered yet
   std::atomic<bool> fail_register{false};    // host_register refuses
+  // What mem_range says an allocation spans from the pointer asked about
+  // (0: unknown, as before).
+  std::atomic<size_t> allocation_bytes{0};
   // A runtime that cannot pin memory it did not allocate (before ABI 1.10).
   void WithoutHostRegister() {
     t_.host_register = nullptr;

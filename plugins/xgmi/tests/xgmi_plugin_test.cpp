@@ -140,6 +140,32 @@ TEST_F(Xgmi, PiecesLandWhereTheySay) {
 
 TEST_F(Xgmi, APieceOutsideARegionQueuesNothing) { ExpectAPieceOutsideRefused(); }
 
+// A region must lie within one GPU allocation: the importer maps exactly that
+// one, so a region running past it is refused at registration, not copied
+// past the mapping later.
+TEST_F(Xgmi, ARegionRunningPastItsAllocationIsRefused) {
+  std::vector<uint8_t> bytes(8192);
+  ferry_mem_v1 desc{};
+  desc.struct_size = sizeof desc;
+  desc.location = FERRY_MEM_GPU;
+  desc.id = 9;
+  desc.addr = bytes.data();
+  desc.size = bytes.size();
+  desc.device = 0;
+  std::vector<uint8_t> blob(FERRY_MAX_BLOB);
+  void* h = nullptr;
+  size_t len = blob.size();
+  gpu_.allocation_bytes = 4096;  // the runtime says the allocation is half of it
+  EXPECT_EQ(a_->plugin().mem_register(a_->ctx(), &desc, &h, blob.data(), &len),
+            FERRY_ERR_INVALID_ARGS);
+  EXPECT_EQ(h, nullptr);
+  gpu_.allocation_bytes = bytes.size();  // exactly one allocation: accepted
+  len = blob.size();
+  ASSERT_EQ(a_->plugin().mem_register(a_->ctx(), &desc, &h, blob.data(), &len), FERRY_OK);
+  a_->plugin().mem_deregister(a_->ctx(), h);
+  gpu_.allocation_bytes = 0;
+}
+
 // A copy call fails part-way (ExpectFailureAfterThreeCopies).
 TEST_F(Xgmi, AFailedCopyCallFailsOnceWhatItQueuedHasRun) {
   for (const uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
