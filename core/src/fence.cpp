@@ -103,15 +103,24 @@ void Fencer::finish_all(PeerState& p, const std::string& why,
 
 void Fencer::tell_unknown_locked(PeerState& p, const std::string& why,
                                  std::vector<std::function<void()>>& calls) {
-  for (auto& a : p.pending) {
-    if (a.reported) continue;
-    a.reported = true;
-    FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
-    calls.push_back([d = std::move(a.done), r, why] { d(r, why); });
-    a.done = [](const FenceResult&, const std::string&) {};
-    ++counts_.unknown;
-  }
-  for (auto& h : p.held) calls.push_back([h = std::move(h), why] { h(false, why); });
+  for (auto& a : p.pending)
+    if (!a.reported) tell_one_unknown_locked(a, why, calls);
+  resume_held(p, false, why, calls);
+}
+
+void Fencer::tell_one_unknown_locked(Pending& a, const std::string& why,
+                                     std::vector<std::function<void()>>& calls) {
+  ++counts_.unknown;
+  a.reported = true;
+  calls.push_back([d = std::move(a.done), r = FenceResult{a.attempt, FenceState::UNKNOWN, 0}, why] {
+    d(r, why);
+  });
+  a.done = [](const FenceResult&, const std::string&) {};
+}
+
+void Fencer::resume_held(PeerState& p, bool go, const std::string& why,
+                         std::vector<std::function<void()>>& calls) {
+  for (auto& h : p.held) calls.push_back([h = std::move(h), go, why] { h(go, why); });
   p.held.clear();
 }
 
@@ -260,8 +269,7 @@ void Fencer::reopen(const std::string& key, uint64_t instance, uint64_t token) {
       return;
     }
     p.closed_why.clear();
-    for (auto& h : p.held) calls.push_back([h = std::move(h)] { h(true, {}); });
-    p.held.clear();
+    resume_held(p, true, {}, calls);
     if (p.idle() && !p.running) {  // nothing left of it
       peers_.erase(Life{key, instance});
       note_quiet_locked();
@@ -352,8 +360,7 @@ void Fencer::end_draining(const std::string& key, const std::shared_ptr<PeerStat
     note_quiet_locked();
     break;
   }
-  for (auto& h : p->held) out.push_back([h = std::move(h)] { h(true, {}); });
-  p->held.clear();
+  resume_held(*p, true, {}, out);
 }
 
 Fencer::Counts Fencer::counts() const {
@@ -382,12 +389,7 @@ void Fencer::overdue(const std::weak_ptr<PeerState>& state, uint64_t attempt) {
     // What the worker does once a request comes back unanswered - now, at this
     // attempt's own deadline: the request still out may be one for an attempt
     // due later, which the target (stopped, say) lets run to its end.
-    ++counts_.unknown;
-    a->reported = true;
-    calls.push_back([d = std::move(a->done), r = FenceResult{attempt, FenceState::UNKNOWN, 0}] {
-      d(r, "fence unanswered by the attempt's deadline");
-    });
-    a->done = [](const FenceResult&, const std::string&) {};
+    tell_one_unknown_locked(*a, "fence unanswered by the attempt's deadline", calls);
     if (p->closed_why.empty()) {
       p->closed_why = "peer '" + p->target.key + "' is fenced: a WRITE on " + a->backend +
                       " ended with its outcome unknown (its fence was not answered by its "
@@ -395,9 +397,7 @@ void Fencer::overdue(const std::weak_ptr<PeerState>& state, uint64_t attempt) {
                       "instance of it is registered";
       FERRY_LOG(WARN, "fence", p->closed_why);
     }
-    for (auto& h : p->held)
-      calls.push_back([h = std::move(h), why = p->closed_why] { h(false, why); });
-    p->held.clear();
+    resume_held(*p, false, p->closed_why, calls);
   }
   for (auto& c : calls) c();
 }
@@ -520,12 +520,9 @@ void Fencer::run(const Life& life, const std::shared_ptr<PeerState>& p) {
         if (!p->closed_why.empty())
           FERRY_LOG(INFO, "fence", "peer '" + key + "' answered its fence; transfers to it resume");
         p->closed_why.clear();
-        for (auto& h : p->held) calls.push_back([h = std::move(h)] { h(true, {}); });
-        p->held.clear();
+        resume_held(*p, true, {}, calls);
       } else if (p->pending.empty()) {
-        for (auto& h : p->held)
-          calls.push_back([h = std::move(h), why = p->closed_why] { h(false, why); });
-        p->held.clear();
+        resume_held(*p, false, p->closed_why, calls);
       }
     } else {
       // No answer. Attempts whose deadline passed end "unknown", the gate closes,
@@ -533,11 +530,7 @@ void Fencer::run(const Life& life, const std::shared_ptr<PeerState>& p) {
       const auto t_now = Clock::now();
       for (auto& a : p->pending) {
         if (a.deadline > t_now || a.reported) continue;
-        ++counts_.unknown;
-        a.reported = true;
-        FenceResult r{a.attempt, FenceState::UNKNOWN, 0};
-        calls.push_back(
-            [d = std::move(a.done), r, why = "fence unanswered: " + err] { d(r, why); });
+        tell_one_unknown_locked(a, "fence unanswered: " + err, calls);
         if (p->closed_why.empty()) {
           p->closed_why = "peer '" + key + "' is fenced: a WRITE on " + a.backend +
                           " ended with its outcome unknown (" + err +
@@ -556,11 +549,7 @@ void Fencer::run(const Life& life, const std::shared_ptr<PeerState>& p) {
                         " ended with its outcome unknown and the fence is still unanswered (" +
                         err + ")";
       }
-      if (!p->closed_why.empty()) {
-        for (auto& h : p->held)
-          calls.push_back([h = std::move(h), why = p->closed_why] { h(false, why); });
-        p->held.clear();
-      }
+      if (!p->closed_why.empty()) resume_held(*p, false, p->closed_why, calls);
       // A life that is not registered (replaced by a new instance), with
       // every attempt told already: parked - it is asked again if that life is
       // registered again (retry_now), and costs no thread or traffic before.

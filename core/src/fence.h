@@ -195,6 +195,14 @@ class Fencer {
   // learn the truth later; held transfers fail (mu_ held; `calls` run after).
   void tell_unknown_locked(PeerState& p, const std::string& why,
                            std::vector<std::function<void()>>& calls);
+  // One attempt not told yet is told UNKNOWN (`why`), counted, and kept
+  // (mu_ held; the call runs after it is released).
+  void tell_one_unknown_locked(Pending& a, const std::string& why,
+                               std::vector<std::function<void()>>& calls);
+  // Every transfer held for p is resumed (go) or failed with `why`, after
+  // mu_ is released.
+  static void resume_held(PeerState& p, bool go, const std::string& why,
+                          std::vector<std::function<void()>>& calls);
   // retry_now's request: the gate holds (not fails) transfers until the
   // answer, asked at once (mu_ held).
   void ask_now_locked(const Life& life, PeerState& p, std::vector<std::function<void()>>& calls);

@@ -335,9 +335,7 @@ void Transfers::cancel(const TransferPtr& t) {
     // Held behind a fence: no attempt of it is running. Whichever of this, the
     // fence's answer and the deadline claims it first ends it (the fence's
     // answer would find it cancelled too, but only once the peer answers).
-    auto* h = static_cast<HeldTransfer*>(held.get());
-    if (!h->claimed.exchange(true)) {
-      watchdog_.disarm(h);
+    if (static_cast<HeldTransfer*>(held.get())->claim()) {
       finish(t, StatusCode::ERR_CANCELLED,
              "cancelled while waiting for peer '" + t->pair.peer->desc.key + "' to answer a fence" +
                  (t->history.empty() ? std::string() : " (after: " + t->history + ")"));
@@ -430,8 +428,7 @@ void Transfers::start_next(const TransferPtr& t, bool fresh) {
     gate = fencer_.admit(
         peer.key, peer.instance,
         [this, t, held](bool go, const std::string& w) {
-          if (held->claimed.exchange(true)) return;  // its deadline came first
-          watchdog_.disarm(held.get());
+          if (!held->claim()) return;  // its deadline (or a cancel) came first
           if (go) {
             start_next(t);
             return;
@@ -822,8 +819,14 @@ void Transfers::close_gate_for(const std::shared_ptr<Attempt>& a, const std::str
 
 Transfers::HeldTransfer::~HeldTransfer() { owner->watchdog_.disarm(this); }
 
+bool Transfers::HeldTransfer::claim() {
+  if (claimed.exchange(true)) return false;
+  owner->watchdog_.disarm(this);  // a no-op once it fired
+  return true;
+}
+
 void Transfers::HeldTransfer::on_deadline() {
-  if (claimed.exchange(true)) return;  // resumed (or failed) by the fence first
+  if (!claim()) return;  // resumed (or failed, or cancelled) first
   TransferPtr t = transfer.lock();
   if (!t) return;
   add_history(t->history, "the deadline passed while transfers to '" + t->pair.peer->desc.key +

@@ -298,6 +298,8 @@ class Transfers {
   struct HeldTransfer final : WatchItem {
     HeldTransfer(Transfers* o, const TransferPtr& t) : owner(o), transfer(t) {}
     ~HeldTransfer() override;
+    // True for the one caller that decides its end (disarmed then).
+    bool claim();
     void on_deadline() override;
     Transfers* const owner;
     const std::weak_ptr<Transfer> transfer;
