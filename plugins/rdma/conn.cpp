@@ -449,9 +449,9 @@ void Conn::ResetLocked(int status, const std::string& why, const std::shared_ptr
   for (const auto& x : victims) {
     if (x == culprit) {
       FinishLocked(x, culprit_status, culprit_msg, out);
-    } else if (x->next == 0) {
-      // At the head of the queue, waiting for send queue room: nothing of it
-      // was posted, so it waits for the rebuilt connection like those behind it.
+    } else if (x->NothingPosted()) {
+      // At the head of the queue, waiting for send queue room: it waits for
+      // the rebuilt connection like those behind it.
       x->stage = Xfer::Stage::kQueued;
       inflight_.erase(x);
     } else {
@@ -479,10 +479,9 @@ void Conn::ResetLocked(int status, const std::string& why, const std::shared_ptr
 void Conn::Expire(const std::shared_ptr<Xfer>& x, FinishedList* out) {
   std::lock_guard lk(mu_);
   if (x->stage == Xfer::Stage::kDone || state_ == State::kClosed) return;
-  // Nothing of it posted - queued, or at the head of the queue waiting for
-  // send queue room: it leaves the queue, and the connection and the other
-  // transfers on it are left alone; nothing was sent, so no fence is needed.
-  if (x->stage == Xfer::Stage::kQueued || (x->stage == Xfer::Stage::kData && x->next == 0)) {
+  // Nothing of it posted: it leaves the queue, and the connection and the
+  // other transfers on it are left alone; nothing was sent, so no fence is needed.
+  if (x->NothingPosted()) {
     queue_.erase(std::remove(queue_.begin(), queue_.end(), x), queue_.end());
     FinishLocked(x, FERRY_ERR_NOT_SENT,
                  state_ == State::kConnecting

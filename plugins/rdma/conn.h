@@ -53,6 +53,11 @@ struct Xfer {
   bool notify_sent = false;
   uint8_t notify_msg[wire::kNotifySize] = {};
   std::weak_ptr<Conn> conn;
+  // No work request of it posted yet: queued, or at the head of the queue
+  // waiting for send queue room (already counted in flight then).
+  bool NothingPosted() const {
+    return stage == Stage::kQueued || (stage == Stage::kData && next == 0);
+  }
 };
 
 struct Finished {
