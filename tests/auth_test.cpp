@@ -26,6 +26,7 @@
 
 #include "control_plane.h"
 #include "engine_impl.h"
+#include "eventually.h"
 #include "ferry/ferry.hpp"
 #include "link_auth.h"
 #include "pattern.h"
@@ -37,15 +38,7 @@ namespace {
 
 constexpr size_t kBytes = 256 * 1024;
 
-// A condition that another thread makes true, checked until a deadline.
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 10s) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using test::eventually;
 
 // Two engines in this process, registered both ways, one backend each.
 struct Pair {

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "eventually.h"
 #include "ferry/ferry.hpp"
 #include "pattern.h"
 #include "stats_server.h"
@@ -198,14 +199,7 @@ TEST(Failover, APostRefusedAfterTheWatchdogEndedItReopensThePeer) {
     st = rig.ini->write(rig.lmem, 0, rig.rmem, 0, kBytes, 1);
     returned = true;
   });
-  auto eventually = [](const std::function<bool()>& cond) {
-    const auto end = std::chrono::steady_clock::now() + 10s;
-    while (!cond()) {
-      if (std::chrono::steady_clock::now() > end) return false;
-      std::this_thread::sleep_for(5ms);  // a bounded poll of the engine's state
-    }
-    return true;
-  };
+  using test::eventually;
   // The watchdog ended the attempt while its post() is still in the plugin.
   const bool fenced = eventually([&] { return rig.ini->stats().fenced_peers != 0; });
   EXPECT_TRUE(fenced) << "the watchdog never ended the attempt";

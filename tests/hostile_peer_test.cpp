@@ -31,6 +31,7 @@
 
 #include "auth.h"
 #include "control_frame.h"
+#include "eventually.h"
 #include "ferry/ferry.hpp"
 #include "notif_inbox.h"
 #include "pattern.h"
@@ -47,13 +48,9 @@ namespace {
 constexpr size_t kRegion = 1 << 20;
 const std::string kToken = "hostile-test-shared-secret-0001";
 
+// This suite's bound: 15 s.
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 15s) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
+  return ferry::test::eventually(cond, limit);
 }
 
 size_t open_fds() {
