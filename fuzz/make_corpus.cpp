@@ -187,7 +187,7 @@ void xgmi() {
   };
   ferry_xgmi::MemBlob b;
   b.device = 0;
-  b.pid = 4242;
+  b.process = 4242;
   b.region_id = 7;
   b.addr = 0x7f0000000000;
   b.size = 1 << 20;
@@ -196,7 +196,7 @@ void xgmi() {
   ferry_xgmi::AfterEventMsg m;
   m.slot = 3;
   m.uid = 99;
-  m.pid = 4242;
+  m.process = 4242;
   m.pool_id = 0x1234567890abcdef;
   put("xgmi_wire", "after_event", bytes(m));
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cpu_relax.h"
+#include "process_tag.h"
 
 namespace ferry_xgmi {
 
@@ -443,7 +444,7 @@ int Instance::MemRegister(const ferry_mem_v1* m, void** h, void* blob, size_t* l
     return FERRY_ERR_GPU;
   }
   b.device = m->device;
-  b.pid = static_cast<uint64_t>(getpid());
+  b.process = ProcessTag();
   b.region_id = m->id;
   b.addr = reinterpret_cast<uint64_t>(m->addr);
   b.size = m->size;
@@ -475,7 +476,7 @@ int Instance::MemImport(void*, uint64_t id, uint64_t size, const void* blob, siz
   MemBlob b;
   if (blob == nullptr || !decode(blob, len, &b) || b.region_id != id || b.size != size)
     return FERRY_ERR_INVALID_ARGS;
-  *h = new Remote{b, b.pid == static_cast<uint64_t>(getpid()), {}};
+  *h = new Remote{b, b.process == ProcessTag(), {}};
   return FERRY_OK;
 }
 
@@ -623,7 +624,7 @@ bool Instance::SendAfterEvent(const Peer& peer, uint64_t uid, int64_t slot) {
   AfterEventMsg m;
   m.slot = static_cast<uint32_t>(slot);
   m.uid = uid;
-  m.pid = static_cast<uint64_t>(getpid());
+  m.process = ProcessTag();
   m.pool_id = events_->id();
   const bool sent =
       events_->Handle(m.slot, m.handle) &&

@@ -9,6 +9,7 @@
 
 #include "cpu_relax.h"
 #include "ferry/plugin_kit.hpp"
+#include "process_tag.h"
 
 namespace ferry_xgmi {
 
@@ -153,9 +154,9 @@ bool InboundWatch::CloseIdleLocked(const std::string& peer) {
 
 void* InboundWatch::Open(std::unique_lock<std::mutex>& lk, const std::string& peer,
                          const AfterEventMsg& m, std::string* key, std::string* why) {
-  // Per peer and process: another peer's message, or a later process with the
-  // same pid, never hits an event opened for this one.
-  *key = peer + '\0' + std::to_string(m.pid) + '\0' +
+  // Per peer and process: another peer's message, or a later process of that
+  // peer, never hits an event opened for this one.
+  *key = peer + '\0' + std::to_string(m.process) + '\0' +
          std::string(reinterpret_cast<const char*>(m.handle), sizeof m.handle);
   auto it = opened_.find(*key);
   if (it == opened_.end()) {
@@ -202,7 +203,7 @@ void InboundWatch::OnMessage(const char* peer_key, const void* msg, size_t len) 
   }
   Entry e{peer_key, m.uid, nullptr, {}, nullptr, Clock::now()};
   std::string why;
-  if (m.pid == static_cast<uint64_t>(getpid())) {
+  if (m.process == ProcessTag()) {
     // Two engines of one process: the event is ours; the pool id (random,
     // never sent elsewhere but to our peers) names it.
     e.owner = EventPool::Find(m.pool_id);

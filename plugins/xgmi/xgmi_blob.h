@@ -3,8 +3,9 @@
 // message that names a notify transfer's event (both fuzzed: fuzz_xgmi_wire).
 // What an xgmi memory descriptor carries: the IPC handle of the allocation that
 // holds the region, the region's offset inside that allocation (MORI's issue 415
-// came from forgetting it), and the exporting process, so an importer in the
-// same process uses the address directly (a process cannot open its own handle).
+// came from forgetting it), and the exporting process (process_tag.h), so an
+// importer in the same process uses the address directly (a process cannot open
+// its own handle).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +23,7 @@ struct MemBlob {
   uint8_t flags = 0;  // kMemWatchesEvents
   uint8_t pad[2] = {};
   int32_t device = -1;     // exporter's device ordinal
-  uint64_t pid = 0;        // exporting process
+  uint64_t process = 0;    // exporter's ProcessTag() (an older xgmi: its pid)
   uint64_t boot_tag = 0;   // hash of the node id: same host check
   uint64_t region_id = 0;  // the core's id of the region
   uint64_t addr = 0;       // region address in the exporter
@@ -46,7 +47,7 @@ struct AfterEventMsg {
   uint32_t magic = kMagic;
   uint32_t slot = 0;     // in the initiator's pool (same-process lookups)
   uint64_t uid = 0;      // the transfer's notification key
-  uint64_t pid = 0;      // the initiator's process
+  uint64_t process = 0;  // the initiator's ProcessTag() (an older xgmi: its pid)
   uint64_t pool_id = 0;  // the initiator's pool, random
   uint8_t handle[64] = {};
 };

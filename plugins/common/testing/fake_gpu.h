@@ -81,7 +81,8 @@ class FakeGpu {
       std::memcpy(handle, &base, sizeof base);
       return FERRY_OK;
     };
-    t_.ipc_open = [](void*, const uint8_t handle[64], int32_t, void** p) {
+    t_.ipc_open = [](void* c, const uint8_t handle[64], int32_t, void** p) {
+      ++Self(c)->ipc_opens;
       std::memcpy(p, handle, sizeof *p);
       return FERRY_OK;
     };
@@ -172,6 +173,7 @@ class FakeGpu {
   std::atomic<uint64_t> wrong_device_calls{0};
   std::atomic<bool> fail_set_device{false};  // set_device refuses every device
   std::atomic<uint64_t> copied{0};           // bytes moved by copies that ran
+  std::atomic<int> ipc_opens{0};             // ipc_open calls (peers' regions mapped)
   std::atomic<int> pinned_allocs{0};         // host_alloc calls
   std::atomic<int> fail_after_copies{-1};    // >= 0: copies after this many fail
   std::atomic<bool> hold_queries{false};     // event_query says "not yet" and runs nothing

@@ -20,8 +20,10 @@
 
 #include "ferry/plugin.h"
 #include "notify_events.h"
+#include "process_tag.h"
 #include "testing/fake_gpu.h"
 #include "testing/plugin_harness.h"
+#include "xgmi_blob.h"
 
 extern "C" const ferry_plugin_ops_v1 ferry_plugin_v1;
 
@@ -113,6 +115,14 @@ class Xgmi : public PairTest<> {
     EXPECT_EQ(gpu_.copied.load(), 3u * 4096);
     gpu_.fail_after_copies = -1;
   }
+  // One WRITE of these pieces into `remote` (the target's region by default).
+  Observed Write(const std::vector<ferry_iov_v1>& iov, void* remote = nullptr) {
+    Completion c;
+    const ferry_xfer_v1 x =
+        MakeXfer(FERRY_OP_WRITE, a_peer_b_, src_, remote ? remote : remote_, iov, &c);
+    EXPECT_EQ(a_->plugin().post(a_->ctx(), &x), FERRY_OK);
+    return Wait(c);
+  }
   static Observed Wait(Completion& c) {
     EXPECT_TRUE(c.Wait()) << "never completed";
     std::lock_guard lk(c.mu);
@@ -167,6 +177,25 @@ TEST_F(Xgmi, ARegionRunningPastItsAllocationIsRefused) {
 }
 
 // A copy call fails part-way (ExpectFailureAfterThreeCopies).
+// Two containers on one host are one node (they share the boot id) and may
+// both run their engine as pid 1. A region of the other one carries that
+// process's tag: its handle is opened, its address is not used as ours. An
+// exporter that wrote its bare pid there (an older xgmi) is another process
+// too, whatever that pid is.
+TEST_F(Xgmi, ARegionOfAnotherProcessWithOurPidIsOpenedNotUsedAsOurs) {
+  ASSERT_EQ(Write(Pieces(0, 1)).status, FERRY_OK);
+  EXPECT_EQ(gpu_.ipc_opens.load(), 0) << "a region of this process is used directly";
+  Mem other = *dst_;
+  const uint64_t pid = static_cast<uint64_t>(getpid());
+  std::memcpy(other.blob.data() + offsetof(ferry_xgmi::MemBlob, process), &pid, sizeof pid);
+  void* remote = a_->Import(a_peer_b_, other);
+  ASSERT_NE(remote, nullptr);
+  EXPECT_EQ(Write(Pieces(1, 1), remote).status, FERRY_OK);
+  EXPECT_EQ(gpu_.ipc_opens.load(), 1) << "a region of another process with our pid";
+  EXPECT_TRUE(Landed(Pieces(1, 1)[0]));
+  a_->plugin().mem_release(a_->ctx(), remote);
+}
+
 TEST_F(Xgmi, AFailedCopyCallFailsOnceWhatItQueuedHasRun) {
   for (const uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
     SCOPED_TRACE(op == FERRY_OP_WRITE ? "WRITE" : "READ");
@@ -460,7 +489,7 @@ TEST_F(XgmiNotify, NothingIsReportedBeforeTheEventFires) {
   ASSERT_EQ(g->event_record(g->gpu_ctx, event, stream), FERRY_OK);
   ferry_xgmi::AfterEventMsg m;
   m.uid = 7;
-  m.pid = static_cast<uint64_t>(getpid()) + 1;  // "another process": its handle is opened
+  m.process = ferry_xgmi::ProcessTag() ^ 1;  // "another process": its handle is opened
   ASSERT_EQ(g->ipc_event_handle(g->gpu_ctx, event, m.handle), FERRY_OK);
   const uint64_t before = gpu_.queries();
   OnCtrl(&m, sizeof m);
@@ -476,6 +505,26 @@ TEST_F(XgmiNotify, NothingIsReportedBeforeTheEventFires) {
   ASSERT_TRUE(b_->host().WaitInbound(a_->key(), 7));
   EXPECT_EQ(gpu_.copied.load(), 4096u);
   EXPECT_EQ(Counter(*b_, "inbound_events_open"), 1u);
+}
+
+// The message of an initiator in another container whose engine has our pid
+// (or of an older xgmi, which sent its bare pid): its event is opened from the
+// handle and watched, not looked up among this process's own and dropped.
+TEST_F(XgmiNotify, AnEventOfAnotherProcessWithOurPidIsOpenedAndWatched) {
+  void* stream = nullptr;
+  void* event = nullptr;
+  const ferry_gpu_v1* g = gpu_.table();
+  ASSERT_EQ(g->stream_create(g->gpu_ctx, &stream), FERRY_OK);
+  ASSERT_EQ(g->event_create_ipc(g->gpu_ctx, &event), FERRY_OK);
+  ASSERT_EQ(g->event_record(g->gpu_ctx, event, stream), FERRY_OK);
+  ferry_xgmi::AfterEventMsg m;
+  m.uid = 8;
+  m.process = static_cast<uint64_t>(getpid());
+  ASSERT_EQ(g->ipc_event_handle(g->gpu_ctx, event, m.handle), FERRY_OK);
+  OnCtrl(&m, sizeof m);
+  EXPECT_TRUE(b_->host().WaitInbound(a_->key(), 8));
+  EXPECT_EQ(Counter(*b_, "inbound_events_open"), 1u);
+  EXPECT_EQ(Counter(*b_, "inbound_dropped"), 0u);
 }
 
 TEST_F(XgmiNotify, ABusyControlConnectionLeavesTheNotificationToTheCore) {
@@ -535,7 +584,7 @@ TEST_F(XgmiNotify, AMultiPairTransferOnOneDeviceIsReportedByItsEvent) {
 TEST_F(XgmiNotify, MalformedMessagesAreDropped) {
   ferry_xgmi::AfterEventMsg m;
   m.uid = 500;
-  m.pid = static_cast<uint64_t>(getpid());
+  m.process = ferry_xgmi::ProcessTag();
   m.pool_id = 12345;  // no such pool here
   OnCtrl(&m, sizeof m);
   const auto pool = ferry_xgmi::EventPool::Create(gpu_.table());  // a real one of this process
@@ -610,7 +659,7 @@ TEST_F(XgmiNotify, OnePeerCannotFillTheTargetsWatch) {
   gpu_.Hold();
   ASSERT_EQ(g->event_record(g->gpu_ctx, event, stream), FERRY_OK);
   ferry_xgmi::AfterEventMsg m;
-  m.pid = static_cast<uint64_t>(getpid()) + 1;
+  m.process = ferry_xgmi::ProcessTag() ^ 1;
   ASSERT_EQ(g->ipc_event_handle(g->gpu_ctx, event, m.handle), FERRY_OK);
   for (size_t i = 0; i <= kPerPeer; ++i) {
     m.uid = 5000 + i;
