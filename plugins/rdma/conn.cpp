@@ -548,8 +548,8 @@ constexpr size_t kRecvSlot = 64;  // bytes per receive buffer (a notification is
 constexpr int kSlotBits = 12;     // recv wr_id = (id << 12) | slot; recv_depth <= 4096
 }  // namespace
 
-Passive::Passive(Instance* inst, std::string peer_key, Port* port)
-    : inst_(inst), peer_key_(std::move(peer_key)), port_(port) {}
+Passive::Passive(Instance* inst, std::string peer_key, Port* port, size_t qps)
+    : inst_(inst), peer_key_(std::move(peer_key)), port_(port), qp_count_(qps) {}
 
 Passive::~Passive() { Destroy(); }
 

@@ -167,7 +167,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
 // pair connects again; destroyed with the peer or the instance.
 class Passive : public std::enable_shared_from_this<Passive> {
  public:
-  Passive(Instance* inst, std::string peer_key, Port* port);
+  // qps: how many QPs the handshake it answers names (Setup makes them).
+  Passive(Instance* inst, std::string peer_key, Port* port, size_t qps);
   ~Passive();
   // Creates and connects the QPs to the initiator's; fills the reply.
   bool Setup(const wire::ConnectMsg& req, wire::ConnectMsg* rep, std::string* err);
@@ -176,6 +177,7 @@ class Passive : public std::enable_shared_from_this<Passive> {
   bool OnWc(int qi, const ibv_wc& wc, uint64_t* uid);
   const std::string& peer_key() const { return peer_key_; }
   uint64_t conn_id() const { return conn_id_; }  // the handshake it answered (set by Setup)
+  size_t qp_count() const { return qp_count_; }
   // Step 1 of closing: QPs to ERR, no more receives. The notifications already in
   // the CQ are still delivered: the initiator may have been acknowledged for them.
   void Retire();
@@ -188,6 +190,7 @@ class Passive : public std::enable_shared_from_this<Passive> {
   Instance* const inst_;
   const std::string peer_key_;
   Port* const port_;
+  const size_t qp_count_;
   std::mutex mu_;
   uint64_t conn_id_ = 0;
   bool closed_ = false;  // retired

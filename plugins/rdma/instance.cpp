@@ -800,27 +800,77 @@ void Instance::Accept(const std::string& peer_key, const wire::ConnectMsg& req) 
       return;
     }
   }
+  {
+    std::lock_guard lk(mu_);
+    nak.reason = RefusalLocked(peer_key, req);
+  }
+  if (!nak.reason.empty()) {
+    RefuseHandshake(peer_key, nak);
+    return;
+  }
   Port* port = &devices_.ports[req.tgt_port];
-  auto p = std::make_shared<Passive>(this, peer_key, port);
+  auto p = std::make_shared<Passive>(this, peer_key, port, req.qps.size());
   wire::ConnectMsg rep;
   std::string err;
   if (!p->Setup(req, &rep, &err)) {
     p->Destroy();
     nak.reason = err;
-    Log(host_, FERRY_LOG_WARN, "refusing the QP handshake of '%s': %s", peer_key.c_str(),
-        err.c_str());
-    SendCtrl(peer_key, nak);
+    RefuseHandshake(peer_key, nak);
     return;
   }
   std::shared_ptr<Passive> old;
   {
+    // Again, now that it is made: the peer may have been removed meanwhile.
     std::lock_guard lk(mu_);
-    auto& slot = passives_[{peer_key, req.ini_port, req.tgt_port}];
-    old = std::move(slot);
-    slot = p;
+    nak.reason = RefusalLocked(peer_key, req);
+    if (nak.reason.empty()) {
+      auto& slot = passives_[{peer_key, req.ini_port, req.tgt_port}];
+      old = std::move(slot);
+      slot = p;
+    }
+  }
+  if (!nak.reason.empty()) {
+    p->Destroy();
+    RefuseHandshake(peer_key, nak);
+    return;
   }
   if (old) RetirePassive(old);
   SendCtrl(peer_key, rep);
+}
+
+std::string Instance::RefusalLocked(const std::string& peer_key,
+                                    const wire::ConnectMsg& req) const {
+  const PeerHandle* peer = nullptr;
+  for (const PeerHandle* ph : peers_)
+    if (ph->key == peer_key) peer = ph;
+  // The core adds every engine it registered or learned from an authenticated
+  // hello; any other sender never gets an answer (ctrl_send cannot reach it),
+  // and its QPs would stay here until fini.
+  if (peer == nullptr) return "engine '" + peer_key + "' is not known here";
+  if (req.ini_port >= peer->info.ports.size())
+    return "port " + std::to_string(req.ini_port) + " is not one of the " +
+           std::to_string(peer->info.ports.size()) + " its descriptor names";
+  size_t held = 0;  // its other connections' QPs (the one this handshake replaces goes)
+  for (const auto& [k, p] : passives_)
+    if (std::get<0>(k) == peer_key &&
+        (std::get<1>(k) != req.ini_port || std::get<2>(k) != req.tgt_port))
+      held += p->qp_count();
+  const size_t cap = static_cast<size_t>(settings_.max_qps_per_peer);
+  if (held + req.qps.size() > cap)
+    return "it would hold " + std::to_string(held + req.qps.size()) + " QPs here (" +
+           std::to_string(held) + " in its other connections), past max_qps_per_peer " +
+           std::to_string(cap) + " of engine '" + engine_key_ + "'";
+  return {};
+}
+
+void Instance::RefuseHandshake(const std::string& peer_key, const wire::ConnectMsg& nak) {
+  uint64_t held = 0;
+  if (refusal_log_.Allow(peer_key, &held))
+    Log(host_, FERRY_LOG_WARN, "refusing the QP handshake of '%s': %s%s", peer_key.c_str(),
+        nak.reason.c_str(),
+        held ? (" (" + std::to_string(held) + " more since the last report)").c_str() : "");
+  ++handshakes_refused_;
+  SendCtrl(peer_key, nak);
 }
 
 // ---- describe --------------------------------------------------------------------------------
@@ -836,8 +886,11 @@ int Instance::Counters(char* buf, size_t len) {
     }
     passive = passives_.size();
   }
-  std::snprintf(buf, len, "{\"initiator_qps\":%zu,\"target_qps\":%zu,\"target_connections\":%zu}",
-                initiator, target, passive);
+  std::snprintf(buf, len,
+                "{\"initiator_qps\":%zu,\"target_qps\":%zu,\"target_connections\":%zu,"
+                "\"handshakes_refused\":%llu}",
+                initiator, target, passive,
+                static_cast<unsigned long long>(handshakes_refused_.load()));
   return FERRY_OK;
 }
 

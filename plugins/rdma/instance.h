@@ -23,6 +23,7 @@
 #include "conn.h"
 #include "device.h"
 #include "ferry/plugin_kit.hpp"
+#include "log_gate.h"
 #include "settings.h"
 #include "wire.h"
 
@@ -140,6 +141,12 @@ class Instance {
   void Accept(const std::string& peer_key, const wire::ConnectMsg& req);
   // The initiator released connection m.conn_id: retire our side of it.
   void ReleasePassive(const std::string& peer_key, const wire::ConnectMsg& m);
+  // Why this handshake may not have QPs here, or "" (mu_ held): the peer must
+  // be known (registered or learned), name one of its own ports, and stay
+  // within max_qps_per_peer with the connections it keeps.
+  std::string RefusalLocked(const std::string& peer_key, const wire::ConnectMsg& req) const;
+  // Logs (at most 20 lines per peer per 10 s), counts and sends the NAK.
+  void RefuseHandshake(const std::string& peer_key, const wire::ConnectMsg& nak);
   void SendCtrl(const std::string& peer_key, const wire::ConnectMsg& m);
 
   const ferry_host_v1* host_;
@@ -176,6 +183,8 @@ class Instance {
   std::map<uint64_t, std::weak_ptr<Conn>> conn_ids_;
   std::map<std::tuple<std::string, uint16_t, uint16_t>, std::shared_ptr<Passive>> passives_;
   std::vector<std::shared_ptr<Passive>> graveyard_;  // retired, to destroy after a drain
+  ferry::plugin_kit::LogGate refusal_log_;           // refused handshakes, per peer
+  std::atomic<uint64_t> handshakes_refused_{0};
   std::set<PeerHandle*> peers_;
   std::set<LocalMem*> locals_;
   std::set<RemoteMem*> remotes_;

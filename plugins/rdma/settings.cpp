@@ -82,6 +82,7 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
       {"service_level", &s.service_level, 0, 15},
       {"connect_timeout_ms", &s.connect_timeout_ms, 1, 600000},
       {"qp_idle_ms", &s.qp_idle_ms, 0, 86400000},
+      {"max_qps_per_peer", &s.max_qps_per_peer, 1, 65536},
       {"spin_us", &s.spin_us, 0, 1000000},
   };
   for (const auto& [key, v] : j.items()) {

@@ -35,6 +35,11 @@ struct Settings {
   // back at both ends (the target is told); the next transfer connects again.
   // 0 = never.
   int qp_idle_ms = 60000;
+  // Target side: the most QPs all of one initiator's connections may hold
+  // here (each port pair's handshake names its count, up to 64). A handshake
+  // past it is refused: one peer cannot take the device's QPs and CQ entries
+  // from the others.
+  int max_qps_per_peer = 256;
   bool busy_poll = false;  // completion thread never sleeps
   int spin_us = 20;        // event mode: poll this long before sleeping
 };

@@ -66,6 +66,7 @@ TEST(Settings, RefusesTyposAndBadValues) {
   EXPECT_FALSE(ParseSettings(R"({"qp_per_transfer": 0})", &s, &err));
   EXPECT_FALSE(ParseSettings(R"({"qp_per_transfer": -3})", &s, &err));
   EXPECT_FALSE(ParseSettings(R"({"retry_cnt": 8})", &s, &err));
+  EXPECT_FALSE(ParseSettings(R"({"max_qps_per_peer": 0})", &s, &err));
   EXPECT_FALSE(ParseSettings(R"({"chunk_bytes": "1KiB"})", &s, &err));
   EXPECT_FALSE(ParseSettings(R"({"chunk_bytes": "12XB"})", &s, &err));
   EXPECT_FALSE(ParseSettings(R"({"devices": [":1"]})", &s, &err));
@@ -675,6 +676,68 @@ TEST(IdleQps, ReleasedAtBothEndsAndMadeAgainOnUse) {
   ASSERT_NO_FATAL_FAILURE(write_all(20));
   EXPECT_TRUE(t.host().WaitInbound("i3", 2003));
   for (int i = 0; i < kPeers; ++i) ops.mem_release(ini[i]->ctx(), imports[i]);
+}
+
+// What one peer's handshakes may hold at a target: QPs on ports its own
+// descriptor names, up to max_qps_per_peer in all; an engine the target does
+// not know gets none (it could never be answered, and its QPs would stay).
+// Refused handshakes are counted and hold nothing.
+TEST(HandshakeBounds, APeerGetsQpsOnlyWithinItsBound) {
+  NEED_DEVICE();
+  Net net;
+  net.unknown_peer_rc = FERRY_ERR_TRANSPORT;
+  Inst t("target", &net, R"({"max_qps_per_peer": 4})");
+  ASSERT_EQ(t.rc, FERRY_OK) << t.error;
+  Inst wide("wide", &net, R"({"qp_per_transfer": 8})");
+  Inst fits("fits", &net, R"({"qp_per_transfer": 4})");
+  ASSERT_EQ(wide.rc, FERRY_OK) << wide.error;
+  ASSERT_EQ(fits.rc, FERRY_OK) << fits.error;
+  constexpr size_t kSize = 64 * 1024;
+  Mem* tm = t.Register(1, kSize);
+  std::vector<void*> imports;
+  auto write = [&](Inst& e, uint64_t uid, Completion* c) {
+    void* peer = e.AddPeer("target", t.ConnBlob());
+    t.AddPeer(e.key(), e.ConnBlob());
+    Mem* m = e.Register(1, kSize);
+    Fill(m->data, static_cast<uint8_t>(uid));
+    imports.push_back(e.Import(peer, *tm));
+    ASSERT_EQ(Post(e, FERRY_OP_WRITE, peer, *m, imports.back(), {{0, 0, kSize}}, uid, c), FERRY_OK);
+    ASSERT_TRUE(c->Wait());
+  };
+  Completion too_many;
+  ASSERT_NO_FATAL_FAILURE(write(wide, 1, &too_many));
+  EXPECT_EQ(too_many.status, FERRY_ERR_REMOTE) << too_many.msg;
+  EXPECT_NE(too_many.msg.find("max_qps_per_peer 4"), std::string::npos) << too_many.msg;
+  EXPECT_EQ(Counter(t, "target_qps"), 0u);
+  Completion ok;
+  ASSERT_NO_FATAL_FAILURE(write(fits, 2, &ok));
+  EXPECT_EQ(ok.status, FERRY_OK) << ok.msg;
+  EXPECT_EQ(Counter(t, "target_qps"), 4u);
+
+  // Handshakes forged in the name of "fits" (a port its descriptor does not
+  // name) and of an engine the target does not know.
+  wire::ConnInfo info;
+  std::string err;
+  const std::vector<uint8_t> blob = t.ConnBlob();
+  ASSERT_TRUE(wire::DecodeConnInfo(blob.data(), blob.size(), &info, &err)) << err;
+  wire::ConnectMsg req;
+  req.conn_id = 99;
+  req.target_nonce = info.nonce;
+  req.mtu = 3;
+  req.rd_atomic = 1;
+  req.qps.assign(4, wire::QpAddr{0x123, 0x456});
+  req.ini_port = 5;
+  const auto other_port = wire::EncodeConnectMsg(req);
+  ops.on_ctrl(t.ctx(), "fits", other_port.data(), other_port.size());
+  req.ini_port = 0;
+  const auto unknown = wire::EncodeConnectMsg(req);
+  ops.on_ctrl(t.ctx(), "mallory", unknown.data(), unknown.size());
+  EXPECT_TRUE(Eventually([&] { return Counter(t, "handshakes_refused") == 3; }, 10s))
+      << Counter(t, "handshakes_refused");
+  EXPECT_EQ(Counter(t, "target_qps"), 4u) << "a refused handshake holds QPs";
+  EXPECT_EQ(Counter(t, "target_connections"), 1u);
+  ops.mem_release(wide.ctx(), imports[0]);
+  ops.mem_release(fits.ctx(), imports[1]);
 }
 
 }  // namespace
