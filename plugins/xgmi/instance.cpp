@@ -480,7 +480,28 @@ int Instance::MemImport(void*, uint64_t id, uint64_t size, const void* blob, siz
   return FERRY_OK;
 }
 
-void Instance::MemRelease(void* h) { delete static_cast<Remote*>(h); }
+void Instance::MemRelease(void* h) {
+  std::unique_ptr<Remote> r(static_cast<Remote*>(h));
+  if (!r) return;
+  // The core releases an import after its peer was removed, and peer_remove
+  // waited for that peer's copies: no copy uses the mapping now. A mapping no
+  // import uses is closed, or the exporter's allocation would stay mapped here
+  // (and its memory held) after it freed it, or exited, for as long as this
+  // engine lives.
+  std::vector<char*> unused;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t d = 0; d < r->base.size(); ++d) {
+      if (r->base[d] == nullptr) continue;
+      auto it = opened_.find(
+          {std::string(reinterpret_cast<const char*>(r->blob.handle), 64), static_cast<int>(d)});
+      if (it == opened_.end() || --it->second.refs > 0) continue;
+      unused.push_back(it->second.base);
+      opened_.erase(it);
+    }
+  }
+  for (char* base : unused) gpu_->ipc_close(gpu_->gpu_ctx, base);
+}
 
 char* Instance::RemoteBase(Remote& r, int device, std::string* why) {
   if (r.same_process) return reinterpret_cast<char*>(r.blob.addr);
@@ -498,7 +519,7 @@ char* Instance::RemoteBase(Remote& r, int device, std::string* why) {
     }
     it = opened_.emplace(key, Opened{static_cast<char*>(p), 0}).first;
   }
-  ++it->second.refs;  // imports that use this mapping (kept open until fini)
+  ++it->second.refs;  // imports that use this mapping (closed when the last is released)
   if (r.base.size() <= d) r.base.resize(d + 1, nullptr);
   r.base[d] = it->second.base + r.blob.offset;
   return r.base[d];

@@ -86,7 +86,10 @@ class FakeGpu {
       std::memcpy(p, handle, sizeof *p);
       return FERRY_OK;
     };
-    t_.ipc_close = [](void*, void*) { return FERRY_OK; };
+    t_.ipc_close = [](void* c, void*) {
+      ++Self(c)->ipc_closes;
+      return FERRY_OK;
+    };
     // Interprocess events (ABI 1.8): an event's address is its handle.
     t_.event_create_ipc = [](void* c, void** e) { return Self(c)->t_.event_create(c, e); };
     t_.ipc_event_handle = [](void*, void* e, uint8_t handle[64]) {
@@ -174,6 +177,7 @@ class FakeGpu {
   std::atomic<bool> fail_set_device{false};  // set_device refuses every device
   std::atomic<uint64_t> copied{0};           // bytes moved by copies that ran
   std::atomic<int> ipc_opens{0};             // ipc_open calls (peers' regions mapped)
+  std::atomic<int> ipc_closes{0};            // ipc_close calls
   std::atomic<int> pinned_allocs{0};         // host_alloc calls
   std::atomic<int> fail_after_copies{-1};    // >= 0: copies after this many fail
   std::atomic<bool> hold_queries{false};     // event_query says "not yet" and runs nothing

@@ -196,6 +196,34 @@ TEST_F(Xgmi, ARegionOfAnotherProcessWithOurPidIsOpenedNotUsedAsOurs) {
   a_->plugin().mem_release(a_->ctx(), remote);
 }
 
+// A peer's mapping is closed when the last import that used it is released
+// (after its peer was removed), not kept until fini: a decode engine whose
+// prefill peers restart would otherwise keep every dead allocation mapped.
+TEST_F(Xgmi, AMappingIsClosedWithTheLastImportThatUsedIt) {
+  Mem other = *dst_;
+  const uint64_t another = ferry_xgmi::ProcessTag() ^ 1;
+  std::memcpy(other.blob.data() + offsetof(ferry_xgmi::MemBlob, process), &another, sizeof another);
+  void* first = a_->Import(a_peer_b_, other);
+  void* second = a_->Import(a_peer_b_, other);  // the same allocation, imported twice
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(Write(Pieces(0, 1), first).status, FERRY_OK);
+  EXPECT_EQ(Write(Pieces(1, 1), second).status, FERRY_OK);
+  EXPECT_EQ(gpu_.ipc_opens.load(), 1) << "one mapping per allocation and device";
+  a_->plugin().mem_release(a_->ctx(), first);
+  EXPECT_EQ(gpu_.ipc_closes.load(), 0) << "closed while another import uses it";
+  EXPECT_EQ(Write(Pieces(2, 1), second).status, FERRY_OK);
+  EXPECT_TRUE(Landed(Pieces(2, 1)[0]));
+  a_->plugin().mem_release(a_->ctx(), second);
+  EXPECT_EQ(gpu_.ipc_closes.load(), 1);
+  void* third = a_->Import(a_peer_b_, other);  // imported again: mapped again
+  EXPECT_EQ(Write(Pieces(3, 1), third).status, FERRY_OK);
+  EXPECT_EQ(gpu_.ipc_opens.load(), 2);
+  EXPECT_TRUE(Landed(Pieces(3, 1)[0]));
+  a_->plugin().mem_release(a_->ctx(), third);
+  EXPECT_EQ(gpu_.ipc_closes.load(), 2);
+}
+
 TEST_F(Xgmi, AFailedCopyCallFailsOnceWhatItQueuedHasRun) {
   for (const uint32_t op : {FERRY_OP_WRITE, FERRY_OP_READ}) {
     SCOPED_TRACE(op == FERRY_OP_WRITE ? "WRITE" : "READ");
