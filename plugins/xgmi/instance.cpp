@@ -385,6 +385,10 @@ int Instance::Progress() {
   int reported = 0;
   while (!pending_.empty()) {
     const Pending p = pending_.front();
+    // Only a blocking stream_sync would tell (no event, no stream_query): the
+    // completion thread's to do, not the waiting thread's, which progress()
+    // must not hold up.
+    if (!p.event && !has_stream_query_) break;
     lk.unlock();
     const int rc = QueryCopies(p);
     const auto done = Clock::now();
