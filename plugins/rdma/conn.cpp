@@ -251,14 +251,25 @@ void Conn::DestroyQpsLocked() {
 void Conn::ReleaseIdleLocked() {
   Log(inst_->host(), FERRY_LOG_DEBUG, "releasing %zu idle QPs to %s", qps_.size(), Where().c_str());
   // The target's QPs go with ours; a later handshake makes new ones on both sides.
+  inst_->SendDisconnect(peer_key_, DisconnectLocked());
+  DestroyQpsLocked();
+  state_ = State::kIdle;
+}
+
+wire::ConnectMsg Conn::DisconnectLocked() const {
   wire::ConnectMsg m;
   m.type = wire::MsgType::kDisconnect;
   m.conn_id = conn_id_;
   m.ini_port = static_cast<uint16_t>(local_->index);
   m.tgt_port = remote_port_;
-  inst_->SendDisconnect(peer_key_, m);
-  DestroyQpsLocked();
-  state_ = State::kIdle;
+  return m;
+}
+
+bool Conn::Farewell(wire::ConnectMsg* m) {
+  std::lock_guard lk(mu_);
+  if (state_ != State::kReady || qps_.empty()) return false;
+  *m = DisconnectLocked();
+  return true;
 }
 
 void Conn::FailQueuedLocked(int status, const std::string& why, FinishedList* out) {

@@ -96,6 +96,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void OnTimer(uint64_t now, FinishedList* out);
   // Fails everything with `status`, destroys the QPs; the Conn is dead after.
   void Close(int status, const std::string& why, FinishedList* out);
+  // The DISCONNECT that has the target retire its side of this connection,
+  // when there is a side to retire (QPs connected): before Close at
+  // peer_remove and fini, so a peer that goes away gracefully leaves no QPs
+  // at its targets.
+  bool Farewell(wire::ConnectMsg* m);
 
   std::string StateName();
 
@@ -134,6 +139,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void DestroyQpsLocked();
   // Ready, quiet and idle long enough: the QPs go, the target is told; IDLE.
   void ReleaseIdleLocked();
+  wire::ConnectMsg DisconnectLocked() const;
   std::string Where() const;
 
   Instance* const inst_;

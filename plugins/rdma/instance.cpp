@@ -97,6 +97,7 @@ Instance::~Instance() {
   for (auto& p : passives) p->Destroy();
   passives.clear();
   for (PeerHandle* p : peers) {
+    SayFarewell(p->key, p->conns);
     for (auto& [k, c] : p->conns)
       c->Close(FERRY_ERR_BAD_STATE, "the rdma backend is shutting down", &done);
     delete p;
@@ -170,6 +171,7 @@ void Instance::PeerRemove(void* handle) {
     conns.swap(ph->conns);
   }
   FinishedList done;
+  SayFarewell(ph->key, conns);
   for (auto& [k, c] : conns)
     c->Close(FERRY_ERR_TRANSPORT, "peer '" + ph->key + "' was deregistered", &done);
   Report(done);
@@ -747,6 +749,27 @@ void Instance::SendDisconnect(const std::string& peer_key, const wire::ConnectMs
       Log(host_, FERRY_LOG_DEBUG, "cannot tell '%s' that idle QPs were released (error %d)",
           peer_key.c_str(), rc);
   });
+}
+
+void Instance::SayFarewell(const std::string& peer_key,
+                           const std::map<std::pair<int, int>, std::shared_ptr<Conn>>& conns) {
+  // Never waits (ctrl_try_send): a peer that does not read must not hold up
+  // peer_remove or fini. What is not sent stays at the target until it
+  // removes or fences this engine. (At peer_remove the core has dropped the
+  // peer's address, so ctrl_send could not reach it; its open control
+  // connection still can.)
+  if (!FERRY_HAS_FIELD(ferry_host_v1, host_, ctrl_try_send) || host_->ctrl_try_send == nullptr)
+    return;
+  for (const auto& [k, c] : conns) {
+    wire::ConnectMsg m;
+    if (!c->Farewell(&m)) continue;
+    const auto bytes = wire::EncodeConnectMsg(m);
+    const int rc =
+        host_->ctrl_try_send(host_->host_ctx, peer_key.c_str(), bytes.data(), bytes.size());
+    if (rc != FERRY_OK)
+      Log(host_, FERRY_LOG_DEBUG, "cannot tell '%s' to retire its QPs of ours (error %d)",
+          peer_key.c_str(), rc);
+  }
 }
 
 void Instance::ReleasePassive(const std::string& peer_key, const wire::ConnectMsg& m) {

@@ -141,6 +141,9 @@ class Instance {
   void Accept(const std::string& peer_key, const wire::ConnectMsg& req);
   // The initiator released connection m.conn_id: retire our side of it.
   void ReleasePassive(const std::string& peer_key, const wire::ConnectMsg& m);
+  // Tells the target of each connected one to retire its QPs (Conn::Farewell).
+  void SayFarewell(const std::string& peer_key,
+                   const std::map<std::pair<int, int>, std::shared_ptr<Conn>>& conns);
   // Why this handshake may not have QPs here, or "" (mu_ held): the peer must
   // be known (registered or learned), name one of its own ports, and stay
   // within max_qps_per_peer with the connections it keeps.

@@ -740,4 +740,41 @@ TEST(HandshakeBounds, APeerGetsQpsOnlyWithinItsBound) {
   ops.mem_release(fits.ctx(), imports[1]);
 }
 
+// An initiator that removes its target peer, or ends, tells the target to
+// retire the QPs serving it: one that goes away gracefully leaves none there.
+// (They stayed until the target removed or fenced it; qp_idle_ms, 60 s by
+// default, is far off here, and an idle release comes from the initiator.)
+TEST(Farewell, TheTargetRetiresTheQpsOfAnInitiatorThatRemovedItOrEnded) {
+  NEED_DEVICE();
+  Net net;
+  net.unknown_peer_rc = FERRY_ERR_TRANSPORT;
+  Inst t("target", &net);
+  ASSERT_EQ(t.rc, FERRY_OK) << t.error;
+  constexpr size_t kSize = 64 * 1024;
+  Mem* tm = t.Register(1, kSize);
+  for (const bool ends : {false, true}) {
+    SCOPED_TRACE(ends ? "fini" : "peer_remove");
+    auto e = std::make_unique<Inst>(ends ? "ending" : "leaving", &net, R"({"qp_per_transfer": 2})");
+    ASSERT_EQ(e->rc, FERRY_OK) << e->error;
+    void* peer = e->AddPeer("target", t.ConnBlob());
+    void* back = t.AddPeer(e->key(), e->ConnBlob());
+    Mem* m = e->Register(1, kSize);
+    void* imp = e->Import(peer, *tm);
+    Completion c;
+    ASSERT_EQ(Post(*e, FERRY_OP_WRITE, peer, *m, imp, {{0, 0, kSize}}, 1, &c), FERRY_OK);
+    ASSERT_TRUE(c.Wait());
+    ASSERT_EQ(c.status, FERRY_OK) << c.msg;
+    EXPECT_EQ(Counter(t, "target_qps"), 2u);
+    ops.mem_release(e->ctx(), imp);
+    if (ends)
+      e.reset();
+    else
+      ops.peer_remove(e->ctx(), peer);
+    EXPECT_TRUE(Eventually([&] { return Counter(t, "target_qps") == 0; }, 10s))
+        << "the target still holds " << Counter(t, "target_qps") << " QPs";
+    EXPECT_EQ(Counter(t, "target_connections"), 0u);
+    ops.peer_remove(t.ctx(), back);
+  }
+}
+
 }  // namespace
