@@ -199,6 +199,8 @@ void xgmi() {
   m.process = 4242;
   m.pool_id = 0x1234567890abcdef;
   put("xgmi_wire", "after_event", bytes(m));
+  const uint64_t uids[3] = {99, 100, 1u << 31};
+  put("xgmi_wire", "landed", ferry_xgmi::EncodeLanded(uids, 3));
 }
 
 }  // namespace

@@ -86,6 +86,7 @@ Instance::~Instance() {
   }
   cv_.notify_all();
   if (completer_.joinable()) completer_.join();
+  SayFarewell(nullptr);  // every copy has ended: the peers not removed yet
   for (auto& [k, o] : opened_) gpu_->ipc_close(gpu_->gpu_ctx, o.base);
   for (size_t d = 0; d < streams_.size(); ++d) {
     for (void* s : streams_[d]) gpu_->stream_destroy(gpu_->gpu_ctx, s);
@@ -317,6 +318,11 @@ bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc
     }
     group_rc_ = FERRY_OK;
   }
+  // Told by its event and landed: listed in the farewell to its target.
+  if (rc == FERRY_OK && p.slot >= 0 && tell == kTellNone) {
+    if (told_.size() >= kToldKept) told_.pop_front();
+    told_.push_back({p.peer, p.uid});
+  }
   lk.unlock();
   const int status = rc != FERRY_OK        ? FERRY_ERR_GPU
                      : tell == kTellByCore ? FERRY_OK_NOTIFY_BY_CORE
@@ -433,7 +439,34 @@ void Instance::PeerRemove(void* h) {
     std::unique_lock<std::mutex> lk(mu_);
     drained_.wait(lk, [&] { return peer->inflight == 0; });  // GPU copies always finish
   }
+  SayFarewell(peer);
   delete peer;
+}
+
+void Instance::SayFarewell(const Peer* only) {
+  std::map<const Peer*, std::vector<uint64_t>> landed;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::deque<Told> kept;
+    for (const Told& t : told_) {
+      if (only == nullptr || t.peer == only)
+        landed[t.peer].push_back(t.uid);
+      else
+        kept.push_back(t);
+    }
+    told_.swap(kept);
+  }
+  // ctrl_try_send never waits: peer_remove and fini are not held up by a
+  // peer that does not read (its targets then rely on their events alone).
+  for (const auto& [peer, uids] : landed)
+    for (size_t at = 0; at < uids.size(); at += LandedHeader::kMaxUids) {
+      const auto n =
+          static_cast<uint32_t>(std::min<size_t>(LandedHeader::kMaxUids, uids.size() - at));
+      const auto msg = EncodeLanded(uids.data() + at, n);
+      if (host_->ctrl_try_send(host_->host_ctx, peer->key.c_str(), msg.data(), msg.size()) ==
+          FERRY_OK)
+        farewell_sent_ += n;
+    }
 }
 
 int Instance::MemRegister(const ferry_mem_v1* m, void** h, void* blob, size_t* len) {
@@ -1077,7 +1110,9 @@ int Instance::Counters(char* buf, size_t len) {
       {"inbound_watched", watch.watched},
       {"inbound_reported", watch.reported},
       {"inbound_dropped", watch.dropped},
-      {"inbound_events_open", watch.events_open}};
+      {"inbound_events_open", watch.events_open},
+      {"inbound_farewell", watch.farewell},
+      {"farewell_sent", farewell_sent_.load()}};
   std::string out = "{";
   for (const auto& [k, v] : fields)
     out += (out.size() > 1 ? ",\"" : "\"") + std::string(k) + "\":" + std::to_string(v);

@@ -159,6 +159,9 @@ class Instance {
   };
 
   void CompleteLoop();
+  // Tells `only` (every peer when nullptr) which of its told transfers have
+  // landed (xgmi_blob.h LandedHeader); those leave told_.
+  void SayFarewell(const Peer* only);
   bool NextPending(std::unique_lock<std::mutex>& lk);  // false: stop and nothing left
   // FERRY_OK or a FERRY_ERR_GPU code; kTaken when another thread reported p meanwhile.
   static constexpr int kTaken = 2;
@@ -270,6 +273,19 @@ class Instance {
   Stages stages_;
   std::shared_ptr<EventPool> events_;  // nullptr: the runtime has no interprocess events
   std::unique_ptr<InboundWatch> inbound_;
+  // The latest notify transfers told by event and reported landed, for the
+  // farewell their targets get at peer_remove or fini (SayFarewell; guarded
+  // by mu_). A target that could not act on a message - the event gone
+  // before it opened it, the initiator having ended right after the copy -
+  // still hears of the landing. Only the last milliseconds matter; these are
+  // the last kToldKept.
+  struct Told {
+    const Peer* peer;
+    uint64_t uid;
+  };
+  static constexpr size_t kToldKept = 1024;
+  std::deque<Told> told_;
+  std::atomic<uint64_t> farewell_sent_{0};      // uids listed in farewells that left
   std::atomic<uint64_t> notified_by_event_{0};  // notify transfers whose target got the event
   std::atomic<uint64_t> notified_by_core_{0};   // ... and those the core told
   std::atomic<size_t> to_send_{

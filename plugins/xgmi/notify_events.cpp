@@ -196,6 +196,12 @@ void* InboundWatch::Open(std::unique_lock<std::mutex>& lk, const std::string& pe
 }
 
 void InboundWatch::OnMessage(const char* peer_key, const void* msg, size_t len) {
+  uint32_t magic = 0;
+  if (msg != nullptr && len >= sizeof magic) std::memcpy(&magic, msg, sizeof magic);
+  if (magic == LandedHeader::kMagic) {
+    OnLanded(peer_key, msg, len);
+    return;
+  }
   AfterEventMsg m;
   if (!DecodeAfterEvent(msg, len, &m)) {
     Drop(peer_key, "malformed message (" + std::to_string(len) + " bytes)");
@@ -229,6 +235,21 @@ void InboundWatch::OnMessage(const char* peer_key, const void* msg, size_t len) 
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
   lk.unlock();
   cv_.notify_one();
+}
+
+void InboundWatch::OnLanded(const char* peer_key, const void* msg, size_t len) {
+  std::vector<uint64_t> uids;
+  if (!DecodeLanded(msg, len, &uids)) {
+    Drop(peer_key, "malformed farewell (" + std::to_string(len) + " bytes)");
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_.farewell += uids.size();
+  }
+  // Those reported by their events already, or still watched (reported
+  // again when they fire), are dropped by the core: it records a uid once.
+  for (const uint64_t uid : uids) host_->inbound(host_->host_ctx, peer_key, uid, FERRY_OK);
 }
 
 void InboundWatch::ReleaseLocked(const std::string& peer, const std::string& key) {

@@ -92,6 +92,7 @@ class InboundWatch {
 
   struct Counts {
     uint64_t watched = 0, reported = 0, dropped = 0;
+    uint64_t farewell = 0;  // uids a peer's farewell listed as landed (reported)
     size_t events_open = 0;
   };
   Counts counts() const;
@@ -133,6 +134,8 @@ class InboundWatch {
   // anyone when empty); false when every one is watched.
   bool CloseIdleLocked(const std::string& peer);
   void Drop(const char* peer_key, const std::string& why);
+  // A farewell (xgmi_blob.h LandedHeader): each uid reported landed.
+  void OnLanded(const char* peer_key, const void* msg, size_t len);
   void ReleaseLocked(const std::string& peer, const std::string& key);  // mu_ held
 
   const ferry_host_v1* host_;

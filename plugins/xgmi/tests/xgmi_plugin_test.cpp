@@ -705,6 +705,64 @@ TEST_F(XgmiNotify, OnePeerCannotFillTheTargetsWatch) {
   EXPECT_EQ(b_->host().CountInbound(5000 + kPerPeer), 0) << "the dropped one";
 }
 
+// A message the target could not act on - lost here; in life, the event
+// gone before the target opened it, its initiator having ended right after
+// the copy - is made good by the farewell: peer_remove and fini list the
+// transfers told by event that landed, and the target reports them.
+TEST_F(XgmiNotify, AFarewellReportsLandingsTheTargetDidNotHearOf) {
+  for (const bool ends : {false, true}) {
+    SCOPED_TRACE(ends ? "fini" : "peer_remove");
+    if (ends) {  // a fresh pair: the first round removed the peers
+      TearDown();
+      SetUp();
+    }
+    const uint64_t uid = ends ? 710 : 700;
+    {
+      std::lock_guard lk(net_.mu);
+      net_.drop = true;  // the messages "leave" and never arrive
+    }
+    EXPECT_EQ(Notify(FERRY_OP_WRITE, uid, Pieces(0, 2)).status, FERRY_OK);
+    EXPECT_EQ(Notify(FERRY_OP_WRITE, uid + 1, Pieces(2, 2)).status, FERRY_OK);
+    {
+      std::lock_guard lk(net_.mu);
+      net_.drop = false;
+    }
+    EXPECT_EQ(b_->host().CountInbound(uid), 0);
+    EXPECT_EQ(Counter(*a_, "notified_by_event"), 2u);
+    a_->plugin().mem_release(a_->ctx(), remote_);
+    remote_ = nullptr;
+    if (ends) {
+      a_->Fini();
+    } else {
+      EXPECT_EQ(Counter(*a_, "farewell_sent"), 0u);
+      a_->plugin().peer_remove(a_->ctx(), a_peer_b_);
+      EXPECT_EQ(Counter(*a_, "farewell_sent"), 2u);
+    }
+    a_peer_b_ = nullptr;
+    EXPECT_TRUE(b_->host().WaitInbound(a_->key(), uid));
+    EXPECT_TRUE(b_->host().WaitInbound(a_->key(), uid + 1));
+    EXPECT_EQ(Counter(*b_, "inbound_farewell"), 2u);
+    EXPECT_EQ(b_->host().CountInbound(uid), 1);
+  }
+}
+
+// A farewell is peer input like any other: malformed ones are dropped.
+TEST_F(XgmiNotify, MalformedFarewellsAreDropped) {
+  const uint64_t uids[2] = {801, 802};
+  auto msg = ferry_xgmi::EncodeLanded(uids, 2);
+  OnCtrl(msg.data(), msg.size() - 1);                   // short by a byte
+  OnCtrl(ferry_xgmi::EncodeLanded(uids, 0).data(), 8);  // no uid
+  msg[4] = 0xff;                                        // a count past what it holds
+  OnCtrl(msg.data(), msg.size());
+  EXPECT_EQ(Counter(*b_, "inbound_dropped"), 3u);
+  EXPECT_EQ(Counter(*b_, "inbound_farewell"), 0u);
+  EXPECT_EQ(b_->host().CountInbound(801), 0);
+  msg = ferry_xgmi::EncodeLanded(uids, 2);
+  OnCtrl(msg.data(), msg.size());
+  EXPECT_TRUE(b_->host().WaitInbound(a_->key(), 802));
+  EXPECT_EQ(Counter(*b_, "inbound_farewell"), 2u);
+}
+
 class XgmiNotifyNoIpcEvents : public XgmiNotify {
  protected:
   XgmiNotifyNoIpcEvents() { gpu_.WithoutInterprocessEvents(); }
