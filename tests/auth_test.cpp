@@ -510,7 +510,7 @@ struct Plane {
       cv.notify_all();
     };
     h.on_notify = [](const std::string&, uint64_t, int32_t) {};
-    h.on_fence = [this](const std::string& peer, const std::vector<FenceEntry>& entries,
+    h.on_fence = [this](const std::string& peer, uint64_t, const std::vector<FenceEntry>& entries,
                         uint64_t* instance) { return fence(peer, entries, instance); };
     cp = std::make_unique<ControlPlane>(key, "127.0.0.1", 0, std::move(h), &link);
   }

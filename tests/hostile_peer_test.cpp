@@ -797,6 +797,299 @@ TEST(HostileControlPlane, FloodOfConnectionsWhileAGoodPeerIsServed) {
 
 // ---- tcp data lanes ---------------------------------------------------------------
 
+// ---- holders of the target's descriptor claiming keys ----------------------
+
+// A holder of the target's descriptor (its secret) logging in as `key` with a
+// secret of its own that the target does not know: admitted only to present
+// its descriptor (HELLO_OK asks for it), sealed over `tc`.
+struct Claim {
+  std::vector<uint8_t> tc;  // the client transcript its proof covered
+  uint8_t flags = 0;        // HELLO_OK's
+};
+
+bool claim_key(const Rig& rig, int fd, const std::string& key, const auth::InstanceSecret& own,
+               Claim* out) {
+  auth::Nonce nc{}, ns{};
+  auth::random_bytes(nc.data(), nc.size());
+  send_raw(fd, encode_ctrl_frame(CtrlType::HELLO, hello_body(key, nc.data(), kHelloHasToken)));
+  CtrlFrame f;
+  uint8_t server[kCtrlProofSize];
+  if (!read_ctrl(fd, f) || !decode_challenge(f.body, ns.data(), server)) return false;
+  out->tc = auth::ctrl_transcript("ferry-ctrl-v2 client", nc, ns, key, "hostile-tgt");
+  send_raw(fd, encode_ctrl_frame(CtrlType::AUTH_PROOF,
+                                 proof_body(link_proof(rig.tgt_secret, own, out->tc).data())));
+  return read_ctrl(fd, f) && f.type == CtrlType::HELLO_OK && decode_hello_ok(f.body, &out->flags);
+}
+
+Bytes peer_desc_frame(const Rig& rig, const Claim& c, const std::string& key,
+                      const auth::InstanceSecret& own) {
+  EngineDesc d;
+  d.key = key;
+  d.host = "127.0.0.1";
+  d.port = 9;
+  d.node_id = "elsewhere";
+  d.pid = 1;
+  d.instance = 77;
+  d.secret = own;
+  Bytes sealed;
+  auth::seal(rig.tgt_secret, kToken, c.tc, d.pack(), &sealed);
+  return encode_ctrl_frame(CtrlType::PEER_DESC, sealed);
+}
+
+// Claims `key` and presents its descriptor: learned by the target (one-way
+// registration), as any holder of the descriptor may be.
+bool learned_as(const Rig& rig, int fd, const std::string& key) {
+  const auth::InstanceSecret own = random_secret();
+  Claim c;
+  if (!claim_key(rig, fd, key, own, &c) || !(c.flags & kHelloOkSendDesc)) return false;
+  // The descriptor, then a message of that life: its answer (TAKEN) says
+  // the key was learned and the connection is open.
+  send_raw(fd, cat({peer_desc_frame(rig, c, key, own),
+                    encode_ctrl_frame(CtrlType::MSG, msg_body(77, 1, "hi", 2))}));
+  CtrlFrame f;
+  uint64_t id = 0;
+  MsgAck ack = MsgAck::STALE;
+  return read_ctrl(fd, f) && decode_msg_ack(f.body, id, ack) && ack == MsgAck::TAKEN;
+}
+
+TEST(HostileControlPlane, AHolderOfOurDescriptorCannotSpeakForAKeyRegisteredMeanwhile) {
+  // Mallory holds the target's descriptor, claims "p" while "p" is unknown,
+  // and holds back her descriptor until the application registered the real
+  // "p"; then presents her own under that key. She was kept as "p": her
+  // NOTIFYs landed as p's, and a FENCE of p's message ids broke p's messages.
+  Rig rig("tcp");
+  EngineConfig c;
+  c.auth_token = kToken;
+  c.timeout = 10s;
+  Engine p("p", c);
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  const auth::InstanceSecret mine = random_secret();
+  Claim claim;
+  ASSERT_TRUE(claim_key(rig, fd, "p", mine, &claim));
+  ASSERT_TRUE(claim.flags & kHelloOkSendDesc);
+  ASSERT_TRUE(rig.tgt->register_remote_engine(p.desc()));
+  ASSERT_TRUE(p.register_remote_engine(rig.tgt->desc()));
+  send_raw(fd, cat({peer_desc_frame(rig, claim, "p", mine),
+                    encode_ctrl_frame(CtrlType::NOTIFY, notify_body(4242, 0))}));
+  EXPECT_TRUE(closed_by_peer(fd)) << "a connection claiming a registered key under another secret";
+  close(fd);
+  EXPECT_FALSE(rig.tgt->pop_inbound_transfer_status("p", 4242)) << "taken as p's";
+  TransferStatus m = p.send_notification("hostile-tgt", "the real p");
+  ASSERT_TRUE(m.WaitFor(10s));
+  EXPECT_TRUE(m.Succeeded()) << m.Message();
+  EXPECT_TRUE(rig.good_transfer(11));
+}
+
+TEST(HostileControlPlane, AConnectionWhoseKeyCannotBeLearnedIsClosed) {
+  // The target's own key: never learned; nothing sent under it is taken.
+  Rig rig("tcp");
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  const auth::InstanceSecret mine = random_secret();
+  Claim claim;
+  ASSERT_TRUE(claim_key(rig, fd, "hostile-tgt", mine, &claim));
+  send_raw(fd, cat({peer_desc_frame(rig, claim, "hostile-tgt", mine),
+                    encode_ctrl_frame(CtrlType::NOTIFY, notify_body(31, 0))}));
+  EXPECT_TRUE(closed_by_peer(fd));
+  close(fd);
+  EXPECT_EQ(rig.tgt->stats().inbound_notifications, 0u);
+}
+
+TEST(HostileControlPlane, AnUndescribedConnectionIsStillInTheHandshake) {
+  // Admitted only to present its descriptor, a connection is still in the
+  // handshake: a frame larger than a descriptor is refused at once, and one
+  // that sends nothing is closed at the handshake's deadline (5 s). They
+  // stayed open, each allowed 1 MiB frames (150 held 152 MiB).
+  Rig rig("tcp");
+  int big = dial(rig.ctrl_port), idle = dial(rig.ctrl_port);
+  ASSERT_GE(big, 0);
+  ASSERT_GE(idle, 0);
+  Claim a, b;
+  ASSERT_TRUE(claim_key(rig, big, "k0", random_secret(), &a));
+  ASSERT_TRUE(claim_key(rig, idle, "k1", random_secret(), &b));
+  const auto t0 = std::chrono::steady_clock::now();
+  send_raw(big, ctrl_header(static_cast<uint8_t>(CtrlType::PLUGIN), kMaxCtrlBody));
+  EXPECT_TRUE(closed_by_peer(big)) << "a 1 MiB frame before the descriptor";
+  close(big);
+  timeval tv{12, 0};
+  setsockopt(idle, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  EXPECT_TRUE(closed_by_peer(idle)) << "an undescribed connection outlived the handshake";
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  close(idle);
+  std::printf("RESULT undescribed closed after %lld ms\n", static_cast<long long>(took.count()));
+  EXPECT_LT(took, 8s);
+}
+
+TEST(HostileControlPlane, OnePeersStreamOfFramesDoesNotStarveTheOthers) {
+  // A learned peer streams NOTIFYs faster than the target handles them. The
+  // control plane's one I/O thread read it until its socket ran dry - never:
+  // the good peer's messages got no answer to their HELLO (10 of 10 failed).
+  Rig rig("tcp");
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(learned_as(rig, fd, "streamer"));
+  std::atomic<bool> stop{false};
+  std::thread flood([&] {
+    // One batch made once; each round only renumbers its uids (as fast as
+    // the socket takes them).
+    const Bytes one = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(1, 0));
+    const size_t uid_at = kCtrlHeaderSize;  // the body starts with the uid
+    Bytes batch;
+    for (int i = 0; i < 4096; ++i) batch.insert(batch.end(), one.begin(), one.end());
+    uint64_t uid = 1;
+    while (!stop) {
+      for (size_t off = 0; off < batch.size(); off += one.size(), ++uid)
+        std::memcpy(batch.data() + off + uid_at, &uid, sizeof uid);
+      if (send(fd, batch.data(), batch.size(), MSG_NOSIGNAL) < 0) break;
+    }
+  });
+  EXPECT_TRUE(eventually([&] { return rig.tgt->stats().inbound_notifications > 100000; }, 30s));
+  int failed = 0;
+  for (int i = 0; i < 5; ++i) {
+    TransferStatus m = rig.good->send_notification("hostile-tgt", "m" + std::to_string(i));
+    if (!m.WaitFor(20s) || !m.Succeeded()) ++failed;
+  }
+  stop = true;
+  shutdown(fd, SHUT_RDWR);
+  flood.join();
+  close(fd);
+  EXPECT_EQ(failed, 0) << "the good peer's messages while another streamed";
+}
+
+TEST(HostileControlPlane, AFenceFloodDoesNotHoldUpAnotherPeersFence) {
+  // A learned peer with a 4 KiB receive buffer sends 70 FENCEs of 4,096
+  // entries and never reads the replies. Another peer's one FENCE waited
+  // behind them all (not answered within 40 s): the queue was shared and a
+  // reply could wait 5 s to be written. Now each peer has at most 4 queued,
+  // they are served in turn, and a reply waits at most 1 s.
+  Rig rig("tcp");
+  int flooder = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int small = 4096;
+  setsockopt(flooder, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(rig.ctrl_port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(flooder, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  timeval tv{10, 0};
+  setsockopt(flooder, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ASSERT_TRUE(learned_as(rig, flooder, "fencer"));
+  std::vector<FenceEntry> many;
+  for (uint64_t i = 1; i <= 4096; ++i) many.push_back({"zz", i});
+  const uint64_t instance = rig.tgt->desc().instance;
+  const Bytes one = encode_ctrl_frame(CtrlType::FENCE, fence_body(1, instance, many));
+  for (int i = 0; i < 70; ++i) send_raw(flooder, one);
+  int other = dial(rig.ctrl_port);
+  ASSERT_GE(other, 0);
+  ASSERT_TRUE(learned_as(rig, other, "asker"));
+  const auto t0 = std::chrono::steady_clock::now();
+  send_raw(other, encode_ctrl_frame(CtrlType::FENCE, fence_body(2, instance, {{"zz", 1}})));
+  CtrlFrame f;
+  const bool answered = read_ctrl(other, f) && f.type == CtrlType::FENCE_REPLY;
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  std::printf("RESULT fence_flood other peer answered=%d after %lld ms\n", answered ? 1 : 0,
+              static_cast<long long>(took.count()));
+  EXPECT_TRUE(answered) << "another peer's FENCE behind a flood";
+  EXPECT_LT(took, 8s);
+  close(flooder);
+  close(other);
+}
+
+TEST(HostileControlPlane, AFenceMeantForAnotherLifeAppliesNothing) {
+  // A FENCE names the life of the target it means; one for another (an
+  // earlier life) is answered with this life's instance and fences nothing
+  // here (the initiator reads that as "gone"). It was applied all the same.
+  Rig rig("tcp");
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(learned_as(rig, fd, "old-life-asker"));
+  const uint64_t instance = rig.tgt->desc().instance;
+  send_raw(fd, encode_ctrl_frame(CtrlType::FENCE, fence_body(5, instance + 1, {{"tcp", 1}})));
+  CtrlFrame f;
+  ASSERT_TRUE(read_ctrl(fd, f));
+  ASSERT_EQ(f.type, CtrlType::FENCE_REPLY);
+  uint64_t req = 0, inst = 0;
+  std::vector<FenceResult> results;
+  ASSERT_TRUE(decode_fence_reply(f.body, req, inst, results));
+  EXPECT_EQ(req, 5u);
+  EXPECT_EQ(inst, instance);
+  EXPECT_TRUE(results.empty()) << "fenced for another life";
+  close(fd);
+}
+
+TEST(HostileControlPlane, MalformedFencesCloseTheConnection) {
+  Rig rig("tcp");
+  LogCapture log;
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(learned_as(rig, fd, "bad-fencer"));
+  const Bytes bad = encode_ctrl_frame(CtrlType::FENCE, Bytes(20, 0));  // no entry
+  Bytes batch;
+  for (int i = 0; i < 1000; ++i) batch.insert(batch.end(), bad.begin(), bad.end());
+  send_raw(fd, batch);
+  EXPECT_TRUE(closed_by_peer(fd));
+  close(fd);
+  EXPECT_LE(log.count("FENCE"), 1u) << "a line per malformed FENCE";
+  EXPECT_TRUE(rig.good_transfer(13));
+}
+
+TEST(HostileControlPlane, AnAnswerTrickledAByteAtATimeEndsAtTheDeadline) {
+  // Something at a registered peer's address answers the HELLO one byte
+  // every 300 ms. Each recv waited the whole timeout anew, so a message
+  // with a 2 s deadline was still waiting after 40 s.
+  int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(ls, 4), 0);
+  socklen_t al = sizeof a;
+  getsockname(ls, reinterpret_cast<sockaddr*>(&a), &al);
+  EngineConfig c;
+  c.timeout = 2s;
+  Engine e("trickled", c);
+  EngineDesc slow;
+  slow.key = "slow";
+  slow.host = "127.0.0.1";
+  slow.port = ntohs(a.sin_port);
+  slow.node_id = "elsewhere";
+  slow.pid = 1;
+  slow.instance = 5;
+  slow.secret = random_secret();
+  ASSERT_TRUE(e.register_remote_engine(slow));
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    pollfd pf{ls, POLLIN, 0};
+    if (poll(&pf, 1, 10000) <= 0) return;
+    int conn = accept(ls, nullptr, nullptr);
+    const Bytes frame = encode_ctrl_frame(CtrlType::AUTH_CHALLENGE, Bytes(96, 1));
+    for (size_t i = 0; i < frame.size() && !stop; ++i) {
+      if (send(conn, &frame[i], 1, MSG_NOSIGNAL) != 1) break;
+      pollfd q{conn, POLLIN, 0};
+      poll(&q, 1, 300);  // the pace; a close by the engine ends it sooner
+      char ch;
+      if ((q.revents & POLLIN) && recv(conn, &ch, 1, MSG_DONTWAIT) == 0) break;
+    }
+    close(conn);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  TransferStatus m = e.send_notification("slow", "x");
+  const bool ended = m.WaitFor(30s);
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  stop = true;
+  server.join();
+  close(ls);
+  std::printf("RESULT trickled answer: ended=%d after %lld ms\n", ended ? 1 : 0,
+              static_cast<long long>(took.count()));
+  EXPECT_TRUE(ended);
+  EXPECT_FALSE(m.Succeeded());
+  EXPECT_LT(took, 10s);
+}
+
 Bytes lane_frame(const tw::Header& h, const std::vector<tw::Item>& items, const Bytes& payload) {
   return cat({tw::EncodeFrameHead(h, items), payload});
 }

@@ -33,6 +33,9 @@ constexpr uint8_t kCtrlVersion = 2;
 constexpr size_t kCtrlHeaderSize = 12;
 constexpr uint32_t kMaxCtrlBody = 1u << 20;
 constexpr uint32_t kMaxHandshakeBody = 512;
+// A PEER_DESC: a sealed engine descriptor (at most 256 KiB, descriptors.cpp)
+// and the seal's own bytes - before the sender is admitted.
+constexpr uint32_t kMaxPeerDescBody = (256u << 10) + 4096;
 constexpr size_t kCtrlNonceSize = 32;
 constexpr size_t kCtrlProofSize = 64;  // LinkAuth::kProofSize
 constexpr uint8_t kHelloHasToken = 1;

@@ -25,7 +25,10 @@
 namespace ferry {
 
 struct ControlPlane::Inbound {
-  enum class State { HELLO, PROOF, OPEN };
+  // DESC: authenticated with a secret we do not know; still in the
+  // handshake (its deadline, the pending bound) until its descriptor is
+  // taken - nothing it sends before is acted on under its key.
+  enum class State { HELLO, PROOF, DESC, OPEN };
   int fd = -1;
   State state = State::HELLO;
   std::string peer;    // the key claimed in HELLO; trusted once OPEN
@@ -173,11 +176,17 @@ bool write_until(int fd, const uint8_t* p, size_t n,
   return true;
 }
 
-// Read exactly n bytes within timeout_ms (the socket is blocking).
-bool read_exact(int fd, uint8_t* p, size_t n, int timeout_ms) {
+// Read exactly n bytes by the deadline (the socket is blocking). One deadline
+// for the whole read, not one per recv: a peer that trickles a byte at a time
+// must not stretch the wait (every caller's wait is bounded by its deadline).
+bool read_exact(int fd, uint8_t* p, size_t n, std::chrono::steady_clock::time_point deadline) {
   while (n > 0) {
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+            .count();
+    if (left <= 0) return false;
     pollfd pfd{fd, POLLIN, 0};
-    int r = ::poll(&pfd, 1, timeout_ms);
+    int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, INT32_MAX)));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     ssize_t k = ::recv(fd, p, n, 0);
@@ -189,15 +198,17 @@ bool read_exact(int fd, uint8_t* p, size_t n, int timeout_ms) {
   return true;
 }
 
-// One whole frame (header, then body) within timeout_ms; a handshake frame only,
-// so its body is small. False with *why on timeout, EOF or a malformed frame.
+// One whole frame (header, then body) within timeout_ms, all of it; at most
+// max_body bytes of body. False with *why on timeout, EOF or a malformed frame.
 bool read_frame(int fd, CtrlFrame& out, int timeout_ms, std::string* why,
                 uint32_t max_body = kMaxHandshakeBody) {
   uint8_t hdr[kCtrlHeaderSize];
   CtrlFrameReader reader;
   reader.set_max_body(max_body);
   std::vector<CtrlFrame> frames;
-  if (!read_exact(fd, hdr, sizeof hdr, timeout_ms)) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  if (!read_exact(fd, hdr, sizeof hdr, deadline)) {
     *why = "no answer";
     return false;
   }
@@ -208,7 +219,7 @@ bool read_frame(int fd, CtrlFrame& out, int timeout_ms, std::string* why,
   if (frames.empty()) {
     uint32_t blen = hdr[8] | hdr[9] << 8 | hdr[10] << 16 | static_cast<uint32_t>(hdr[11]) << 24;
     std::vector<uint8_t> body(blen);
-    if (!read_exact(fd, body.data(), blen, timeout_ms) || !reader.feed(body.data(), blen, frames) ||
+    if (!read_exact(fd, body.data(), blen, deadline) || !reader.feed(body.data(), blen, frames) ||
         frames.size() != 1) {
       *why = "truncated answer";
       return false;
@@ -288,7 +299,8 @@ ControlPlane::~ControlPlane() {
     fence_cv_.notify_all();
   }
   fence_thread_.join();
-  for (auto& j : fence_jobs_) ::close(j.fd);
+  for (auto& [peer, jobs] : fence_jobs_)
+    for (auto& j : jobs) ::close(j.fd);
   for (auto& [fd, c] : inbound_) ::close(fd);
   outbound_.clear();  // each Outbound closes its connection
   ::close(listen_fd_);
@@ -491,7 +503,12 @@ void ControlPlane::read_from(int fd) {
     c = it->second.get();
   }
   uint8_t buf[64 * 1024];
-  for (;;) {
+  // At most this much per wake-up, then back to epoll (level-triggered: it
+  // reports the rest): a peer that sends faster than its frames are handled
+  // must not keep this thread from accepting, expiring handshakes and
+  // reading the other peers.
+  constexpr size_t kReadBudget = 256 * 1024;
+  for (size_t taken = 0; taken < kReadBudget;) {
     ssize_t k = ::recv(fd, buf, sizeof buf, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -505,6 +522,7 @@ void ControlPlane::read_from(int fd) {
       close_inbound(fd);
       return;
     }
+    taken += static_cast<size_t>(k);
     std::vector<CtrlFrame> frames;
     bool ok = c->reader.feed(buf, static_cast<size_t>(k), frames);
     handling_fd_ = fd;
@@ -591,17 +609,27 @@ bool ControlPlane::handle_proof(Inbound& c, CtrlFrame& f) {
   if (auth_->check(c.peer, FERRY_LINK_TARGET, t.data(), t.size(), proof, &why, &unknown) !=
       FERRY_OK)
     return reject(c, why, true);
+  FERRY_LOG(DEBUG, "control", "engine '" + c.peer + "' (" + c.from + ") authenticated");
   if (unknown && handlers_.on_peer_desc) {
     c.wants_desc = true;
     c.transcript = std::move(t);
     std::memcpy(c.self_mac.data(), proof + auth::kMacSize, auth::kMacSize);
+    c.state = Inbound::State::DESC;
+    c.reader.set_max_body(kMaxPeerDescBody);
+    auto ok = encode_ctrl_frame(CtrlType::HELLO_OK, hello_ok_body(kHelloOkSendDesc));
+    return write_all(c.fd, ok.data(), ok.size());
   }
-  FERRY_LOG(DEBUG, "control", "engine '" + c.peer + "' (" + c.from + ") authenticated");
-  return admit(c);
+  open_admitted(c);
+  auto ok = encode_ctrl_frame(CtrlType::HELLO_OK, hello_ok_body(0));
+  return write_all(c.fd, ok.data(), ok.size());
 }
 
 bool ControlPlane::handle_peer_desc(Inbound& c, const CtrlFrame& f) {
-  if (!c.wants_desc) return false;  // unasked: unexpected
+  if (f.type != CtrlType::PEER_DESC)
+    return reject(c,
+                  "engine '" + c.peer + "' sent a " + std::to_string(static_cast<int>(f.type)) +
+                      " frame before its descriptor",
+                  false);
   c.wants_desc = false;
   EngineDesc d;
   std::vector<uint8_t> plain;
@@ -621,11 +649,16 @@ bool ControlPlane::handle_peer_desc(Inbound& c, const CtrlFrame& f) {
                       "' sent a descriptor that is not its own (its key or "
                       "secret does not match its proof)",
                   false);
-  handlers_.on_peer_desc(d);
+  // Learned now, or known already under this very secret. Anything else
+  // (the key registered meanwhile under another secret, our own key, no room
+  // for one more learned engine) is not this connection's to speak for.
+  if (std::string why = handlers_.on_peer_desc(d); !why.empty())
+    return reject(c, "engine '" + c.peer + "': " + why, false);
+  open_admitted(c);
   return true;
 }
 
-bool ControlPlane::admit(Inbound& c) {
+void ControlPlane::open_admitted(Inbound& c) {
   // A peer needs a few connections (its sends, its fences); more than
   // kMaxConnsPerPeer admitted at once are old ones it lost track of, or a
   // flood: the oldest goes (each may hold a frame of up to 1 MiB).
@@ -651,9 +684,6 @@ bool ControlPlane::admit(Inbound& c) {
   }
   c.state = Inbound::State::OPEN;
   c.reader.set_max_body(kMaxCtrlBody);
-  auto ok =
-      encode_ctrl_frame(CtrlType::HELLO_OK, hello_ok_body(c.wants_desc ? kHelloOkSendDesc : 0));
-  return write_all(c.fd, ok.data(), ok.size());
 }
 
 bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
@@ -661,11 +691,7 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
   if (c.state == Inbound::State::PROOF) return handle_proof(c, f);
   // An initiator we did not know speaks only after it presented its
   // descriptor: until then nothing it sends is acted on under its key.
-  if (c.wants_desc && f.type != CtrlType::PEER_DESC)
-    return reject(c,
-                  "engine '" + c.peer + "' sent a " + std::to_string(static_cast<int>(f.type)) +
-                      " frame before its descriptor",
-                  false);
+  if (c.state == Inbound::State::DESC) return handle_peer_desc(c, f);
   switch (f.type) {
     case CtrlType::PLUGIN: {
       std::string plugin;
@@ -702,21 +728,32 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
     case CtrlType::FENCE: {
       // Fencing may wait for data lanes to pass their fence check: not on this
       // thread. The job answers on its own dup of the connection.
-      if (!handlers_.on_fence) break;
-      int fd = ::fcntl(c.fd, F_DUPFD_CLOEXEC, 0);
-      if (fd < 0) break;
+      // Decoded here: a malformed one closes the connection like any other.
+      FenceJob job;
+      if (!handlers_.on_fence || !decode_fence(f.body, job.req, job.wanted, job.entries)) break;
       std::lock_guard<std::mutex> lk(fence_mu_);
-      if (fence_jobs_.size() >= 64) {  // a peer flooding fences gets no more than this queued
-        ::close(fd);
-        break;
+      auto& queued = fence_jobs_[c.peer];
+      if (queued.size() >= kMaxFencesPerPeer || fence_queued_ >= kMaxFencesQueued) {
+        // Left unanswered: its requester times out and asks again.
+        if (queued.empty()) fence_jobs_.erase(c.peer);
+        warn_from("fences", c.from,
+                  "FENCE from '" + c.peer + "' not queued: " + std::to_string(kMaxFencesPerPeer) +
+                      " of it or " + std::to_string(kMaxFencesQueued) + " in all are waiting");
+        ++rejected_;
+        return true;
       }
-      fence_jobs_.push_back({fd, c.peer, std::move(f.body)});
+      job.fd = ::fcntl(c.fd, F_DUPFD_CLOEXEC, 0);
+      if (job.fd < 0) {
+        if (queued.empty()) fence_jobs_.erase(c.peer);
+        return true;
+      }
+      job.peer = c.peer;
+      if (queued.empty()) fence_turns_.push_back(c.peer);
+      queued.push_back(std::move(job));
+      ++fence_queued_;
       fence_cv_.notify_one();
       return true;
     }
-    case CtrlType::PEER_DESC:
-      if (!c.wants_desc) break;
-      return handle_peer_desc(c, f);
     default:
       break;
   }
@@ -744,18 +781,23 @@ void ControlPlane::fence_loop() {
     FenceJob job;
     {
       std::unique_lock<std::mutex> lk(fence_mu_);
-      fence_cv_.wait(lk, [&] { return stop_ || !fence_jobs_.empty(); });
+      fence_cv_.wait(lk, [&] { return stop_ || !fence_turns_.empty(); });
       if (stop_) return;
-      job = std::move(fence_jobs_.front());
-      fence_jobs_.pop_front();
+      // The next peer in turn gives one job; one with more goes to the back.
+      const std::string peer = std::move(fence_turns_.front());
+      fence_turns_.pop_front();
+      auto& queued = fence_jobs_[peer];
+      job = std::move(queued.front());
+      queued.pop_front();
+      --fence_queued_;
+      if (queued.empty())
+        fence_jobs_.erase(peer);
+      else
+        fence_turns_.push_back(peer);
     }
-    uint64_t req = 0, wanted = 0, mine = 0;
-    std::vector<FenceEntry> entries;
+    uint64_t mine = 0;
     std::vector<FenceResult> results;
-    if (!decode_fence(job.body, req, wanted, entries)) {
-      FERRY_LOG(WARN, "control", "malformed FENCE from '" + job.peer + "'");
-      ++rejected_;
-    } else if (sender_gave_up(job.fd)) {
+    if (sender_gave_up(job.fd)) {
       // Its request timed out and it closed the connection: it counts this
       // FENCE unanswered and asks again if it still needs to. Applied now it
       // could retire lanes made since - of that peer registered again.
@@ -763,13 +805,15 @@ void ControlPlane::fence_loop() {
       FERRY_LOG(INFO, "control",
                 "FENCE from '" + job.peer + "' not applied: its sender gave up waiting");
     } else {
-      results = handlers_.on_fence(job.peer, entries, &mine);
+      results = handlers_.on_fence(job.peer, job.wanted, job.entries, &mine);
       // The dup shares the original's file flags: clearing O_NONBLOCK here made
       // the I/O thread's next recv on that connection block (every control
       // connection stalled until the requester sent more or closed). The reply
-      // is small; a requester that does not read it by the bound gets none.
-      constexpr auto kReplyWait = std::chrono::seconds(5);
-      auto frame = encode_ctrl_frame(CtrlType::FENCE_REPLY, fence_reply_body(req, mine, results));
+      // is small; a requester that does not read it by the bound gets none
+      // (and holds up the other peers' fences no longer than that).
+      constexpr auto kReplyWait = std::chrono::seconds(1);
+      auto frame =
+          encode_ctrl_frame(CtrlType::FENCE_REPLY, fence_reply_body(job.req, mine, results));
       write_until(job.fd, frame.data(), frame.size(),
                   std::chrono::steady_clock::now() + kReplyWait);
     }

@@ -54,15 +54,20 @@ class ControlPlane {
     // FENCE from `peer`: fence the listed attempts here; *instance = this engine's
     // instance (the initiator checks it is the life it fenced). Runs on the
     // control plane's fence thread, never on its I/O thread.
-    std::function<std::vector<FenceResult>(
-        const std::string& peer, const std::vector<FenceEntry>& entries, uint64_t* instance)>
+    // `wanted`: the life of ours the initiator means; another one's FENCE is
+    // answered with our instance and applies nothing.
+    std::function<std::vector<FenceResult>(const std::string& peer, uint64_t wanted,
+                                           const std::vector<FenceEntry>& entries,
+                                           uint64_t* instance)>
         on_fence;
     // This engine's packed EngineDesc, sent when a server asks for it (one-way
     // registration); unset: never sent.
     std::function<std::vector<uint8_t>()> self_desc;
     // A client we did not know presented its descriptor, checked against its
-    // proof (its key, its secret): learn it. Runs on the I/O thread.
-    std::function<void(const EngineDesc& desc)> on_peer_desc;
+    // proof (its key, its secret): learn it. Runs on the I/O thread. "" when
+    // it is learned now or known already under that very secret, else why
+    // this connection may not speak for its key (it is closed).
+    std::function<std::string(const EngineDesc& desc)> on_peer_desc;
   };
   using Clock = std::chrono::steady_clock;
 
@@ -197,8 +202,13 @@ class ControlPlane {
   struct FenceJob {
     int fd = -1;  // a dup of the inbound connection, owned by the job
     std::string peer;
-    std::vector<uint8_t> body;
+    uint64_t req = 0, wanted = 0;  // the request's id; the life of ours it means
+    std::vector<FenceEntry> entries;
   };
+  // FENCEs queued at once per peer, and in all. The fence thread serves the
+  // peers in turn, so one that floods waits behind itself, not the others.
+  static constexpr size_t kMaxFencesPerPeer = 4;
+  static constexpr size_t kMaxFencesQueued = 64;
   void io_loop();
   void accept_all(int listen_fd);
   void arm_listeners(bool on);
@@ -207,7 +217,8 @@ class ControlPlane {
   bool handle_frame(Inbound& c, CtrlFrame& f);
   bool handle_hello(Inbound& c, CtrlFrame& f);
   bool handle_proof(Inbound& c, CtrlFrame& f);
-  bool admit(Inbound& c);  // the handshake is done: open it (kMaxConnsPerPeer)
+  // The handshake is done: OPEN, frames up to kMaxCtrlBody (kMaxConnsPerPeer).
+  void open_admitted(Inbound& c);
   bool handle_peer_desc(Inbound& c, const CtrlFrame& f);
   // Refusals are logged at most 20 per 10 s per (kind, source address): a flood
   // of bad connections must not become a flood of log lines. `from` is
@@ -286,7 +297,9 @@ class ControlPlane {
   std::map<std::string, std::shared_ptr<Outbound>> outbound_;
   std::mutex fence_mu_;
   std::condition_variable fence_cv_;
-  std::deque<FenceJob> fence_jobs_;
+  std::map<std::string, std::deque<FenceJob>> fence_jobs_;  // per peer
+  std::deque<std::string> fence_turns_;  // peers with jobs, in the order they are served
+  size_t fence_queued_ = 0;              // jobs in fence_jobs_
   // The inbound connection whose frame the I/O thread is handling: a handler
   // that forgets its peer (a learned peer's new life) must not cut it.
   int handling_fd_ = -1;  // I/O thread only

@@ -115,9 +115,13 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
                    (held ? " (" + std::to_string(held) + " more since the last report)" : ""));
     return a;
   };
-  h.on_fence = [this](const std::string& peer, const std::vector<FenceEntry>& entries,
-                      uint64_t* instance) {
+  h.on_fence = [this](const std::string& peer, uint64_t wanted,
+                      const std::vector<FenceEntry>& entries, uint64_t* instance) {
     *instance = instance_;
+    // Meant for another life of this engine (one that ended): that one's
+    // bytes can no longer land, and this one's must not be fenced for it.
+    // The initiator reads our instance as "gone".
+    if (wanted != instance_) return std::vector<FenceResult>{};
     // Messages are the inbox's; the rest each backend's.
     std::vector<FenceEntry> data;
     for (const auto& e : entries)
@@ -138,7 +142,7 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
     return out;
   };
   h.self_desc = [this] { return desc().pack(); };
-  h.on_peer_desc = [this](const EngineDesc& d) { learn_peer(d); };
+  h.on_peer_desc = [this](const EngineDesc& d) { return learn_peer(d); };
   control_ =
       std::make_unique<ControlPlane>(key_, config_.host, config_.port, std::move(h), &link_auth_,
                                      config_.control_idle_close, control_spin(config_));
@@ -293,34 +297,33 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   return r;
 }
 
-void EngineImpl::learn_peer(const EngineDesc& d) {
-  if (Result r = registry_.check_peer(d); !r.ok()) {
-    FERRY_LOG(WARN, key_, "not learning engine '" + d.key + "' from its hello: " + r.message);
-    return;
-  }
+std::string EngineImpl::learn_peer(const EngineDesc& d) {
+  if (Result r = registry_.check_peer(d); !r.ok()) return "cannot be learned: " + r.message;
   // Serialised with the application's (de)registrations: one key, one entry in
   // every backend at a time.
   std::lock_guard lk(peers_mu_);
   // Known already (registered, or learned by another connection of the same
-  // life): nothing to learn. A known key is pinned to its secret (LinkAuth).
-  if (registry_.peer_learned(d.key)) return;
-  if (registry_.learned_peers() >= kMaxLearnedPeers) {
-    uint64_t held = 0;
-    if (log_limiter_.Allow("learn-full", &held))
-      log_line(LogLevel::WARN, key_,
-               "not learning engine '" + d.key +
-                   "' from its hello: " + std::to_string(kMaxLearnedPeers) +
-                   " learned engines already (register it to reach it)" +
-                   (held ? " (" + std::to_string(held) + " more since the last report)" : ""));
-    return;
+  // life): this connection speaks for that key only if it proved the secret
+  // known under it. A key is pinned to its secret (LinkAuth); a holder of our
+  // descriptor who claims a key registered meanwhile gets nothing.
+  std::vector<uint8_t> known;
+  if (registry_.peer_secret(d.key, &known)) {
+    if (known.size() == auth::kMacSize && d.secret.size() == auth::kMacSize &&
+        auth::mac_equal(known.data(), d.secret.data()))
+      return {};
+    return "its key is known here under another secret (registered meanwhile, or another "
+           "life of it)";
   }
-  if (registry_.add_peer(d, /*learned=*/true).ok()) {
-    route_control(d);
-    FERRY_LOG(INFO, key_,
-              "learned engine '" + d.key +
-                  "' from its authenticated hello (it holds our "
-                  "descriptor; one-way registration)");
-  }
+  if (registry_.learned_peers() >= kMaxLearnedPeers)
+    return std::to_string(kMaxLearnedPeers) +
+           " engines learned from their hellos already (register it to reach it)";
+  if (Result r = registry_.add_peer(d, /*learned=*/true); !r.ok()) return r.message;
+  route_control(d);
+  FERRY_LOG(INFO, key_,
+            "learned engine '" + d.key +
+                "' from its authenticated hello (it holds our "
+                "descriptor; one-way registration)");
+  return {};
 }
 
 Result EngineImpl::deregister_remote_engine(const std::string& key) {

@@ -83,7 +83,8 @@ class EngineImpl {
   // registration): known from now on, so backends can answer it and connect
   // back; at most kMaxLearnedPeers; never replaces a known one (registered or
   // learned: a key is pinned to its secret until the application deregisters it).
-  void learn_peer(const EngineDesc& d);
+  // "" when learned now or known under the same secret; else why not.
+  std::string learn_peer(const EngineDesc& d);
   std::mutex peers_mu_;  // register / deregister / learn, one at a time
   static constexpr size_t kMaxLearnedPeers = 1024;
 
