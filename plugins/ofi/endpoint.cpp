@@ -879,11 +879,32 @@ void Endpoint::ExpireLocked(uint64_t now, std::vector<Done>* done) {
     std::string msg = "transfer uid " + std::to_string(x->uid) + " to " + x->peer->key + " over " +
                       provider_ + " passed its deadline (" +
                       std::to_string((now - x->posted_ns) / 1'000'000) + " ms after post)";
-    if (x->inflight > 0) msg += "; " + std::to_string(x->inflight) + " RMAs never completed";
+    if (x->inflight > 0)
+      msg += "; " + std::to_string(x->inflight) + " of its RMAs had not completed by then";
     if (x->peer->stuck > 0)
       msg += "; " + std::to_string(x->peer->stuck) +
              " earlier RMAs to this peer never completed either: the peer may be gone";
-    EndLocked(x, FERRY_ERR_TIMEOUT, msg, done);
+    if (x->inflight == 0 && x->copying == 0) {
+      EndLocked(x, FERRY_ERR_TIMEOUT, msg, done);
+      continue;
+    }
+    // Some of it is still inside the provider (or on the GPU): a READ's RMAs
+    // may still write into the local region, a WRITE's still read it. Told
+    // now, the core would hand the region back (or fail over, or report
+    // another backend's success) with bytes still to land - 32 MiB of a
+    // stopped target's READ landed after such a report. It ends when the last
+    // of them does, reported late; the core's watchdog has told the
+    // application the outcome is unknown meanwhile and keeps the region until
+    // then. Nothing more of it is posted (failed), and it leaves the deadline
+    // order (peer_remove and fini still end it).
+    if (!x->failed) {
+      x->failed = true;
+      x->status = FERRY_ERR_TIMEOUT;
+      x->msg = msg + " (reported once they had)";
+    }
+    active_.erase(x->active_key);
+    x->active_key.first = UINT64_MAX;
+    active_.emplace(x->active_key, x);
   }
 }
 
