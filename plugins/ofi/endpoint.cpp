@@ -212,10 +212,33 @@ void Endpoint::CloseEp() {
 }
 
 void Endpoint::Start() {
+  // The GPU thread too, now: made lazily, by the progress thread that finished
+  // a staged piece, a failure to start it (thread limits) ended the process.
+  if (pool_) {
+    std::lock_guard lk(gpu_mu_);
+    gpu_thread_ = std::thread([this] { GpuMain(); });
+  }
   thread_ = std::thread([this] {
     // The life mark (doorbell.h) is this thread's: it ends with the endpoint.
     if (doorbell_) doorbell_->HoldLife();
-    Main();
+    try {
+      Main();
+    } catch (const std::exception& e) {
+      // Out of memory deep in the progress loop: no more progress here. What
+      // is pending fails now and later posts fail at once, rather than the
+      // process ending (nothing may throw out of a plugin's thread).
+      Log(host_, FERRY_LOG_ERROR, "%s: progress thread stopped: %s", provider_.c_str(), e.what());
+      std::vector<Done> done;
+      {
+        std::lock_guard lk(mu_);
+        stopped_ = true;
+        while (!active_.empty())
+          EndLocked(active_.begin()->second, FERRY_ERR_INTERNAL,
+                    provider_ + ": progress thread stopped: " + e.what(), &done);
+        queue_.clear();
+      }
+      Deliver(&done);
+    }
     if (doorbell_) doorbell_->ReleaseLife();
   });
 }
@@ -680,8 +703,7 @@ bool Endpoint::PumpStagedLocked(const std::shared_ptr<Xfer>& x, bool* again, boo
 }
 
 void Endpoint::QueueGpuLocked(GpuJob job) {
-  std::lock_guard lk(gpu_mu_);
-  if (!gpu_thread_.joinable() && !gpu_stop_) gpu_thread_ = std::thread([this] { GpuMain(); });
+  std::lock_guard lk(gpu_mu_);  // the GPU thread runs from Start() on (staged transfers need pool_)
   gpu_jobs_.push_back(std::move(job));
   gpu_cv_.notify_one();
 }
