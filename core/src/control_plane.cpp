@@ -922,7 +922,8 @@ int ControlPlane::hello(int fd, const std::string& peer_key, const std::string& 
       CtrlType::HELLO, hello_body(self_key_, nc.data(), auth_->has_token() ? kHelloHasToken : 0));
   CtrlFrame f;
   std::string why;
-  if (!write_all(fd, hello.data(), hello.size()) || !read_frame(fd, f, answer_wait(), &why)) {
+  if (!write_until(fd, hello.data(), hello.size(), deadline) ||
+      !read_frame(fd, f, answer_wait(), &why)) {
     if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
     return fail("HELLO to " + where + ": " + why, false);
   }
@@ -939,7 +940,8 @@ int ControlPlane::hello(int fd, const std::string& peer_key, const std::string& 
     if (auth_->prove(peer_key, FERRY_LINK_INITIATOR, tc.data(), tc.size(), proof) != FERRY_OK)
       return fail("engine '" + peer_key + "' is not registered here", false);
     auto pf = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(proof));
-    if (!write_all(fd, pf.data(), pf.size()) || !read_frame(fd, f, answer_wait(), &why)) {
+    if (!write_until(fd, pf.data(), pf.size(), deadline) ||
+        !read_frame(fd, f, answer_wait(), &why)) {
       if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
       return fail("auth with " + where + ": " + why, false);
     }
@@ -962,7 +964,7 @@ int ControlPlane::hello(int fd, const std::string& peer_key, const std::string& 
     if (!auth_->seal_for(peer_key, tc, handlers_.self_desc(), &sealed))
       return fail("cannot seal our descriptor for " + where, false);
     auto desc = encode_ctrl_frame(CtrlType::PEER_DESC, sealed);
-    if (!write_all(fd, desc.data(), desc.size())) {
+    if (!write_until(fd, desc.data(), desc.size(), deadline)) {
       if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
       return fail("sending our descriptor to " + where + ": " + std::strerror(errno), false);
     }
@@ -1263,9 +1265,11 @@ int ControlPlane::request(const std::string& peer_key, const std::string& host, 
   auto frame = encode_ctrl_frame(type, body);
   std::string why;
   int rc = FERRY_OK;
-  if (!write_all(fd, frame.data(), frame.size())) {
+  // By the deadline too: a FENCE of thousands of entries to a peer that stopped
+  // reading would otherwise block here once its socket buffers are full.
+  if (!write_until(fd, frame.data(), frame.size(), deadline)) {
     *err = "sending to '" + peer_key + "' failed";
-    rc = FERRY_ERR_TRANSPORT;
+    rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
   } else if (!read_frame(fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxCtrlBody)) {
     *err = "no answer from '" + peer_key + "': " + why;
     rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
