@@ -454,8 +454,13 @@ void Endpoint::RemovePeer(const std::shared_ptr<PeerEp>& p) {
     quiet = quiet && p->inflight == 0;
   }
   Deliver(&done);
-  // An address with RMAs still inside the provider stays in the table.
-  if (quiet) fi_av_remove(av_, &p->addr, 1, 0);
+  // An address with RMAs still inside the provider stays in the table until
+  // the last of them completes (FinishOpLocked).
+  if (quiet) {
+    std::lock_guard lk(mu_);
+    if (p->addr != FI_ADDR_UNSPEC) fi_av_remove(av_, &p->addr, 1, 0);
+    p->addr = FI_ADDR_UNSPEC;
+  }
 }
 
 // ---- transfers ------------------------------------------------------------------------
@@ -870,6 +875,12 @@ void Endpoint::FinishOpLocked(Op* op, int status, const std::string& msg, std::v
   --inflight_;
   --p->inflight;
   --x->inflight;
+  if (p->removed && p->inflight == 0 && p->addr != FI_ADDR_UNSPEC) {
+    // Its last RMA has left the provider: the address RemovePeer had to keep
+    // goes now (peers restarted with stuck RMAs left one entry each, for good).
+    fi_av_remove(av_, &p->addr, 1, 0);
+    p->addr = FI_ADDR_UNSPEC;
+  }
   if (x->ended) {
     --p->stuck;  // a late completion of a transfer that timed out or was removed
     return;
