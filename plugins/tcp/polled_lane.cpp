@@ -196,6 +196,11 @@ PolledLane::Step PolledLane::Begin() {
   const bool is_write = h_.type == wire::Type::kWrite;
   reason_.clear();
   status_ = s_->CheckRequest(h_, items_, &region_, &reason_);
+  // Removed meanwhile: a backend being removed deregisters its regions right
+  // after removing its peers, so "not registered" may be that, not a refusal.
+  if (status_ == FERRY_ERR_NOT_FOUND &&
+      (tp.removed() || s_->stopped_.load(std::memory_order_relaxed)))
+    return Close({});
   if (status_ == FERRY_OK && region_->on_gpu()) return ServeBlocking();
   if (status_ == FERRY_OK && is_write) {
     applying_ = tp.BeginApply(h_, fd_, ctx_.clock_offset);

@@ -794,6 +794,11 @@ TargetServer::Outcome TargetServer::ServeRequest(Channel& ch, ByteReader& in, Ta
     return Outcome::kCloseLane;
   }
   *status = CheckRequest(h, items, &r, reason);
+  // Removed meanwhile: a backend being removed deregisters its regions right
+  // after removing its peers (the core's detach), so "not registered" may be
+  // that, not the application's refusal: the lane ends as above instead.
+  if (*status == FERRY_ERR_NOT_FOUND && (tp.removed() || stopped_.load(std::memory_order_relaxed)))
+    return Outcome::kCloseLane;
 
   // A WRITE of a fenced attempt is dropped, unread into memory: its initiator
   // has given up on it and was told what had landed. Otherwise EndApply must
