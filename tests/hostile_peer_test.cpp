@@ -737,6 +737,37 @@ TEST(HostileControlPlane, OutOfDescriptorsTheEngineIdlesAndRecovers) {
   EXPECT_TRUE(rig.good_transfer(10)) << "no recovery once descriptors were free";
 }
 
+TEST(HostileCma, APeerWhoseProcessCannotBeHeldIsNotUsed) {
+  // cma holds a peer's process by a pidfd, so a later process with the same
+  // pid is never taken for it. When pidfd_open failed (here: no descriptor
+  // left) the peer was added all the same, every liveness check then said
+  // "alive", and a reused pid took our WRITEs. Now it is not added for cma,
+  // saying why, and a transfer to it does not go over cma.
+  Rig rig("cma");
+  EngineConfig c;
+  c.auth_token = kToken;
+  Engine late("late", c);
+  ASSERT_TRUE(late.add_backend("cma"));
+  std::vector<uint8_t> mem(kRegion);
+  const MemoryDesc lm = late.register_memory(mem.data(), mem.size());
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit tight = old;
+  tight.rlim_cur = open_fds() + 16;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  std::vector<int> hogs;
+  for (int fd; (fd = dup(0)) >= 0;) hogs.push_back(fd);
+  const Result r = late.register_remote_engine(rig.tgt->desc());
+  for (int fd : hogs) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_TRUE(r) << r.message;
+  ASSERT_TRUE(rig.tgt->register_remote_engine(late.desc()));
+  TransferStatus w = late.write(lm, 0, rig.tdesc, 0, 4096, late.allocate_transfer_uid(), false);
+  ASSERT_TRUE(w.WaitFor(20s));
+  EXPECT_FALSE(w.Succeeded()) << "went over cma without a hold on the target's process";
+  EXPECT_NE(w.Message().find("cma"), std::string::npos) << w.Message();
+}
+
 TEST(HostileControlPlane, AFloodOfBadConnectionsIsNotAFloodOfLogLines) {
   // 500 connections of garbage from one address: each is refused and counted,
   // but at most 20 refusals per 10 s per address reach the log (84 MB of log

@@ -85,8 +85,9 @@ typedef struct cma_obj {
 typedef struct cma_peer {
   cma_obj obj;
   pid_t pid;
-  int pidfd; /* refers to the peer process itself, not its number; -1 if unavailable */
-  char* key; /* plugin-owned copy of the peer's engine key, for messages */
+  int pidfd;           /* refers to the peer process itself, not its number; -1 if unavailable */
+  uint64_t start_time; /* its start time: without a pidfd, checked before and after each call */
+  char* key;           /* plugin-owned copy of the peer's engine key, for messages */
 } cma_peer;
 
 typedef struct cma_region { /* local memory registered with mem_register */
@@ -247,7 +248,9 @@ static int open_pidfd(pid_t pid) {
 /* 0 when the peer process has exited (its pid may already be someone else's). */
 static int peer_alive(const cma_peer* p) {
   struct pollfd pfd;
-  if (p->pidfd < 0) return 1; /* cannot tell; process_vm_* reports ESRCH */
+  /* No pidfd (a kernel before 5.3): the pid still names the process that
+   * started then, or it is another one now. */
+  if (p->pidfd < 0) return proc_start_time(p->pid) == p->start_time;
   pfd.fd = p->pidfd;
   pfd.events = POLLIN; /* a pidfd becomes readable when the process exits */
   pfd.revents = 0;
@@ -407,7 +410,21 @@ static int cma_peer_add(void* ctx, const ferry_peer_v1* peer, void** peer_handle
     cma_log(inst, FERRY_LOG_WARN, "peer '%s': peer process is gone (pid %u)", key, (unsigned)c.pid);
     return FERRY_ERR_TRANSPORT;
   }
+  if (pidfd < 0 && errno != ENOSYS) {
+    /* Out of descriptors, or a sandbox: without a hold on the process every
+     * later check would say "alive", and a reused pid would take our WRITEs. */
+    char ebuf[128];
+    cma_log(inst, FERRY_LOG_WARN, "peer '%s': cannot hold its process (pid %u): pidfd_open: %s",
+            key, (unsigned)c.pid, cma_strerror(errno, ebuf, sizeof ebuf));
+    return FERRY_ERR_TRANSPORT;
+  }
   start = proc_start_time((pid_t)c.pid);
+  if (pidfd < 0 && (start == 0 || c.start_time == 0)) {
+    /* No pidfd and no start time to compare: nothing would tell its exit. */
+    cma_log(inst, FERRY_LOG_WARN, "peer '%s': cannot tell its process (pid %u) from a later one",
+            key, (unsigned)c.pid);
+    return FERRY_ERR_TRANSPORT;
+  }
   if (c.start_time != 0 && start != 0 && start != c.start_time) {
     cma_log(inst, FERRY_LOG_WARN,
             "peer '%s': pid %u now belongs to another process (the peer exited)", key,
@@ -424,6 +441,7 @@ static int cma_peer_add(void* ctx, const ferry_peer_v1* peer, void** peer_handle
   }
   p->pid = (pid_t)c.pid;
   p->pidfd = pidfd;
+  p->start_time = start;
   obj_link(inst, &p->obj, CMA_TAG_PEER);
   *peer_handle = p;
   return FERRY_OK;
@@ -618,6 +636,14 @@ static int move_bytes(const cma_instance* inst, const ferry_xfer_v1* x, const cm
     if (n < 0) {
       if (errno == EINTR) continue;
       return syscall_failure(peer, errno, x->op, moved, total, msg, msglen);
+    }
+    if (x->op == FERRY_OP_WRITE && !peer_alive(peer)) {
+      /* It exited during the call (a copy can wait on the target's page
+       * faults): what went in went into a process that is gone. */
+      snprintf(msg, msglen,
+               "peer process is gone: '%s' (pid %d) exited during a copy, after %llu of %llu bytes",
+               peer->key, (int)peer->pid, (unsigned long long)moved, (unsigned long long)total);
+      return FERRY_ERR_TRANSPORT;
     }
     if (n == 0) /* no progress and no error: do not spin */
       return syscall_failure(peer, EFAULT, x->op, moved, total, msg, msglen);
