@@ -38,8 +38,7 @@ struct ControlPlane::Inbound {
   std::chrono::steady_clock::time_point deadline;  // for the handshake
   auth::Nonce client_nonce{}, server_nonce{};
   // The client passed with a secret of its own we do not know: its descriptor
-  // (PEER_DESC) must come next and match `self_mac` over `transcript`.
-  bool wants_desc = false;
+  // (PEER_DESC) must come next (state DESC) and match `self_mac` over `transcript`.
   std::vector<uint8_t> transcript;
   auth::Mac self_mac{};
   CtrlFrameReader reader;
@@ -611,7 +610,6 @@ bool ControlPlane::handle_proof(Inbound& c, CtrlFrame& f) {
     return reject(c, why, true);
   FERRY_LOG(DEBUG, "control", "engine '" + c.peer + "' (" + c.from + ") authenticated");
   if (unknown && handlers_.on_peer_desc) {
-    c.wants_desc = true;
     c.transcript = std::move(t);
     std::memcpy(c.self_mac.data(), proof + auth::kMacSize, auth::kMacSize);
     c.state = Inbound::State::DESC;
@@ -630,7 +628,6 @@ bool ControlPlane::handle_peer_desc(Inbound& c, const CtrlFrame& f) {
                   "engine '" + c.peer + "' sent a " + std::to_string(static_cast<int>(f.type)) +
                       " frame before its descriptor",
                   false);
-  c.wants_desc = false;
   EngineDesc d;
   std::vector<uint8_t> plain;
   if (!auth_->unseal_own(c.transcript, f.body, &plain))
