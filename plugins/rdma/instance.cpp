@@ -877,7 +877,7 @@ std::string Instance::RefusalLocked(const std::string& peer_key,
   for (const auto& [k, p] : passives_)
     if (std::get<0>(k) == peer_key &&
         (std::get<1>(k) != req.ini_port || std::get<2>(k) != req.tgt_port))
-      held += p->qp_count();
+      held += p ? p->qp_count() : 0;
   const size_t cap = static_cast<size_t>(settings_.max_qps_per_peer);
   if (held + req.qps.size() > cap)
     return "it would hold " + std::to_string(held + req.qps.size()) + " QPs here (" +
