@@ -62,6 +62,39 @@ size_t open_fds() {
   return n;
 }
 
+// This process out of descriptors: the soft RLIMIT_NOFILE lowered to what is
+// open plus `headroom`, then Fill() takes the rest (dup). Release() (or the
+// destructor) gives them back and restores the limit.
+class DescriptorsExhausted {
+ public:
+  explicit DescriptorsExhausted(size_t headroom) {
+    ok_ = getrlimit(RLIMIT_NOFILE, &old_) == 0;
+    rlimit tight = old_;
+    tight.rlim_cur = open_fds() + headroom;
+    ok_ = ok_ && setrlimit(RLIMIT_NOFILE, &tight) == 0;
+  }
+  ~DescriptorsExhausted() { Release(); }
+  bool ok() const { return ok_; }
+  // True when the table is full (the last dup failed with EMFILE).
+  bool Fill() {
+    for (int fd; (fd = dup(0)) >= 0;) hogs_.push_back(fd);
+    return errno == EMFILE;
+  }
+  // True when the limit is back.
+  bool Release() {
+    for (int fd : hogs_) close(fd);
+    hogs_.clear();
+    if (!ok_) return true;
+    ok_ = false;
+    return setrlimit(RLIMIT_NOFILE, &old_) == 0;
+  }
+
+ private:
+  rlimit old_{};
+  bool ok_ = false;
+  std::vector<int> hogs_;
+};
+
 // Redirects this process's stderr (where ferry logs) into a file, to check that
 // each refusal was logged with its reason.
 class LogCapture {
@@ -704,16 +737,11 @@ TEST(HostileControlPlane, OutOfDescriptorsTheEngineIdlesAndRecovers) {
   // descriptors are back.
   Rig rig("tcp");
   ASSERT_TRUE(rig.good_transfer(9));
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
-  rlimit tight = old;
-  tight.rlim_cur = open_fds() + 64;
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  DescriptorsExhausted out(64);
+  ASSERT_TRUE(out.ok());
   std::vector<int> clients;
   for (int i = 0; i < 8; ++i) clients.push_back(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  std::vector<int> hogs;
-  for (int fd; (fd = dup(0)) >= 0;) hogs.push_back(fd);
-  ASSERT_EQ(errno, EMFILE);
+  ASSERT_TRUE(out.Fill());
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -729,8 +757,7 @@ TEST(HostileControlPlane, OutOfDescriptorsTheEngineIdlesAndRecovers) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
   const double cpu = secs(r1.ru_utime) - secs(r0.ru_utime) + secs(r1.ru_stime) - secs(r0.ru_stime);
-  for (int fd : hogs) close(fd);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_TRUE(out.Release());
   std::printf("RESULT emfile cpu=%.3f s over %.2f s (%.1f%%)\n", cpu, wall, 100 * cpu / wall);
   EXPECT_LT(cpu, 0.10 * wall) << "the engine spun while out of descriptors";
   for (int fd : clients) close(fd);
@@ -750,16 +777,11 @@ TEST(HostileCma, APeerWhoseProcessCannotBeHeldIsNotUsed) {
   ASSERT_TRUE(late.add_backend("cma"));
   std::vector<uint8_t> mem(kRegion);
   const MemoryDesc lm = late.register_memory(mem.data(), mem.size());
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
-  rlimit tight = old;
-  tight.rlim_cur = open_fds() + 16;
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
-  std::vector<int> hogs;
-  for (int fd; (fd = dup(0)) >= 0;) hogs.push_back(fd);
+  DescriptorsExhausted out(16);
+  ASSERT_TRUE(out.ok());
+  ASSERT_TRUE(out.Fill());
   const Result r = late.register_remote_engine(rig.tgt->desc());
-  for (int fd : hogs) close(fd);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_TRUE(out.Release());
   ASSERT_TRUE(r) << r.message;
   ASSERT_TRUE(rig.tgt->register_remote_engine(late.desc()));
   TransferStatus w = late.write(lm, 0, rig.tdesc, 0, 4096, late.allocate_transfer_uid(), false);
