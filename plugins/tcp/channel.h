@@ -94,6 +94,12 @@ class Channel {
   // socket's EPOLLOUT, a wait set's EPOLLIN (it is readable, never writable).
   uint32_t RoomEvents() const;
   bool SleepIn() { return in_.SleepForData(); }
+  // A watched lane (io_pool.h "Watching"): withdraws SleepIn's announcement
+  // (the reading thread); looks for bytes and announces the sleep again
+  // (any thread, by the published indices).
+  void WatchIn() { in_.AwakeForData(); }
+  bool InPending() const { return in_.PendingAnyThread(); }
+  bool SleepInAnyThread() { return in_.SleepForDataAnyThread(); }
   bool SleepOut() { return out_.SleepForRoom(); }
   // Makes that side's wait set readable at once (our own eventfd in it): its
   // handler gets a turn without anything having arrived - its first, or one

@@ -32,7 +32,10 @@ Instance::Instance(const ferry_host_v1* host, std::string engine_key, Settings s
                        std::chrono::milliseconds(5), std::chrono::milliseconds(250)),
             // After its last work a thread polls this long: frames queued by
             // post() go out and arriving ones are read without a wake-up.
-            std::chrono::microseconds(settings_.sender_spin_us)),
+            // target_spin_us: only after serving a ring lane as the target.
+            std::chrono::microseconds(settings_.sender_spin_us > 0 ? settings_.sender_spin_us
+                                                                   : settings_.target_spin_us),
+            /*poll_every_turn=*/settings_.sender_spin_us > 0),
       reaper_(std::chrono::milliseconds(settings_.lane_idle_ms)),
       target_(host, engine_key_, settings_, &regions_, &stages_, &pool_),
       // Idle this long after the last post, the flusher sleeps until the next.
@@ -319,6 +322,8 @@ int Instance::Describe(char* buf, size_t len) {
        "ms lane_idle=" + std::to_string(settings_.lane_idle_ms) + "ms";
   if (settings_.sender_spin_us > 0)
     s += " sender_spin=" + std::to_string(settings_.sender_spin_us) + "us";
+  else if (settings_.target_spin_us > 0)
+    s += " target_spin=" + std::to_string(settings_.target_spin_us) + "us";
   if (FERRY_HAS_FIELD(ferry_host_v1, host_, gpu) && host_->gpu != nullptr) {
     s += " gpu_chunk=" + FormatBytes(settings_.gpu_chunk_bytes) +
          " gpu_stage=" + FormatBytes(settings_.gpu_stage_bytes) +
@@ -362,7 +367,7 @@ int Instance::Counters(char* buf, size_t len) {
       "\"gpu_ring_frames\":%llu,\"gpu_ring_pins\":%llu,\"gpu_ring_pin_fails\":%llu,"
       "\"progress_frames\":%llu,\"sender_polls_caught\":%llu,"
       "\"posts_by_waiters\":%llu,\"posts_by_flusher\":%llu,\"post_flusher_wakeups\":%llu,"
-      "\"pool_turn_waits\":%llu}",
+      "\"pool_turn_waits\":%llu,\"pool_watch_turns\":%llu}",
       peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
       static_cast<unsigned long long>(stages_.pinned_bytes()),
       static_cast<unsigned long long>(ring_lanes_opened_.load()),
@@ -375,7 +380,8 @@ int Instance::Counters(char* buf, size_t len) {
       static_cast<unsigned long long>(posts_.by_waiters()),
       static_cast<unsigned long long>(posts_.by_flusher()),
       static_cast<unsigned long long>(posts_.wakeups()),
-      static_cast<unsigned long long>(pool_.turn_waits()));
+      static_cast<unsigned long long>(pool_.turn_waits()),
+      static_cast<unsigned long long>(pool_.watch_turns()));
   return FERRY_OK;
 }
 

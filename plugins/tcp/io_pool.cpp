@@ -30,10 +30,12 @@ void IoPool::Handler::ClearStall() {
   if (stall_at_ns_.exchange(0) != 0 && pool_ != nullptr) pool_->stalling_.fetch_sub(1);
 }
 
-IoPool::IoPool(int threads, std::chrono::milliseconds sweep, std::chrono::microseconds spin)
+IoPool::IoPool(int threads, std::chrono::milliseconds sweep, std::chrono::microseconds spin,
+               bool poll_every_turn)
     : want_threads_(std::max(1, threads)),
       sweep_(std::max(sweep, std::chrono::milliseconds(1))),
-      spin_(std::max(spin, std::chrono::microseconds(0))) {}
+      spin_(std::max(spin, std::chrono::microseconds(0))),
+      poll_every_turn_(poll_every_turn) {}
 
 IoPool::~IoPool() {
   Stop();
@@ -179,6 +181,12 @@ void IoPool::Stop() {
   std::unordered_map<Handler*, std::unique_ptr<Handler>> left;
   {
     std::unique_lock lk(mu_);
+    {
+      std::lock_guard w(watch_mu_);
+      for (Handler* h : watched_) h->watched_ = false;
+      watched_.clear();
+      watching_.store(false, std::memory_order_relaxed);
+    }
     left.swap(handlers_);
     for (auto& [raw, h] : left) {
       if (epfd_ >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, raw->fd(), nullptr);
@@ -194,6 +202,12 @@ void IoPool::Finish(Handler* h) {
     epoll_ctl(epfd_, EPOLL_CTL_DEL, h->fd(), nullptr);
     auto it = handlers_.find(h);
     if (it == handlers_.end()) return;  // Stop took it
+    {
+      // Out of the watch list before it is deleted: the poller looks at
+      // watched handlers under watch_mu_ only.
+      std::lock_guard w(watch_mu_);
+      if (h->watched_) Unwatch(h);
+    }
     owned = std::move(it->second);
     handlers_.erase(it);
     if (h->stall_at_ns_.exchange(0) != 0) stalling_.fetch_sub(1);
@@ -223,7 +237,7 @@ void IoPool::SweepIfDue() {
     Sweep();
 }
 
-void IoPool::Turn(Handler* h, uint32_t events) {
+bool IoPool::Turn(Handler* h, uint32_t events) {
   // One thread at a time, whatever re-armed it. Looked at under the lock
   // Finish takes to delete it, so h is there to look at; once turning_ is ours
   // only this turn can finish it. Still in another thread's turn: wait for its
@@ -233,7 +247,7 @@ void IoPool::Turn(Handler* h, uint32_t events) {
   for (bool counted = false;; std::this_thread::yield()) {
     {
       std::shared_lock lk(mu_);
-      if (handlers_.count(h) == 0) return;  // finished by the turn it was in
+      if (handlers_.count(h) == 0) return false;  // finished by the turn it was in
       if (!h->turning_.exchange(true, std::memory_order_acq_rel)) break;
     }
     if (!counted) turn_waits_.fetch_add(1, std::memory_order_relaxed);
@@ -247,20 +261,92 @@ void IoPool::Turn(Handler* h, uint32_t events) {
     next = 0;  // a handler that cannot go on ends; its destructor cleans up
   }
   if (next == kParked) {
+    UpdateWatch(h);  // out of the list: whoever holds its work now gives its turns
     h->turning_.store(false, std::memory_order_release);  // whoever re-arms it may run it
-    return;
+    return false;
   }
   if (next != 0) {
+    const bool watched = UpdateWatch(h);
     epoll_event again{};
     again.events = next | EPOLLONESHOT;
     again.data.ptr = h;
     h->turns_.fetch_add(1, std::memory_order_release);
     // Before the re-arm: the turn it allows must not find this one running.
     h->turning_.store(false, std::memory_order_release);
-    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, h->fd(), &again) == 0) return;
+    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, h->fd(), &again) == 0) return watched;
     h->turning_.store(true, std::memory_order_relaxed);  // never armed again: ours to finish
   }
   Finish(h);
+  return false;
+}
+
+bool IoPool::UpdateWatch(Handler* h) {
+  if (spin_.count() == 0) return false;  // nobody would look
+  const bool want = h->WatchesData();
+  {
+    std::lock_guard w(watch_mu_);
+    if (!want) {
+      if (h->watched_) Unwatch(h);
+      return false;
+    }
+    if (!h->watched_) {
+      try {
+        watched_.push_back(h);
+      } catch (...) {
+        return false;  // out of memory: it keeps the sleep it announced, and is rung
+      }
+      h->watched_ = true;
+      h->watch_index_ = watched_.size() - 1;
+      watching_.store(true, std::memory_order_release);
+    }
+  }
+  // In the list first: from here a poller looks at it, or (stopping) makes
+  // it announce its sleep again.
+  h->Unsleep();
+  return true;
+}
+
+void IoPool::Unwatch(Handler* h) {
+  Handler* last = watched_.back();
+  watched_[h->watch_index_] = last;
+  last->watch_index_ = h->watch_index_;
+  watched_.pop_back();
+  h->watched_ = false;
+  if (watched_.empty()) watching_.store(false, std::memory_order_relaxed);
+}
+
+bool IoPool::TurnWatchedReady() {
+  if (!watching_.load(std::memory_order_acquire)) return false;
+  ready_.clear();
+  {
+    std::lock_guard w(watch_mu_);
+    try {
+      for (Handler* h : watched_) {
+        if (h->Peek()) ready_.push_back(h);
+      }
+    } catch (...) {
+      // Out of memory: those found so far get their turns now, the rest at the next look.
+    }
+  }
+  if (ready_.empty()) return false;
+  TakeKicks(false);  // as for an event: kicks during these turns go to other threads
+  for (Handler* h : ready_) {
+    watch_turns_.fetch_add(1, std::memory_order_relaxed);
+    Turn(h, EPOLLIN);  // it may have ended meanwhile: Turn looks first
+  }
+  return true;
+}
+
+void IoPool::SleepWatched() {
+  std::lock_guard w(watch_mu_);
+  for (Handler* h : watched_) {
+    h->watched_ = false;
+    // Still armed in epoll (or in a turn that re-arms it): the nudge's event
+    // gives it the turn for the bytes that came meanwhile.
+    if (!h->SleepWatched()) h->Nudge();
+  }
+  watched_.clear();
+  watching_.store(false, std::memory_order_relaxed);
 }
 
 void IoPool::TakeKicks(bool on) {
@@ -303,6 +389,9 @@ void IoPool::Poll() {
         // Main would look for them only at its next event, which may never
         // come - a hang.
         RearmDeferred();
+        // After poller_ is cleared: a handler watched from now on is looked
+        // at by the thread that watched it (Main polls after such a turn).
+        SleepWatched();
         return;
       }
     }
@@ -331,8 +420,9 @@ void IoPool::Poll() {
       if (work.empty()) TakeKicks(false);
       Turn(static_cast<Handler*>(ev.data.ptr), ev.events);
     }
+    const bool looked = TurnWatchedReady();
     SweepIfDue();
-    if (n == 1 || !work.empty()) {
+    if (n == 1 || !work.empty() || looked) {
       TakeKicks(true);
       until = std::chrono::steady_clock::now() + spin_;
     } else {
@@ -364,8 +454,8 @@ void IoPool::Main() {
     if (n == 0) continue;
     if (ev.data.ptr == nullptr) return;  // Stop
     RearmDeferred();  // first: they may be other lanes of the transfer this turn sends
-    Turn(static_cast<Handler*>(ev.data.ptr), ev.events);
-    if (spin_.count() > 0) Poll();
+    const bool watched = Turn(static_cast<Handler*>(ev.data.ptr), ev.events);
+    if (spin_.count() > 0 && (poll_every_turn_ || watched)) Poll();
   }
 }
 

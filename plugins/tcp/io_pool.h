@@ -24,6 +24,22 @@
 // long: post() queues a frame with no system call and no wake-up, and the next
 // frame to arrive is read without a wake-up either. It costs at most one CPU
 // for `spin` after the pool's last work.
+//
+// Watching (issue 19 item 4): a handler that waits only for bytes a peer
+// writes into shared memory (a target's ring lane between frames) can be
+// watched instead of rung. After such a turn the pool keeps it in a watch list
+// and the handler withdraws the sleep it announced (Unsleep), so the peer's
+// next frame rings no bell; the polling thread looks at every watched handler
+// (Peek: shared indices, no system call) and gives the ready ones a turn.
+// Watched handlers stay armed in epoll, so their socket's events (the peer
+// gone, a shutdown) still reach the pool. When the poller stops, every
+// watched handler announces its sleep again (SleepWatched) - or, where bytes
+// came meanwhile, is nudged - before the thread sleeps: an idle pool still
+// costs no CPU, and a frame that raced the end is never left unread. With
+// poll_every_turn false only such turns make a thread poll (a target that
+// polls while the same engine's initiator side does not: the initiator's
+// waiting thread reads its answers itself, and a polling pool thread would
+// take them from it).
 #pragma once
 
 #include <atomic>
@@ -60,6 +76,17 @@ class IoPool {
     // kicked for. A socket's EPOLLOUT is ready by itself (nothing to do); a
     // ring lane's wait set is not, and nudges it (an eventfd of its own in the set).
     virtual void Nudge() {}
+    // Watching (above). After a turn, on the thread that ran it: the handler
+    // now waits only for a peer's bytes it can Peek at. The pool then calls
+    // Unsleep (withdraw the sleep announced in the turn) before the handler
+    // can have another turn.
+    virtual bool WatchesData() const { return false; }
+    virtual void Unsleep() {}
+    // Any thread, also during the handler's turn: bytes are there to read.
+    virtual bool Peek() const { return false; }
+    // Any thread, also during a turn: announce the sleep again; false when
+    // bytes are there after all (the pool then gives it a turn).
+    virtual bool SleepWatched() { return true; }
 
     // Mid-frame: give up once nothing moved for `timeout` (a stall, as
     // SO_RCVTIMEO measures it). Between frames: ClearStall.
@@ -81,13 +108,18 @@ class IoPool {
     // turn can be handed to a second thread: that one finds this set and
     // waits for the turn's end.
     std::atomic<bool> turning_{false};
+    // In the pool's watch list, at this index (under watch_mu_).
+    bool watched_ = false;
+    size_t watch_index_ = 0;
   };
 
   // threads: the pool's size (>= 1). sweep: how often stalls are looked for
   // while any handler has one. spin: how long a thread polls after the last
-  // work (0: never).
+  // work (0: never). poll_every_turn: every turn makes its thread poll;
+  // false: only a turn after which its handler is watched (above).
   IoPool(int threads, std::chrono::milliseconds sweep,
-         std::chrono::microseconds spin = std::chrono::microseconds(0));
+         std::chrono::microseconds spin = std::chrono::microseconds(0),
+         bool poll_every_turn = true);
   ~IoPool();
   IoPool(const IoPool&) = delete;
   IoPool& operator=(const IoPool&) = delete;
@@ -116,6 +148,8 @@ class IoPool {
   void KickAll(Kicks& kicks);
   // Kicks the polling thread took (a turn given without a system call).
   uint64_t kicks_caught() const { return kicks_caught_.load(std::memory_order_relaxed); }
+  // Turns given to watched handlers found ready by a look (no bell rung).
+  uint64_t watch_turns() const { return watch_turns_.load(std::memory_order_relaxed); }
   // Turns that began while the handler was still in another thread's turn
   // and waited for its end (a handler re-armed as it parked, or re-armed
   // though it was not parked).
@@ -131,8 +165,16 @@ class IoPool {
 
  private:
   void Main();
-  // One turn of h: OnEvents, then re-armed, left parked or finished.
-  void Turn(Handler* h, uint32_t events);
+  // One turn of h: OnEvents, then re-armed, left parked or finished. True
+  // when h is watched after it.
+  bool Turn(Handler* h, uint32_t events);
+  // After OnEvents, on the turn's thread: h into the watch list or out of it.
+  bool UpdateWatch(Handler* h);
+  void Unwatch(Handler* h);  // watch_mu_ held
+  // The poller: turns for the watched handlers that have bytes. True if any.
+  bool TurnWatchedReady();
+  // The poller stops: every watched handler sleeps again, or gets a turn.
+  void SleepWatched();
   // Polls until spin_ passes with nothing to do (one thread at a time).
   void Poll();
   // The poller takes kicks (between its turns) or not (during one).
@@ -162,8 +204,15 @@ class IoPool {
   std::unordered_map<Handler*, std::unique_ptr<Handler>> handlers_;
   std::mutex sweep_mu_;  // one sweeper at a time
   const std::chrono::microseconds spin_;
-  std::mutex kick_mu_;   // poller_, taking_kicks_ and kicked_
-  bool poller_ = false;  // a thread is in Poll
+  const bool poll_every_turn_;
+  // The watch list. Lock order: mu_ before watch_mu_; nothing is taken under watch_mu_.
+  std::mutex watch_mu_;
+  std::vector<Handler*> watched_;
+  std::atomic<bool> watching_{false};  // watched_ is not empty (a hint)
+  std::atomic<uint64_t> watch_turns_{0};
+  std::vector<Handler*> ready_;  // the poller's scratch
+  std::mutex kick_mu_;           // poller_, taking_kicks_ and kicked_
+  bool poller_ = false;          // a thread is in Poll
   // ... and between turns: a kick goes to kicked_. During a turn of its own a
   // kick re-arms instead, so another thread takes it (on 16 cores, kicks kept
   // for the one poller serialised a large transfer's four lanes: 64 MiB WRITE

@@ -83,6 +83,7 @@ PolledLane::Step PolledLane::WaitFor(Step wait) {
 }
 
 uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
+  waits_data_ = false;
   if (ch_->on_rings() && ch_->Woken()) gone_ = true;
   int frames = 0;
   size_t moved_total = 0;
@@ -112,6 +113,7 @@ uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
           // and our own nudge (an eventfd in the wait set) brings it back.
           if (ch_->on_rings()) {
             if (!ch_->SleepIn()) ch_->Nudge();
+            waits_data_ = !gone_;
             return EPOLLIN;
           }
           return EPOLLIN | (in_->buffered() ? uint32_t{EPOLLOUT} : 0u);
@@ -133,6 +135,7 @@ uint32_t PolledLane::OnEvents(uint32_t /*events*/) {
         } else if (moved_total > 0 || !stall_set()) {
           SetStall(std::chrono::milliseconds(s_->settings_.io_timeout_ms));
         }
+        waits_data_ = st == Step::kWaitIn && ch_->on_rings() && !gone_;
         return st == Step::kWaitIn ? uint32_t{EPOLLIN} : ch_->RoomEvents();
     }
   }

@@ -60,6 +60,16 @@ class PolledLane final : public IoPool::Handler {
   int fd() const override { return ch_->on_rings() ? ch_->WaitSet() : fd_; }
   uint32_t OnEvents(uint32_t events) override;
   void Expire() override;
+  // Watching (io_pool.h): a ring lane waiting for the initiator's bytes is
+  // looked at by a polling pool thread instead of rung. Any thread may call
+  // Peek and SleepWatched: they read the rings' published indices only.
+  bool WatchesData() const override { return waits_data_; }
+  void Unsleep() override { ch_->WatchIn(); }
+  bool Peek() const override { return ch_->InPending(); }
+  bool SleepWatched() override { return ch_->SleepInAnyThread(); }
+  // Bytes came as the pool stopped watching: its wait set becomes readable
+  // (our own eventfd in it, made with the set), which gives the lane a turn.
+  void Nudge() override { ch_->Nudge(); }
   // The pool refused the lane: the caller serves it and keeps what it holds.
   void Disown() { disowned_ = true; }
   // After Disown: the lane's byte stream, for the caller to serve.
@@ -101,7 +111,8 @@ class PolledLane final : public IoPool::Handler {
   const TargetServer::LaneProof proven_;
   uint64_t registrations_seen_;
   const std::unique_ptr<ByteReader> in_;
-  bool gone_ = false;  // rings: the socket fired
+  bool gone_ = false;        // rings: the socket fired
+  bool waits_data_ = false;  // rings: the last turn ended waiting for incoming bytes
 
   Phase phase_ = Phase::kHeader;
   std::vector<iovec> want_;  // what the read phase fills

@@ -107,6 +107,9 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
     } else if (key == "sender_spin_us") {
       if (!GetInt(v, "sender_spin_us", 0, 1000, &n, err)) return false;
       s.sender_spin_us = static_cast<int>(n);
+    } else if (key == "target_spin_us") {
+      if (!GetInt(v, "target_spin_us", 0, 1000, &n, err)) return false;
+      s.target_spin_us = static_cast<int>(n);
     } else if (key == "post_flush_us") {
       if (!GetInt(v, "post_flush_us", 0, 100000, &n, err)) return false;
       // The flusher ticks at half of it: below 10 us it would spin a core.
@@ -124,7 +127,7 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
              "gpu_pinned_bytes, gpu_stage_in_ring, same_host_rings, same_host_direct, "
              "direct_min_bytes, ring_bytes, "
              "ring_chunk_bytes, ring_spin_us, "
-             "sender_spin_us, post_flush_us)";
+             "sender_spin_us, target_spin_us, post_flush_us)";
       return false;
     }
   }

@@ -82,6 +82,14 @@ struct Settings {
   // they sleep at once and post() sends small frames itself. Costs up to one
   // CPU for this long after the pool's last work.
   int sender_spin_us = 0;
+  // How long the I/O pool polls after serving a same-host ring lane as the
+  // target, before it sleeps: the polling thread looks at those lanes' rings
+  // (io_pool.h "Watching"), so the initiator's next frame is read with no
+  // bell and no wake-up. Only the target's turns start the poll (the
+  // initiator's waiting thread reads its answers itself). Ignored while
+  // sender_spin_us polls after every turn (that poll watches too). Costs up
+  // to one CPU for this long after the last frame served; 0: never.
+  int target_spin_us = 0;
   // post() queues an accepted transfer and returns; the next thread that
   // waits for or polls one of this engine's transfers hands it to the lanes
   // (progress()), or the plugin's flusher thread within this many us

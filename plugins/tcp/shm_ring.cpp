@@ -563,6 +563,19 @@ bool Ring::SleepForData() {
   return false;
 }
 
+bool Ring::PendingAnyThread() const {
+  if (ctl_ == nullptr) return false;
+  if (ctl_->closed.load(std::memory_order_acquire) != kOpen) return true;
+  const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);  // pairs with Publish
+  return head != ctl_->tail.load(std::memory_order_acquire);
+}
+
+bool Ring::SleepForDataAnyThread() {
+  if (ctl_ == nullptr) return true;
+  ctl_->reader_sleeping.store(1, std::memory_order_seq_cst);  // as in Wait: then look
+  return !PendingAnyThread();
+}
+
 bool Ring::SleepForRoom() {
   if (ctl_ == nullptr) return false;
   ctl_->writer_sleeping.store(1, std::memory_order_seq_cst);
@@ -574,7 +587,9 @@ bool Ring::SleepForRoom() {
 }
 
 void Ring::AwakeForData() {
-  if (ctl_ != nullptr) ctl_->reader_sleeping.store(0, std::memory_order_relaxed);
+  // seq_cst: a watcher (io_pool.h) clears the flag, then looks at the head;
+  // a writer that still saw it set rings a bell nobody needs, no more.
+  if (ctl_ != nullptr) ctl_->reader_sleeping.store(0, std::memory_order_seq_cst);
 }
 
 void Ring::AwakeForRoom() {

@@ -160,6 +160,13 @@ class Ring {
   // sleep: the peer rings the bell once it publishes. Awake clears the flag
   // after a wake-up (the bell is the caller's to quiet).
   bool SleepForData();
+  // The same from any thread, by the published indices (a watcher of the
+  // reader, io_pool.h): true when nothing was there; a read in progress may
+  // make it say false (bytes) where the reader is about to find none.
+  bool SleepForDataAnyThread();
+  // Any thread: bytes published beyond the reader's published tail, or the
+  // ring closed (a hint: the reader's next read decides).
+  bool PendingAnyThread() const;
   bool SleepForRoom();
   void AwakeForData();
   void AwakeForRoom();

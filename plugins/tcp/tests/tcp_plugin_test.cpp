@@ -348,17 +348,31 @@ TEST(TcpPlanner, CoalescesPacksAndSplits) {
 // kRings: same-host ring lanes carrying the bytes (direct copies off);
 // kDirect: ring lanes whose target copies the bytes itself (direct_copy.h):
 // every transfer of one frame, and frames as large as the test allows.
-enum class Stream { kTcp, kRings, kDirect };
+// kWatched: direct, and the target's pool polls after each frame and watches
+// the lane's rings instead of being rung (target_spin_us, io_pool.h "Watching").
+enum class Stream { kTcp, kRings, kDirect, kWatched };
 const char* Name(Stream s) {
-  return s == Stream::kTcp ? "tcp" : s == Stream::kRings ? "rings" : "direct";
+  switch (s) {
+    case Stream::kTcp:
+      return "tcp";
+    case Stream::kRings:
+      return "rings";
+    case Stream::kDirect:
+      return "direct";
+    case Stream::kWatched:
+      return "watched";
+  }
+  return "?";
 }
+bool Direct(Stream s) { return s == Stream::kDirect || s == Stream::kWatched; }
 std::string StreamName(const ::testing::TestParamInfo<Stream>& p) { return Name(p.param); }
 uint32_t SameHost(Stream s) { return s == Stream::kTcp ? 0 : 1; }
 // A test's settings (JSON) with the stream's own added.
 std::string ForStream(Stream s, const std::string& settings) {
   nlohmann::json j = nlohmann::json::parse(settings);
   if (s == Stream::kRings) j["same_host_direct"] = false;
-  if (s == Stream::kDirect) {
+  if (s == Stream::kWatched) j["target_spin_us"] = 1000;
+  if (Direct(s)) {
     j["direct_min_bytes"] = 1;
     for (const char* k : {"chunk_bytes", "ring_chunk_bytes"})
       if (!j.contains(k)) j[k] = "64MiB";
@@ -368,7 +382,7 @@ std::string ForStream(Stream s, const std::string& settings) {
 
 // A counter from the instance's counters() JSON (tcp's: instance.cpp).
 uint64_t Counter(Instance& e, const char* name) {
-  char buf[1024] = {};
+  char buf[4096] = {};
   EXPECT_EQ(ops.counters(e.ctx(), buf, sizeof buf), FERRY_OK);
   return nlohmann::json::parse(buf).value(name, uint64_t{0});
 }
@@ -388,8 +402,8 @@ class TcpPair : public PairTest<::testing::TestWithParam<Stream>> {
     if (GetParam() != Stream::kTcp && a_ && Counter(*a_, "ring_lanes_opened") > 0) {
       EXPECT_GT(Counter(*b_, "ring_lanes_served"), 0u);
       // Direct copies where asked for, and only there.
-      EXPECT_EQ(Counter(*a_, "direct_lanes_opened") > 0, GetParam() == Stream::kDirect);
-      EXPECT_EQ(Counter(*b_, "direct_lanes_served") > 0, GetParam() == Stream::kDirect);
+      EXPECT_EQ(Counter(*a_, "direct_lanes_opened") > 0, Direct(GetParam()));
+      EXPECT_EQ(Counter(*b_, "direct_lanes_served") > 0, Direct(GetParam()));
     }
     PairTest::TearDown();
   }
@@ -432,7 +446,7 @@ class TcpPair : public PairTest<::testing::TestWithParam<Stream>> {
       EXPECT_GT(Counter(*a_, "ring_lanes_opened"), 0u);
     }
     // One frame (up to 64 MiB here) goes direct; more than one stays on the rings.
-    if (GetParam() == Stream::kDirect) {
+    if (Direct(GetParam())) {
       EXPECT_EQ(Counter(*a_, "direct_frames_sent"), n <= (64u << 20) ? 2u : 0u);
     }
   }
@@ -1213,8 +1227,33 @@ TEST_P(TcpPair, DeregisterRevokesRequestsAlreadyQueued) {
 // GPU memory through host staging (gpu_stage.h), with the fake runtime of
 // fake_gpu.h: its copies run only when waited for, so a stager that touches a
 // staging buffer too early moves stale bytes and these tests see it.
+// A target whose pool watches its ring lanes reads every frame as one that
+// is rung does, and frames after the first ring no bell: the watch served them.
+TEST_P(TcpPair, AWatchingTargetServesFramesItWasNotRungFor) {
+  if (GetParam() != Stream::kWatched) GTEST_SKIP() << "only the target_spin_us stream watches";
+  constexpr size_t kBytes = 4096;
+  Mem* src = a_->Register(1, kBytes);
+  Mem* back = a_->Register(2, kBytes);
+  Mem* dst = b_->Register(1, kBytes);
+  void* remote = a_->Import(a_peer_b_, *dst);
+  for (uint32_t i = 1; i <= 200; ++i) {
+    Fill(src->data, i);
+    Result w = Transfer(*a_, FERRY_OP_WRITE, a_peer_b_, src, remote, {{0, 0, kBytes}});
+    ASSERT_EQ(w.status, FERRY_OK) << w.msg;
+    ASSERT_TRUE(SameBytes(src->data.data(), dst->data.data(), kBytes)) << "write " << i;
+    Result r = Transfer(*a_, FERRY_OP_READ, a_peer_b_, back, remote, {{0, 0, kBytes}});
+    ASSERT_EQ(r.status, FERRY_OK) << r.msg;
+    ASSERT_TRUE(SameBytes(back->data.data(), dst->data.data(), kBytes)) << "read " << i;
+  }
+  ops.mem_release(a_->ctx(), remote);
+  // 400 frames back to back, each within 1 ms of the last: the target's pool
+  // was polling for most of them (a loaded machine may let a few polls end).
+  EXPECT_GT(Counter(*b_, "pool_watch_turns"), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Streams, TcpPair,
-                         ::testing::Values(Stream::kTcp, Stream::kRings, Stream::kDirect),
+                         ::testing::Values(Stream::kTcp, Stream::kRings, Stream::kDirect,
+                                           Stream::kWatched),
                          StreamName);
 
 class TcpGpuStaging : public PairTest<::testing::TestWithParam<Stream>> {
