@@ -701,6 +701,17 @@ TEST(PreparedLists, PostByIndexArrays) {
   EXPECT_THROW(rig.ini->prepare_list(rig.remote, {{5, 0, 1}}), Error);
   EXPECT_THROW(rig.ini->prepare_list({rig.local[0], rig.remote[0]}, {{0, 0, 1}}), Error);
   EXPECT_THROW(rig.ini->prepare_list(rig.remote, {}), Error);
+  // A local list over memory no longer registered is refused when made
+  // (ferry.hpp: ERR_NOT_FOUND), not at its first transfer.
+  std::vector<uint8_t> spare(kBlock);
+  MemoryDesc gone = rig.ini->register_memory(spare.data(), spare.size());
+  ASSERT_TRUE(rig.ini->deregister_memory(gone).ok());
+  try {
+    rig.ini->prepare_list({gone}, {{0, 0, kBlock}});
+    ADD_FAILURE() << "a local list over deregistered memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::ERR_NOT_FOUND) << e.what();
+  }
   // A list prepared over a descriptor claiming more than was registered: its
   // entries past the real region are refused when posted, by the call's item
   // number, and nothing moves.

@@ -369,6 +369,10 @@ TEST(PolicyErrors, BadSizesAndDurations) {
   EXPECT_TRUE(Rejects("timeout: 30\n", "1:10", "bad duration '30'"));
   EXPECT_TRUE(Rejects("timeout: 1d\n", "1:10", "bad duration '1d'"));
   EXPECT_TRUE(Rejects("timeout: 0s\n", "1:10", "'timeout' must be longer than 0"));
+  // Deadlines are now + timeout on the steady clock: centuries would wrap it
+  // and fail every transfer at once with ERR_TIMEOUT.
+  EXPECT_TRUE(Rejects("timeout: 169h\n", "1:10", "'timeout' must be at most 168h"));
+  EXPECT_TRUE(Rejects("timeout: 2629800000s\n", "1:10", "'timeout' must be at most 168h"));
   EXPECT_TRUE(Rejects("failover:\n  quarantine: { within: 99999999999999999s }\n", "2:25",
                       "bad duration '99999999999999999s' for 'failover.quarantine.within'"));
   EXPECT_TRUE(Rejects("failover:\n  quarantine: { for: 0ms }\n", "2:22",

@@ -63,6 +63,8 @@ Policy policy_for(const EngineConfig& c) {
   if (file.empty())
     if (const char* env = std::getenv("FERRY_POLICY"); env && *env) file = env;
   Policy p = file.empty() ? builtin_policy() : load_policy_file(file);
+  if (c.timeout > Policy::kMaxDuration)
+    throw Error(StatusCode::ERR_INVALID_ARGS, "EngineConfig::timeout must be at most 168h");
   if (c.timeout.count() > 0) p.timeout = c.timeout;
   if (c.notify) p.notify = *c.notify;
   return p;

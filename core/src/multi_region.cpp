@@ -274,6 +274,14 @@ PreparedList Engine::prepare_list(const std::vector<MemoryDesc>& regions,
   if (!impl->local && !impl_->registry().peer_instance(impl->engine_key))
     throw Error(StatusCode::ERR_NOT_FOUND,
                 "remote engine '" + impl->engine_key + "' is not registered");
+  // Our own regions are looked up now (a remote list's are the peer's to
+  // check: it refuses an unknown one when a transfer uses it).
+  for (size_t i = 0; impl->local && i < regions.size(); ++i) {
+    if (!impl_->registry().local_registered(regions[i]))
+      throw Error(StatusCode::ERR_NOT_FOUND, "region " + std::to_string(i) + " (memory " +
+                                                 std::to_string(regions[i].id) +
+                                                 ") is not registered with this engine");
+  }
   for (size_t i = 0; i < entries.size(); ++i) {
     const ListEntry& e = entries[i];
     if (e.region >= regions.size())

@@ -56,6 +56,10 @@ struct Policy {
   uint32_t max_attempts = 3;
   QuarantinePolicy quarantine;
   std::chrono::milliseconds timeout{30000};
+  // The longest duration a policy or EngineConfig may set: deadlines are
+  // now + duration on the steady clock, which a duration of centuries wraps
+  // (a transfer would then be past its deadline at once).
+  static constexpr std::chrono::milliseconds kMaxDuration = std::chrono::hours(168);
   // Whether a transfer notifies its target when the call does not say
   // (`notify:` in the file; EngineConfig::notify wins). A client that never pops
   // inbound statuses turns it off once.

@@ -296,6 +296,7 @@ class Parser {
       fail(f.where(), ctx + "bad duration '" + f.value.Scalar() + "' for '" + f.name +
                           "' (expected " + want + ")");
     if (v->count() == 0) fail(f.where(), ctx + "'" + f.name + "' must be longer than 0");
+    if (*v > Policy::kMaxDuration) fail(f.where(), ctx + "'" + f.name + "' must be at most 168h");
     return *v;
   }
 

@@ -291,6 +291,11 @@ MemoryDesc Registry::register_memory(void* addr, size_t size, int device, Memory
   return m->desc;
 }
 
+bool Registry::local_registered(const MemoryDesc& d) const {
+  std::shared_lock lk(mu_);
+  return d.engine_key == self_key_ && local_mems_.count(d.id) != 0;
+}
+
 Result Registry::deregister_memory(const MemoryDesc& d) {
   std::shared_ptr<LocalMem> m;
   {

@@ -169,6 +169,8 @@ class Registry {
   MemoryDesc register_memory(void* addr, size_t size, int device, MemoryLocation loc);
   // Waits until no transfer uses the region (each ends by its deadline).
   Result deregister_memory(const MemoryDesc& m);
+  // The region is registered here (not deregistered meanwhile).
+  bool local_registered(const MemoryDesc& m) const;
 
   // ---- what transfers use
   // Descriptors -> registered state (re-imports a descriptor that changed).

@@ -286,6 +286,15 @@ StatusCode TransferStatus::Wait() const {
   return Code();
 }
 
+namespace {
+// A timeout the steady clock cannot add to now (centuries): a wait without
+// end, as milliseconds::max() is. start + timeout would wrap into the past.
+bool endless(std::chrono::steady_clock::time_point start, std::chrono::milliseconds timeout) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::time_point::max() - start) <= timeout;
+}
+}  // namespace
+
 bool TransferStatus::WaitFor(std::chrono::milliseconds timeout) const {
   if (!InProgress()) return true;
   if (timeout.count() <= 0) {  // a poll: one round of the backend's progress
@@ -305,7 +314,7 @@ bool TransferStatus::WaitFor(std::chrono::milliseconds timeout) const {
     return true;
   std::unique_lock<std::mutex> lk(state_->mu);
   auto done = [&] { return is_final(state_->code.load(std::memory_order_acquire)); };
-  if (timeout == std::chrono::milliseconds::max()) {
+  if (endless(start, timeout)) {
     state_->cv.wait(lk, done);
     return true;
   }
@@ -313,11 +322,12 @@ bool TransferStatus::WaitFor(std::chrono::milliseconds timeout) const {
 }
 
 bool wait_all(const std::vector<TransferStatus>& statuses, std::chrono::milliseconds timeout) {
-  if (timeout == std::chrono::milliseconds::max()) {
+  const auto start = std::chrono::steady_clock::now();
+  if (endless(start, timeout)) {
     for (const auto& s : statuses) s.Wait();
     return true;
   }
-  auto end = std::chrono::steady_clock::now() + timeout;
+  auto end = start + timeout;
   for (const auto& s : statuses) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         end - std::chrono::steady_clock::now());

@@ -69,11 +69,22 @@ TransferStatus failed(StatusCode code, std::string msg) {
 
 // A transfer's local region is in use from its start to its end: a
 // deregistration waits for it (Registry, `inflight`).
-void hold(LocalMem& m) { ++m.inflight; }
 void release(LocalMem& m) {
   if (--m.inflight != 0 || !m.draining) return;
   std::lock_guard<std::mutex> lk(m.mu);  // the deregistration waits or is about to
   m.idle.notify_all();
+}
+// False once its deregistration began: a session (or a call that looked the
+// region up a moment ago) may still hold the region, and a hold taken after
+// the deregistration saw no transfer would let this one move bytes after
+// deregister_memory() returned. Count, then look: both seq_cst, as the
+// deregistration sets draining, then looks at the count - either it waits
+// for this transfer or this transfer sees it draining.
+bool hold(LocalMem& m) {
+  ++m.inflight;
+  if (!m.draining.load()) return true;
+  release(m);
+  return false;
 }
 
 }  // namespace
@@ -263,6 +274,20 @@ TransferPtr Transfers::make_transfer(Op op, uint32_t flags, TransferUid uid) {
   return t;
 }
 
+namespace {
+// Holds the local region of every pair of t; none and the first that could
+// not be held (it is being deregistered) if one could not.
+const LocalMem* hold_all(const MemPair& pair, const Transfer& t) {
+  if (t.parts.empty()) return hold(*pair.local) ? nullptr : pair.local.get();
+  for (size_t i = 0; i < t.parts.size(); ++i) {
+    if (hold(*t.parts[i].pair.local)) continue;
+    for (size_t j = 0; j < i; ++j) release(*t.parts[j].pair.local);
+    return t.parts[i].pair.local.get();
+  }
+  return nullptr;
+}
+}  // namespace
+
 TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t, const Route* route) {
   if (pair.peer->gone.load(std::memory_order_relaxed))
     return failed(StatusCode::ERR_NOT_FOUND,
@@ -279,10 +304,9 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t, const
   // part of a larger call has the call's deadline, perhaps long since set.)
   const bool fresh = t->deadline == std::chrono::steady_clock::time_point{};
   if (fresh) t->deadline = t->status.state()->created + policy_.timeout;
-  if (t->parts.empty())
-    hold(*pair.local);
-  else
-    for (const PairItems& p : t->parts) hold(*p.pair.local);
+  if (const LocalMem* gone = hold_all(pair, *t))
+    return failed(StatusCode::ERR_NOT_FOUND,
+                  "memory " + std::to_string(gone->desc.id) + " was deregistered");
   t->pair = pair;  // from here on ~Transfer releases the local regions
   // The transfer answers its status's Cancel() and, only where a backend of
   // the route can report completions on a waiter's thread, a wait's progress
@@ -479,8 +503,17 @@ void Transfers::start_next(const TransferPtr& t, bool fresh) {
       return;
     }
     ++t->attempts;
-    int rc = post_attempt(t, b, why, now);
+    bool unregistered = false;
+    int rc = post_attempt(t, b, why, now, &unregistered);
     if (rc == FERRY_OK) return;  // the completion continues from attempt_done
+    if (unregistered) {
+      // Our own memory or the peer is no longer registered: a refusal (every
+      // backend would meet it), not the backend's failure - no failover, and
+      // nothing counts toward its health.
+      add_history(t->history, b->name + ": " + why);
+      finish(t, StatusCode::ERR_NOT_FOUND, t->history);
+      return;
+    }
     t->last_code = status_from_plugin(rc);
     add_history(t->history, b->name + ": " + why);
     ++b->counters->failures;
@@ -493,7 +526,7 @@ void Transfers::start_next(const TransferPtr& t, bool fresh) {
 }
 
 int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why,
-                            std::chrono::steady_clock::time_point now) {
+                            std::chrono::steady_clock::time_point now, bool* unregistered) {
   // Hold the backend's life lock from the handle lookup through post(): the
   // calls that free plugin handles take it exclusively, so a handle found here
   // stays valid until the plugin has taken the transfer.
@@ -505,6 +538,7 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   Registry::Handles h;
   if (!registry_.handles(t->pair, b->name, h)) {
     why = "the peer or the memory is no longer registered with this backend";
+    *unregistered = true;
     return FERRY_ERR_NOT_FOUND;
   }
   // A multi-pair transfer (only on a MULTI_PAIR backend: start_next splits it
@@ -518,6 +552,7 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
         why = "the peer or the memory of regions " + std::to_string(p.pair.local->desc.id) +
               " -> " + std::to_string(p.pair.remote->desc.id) +
               " is no longer registered with this backend";
+        *unregistered = true;
         return FERRY_ERR_NOT_FOUND;
       }
       pairs.push_back({ph.local, ph.remote, p.n});

@@ -264,8 +264,10 @@ class Transfers {
   // finished, on the waiting thread (plugin ABI 1.6). Touches only the transfer
   // and what it keeps alive, never the engine: a status may outlive it.
   static void drive_progress(const TransferPtr& t);
+  // *unregistered: it failed because our memory or the peer is no longer
+  // registered with b (a refusal, not b's failure).
   int post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why,
-                   std::chrono::steady_clock::time_point now);
+                   std::chrono::steady_clock::time_point now, bool* unregistered);
   void attempt_done(const std::shared_ptr<Attempt>& a, int status, const std::string& msg);
   // Ends the transfer's status (at `ended`, read by the caller; unset: now).
   void finish(const TransferPtr& t, StatusCode code, std::string msg,

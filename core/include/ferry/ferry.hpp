@@ -376,7 +376,9 @@ class Engine {
   // Slices of `regions`, checked once: all regions this engine's (a local list)
   // or all one registered peer's (a remote list). Throws ferry::Error
   // (ERR_INVALID_ARGS: a slice out of its region, mixed engines, no entries;
-  // ERR_NOT_FOUND: memory or peer not registered).
+  // ERR_NOT_FOUND: a local list's memory, or a remote list's peer, not
+  // registered; a remote list's memory ids are the peer's to check, and a
+  // transfer that uses one it does not know fails).
   PreparedList prepare_list(const std::vector<MemoryDesc>& regions,
                             const std::vector<ListEntry>& entries);
   // Item i moves local entry local_indices[i] to/from remote entry
