@@ -13,6 +13,7 @@ once the data is there (a WRITE's at the target, a READ's back here).
 import enum
 import logging
 import os
+import socket
 import struct
 import threading
 import time
@@ -312,10 +313,32 @@ class nixl_xfer_handle:
 
 # ---- the agent ---------------------------------------------------------------------------
 
+def _route_source_address():
+    """This host's address on its default route, or None (no route: a sandbox).
+
+    A UDP socket's connect() only picks the route and its source address; it
+    sends nothing. 192.0.2.1 is a documentation address (TEST-NET-1), never a
+    real peer."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))
+            addr = s.getsockname()[0]
+            return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
+    except OSError:
+        return None
+
+
 def _engine_host():
-    # ferry binds and advertises one address; vLLM's side channel host is the node's.
-    return (os.environ.get("FERRY_HOST") or os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
-            or "127.0.0.1")
+    # ferry binds and advertises one address, which peers on other nodes must
+    # reach: the one the application names (vLLM gives its side channel's, SGLang
+    # its node's), else the address of the default route - NIXL's UCX metadata
+    # carries the node's real address too, and SGLang's nixl backend names none -
+    # else loopback.
+    for var in ("FERRY_HOST", "VLLM_NIXL_SIDE_CHANNEL_HOST", "SGLANG_HOST_IP", "HOST_IP"):
+        v = os.environ.get(var, "").strip().strip("[]")
+        if v:
+            return v
+    return _route_source_address() or "127.0.0.1"
 
 
 class nixl_agent:
@@ -738,7 +761,8 @@ class nixl_agent:
         self.update_notifs()
         msgs = self.notifs.get(_name(remote_agent_name), [])
         for i, m in enumerate(msgs):
-            if (m.startswith(lookup_tag) if tag_is_prefix else m == lookup_tag):
+            # NIXL: a prefix, or else anywhere in the message (a substring).
+            if (m.startswith(lookup_tag) if tag_is_prefix else lookup_tag in m):
                 del msgs[i]
                 return True
         return False

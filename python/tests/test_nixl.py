@@ -106,6 +106,22 @@ def test_write_with_message_lands_before_the_message(agents):
     agents.a.release_xfer_handle(h)  # idempotent
 
 
+def test_check_remote_xfer_done_matches_as_nixl_does(agents):
+    # NIXL: tag_is_prefix (the default) matches a prefix; False, a substring.
+    b = agents.b
+    agents.a.send_notif("nixl-b", b"room7_kv_done")
+    deadline = time.monotonic() + 30
+    while not b.check_remote_xfer_done("nixl-a", b"kv", tag_is_prefix=False):
+        assert time.monotonic() < deadline, "the message never matched as a substring"
+    agents.a.send_notif("nixl-b", b"room8_kv_done")
+    deadline = time.monotonic() + 30
+    while not b.update_notifs().get("nixl-a"):
+        assert time.monotonic() < deadline, "the second message never arrived"
+    assert not b.check_remote_xfer_done("nixl-a", b"kv")  # not a prefix
+    assert b.check_remote_xfer_done("nixl-a", b"room8")
+    assert not b.check_remote_xfer_done("nixl-a", b"room8")  # taken once
+
+
 def test_contiguous_pairs_merge_in_telemetry(agents):
     la, lb = agents.lists([(0, 4096), (4096, 4096), (8192, 4096)],
                           [(0, 4096), (4096, 4096), (65536, 4096)])
@@ -260,3 +276,23 @@ def test_tensor_descriptors(agents):
     agents.a.deregister_memory(reg)
     with pytest.raises(nixlNotFoundError):
         agents.a.prep_xfer_dlist("", x)
+
+
+def test_engine_address_for_other_nodes(monkeypatch):
+    # SGLang's nixl backend names no host: the engine must not advertise
+    # loopback where the node has a route (a decode on another node would dial
+    # its own loopback). The application's variable wins, in this order.
+    from nixl import _api
+    for var in ("FERRY_HOST", "VLLM_NIXL_SIDE_CHANNEL_HOST", "SGLANG_HOST_IP", "HOST_IP"):
+        monkeypatch.delenv(var, raising=False)
+    routed = _api._route_source_address()
+    assert _api._engine_host() == (routed or "127.0.0.1")
+    assert routed is None or not routed.startswith("127.")
+    monkeypatch.setenv("HOST_IP", "127.0.0.3")
+    monkeypatch.setenv("SGLANG_HOST_IP", "[127.0.0.2]")
+    assert _api._engine_host() == "127.0.0.2"
+    a = nixl_agent("nixl-host-check", nixl_agent_config())
+    try:
+        assert a.ferry_engine.get_engine_desc().host == "127.0.0.2"
+    finally:
+        a.ferry_engine.close()
