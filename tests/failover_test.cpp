@@ -179,7 +179,7 @@ TEST(Failover, HungAttemptEndsUnknownAndFencesThePeerUntilItEnds) {
   EXPECT_NE(next.Message().find("fenced"), std::string::npos) << next.Message();
 
   // The hung copy ends (fini completes it): the gate opens; tcp carries the next one.
-  ASSERT_TRUE(rig.ini->remove_backend("fault"));
+  ASSERT_TRUE(rig.ini->remove_backend("fault").ok());
   TransferStatus after = rig.run(Op::WRITE, 22);
   EXPECT_EQ(after.Code(), StatusCode::SUCCESS) << after.Message();
 }
@@ -405,6 +405,30 @@ TEST(Waits, ATimeoutTheClockCannotHoldIsRefusedWhenTheEngineIsMade) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), StatusCode::ERR_INVALID_ARGS) << e.what();
   }
+}
+
+// The same life of a peer registered again with a changed descriptor (it
+// removed a backend): the target keeps what that peer landed and the
+// application has not popped yet - an update, not a deregistration.
+TEST(Refusals, ANewDescriptorOfTheSameLifeKeepsItsUnpoppedStatuses) {
+  Rig rig("ok", "backends:\n  fault: {}\nrules:\n  - prefer: [tcp]\ntimeout: 5s\n");
+  test::fill_pattern(rig.src.data(), 0, kBytes, 9);
+  std::vector<TransferUid> uids;
+  for (int i = 0; i < 2; ++i) {
+    uids.push_back(rig.ini->allocate_transfer_uid());
+    auto st = rig.ini->write(rig.lmem, 0, rig.rmem, 0, 4096, uids.back(), true);
+    ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  }
+  const EngineDesc before = rig.ini->desc();
+  ASSERT_TRUE(rig.ini->remove_backend("fault").ok());
+  const EngineDesc after = rig.ini->desc();
+  ASSERT_EQ(after.instance, before.instance);
+  ASSERT_FALSE(after.pack() == before.pack()) << "the descriptor did not change";
+  ASSERT_TRUE(rig.tgt->register_remote_engine(after).ok());
+  for (TransferUid uid : uids)
+    EXPECT_TRUE(rig.tgt->pop_inbound_transfer_status("ini", uid).has_value())
+        << "uid " << uid << " was dropped by the update";
+  EXPECT_EQ(rig.tgt->stats().inbound_dropped, 0u);
 }
 
 // ---- the stats endpoint and `ferry stats` ---------------------------------------

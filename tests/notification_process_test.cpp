@@ -196,3 +196,27 @@ TEST(NotificationProcess, StoppedTargetEndsTheMessageByItsDeadlineAndNeverTwice)
   std::vector<std::string> b{"initiator:before", "initiator:while stopped", "initiator:after"};
   EXPECT_TRUE(got == a || got == b) << ::testing::PrintToString(got);
 }
+
+// The engine goes away while a message waits for a stopped peer's answer: the
+// destructor cuts the wait (the message ends unknown, it may have been taken)
+// instead of holding the caller to the message's deadline (the policy's
+// timeout: 30 s by default, 20 s here).
+TEST(NotificationProcess, AnEngineDestroyedWhileAMessageWaitsForAStoppedPeerEndsAtOnce) {
+  Rig rig(/*register_back=*/true, /*timeout=*/20s);
+  auto warm = rig.ini->send_notification("target", "before");
+  ASSERT_EQ(warm.Wait(), StatusCode::SUCCESS) << warm.Message();
+  ASSERT_EQ(::kill(rig.child.pid(), SIGSTOP), 0);
+  int wst = 0;
+  ASSERT_EQ(::waitpid(rig.child.pid(), &wst, WUNTRACED), rig.child.pid());  // it is stopped now
+  auto st = rig.ini->send_notification("target", "while stopped");
+  auto attached = rig.ini->write(rig.local, 0, rig.remote, 0, 4096, 7, false,
+                                 std::string("attached while stopped"));
+  const auto t0 = std::chrono::steady_clock::now();
+  rig.ini.reset();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, 5s) << "~Engine waited for the stopped peer's answer";
+  EXPECT_FALSE(st.InProgress());
+  EXPECT_NE(st.Code(), StatusCode::SUCCESS) << st.Message();
+  EXPECT_FALSE(attached.InProgress());
+  ASSERT_EQ(::kill(rig.child.pid(), SIGCONT), 0);
+}

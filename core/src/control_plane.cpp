@@ -150,11 +150,29 @@ bool write_all(int fd, const uint8_t* p, size_t n) {
   return true;
 }
 
+// Waits for `events` on fd until `ms` passes, or abort_fd (an eventfd that
+// stays readable once the engine shuts down: ControlPlane::abort_waits) fires.
+// poll()'s return for fd alone; -1 with errno ECANCELED once aborted.
+int poll_or_abort(int fd, short events, int ms, int abort_fd) {
+  pollfd pfd[2] = {{fd, events, 0}, {abort_fd, POLLIN, 0}};
+  const int r = ::poll(pfd, abort_fd >= 0 ? 2 : 1, ms);
+  if (r > 0 && abort_fd >= 0 && (pfd[1].revents & POLLIN)) {
+    errno = ECANCELED;
+    return -1;
+  }
+  return r;
+}
+
+bool aborted(int abort_fd) {
+  pollfd pfd{abort_fd, POLLIN, 0};
+  return abort_fd >= 0 && ::poll(&pfd, 1, 0) > 0;
+}
+
 // write_all, but ending by `deadline` however little the peer reads (a
 // blocking socket: each send is non-blocking, poll waits for room). False on
 // error or when the deadline passed (part of the frame may have gone out).
-bool write_until(int fd, const uint8_t* p, size_t n,
-                 std::chrono::steady_clock::time_point deadline) {
+bool write_until(int fd, const uint8_t* p, size_t n, std::chrono::steady_clock::time_point deadline,
+                 int abort_fd = -1) {
   while (n > 0) {
     ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0 && errno == EINTR) continue;
@@ -163,8 +181,9 @@ bool write_until(int fd, const uint8_t* p, size_t n,
       if (now >= deadline) return false;
       const auto ms =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
-      pollfd pfd{fd, POLLOUT, 0};
-      if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, INT32_MAX))) < 0 && errno != EINTR)
+      if (poll_or_abort(fd, POLLOUT, static_cast<int>(std::min<int64_t>(ms, INT32_MAX)), abort_fd) <
+              0 &&
+          errno != EINTR)
         return false;
       continue;
     }
@@ -178,14 +197,15 @@ bool write_until(int fd, const uint8_t* p, size_t n,
 // Read exactly n bytes by the deadline (the socket is blocking). One deadline
 // for the whole read, not one per recv: a peer that trickles a byte at a time
 // must not stretch the wait (every caller's wait is bounded by its deadline).
-bool read_exact(int fd, uint8_t* p, size_t n, std::chrono::steady_clock::time_point deadline) {
+bool read_exact(int fd, uint8_t* p, size_t n, std::chrono::steady_clock::time_point deadline,
+                int abort_fd = -1) {
   while (n > 0) {
     const auto left =
         std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
             .count();
     if (left <= 0) return false;
-    pollfd pfd{fd, POLLIN, 0};
-    int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, INT32_MAX)));
+    int r =
+        poll_or_abort(fd, POLLIN, static_cast<int>(std::min<int64_t>(left, INT32_MAX)), abort_fd);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     ssize_t k = ::recv(fd, p, n, 0);
@@ -200,15 +220,15 @@ bool read_exact(int fd, uint8_t* p, size_t n, std::chrono::steady_clock::time_po
 // One whole frame (header, then body) within timeout_ms, all of it; at most
 // max_body bytes of body. False with *why on timeout, EOF or a malformed frame.
 bool read_frame(int fd, CtrlFrame& out, int timeout_ms, std::string* why,
-                uint32_t max_body = kMaxHandshakeBody) {
+                uint32_t max_body = kMaxHandshakeBody, int abort_fd = -1) {
   uint8_t hdr[kCtrlHeaderSize];
   CtrlFrameReader reader;
   reader.set_max_body(max_body);
   std::vector<CtrlFrame> frames;
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
-  if (!read_exact(fd, hdr, sizeof hdr, deadline)) {
-    *why = "no answer";
+  if (!read_exact(fd, hdr, sizeof hdr, deadline, abort_fd)) {
+    *why = aborted(abort_fd) ? "engine shutting down" : "no answer";
     return false;
   }
   if (!reader.feed(hdr, sizeof hdr, frames)) {
@@ -218,9 +238,9 @@ bool read_frame(int fd, CtrlFrame& out, int timeout_ms, std::string* why,
   if (frames.empty()) {
     uint32_t blen = hdr[8] | hdr[9] << 8 | hdr[10] << 16 | static_cast<uint32_t>(hdr[11]) << 24;
     std::vector<uint8_t> body(blen);
-    if (!read_exact(fd, body.data(), blen, deadline) || !reader.feed(body.data(), blen, frames) ||
-        frames.size() != 1) {
-      *why = "truncated answer";
+    if (!read_exact(fd, body.data(), blen, deadline, abort_fd) ||
+        !reader.feed(body.data(), blen, frames) || frames.size() != 1) {
+      *why = aborted(abort_fd) ? "engine shutting down" : "truncated answer";
       return false;
     }
   }
@@ -273,6 +293,7 @@ ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16
                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  abort_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = listen_fd_;
@@ -306,6 +327,13 @@ ControlPlane::~ControlPlane() {
   if (unix_fd_ >= 0) ::close(unix_fd_);
   ::close(epoll_fd_);
   ::close(wake_fd_);
+  if (abort_fd_ >= 0) ::close(abort_fd_);
+}
+
+void ControlPlane::abort_waits() {
+  // Never read back: readable from now on, every wait of ours sees it.
+  const uint64_t one = 1;
+  [[maybe_unused]] auto k = ::write(abort_fd_, &one, sizeof one);
 }
 
 void ControlPlane::io_loop() {
@@ -872,9 +900,8 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   }
   int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len);
   if (rc != 0 && errno == EINPROGRESS) {
-    pollfd pfd{fd, POLLOUT, 0};
-    rc = ::poll(&pfd, 1, ms_until(deadline, kConnectTimeoutMs)) == 1 ? 0 : -1;
-    int soerr = ETIMEDOUT;
+    rc = poll_or_abort(fd, POLLOUT, ms_until(deadline, kConnectTimeoutMs), abort_fd_) == 1 ? 0 : -1;
+    int soerr = rc != 0 && aborted(abort_fd_) ? ECANCELED : ETIMEDOUT;
     socklen_t sl = sizeof soerr;
     if (rc == 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
     if (rc != 0 || soerr != 0) {
@@ -884,7 +911,8 @@ int ControlPlane::connect_and_hello(const std::string& peer_key, const std::stri
   }
   if (rc != 0) {
     if (errno == ETIMEDOUT && Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
-    *err = "connect to " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
+    *err = "connect to " + host + ":" + std::to_string(port) + ": " +
+           (errno == ECANCELED ? "engine shutting down" : std::strerror(errno));
     ::close(fd);
     return -1;
   }
@@ -919,8 +947,8 @@ int ControlPlane::hello(int fd, const std::string& peer_key, const std::string& 
       CtrlType::HELLO, hello_body(self_key_, nc.data(), auth_->has_token() ? kHelloHasToken : 0));
   CtrlFrame f;
   std::string why;
-  if (!write_until(fd, hello.data(), hello.size(), deadline) ||
-      !read_frame(fd, f, answer_wait(), &why)) {
+  if (!write_until(fd, hello.data(), hello.size(), deadline, abort_fd_) ||
+      !read_frame(fd, f, answer_wait(), &why, kMaxHandshakeBody, abort_fd_)) {
     if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
     return fail("HELLO to " + where + ": " + why, false);
   }
@@ -937,8 +965,8 @@ int ControlPlane::hello(int fd, const std::string& peer_key, const std::string& 
     if (auth_->prove(peer_key, FERRY_LINK_INITIATOR, tc.data(), tc.size(), proof) != FERRY_OK)
       return fail("engine '" + peer_key + "' is not registered here", false);
     auto pf = encode_ctrl_frame(CtrlType::AUTH_PROOF, proof_body(proof));
-    if (!write_until(fd, pf.data(), pf.size(), deadline) ||
-        !read_frame(fd, f, answer_wait(), &why)) {
+    if (!write_until(fd, pf.data(), pf.size(), deadline, abort_fd_) ||
+        !read_frame(fd, f, answer_wait(), &why, kMaxHandshakeBody, abort_fd_)) {
       if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
       return fail("auth with " + where + ": " + why, false);
     }
@@ -961,7 +989,7 @@ int ControlPlane::hello(int fd, const std::string& peer_key, const std::string& 
     if (!auth_->seal_for(peer_key, tc, handlers_.self_desc(), &sealed))
       return fail("cannot seal our descriptor for " + where, false);
     auto desc = encode_ctrl_frame(CtrlType::PEER_DESC, sealed);
-    if (!write_until(fd, desc.data(), desc.size(), deadline)) {
+    if (!write_until(fd, desc.data(), desc.size(), deadline, abort_fd_)) {
       if (Clock::now() >= deadline) *status = FERRY_ERR_TIMEOUT;
       return fail("sending our descriptor to " + where + ": " + std::strerror(errno), false);
     }
@@ -1084,7 +1112,7 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
     // By the deadline: a peer that stopped reading (stopped, or its control
     // thread stalled) fills the socket, and a blocking write would hold this
     // thread and the connection for as long as it does.
-    if (write_until(o->fd, frame.data(), frame.size(), deadline)) return FERRY_OK;
+    if (write_until(o->fd, frame.data(), frame.size(), deadline, abort_fd_)) return FERRY_OK;
     const bool late = Clock::now() >= deadline;
     ::close(o->fd);  // part of the frame may be out: the stream is out of step
     o->fd = -1;
@@ -1156,9 +1184,10 @@ namespace {
 
 // The answer to a frame just sent on fd, by the deadline. 0 or FERRY_ERR_*.
 int read_answer(int fd, const std::string& peer_key, CtrlType reply_type,
-                ControlPlane::Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
+                ControlPlane::Clock::time_point deadline, CtrlFrame* reply, std::string* err,
+                int abort_fd) {
   std::string why;
-  if (!read_frame(fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxHandshakeBody)) {
+  if (!read_frame(fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxHandshakeBody, abort_fd)) {
     *err = "no answer from '" + peer_key + "': " + why;
     return ControlPlane::Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
   }
@@ -1183,10 +1212,10 @@ int write_failed(const std::string& peer_key, ControlPlane::Clock::time_point de
 // step: the connection is closed (fd = -1) and the next exchange makes a new one.
 int write_and_answer(int& fd, const uint8_t* p, size_t n, const std::string& peer_key,
                      CtrlType reply_type, ControlPlane::Clock::time_point deadline,
-                     CtrlFrame* reply, std::string* err) {
-  const int rc = n > 0 && !write_until(fd, p, n, deadline)
+                     CtrlFrame* reply, std::string* err, int abort_fd) {
+  const int rc = n > 0 && !write_until(fd, p, n, deadline, abort_fd)
                      ? write_failed(peer_key, deadline, err)
-                     : read_answer(fd, peer_key, reply_type, deadline, reply, err);
+                     : read_answer(fd, peer_key, reply_type, deadline, reply, err, abort_fd);
   if (rc != FERRY_OK) {
     ::close(fd);
     fd = -1;
@@ -1209,7 +1238,7 @@ int ControlPlane::exchange(const std::string& peer_key, const std::string& host,
     return FERRY_ERR_NOT_SENT;
   auto frame = encode_ctrl_frame(type, body);
   return write_and_answer(o->fd, frame.data(), frame.size(), peer_key, reply_type, deadline, reply,
-                          err);
+                          err, abort_fd_);
 }
 
 bool ControlPlane::start_exchange(const std::string& peer_key, CtrlType type,
@@ -1237,7 +1266,7 @@ int ControlPlane::finish_exchange(Exchange& x, const std::string& peer_key, Ctrl
   }
   OutboundUse use(*o, OutboundUse::kHeld);  // lets it go on return
   return write_and_answer(o->fd, x.tail_.data(), x.tail_.size(), peer_key, reply_type, deadline,
-                          reply, err);
+                          reply, err, abort_fd_);
 }
 
 ControlPlane::Exchange::~Exchange() {
@@ -1264,10 +1293,11 @@ int ControlPlane::request(const std::string& peer_key, const std::string& host, 
   int rc = FERRY_OK;
   // By the deadline too: a FENCE of thousands of entries to a peer that stopped
   // reading would otherwise block here once its socket buffers are full.
-  if (!write_until(fd, frame.data(), frame.size(), deadline)) {
+  if (!write_until(fd, frame.data(), frame.size(), deadline, abort_fd_)) {
     *err = "sending to '" + peer_key + "' failed";
     rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
-  } else if (!read_frame(fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxCtrlBody)) {
+  } else if (!read_frame(fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxCtrlBody,
+                         abort_fd_)) {
     *err = "no answer from '" + peer_key + "': " + why;
     rc = Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
   } else if (reply->type != reply_type) {

@@ -165,6 +165,13 @@ class ControlPlane {
   // Drop connections to and from this peer.
   void forget_peer(const std::string& key);
 
+  // The engine shuts down: every wait of a send, exchange or request - for
+  // room, a connection or an answer - ends now, and later ones at once, as if
+  // the peer had not answered ("engine shutting down"). A message whose answer
+  // was cut ends unknown, rather than holding the engine's destructor to its
+  // deadline. Frames that fit the socket still go out (a plugin's farewell).
+  void abort_waits();
+
  private:
   struct Inbound;
   // One sender at a time uses a connection; others wait for it only until their
@@ -273,6 +280,7 @@ class ControlPlane {
   uint64_t accept_failures_ = 0;  // since the last warning
   std::chrono::steady_clock::time_point accept_warned_{};
   int wake_fd_ = -1;
+  int abort_fd_ = -1;  // abort_waits(): readable once the engine shuts down
   uint16_t port_ = 0;
   const std::chrono::milliseconds idle_close_;
   const std::chrono::microseconds spin_;

@@ -177,6 +177,10 @@ EngineImpl::~EngineImpl() {
   // control_), then the control plane.
   std::vector<std::string> names = backend_names();
   for (auto it = names.rbegin(); it != names.rend(); ++it) remove_backend(*it);
+  // A message or fence still waiting for a peer's answer (a stopped peer) would
+  // hold the lifecycle's destruction to its deadline: cut those waits (the
+  // message ends unknown). After the backends: their farewells went out.
+  control_->abort_waits();
   transfers_.reset();
   control_live_.store(nullptr, std::memory_order_release);
   control_.reset();
@@ -289,8 +293,11 @@ Result EngineImpl::register_remote_engine(const EngineDesc& d) {
   // parked (a descriptor of that life registered again later - a stale entry
   // in a metadata store, two processes under one key - is fenced first); the
   // new life's transfers do not wait for them.
+  // The same life with a changed descriptor (it loaded or removed a backend):
+  // what it sent us and we have not popped yet is still its own, and stays.
   if (auto old = registry_.peer_instance(d.key))
-    deregister_peer(d.key, *old == d.instance ? PeerFences::KEEP : PeerFences::PARK);
+    deregister_peer(d.key, *old == d.instance ? PeerFences::KEEP : PeerFences::PARK, {},
+                    /*keep_inbound=*/*old == d.instance);
   Result r = registry_.add_peer(d);
   if (r.ok()) {
     route_control(d);
@@ -334,13 +341,13 @@ Result EngineImpl::deregister_remote_engine(const std::string& key) {
 }
 
 Result EngineImpl::deregister_peer(const std::string& key, PeerFences fences,
-                                   const std::string& why) {
+                                   const std::string& why, bool keep_inbound) {
   if (!registry_.remove_peer(key, why))
     return {StatusCode::ERR_NOT_FOUND, "engine '" + key + "' is not registered"};
   control_->forget_peer(key);
   if (fences != PeerFences::KEEP) transfers_->forget_fences(key, why, fences == PeerFences::PARK);
   health_->forget_peer(key);
-  inbound_.forget_peer(key);
+  if (!keep_inbound) inbound_.forget_peer(key);
   return {};
 }
 

@@ -76,7 +76,10 @@ class EngineImpl {
   // WRITEs of unknown outcome stay pending for that life's return; a new
   // life has a fence state of its own and does not wait for them).
   enum class PeerFences { KEEP, PARK };
-  Result deregister_peer(const std::string& key, PeerFences fences, const std::string& why = {});
+  // keep_inbound: the peer's landed transfers not popped yet stay (the same
+  // life registered again with a changed descriptor).
+  Result deregister_peer(const std::string& key, PeerFences fences, const std::string& why = {},
+                         bool keep_inbound = false);
   // A peer on this host is reached over its control plane's unix socket.
   void route_control(const EngineDesc& d);
   // A peer that proved our descriptor and presented its own (one-way

@@ -113,7 +113,10 @@ std::optional<TransferStatus> InboundTable::pop_locked(const std::string& peer, 
 
 void InboundTable::forget_peer(const std::string& peer) {
   std::lock_guard<std::mutex> lk(mu_);
-  peers_.erase(peer);
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return;
+  dropped_ += it->second.landed.size();  // never popped: counted as any drop is
+  peers_.erase(it);
 }
 
 size_t InboundTable::pending() const {

@@ -321,7 +321,10 @@ class Engine {
   // Registering the target at the initiator is enough (one-way registration):
   // the target learns an initiator from its authenticated hello. Registering
   // a descriptor equal to the one known is a no-op (sessions stay); a new
-  // instance of the same key replaces the old one.
+  // instance of the same key replaces the old one. A changed descriptor of
+  // the same instance (it added or removed a backend) replaces it too -
+  // sessions and transfers in flight to it end, as at a deregistration - but
+  // what it landed here and was not popped yet stays poppable.
   Result register_remote_engine(const EngineDesc& desc);
   Result deregister_remote_engine(const std::string& key);
 
