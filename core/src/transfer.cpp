@@ -241,6 +241,8 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
                                  std::optional<std::string> message) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
   if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
+  // A plugin's post() counts items in 32 bits (ferry_xfer_v1::n_iov).
+  if (n > UINT32_MAX) return failed(StatusCode::ERR_INVALID_ARGS, "too many items");
   if (std::string bad = check_message_size(message ? message->size() : 0); !bad.empty())
     return failed(StatusCode::ERR_INVALID_ARGS, bad);
   // Unset: the engine's default (EngineConfig::notify, else the policy's `notify`).

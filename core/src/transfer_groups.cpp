@@ -45,6 +45,7 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, IovList iov, 
                                         std::optional<std::string> message) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
   if (groups.empty()) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
+  if (iov.size() > UINT32_MAX) return failed(StatusCode::ERR_INVALID_ARGS, "too many items");
   if (std::string bad = check_message_size(message ? message->size() : 0); !bad.empty())
     return failed(StatusCode::ERR_INVALID_ARGS, bad);
   const auto& peer = groups.front().pair.peer;
