@@ -30,8 +30,10 @@
 // watched instead of rung. After such a turn the pool keeps it in a watch list
 // and the handler withdraws the sleep it announced (Unsleep), so the peer's
 // next frame rings no bell; the polling thread looks at every watched handler
-// (Peek: shared indices, no system call) and gives the ready ones a turn.
-// Watched handlers stay armed in epoll, so their socket's events (the peer
+// (Peek: shared indices, no system call) and gives the ready ones a turn -
+// the first itself, the others handed to the pool's threads (nudged), and
+// while it runs a turn the others are rung as before (RingWhileBusy), so no
+// lane waits behind another's long turn. Watched handlers stay armed in epoll, so their socket's events (the peer
 // gone, a shutdown) still reach the pool. When the poller stops, every
 // watched handler announces its sleep again (SleepWatched) - or, where bytes
 // came meanwhile, is nudged - before the thread sleeps: an idle pool still
@@ -111,6 +113,9 @@ class IoPool {
     // In the pool's watch list, at this index (under watch_mu_).
     bool watched_ = false;
     size_t watch_index_ = 0;
+    // The poller found it ready and nudged it for another pool thread: not
+    // looked at again until that turn begins (Turn clears it).
+    std::atomic<bool> handed_{false};
   };
 
   // threads: the pool's size (>= 1). sweep: how often stalls are looked for
@@ -168,6 +173,8 @@ class IoPool {
   // One turn of h: OnEvents, then re-armed, left parked or finished. True
   // when h is watched after it.
   bool Turn(Handler* h, uint32_t events);
+  // The same once h->turning_ is this thread's.
+  bool TurnOwned(Handler* h, uint32_t events);
   // After OnEvents, on the turn's thread: h into the watch list or out of it.
   bool UpdateWatch(Handler* h);
   void Unwatch(Handler* h);  // watch_mu_ held
@@ -175,6 +182,12 @@ class IoPool {
   bool TurnWatchedReady();
   // The poller stops: every watched handler sleeps again, or gets a turn.
   void SleepWatched();
+  // The poller is about to take a turn (of `except`): the other watched
+  // handlers announce their sleep meanwhile (or are handed to another thread
+  // if bytes are there), so a long turn - many frames, a GPU frame, a copy
+  // that faults - holds none of them back; each withdraws it again after its
+  // own next turn.
+  void RingWhileBusy(const Handler* except);
   // Polls until spin_ passes with nothing to do (one thread at a time).
   void Poll();
   // The poller takes kicks (between its turns) or not (during one).
@@ -210,9 +223,8 @@ class IoPool {
   std::vector<Handler*> watched_;
   std::atomic<bool> watching_{false};  // watched_ is not empty (a hint)
   std::atomic<uint64_t> watch_turns_{0};
-  std::vector<Handler*> ready_;  // the poller's scratch
-  std::mutex kick_mu_;           // poller_, taking_kicks_ and kicked_
-  bool poller_ = false;          // a thread is in Poll
+  std::mutex kick_mu_;   // poller_, taking_kicks_ and kicked_
+  bool poller_ = false;  // a thread is in Poll
   // ... and between turns: a kick goes to kicked_. During a turn of its own a
   // kick re-arms instead, so another thread takes it (on 16 cores, kicks kept
   // for the one poller serialised a large transfer's four lanes: 64 MiB WRITE
