@@ -32,16 +32,15 @@
 // next frame rings no bell; the polling thread looks at every watched handler
 // (Peek: shared indices, no system call) and gives the ready ones a turn -
 // the first itself, the others handed to the pool's threads (nudged), and
-// while it runs a turn the others are rung as before (RingWhileBusy), so no
-// lane waits behind another's long turn. Watched handlers stay armed in epoll, so their socket's events (the peer
-// gone, a shutdown) still reach the pool. When the poller stops, every
-// watched handler announces its sleep again (SleepWatched) - or, where bytes
-// came meanwhile, is nudged - before the thread sleeps: an idle pool still
-// costs no CPU, and a frame that raced the end is never left unread. With
-// poll_every_turn false only such turns make a thread poll (a target that
-// polls while the same engine's initiator side does not: the initiator's
-// waiting thread reads its answers itself, and a polling pool thread would
-// take them from it).
+// while it runs a turn that may be long (the handler's last was) the others
+// are rung as before (RingWhileBusy), so no lane waits behind such a turn. Watched handlers stay
+// armed in epoll, so their socket's events (the peer gone, a shutdown) still reach the pool. When
+// the poller stops, every watched handler announces its sleep again (SleepWatched) - or, where
+// bytes came meanwhile, is nudged - before the thread sleeps: an idle pool still costs no CPU, and
+// a frame that raced the end is never left unread. With poll_every_turn false only such turns make
+// a thread poll (a target that polls while the same engine's initiator side does not: the
+// initiator's waiting thread reads its answers itself, and a polling pool thread would take them
+// from it).
 #pragma once
 
 #include <atomic>
@@ -116,6 +115,8 @@ class IoPool {
     // The poller found it ready and nudged it for another pool thread: not
     // looked at again until that turn begins (Turn clears it).
     std::atomic<bool> handed_{false};
+    // Its last turn took longer than kLongTurn (RingWhileBusy).
+    std::atomic<bool> last_turn_long_{false};
   };
 
   // threads: the pool's size (>= 1). sweep: how often stalls are looked for
@@ -182,12 +183,13 @@ class IoPool {
   bool TurnWatchedReady();
   // The poller stops: every watched handler sleeps again, or gets a turn.
   void SleepWatched();
-  // The poller is about to take a turn (of `except`): the other watched
-  // handlers announce their sleep meanwhile (or are handed to another thread
-  // if bytes are there), so a long turn - many frames, a GPU frame, a copy
-  // that faults - holds none of them back; each withdraws it again after its
-  // own next turn.
+  // The poller is about to take a turn of `except` whose last turn was long
+  // (kLongTurn): the other watched handlers announce their sleep meanwhile
+  // (or are handed to another thread if bytes are there), so a long turn -
+  // many or large frames, a GPU frame, a copy that faults - holds none of
+  // them back; each withdraws it again after its own next turn.
   void RingWhileBusy(const Handler* except);
+  static constexpr std::chrono::microseconds kLongTurn{20};
   // Polls until spin_ passes with nothing to do (one thread at a time).
   void Poll();
   // The poller takes kicks (between its turns) or not (during one).

@@ -348,8 +348,9 @@ TEST(TcpPlanner, CoalescesPacksAndSplits) {
 // kRings: same-host ring lanes carrying the bytes (direct copies off);
 // kDirect: ring lanes whose target copies the bytes itself (direct_copy.h):
 // every transfer of one frame, and frames as large as the test allows.
-// kWatched: direct, and the target's pool polls after each frame and watches
-// the lane's rings instead of being rung (target_spin_us, io_pool.h "Watching").
+// kRings, kDirect: the target's lanes are rung (target_spin_us 0). kWatched:
+// direct, and the target's pool polls after each frame and watches the lane's
+// rings instead of being rung (target_spin_us, io_pool.h "Watching").
 enum class Stream { kTcp, kRings, kDirect, kWatched };
 const char* Name(Stream s) {
   switch (s) {
@@ -371,7 +372,9 @@ uint32_t SameHost(Stream s) { return s == Stream::kTcp ? 0 : 1; }
 std::string ForStream(Stream s, const std::string& settings) {
   nlohmann::json j = nlohmann::json::parse(settings);
   if (s == Stream::kRings) j["same_host_direct"] = false;
-  if (s == Stream::kWatched) j["target_spin_us"] = 1000;
+  // The default watches (target_spin_us 50): rings and direct run without it,
+  // so both ways of waking a target lane are covered.
+  j["target_spin_us"] = s == Stream::kWatched ? 1000 : 0;
   if (Direct(s)) {
     j["direct_min_bytes"] = 1;
     for (const char* k : {"chunk_bytes", "ring_chunk_bytes"})
