@@ -431,6 +431,21 @@ TEST(Refusals, ANewDescriptorOfTheSameLifeKeepsItsUnpoppedStatuses) {
   EXPECT_EQ(rig.tgt->stats().inbound_dropped, 0u);
 }
 
+// A plugin that never completes a transfer, not even at fini (an ABI
+// breach): when the engine goes away the transfer still ends - a Wait() on
+// its status returns - instead of staying in progress for good.
+TEST(Waits, ATransferABackendNeverCompletedEndsWhenTheEngineGoes) {
+  Rig rig("lose", "backends:\n  fault: {}\nrules:\n  - prefer: [fault]\ntimeout: 60s\n");
+  auto st = rig.ini->write(rig.lmem, 0, rig.rmem, 0, 4096, rig.ini->allocate_transfer_uid());
+  EXPECT_FALSE(st.WaitFor(100ms)) << "the plugin completed it: this tests nothing";
+  const auto t0 = std::chrono::steady_clock::now();
+  rig.ini.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "~Engine waited for the transfer";
+  ASSERT_TRUE(st.WaitFor(10s)) << "the transfer never ended";
+  EXPECT_EQ(st.Code(), StatusCode::ERR_OUTCOME_UNKNOWN) << st.Message();
+  EXPECT_NE(st.Message().find("never completed"), std::string::npos) << st.Message();
+}
+
 // ---- the stats endpoint and `ferry stats` ---------------------------------------
 
 // Runs a command, returning its exit status and stdout.

@@ -82,7 +82,42 @@ TEST(Loader, DiscoveryListsEveryPluginWithItsReason) {
     EXPECT_FALSE(p.error.empty()) << p.name;
     ++failed;
   }
-  EXPECT_EQ(failed, 6);  // the six broken ones; fault, faultmp, abi11 and cma11 load
+  EXPECT_EQ(failed, 8);  // the eight broken ones; fault, faultmp, abi11 and cma11 load
+}
+
+// A plugin that throws out of init, or fills its error buffer with no
+// terminator, is reported - by discovery (ferry info) and by add_backend -
+// and neither the exception nor bytes past the buffer come out.
+TEST(Loader, AnInitThatThrowsOrLeavesNoTerminatorIsReported) {
+  bool threw = false, nonul = false;
+  for (const auto& p : discover_plugins({kDir})) {
+    if (p.name == "initthrows") {
+      threw = true;
+      EXPECT_FALSE(p.loaded);
+      EXPECT_NE(p.error.find("threw"), std::string::npos) << p.error;
+    }
+    if (p.name == "errnonul") {
+      nonul = true;
+      EXPECT_FALSE(p.loaded);
+      // "init failed: " and at most the buffer less its last byte, all 'A'.
+      EXPECT_LE(p.error.size(), std::string("init failed: ").size() + 511) << p.error;
+      EXPECT_EQ(p.error.find_first_not_of('A', std::string("init failed: ").size()),
+                std::string::npos)
+          << p.error;
+    }
+  }
+  EXPECT_TRUE(threw && nonul) << "test plugins not built into " << kDir;
+  setenv("FERRY_PLUGIN_PATH", kDir.c_str(), 1);
+  Engine e("loader-throws");
+  Result r;
+  EXPECT_NO_THROW(r = e.add_backend("initthrows"));
+  EXPECT_EQ(r.code, StatusCode::ERR_BAD_STATE) << r.message;
+  EXPECT_NE(r.message.find("threw"), std::string::npos) << r.message;
+  Result r2 = e.add_backend("errnonul");
+  EXPECT_FALSE(r2);
+  EXPECT_LE(r2.message.size(), 600u);
+  EXPECT_TRUE(e.backends().empty());
+  unsetenv("FERRY_PLUGIN_PATH");
 }
 
 // A plugin built against the previous minor (a frozen ABI 1.1 plugin.h: its ops

@@ -9,6 +9,7 @@
 
 #include "ferry/ferry.hpp"
 #include "gpu_runtime.h"
+#include "log.h"
 #include "plugin_loader.h"
 
 namespace ferry {
@@ -100,16 +101,37 @@ std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_d
       host.gpu = gpu_runtime();  // so a GPU plugin can tell whether it would work here
       void* ctx = nullptr;
       char err[512] = {};
-      int rc = ops->init(&host, "ferry-info", "ferry-info", "{}", &ctx, err, sizeof err);
-      if (rc != FERRY_OK) {
-        info.error = std::string("init failed: ") + (err[0] ? err : "error " + std::to_string(rc));
+      // Nothing may throw across the ABI; a plugin that does is reported, not
+      // followed out of this function (ferry info would abort on it).
+      int rc = FERRY_ERR_BAD_STATE;
+      bool threw = false;
+      try {
+        rc = ops->init(&host, "ferry-info", "ferry-info", "{}", &ctx, err, sizeof err);
+      } catch (...) {
+        threw = true;
+      }
+      err[sizeof err - 1] = '\0';  // a plugin that filled it without a terminator
+      if (threw) {
+        info.error = "init threw an exception (nothing may throw across the plugin ABI)";
+      } else if (rc != FERRY_OK) {
+        info.error = std::string("init failed: ") +
+                     (err[0] ? printable(err, 511) : "error " + std::to_string(rc));
       } else {
         info.loaded = true;
-        if (FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, describe) && ops->describe) {
-          char desc[1024] = {};
-          if (ops->describe(ctx, desc, sizeof desc) == FERRY_OK) info.description = desc;
+        try {
+          if (FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, describe) && ops->describe) {
+            char desc[1024] = {};
+            if (ops->describe(ctx, desc, sizeof desc) == FERRY_OK) {
+              desc[sizeof desc - 1] = '\0';
+              info.description = printable(desc, 1023);
+            }
+          }
+          ops->fini(ctx);
+        } catch (...) {
+          info.loaded = false;
+          info.error =
+              "describe or fini threw an exception (nothing may throw across the plugin ABI)";
         }
-        ops->fini(ctx);
       }
       out.push_back(info);
     }

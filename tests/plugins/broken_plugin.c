@@ -15,6 +15,18 @@ static int p_init(const ferry_host_v1* host, const char* key, const char* node,
   snprintf(err, errlen, "no widget present on this host");
   *ctx = NULL;
   return FERRY_ERR_NO_DEVICE;
+#elif defined(BROKEN_ERR_NO_NUL)
+  /* Fills the whole buffer, no terminator: the core must not read past it. */
+  for (size_t i = 0; i < errlen; ++i) err[i] = 'A';
+  *ctx = NULL;
+  return FERRY_ERR_NO_DEVICE;
+#elif defined(BROKEN_INIT_THROWS)
+  /* Built as C++ (throwing_plugin.cpp): an exception out of init, across the
+   * C ABI, which nothing may do - the core reports it and goes on. */
+  (void)err;
+  (void)errlen;
+  (void)ctx;
+  throw 42;
 #else
   (void)err;
   (void)errlen;
@@ -113,6 +125,12 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
 #elif defined(BROKEN_INIT_FAILS)
 FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
     OPS_BODY("initfail", sizeof(ferry_plugin_ops_v1), p_post);
+#elif defined(BROKEN_ERR_NO_NUL)
+FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
+    OPS_BODY("errnonul", sizeof(ferry_plugin_ops_v1), p_post);
+#elif defined(BROKEN_INIT_THROWS)
+extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
+    OPS_BODY("initthrows", sizeof(ferry_plugin_ops_v1), p_post);
 #else
 #error "define one BROKEN_* variant"
 #endif

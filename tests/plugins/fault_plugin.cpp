@@ -11,6 +11,8 @@
 //   fail_submit        post() refuses the transfer
 //   fail_complete      accept, then complete with FERRY_ERR_TRANSPORT
 //   hang               accept and never complete (until fini): the core's deadline must act
+//   lose               accept and never complete, not even at fini (an ABI breach):
+//                      the core must still end the transfer when the engine goes
 //   drop               accept, complete with "connection dropped" from another thread
 //   fail_first_n       the first N transfers fail at completion, later ones succeed
 //   notify_then_fail   copy, tell the target it landed, then report failure
@@ -51,6 +53,7 @@ enum class Mode {
   FAIL_SUBMIT,
   FAIL_COMPLETE,
   HANG,
+  LOSE,
   DROP,
   FAIL_FIRST_N,
   NOTIFY_THEN_FAIL,
@@ -112,6 +115,7 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
                                                        {"fail_submit", Mode::FAIL_SUBMIT},
                                                        {"fail_complete", Mode::FAIL_COMPLETE},
                                                        {"hang", Mode::HANG},
+                                                       {"lose", Mode::LOSE},
                                                        {"drop", Mode::DROP},
                                                        {"fail_first_n", Mode::FAIL_FIRST_N},
                                                        {"notify_then_fail", Mode::NOTIFY_THEN_FAIL},
@@ -252,6 +256,8 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       in->hung.push_back(x->xfer_ctx);
       return FERRY_OK;
     }
+    case Mode::LOSE:
+      return FERRY_OK;
     case Mode::DROP: {
       std::lock_guard<std::mutex> lk(in->mu);
       void* xc = x->xfer_ctx;
