@@ -235,7 +235,22 @@ TEST(Failover, ASecondCompletionOfOneTransferIsIgnored) {
   }
   EXPECT_EQ(rig.stats("fault").transfers, 3u);
   EXPECT_EQ(rig.stats("fault").failures, 0u);
+  EXPECT_EQ(rig.stats("fault").stray_completions, 3u);
   EXPECT_EQ(rig.stats("tcp").transfers, 0u);
+}
+
+// The second completion comes long after the transfer ended and its attempt
+// was freed (at the plugin's fini): ignored and counted, touching nothing of
+// the ended transfer (it used to read the freed attempt: ASan saw it).
+TEST(Failover, ACompletionLongAfterTheTransferEndedIsIgnored) {
+  Rig rig("complete_again_at_fini");
+  for (uint64_t i = 0; i < 3; ++i) {
+    TransferStatus st = rig.run(Op::WRITE, 50 + i);
+    ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+  }
+  ASSERT_TRUE(rig.ini->remove_backend("fault").ok());  // fini: the three late reports
+  EXPECT_EQ(rig.stats("fault").stray_completions, 3u);
+  EXPECT_EQ(rig.stats("fault").failures, 0u);
 }
 
 TEST(Failover, FailFirstNThenRecover) {

@@ -42,7 +42,7 @@ exec 4>"$dir/hold"
 # have run: the stats stay until fd 4 closes).
 # (fault's own counters, "plugin":{...}, sit between failures and quarantines.)
 want='"fault":{"bytes":0,"failovers":3,"failures":3,'
-want_q='"quarantines":1,"transfers":0}'
+want_q='"quarantines":1,"stray_completions":0,"transfers":0}'
 sample=
 for _ in $(seq 2000); do
   s=$("$cli" stats "$sock" --json 2>/dev/null) && sample=$s

@@ -39,6 +39,22 @@ std::shared_ptr<BackendCounters> BackendSet::counters_for(const std::string& nam
   return c;
 }
 
+void AttemptTable::put(uint64_t id, std::shared_ptr<Attempt> a) {
+  Shard& s = shard(id);
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.held[id] = std::move(a);
+}
+
+std::shared_ptr<Attempt> AttemptTable::take(uint64_t id) {
+  Shard& s = shard(id);
+  std::lock_guard<std::mutex> lk(s.mu);
+  auto it = s.held.find(id);
+  if (it == s.held.end()) return nullptr;
+  std::shared_ptr<Attempt> a = std::move(it->second);
+  s.held.erase(it);
+  return a;
+}
+
 std::map<std::string, BackendStats> BackendSet::counter_values() const {
   std::shared_lock lk(mu_);
   std::map<std::string, BackendStats> out;
@@ -49,6 +65,7 @@ std::map<std::string, BackendStats> BackendSet::counter_values() const {
     s.failures = c->failures;
     s.failovers = c->failovers;
     s.quarantines = c->quarantines;
+    s.stray_completions = c->stray_completions;
   }
   return out;
 }

@@ -4,12 +4,15 @@
 // Private state behind its own lock; callers get snapshots and keep a Backend
 // alive by its shared_ptr.
 #pragma once
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -25,7 +28,33 @@ class EngineImpl;
 
 struct BackendCounters {
   std::atomic<uint64_t> bytes{0}, transfers{0}, failures{0}, failovers{0}, quarantines{0};
+  // complete() calls for no attempt the plugin holds: a second completion of
+  // one transfer, or a context the core never gave it (an ABI breach).
+  std::atomic<uint64_t> stray_completions{0};
   TransferMetrics metrics;  // by op and size class, for /metrics
+};
+
+struct Attempt;
+
+// The attempts a plugin holds - posted, not completed yet - by the id it was
+// handed as xfer_ctx. complete() takes its attempt out of here: a second
+// completion of one transfer, one after the attempt ended, or a garbage
+// context finds nothing, and no freed memory is read (xfer_ctx used to be
+// the attempt's address, read again by a second complete() after the first
+// had freed it). Sharded: completions of different transfers rarely meet.
+class AttemptTable {
+ public:
+  void put(uint64_t id, std::shared_ptr<Attempt> a);
+  std::shared_ptr<Attempt> take(uint64_t id);
+
+ private:
+  static constexpr size_t kShards = 16;
+  struct Shard {
+    std::mutex mu;
+    std::unordered_map<uint64_t, std::shared_ptr<Attempt>> held;
+  };
+  Shard& shard(uint64_t id) { return shards_[(id ^ (id >> 17)) % kShards]; }
+  std::array<Shard, kShards> shards_;
 };
 
 // One loaded plugin instance in this engine.
@@ -40,6 +69,7 @@ struct Backend {
   ferry_host_v1 host{};  // host_ctx points at this Backend
   EngineImpl* engine = nullptr;
   std::shared_ptr<BackendCounters> counters;  // survive a remove / add of the name
+  AttemptTable attempts;                      // what the plugin holds (xfer_ctx -> attempt)
   DurationModel durations;                    // how long its recent transfers took, for waiters
   // Calls into the plugin hold `life` shared; removal holds it unique and sets
   // `removed`, so nothing reaches a plugin instance after fini().

@@ -64,11 +64,18 @@ int host_ctrl_try_send(void* hctx, const char* peer, const void* msg, size_t len
 
 void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
   auto* b = static_cast<Backend*>(hctx);
-  std::shared_ptr<Attempt> a = std::move(static_cast<Attempt*>(xfer_ctx)->plugin_ref);
-  if (!a) {  // taken already: a second complete() of one transfer (an ABI breach)
+  std::shared_ptr<Attempt> a;
+  try {
+    a = b->attempts.take(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(xfer_ctx)));
+  } catch (...) {
+  }
+  if (!a) {  // not held: a second complete() of one transfer, or a bad context (an ABI breach)
+    ++b->counters->stray_completions;
     try {
       log_line(LogLevel::ERROR, "core",
-               "plugin '" + b->name + "' completed one transfer twice; the second is ignored");
+               "plugin '" + b->name +
+                   "' completed a transfer it did not hold (a second completion, or a context "
+                   "it was never given); ignored");
     } catch (...) {
     }
     return;

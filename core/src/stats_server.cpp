@@ -64,7 +64,8 @@ std::string stats_to_json(const std::string& engine_key, const EngineStats& s) {
                {"transfers", c.transfers},
                {"failures", c.failures},
                {"failovers", c.failovers},
-               {"quarantines", c.quarantines}};
+               {"quarantines", c.quarantines},
+               {"stray_completions", c.stray_completions}};
     if (!c.detail.empty()) b[name]["detail"] = c.detail;
     if (!c.plugin.empty()) b[name]["plugin"] = c.plugin;
   }

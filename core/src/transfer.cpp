@@ -603,15 +603,16 @@ int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::stri
   x.attempt_id = a->id;
   x.n_pairs = static_cast<uint32_t>(pairs.size());
   x.pairs = pairs.empty() ? nullptr : pairs.data();
-  a->plugin_ref = a;
-  x.xfer_ctx = a.get();
+  // The plugin holds the attempt by its id (AttemptTable), never its address.
+  b->attempts.put(a->id, a);
+  x.xfer_ctx = reinterpret_cast<void*>(static_cast<uintptr_t>(a->id));
   char reason[256] = {};
   x.reason = reason;
   x.reason_len = sizeof reason;
   watchdog_.arm(a, attempt_deadline + reserve / 2);
   int rc = b->ops->post(b->ctx, &x);
   if (rc != FERRY_OK) {
-    a->plugin_ref.reset();
+    b->attempts.take(a->id);  // refused: the plugin holds nothing (a complete() after is stray)
     if (a->settled.exchange(true)) {
       // post() took longer than the attempt's watchdog time, which ended the
       // transfer (unknown) and closed the gate to the peer meanwhile. A

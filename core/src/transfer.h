@@ -146,12 +146,10 @@ struct Transfer final : StatusDriver, std::enable_shared_from_this<Transfer> {
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
-// One try of a transfer on one backend. The plugin holds a reference (the
-// xfer_ctx) until it calls complete(); the watchdog fires if it never does.
+// One try of a transfer on one backend. The plugin holds it by its id (the
+// xfer_ctx; the backend's AttemptTable keeps it alive) until it calls
+// complete(); the watchdog fires if it never does.
 struct Attempt : WatchItem, std::enable_shared_from_this<Attempt> {
-  // That reference: xfer_ctx is this attempt, kept alive by this member from
-  // post() until complete() takes it (no allocation of its own per attempt).
-  std::shared_ptr<Attempt> plugin_ref;
   TransferPtr transfer;
   BackendPtr backend;
   uint64_t id = 0;  // ferry_xfer_v1.attempt_id

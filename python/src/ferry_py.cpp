@@ -770,6 +770,7 @@ class PyEngine {
       d["failures"] = b.failures;
       d["failovers"] = b.failovers;
       d["quarantines"] = b.quarantines;
+      d["stray_completions"] = b.stray_completions;
       d["detail"] = b.detail;
       py::dict plugin;
       for (const auto& [k, v] : b.plugin) plugin[py::str(k)] = v;

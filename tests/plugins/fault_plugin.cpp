@@ -20,6 +20,9 @@
 //                      (ABI 1.6, a waiting thread) - or fail it at fini: no
 //                      thread of its own, so a transfer ends only if a waiter
 //                      drives it
+//   complete_again_at_fini  copy, complete, and complete it once more at fini
+//                      (long after the core ended it): the core must ignore
+//                      and count it, reading nothing of the ended transfer
 //   complete_twice     copy, then complete the transfer twice inside post()
 //                      with different outcomes (an ABI breach): the core
 //                      must keep the first and ignore the second
@@ -59,6 +62,7 @@ enum class Mode {
   NOTIFY_THEN_FAIL,
   DEFERRED,
   COMPLETE_TWICE,
+  COMPLETE_AGAIN_AT_FINI,
   REFUSE_LATE
 };
 
@@ -79,6 +83,7 @@ struct Instance {
   std::atomic<int> seen{0};
   std::mutex mu;
   std::vector<void*> hung;         // xfer_ctx of hung transfers, completed at fini
+  std::vector<void*> again;        // xfer_ctx of completed transfers, completed again at fini
   std::vector<Deferred> deferred;  // guarded by mu: reported by progress()
   std::atomic<uint64_t> progress_calls{0}, by_progress{0};
   // Posts that came with FERRY_XFER_MORE, and those without it (it claims
@@ -111,17 +116,19 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
   std::string mode = j.is_object() ? j.value("mode", "ok") : "?";
   in->n = j.is_object() ? j.value("n", 0) : 0;
   in->gate_fd = j.is_object() ? j.value("gate_fd", -1) : -1;
-  static const std::pair<const char*, Mode> modes[] = {{"ok", Mode::OK},
-                                                       {"fail_submit", Mode::FAIL_SUBMIT},
-                                                       {"fail_complete", Mode::FAIL_COMPLETE},
-                                                       {"hang", Mode::HANG},
-                                                       {"lose", Mode::LOSE},
-                                                       {"drop", Mode::DROP},
-                                                       {"fail_first_n", Mode::FAIL_FIRST_N},
-                                                       {"notify_then_fail", Mode::NOTIFY_THEN_FAIL},
-                                                       {"deferred", Mode::DEFERRED},
-                                                       {"complete_twice", Mode::COMPLETE_TWICE},
-                                                       {"refuse_late", Mode::REFUSE_LATE}};
+  static const std::pair<const char*, Mode> modes[] = {
+      {"ok", Mode::OK},
+      {"fail_submit", Mode::FAIL_SUBMIT},
+      {"fail_complete", Mode::FAIL_COMPLETE},
+      {"hang", Mode::HANG},
+      {"lose", Mode::LOSE},
+      {"drop", Mode::DROP},
+      {"fail_first_n", Mode::FAIL_FIRST_N},
+      {"notify_then_fail", Mode::NOTIFY_THEN_FAIL},
+      {"deferred", Mode::DEFERRED},
+      {"complete_twice", Mode::COMPLETE_TWICE},
+      {"complete_again_at_fini", Mode::COMPLETE_AGAIN_AT_FINI},
+      {"refuse_late", Mode::REFUSE_LATE}};
   bool found = false;
   for (const auto& [name, m] : modes)
     if (mode == name) {
@@ -142,6 +149,8 @@ void f_fini(void* ctx) {
   for (auto& t : in->threads) t.join();
   for (void* x : in->hung)
     in->host->complete(in->host->host_ctx, x, FERRY_ERR_BAD_STATE, "fault: shut down");
+  for (void* x : in->again)
+    in->host->complete(in->host->host_ctx, x, FERRY_ERR_TRANSPORT, "fault: a late second report");
   for (const Deferred& d : in->deferred)
     in->host->complete(in->host->host_ctx, d.xfer_ctx, FERRY_ERR_BAD_STATE,
                        "fault: shut down before a waiter reported it");
@@ -294,6 +303,15 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       in->host->complete(hc, x->xfer_ctx, FERRY_OK, nullptr);
       in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT, "fault: a second report");
       return FERRY_OK;
+    case Mode::COMPLETE_AGAIN_AT_FINI: {
+      if (!static_cast<Peer*>(x->peer)->same_process) break;  // refused below
+      copy(x);
+      notify_target(in, x);
+      in->host->complete(hc, x->xfer_ctx, FERRY_OK, nullptr);
+      std::lock_guard<std::mutex> lk(in->mu);
+      in->again.push_back(x->xfer_ctx);  // completed again at fini, long after it ended
+      return FERRY_OK;
+    }
     case Mode::OK:
       break;
   }

@@ -190,6 +190,7 @@ class Checker {
       idle_cpu_rule();
       peer_removal_rule();
       stopped_target_rules();
+      completion_rule();
     }
     engine_.reset();
     t_.stop();
@@ -486,6 +487,22 @@ class Checker {
         !s.Succeeded() && same, rule,
         std::string(s.Succeeded() ? "the WRITE succeeded" : code_text(s)) +
             (same ? ", bytes after the region unchanged" : ", BYTES AFTER THE REGION CHANGED"));
+  }
+
+  // complete() exactly once per accepted transfer (plugin.h): every call the
+  // core could not match to a transfer the plugin held - a second completion,
+  // or a context it was never given - was counted over all the rules above.
+  void completion_rule() {
+    const auto st = engine_->stats();
+    auto it = st.backends.find(f_.name);
+    if (it == st.backends.end())
+      return r_.fail("complete: exactly once per transfer", "no backend");
+    r_.check(it->second.stray_completions == 0, "complete: exactly once per transfer",
+             it->second.stray_completions == 0
+                 ? "no stray complete()"
+                 : std::to_string(it->second.stray_completions) +
+                       " complete() call(s) for no transfer the plugin held (a second "
+                       "completion, or a context it was never given)");
   }
 
   // ABI 1.5: what the live instance says reaches Engine::stats().

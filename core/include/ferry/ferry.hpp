@@ -242,6 +242,9 @@ struct BackendStats {
   uint64_t failures = 0;
   uint64_t failovers = 0;    // transfers re-run elsewhere after failing here
   uint64_t quarantines = 0;  // times a peer was quarantined on this backend
+  // complete() calls for no transfer the plugin held (a second completion,
+  // or a context it was never given): an ABI breach, ignored and counted.
+  uint64_t stray_completions = 0;
   // What the live plugin instance says (plugin ABI 1.5; empty for older plugins
   // or a backend no longer loaded): its describe() line and counters().
   std::string detail;
