@@ -55,6 +55,16 @@ std::shared_ptr<Attempt> AttemptTable::take(uint64_t id) {
   return a;
 }
 
+std::vector<std::shared_ptr<Attempt>> AttemptTable::take_all() {
+  std::vector<std::shared_ptr<Attempt>> out;
+  for (Shard& s : shards_) {
+    std::lock_guard<std::mutex> lk(s.mu);
+    for (auto& [id, a] : s.held) out.push_back(std::move(a));
+    s.held.clear();
+  }
+  return out;
+}
+
 std::map<std::string, BackendStats> BackendSet::counter_values() const {
   std::shared_lock lk(mu_);
   std::map<std::string, BackendStats> out;

@@ -46,6 +46,8 @@ class AttemptTable {
  public:
   void put(uint64_t id, std::shared_ptr<Attempt> a);
   std::shared_ptr<Attempt> take(uint64_t id);
+  // Everything still held (the backend was removed).
+  std::vector<std::shared_ptr<Attempt>> take_all();
 
  private:
   static constexpr size_t kShards = 16;

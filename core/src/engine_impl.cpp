@@ -262,6 +262,19 @@ Result EngineImpl::remove_backend(const std::string& name) {
   registry_.detach(b);
   b->ops->fini(b->ctx);  // completes whatever was still pending
   b->removed = true;
+  life.unlock();
+  // What its fini did not complete (a plugin's breach) is completed here, as
+  // fini should have: nothing of it can move any more. Left in the table, such
+  // an attempt and the backend would keep each other alive, and its transfer
+  // would end only by its deadline (or never, were the engine going away).
+  auto left = b->attempts.take_all();
+  if (!left.empty())
+    FERRY_LOG(ERROR, key_,
+              "backend '" + name + "': its fini returned without completing " +
+                  std::to_string(left.size()) + " transfer(s); they end now");
+  for (auto& a : left)
+    transfers_->complete(std::move(a), FERRY_ERR_BAD_STATE,
+                         "backend removed: its fini returned without completing this transfer");
   if (metadata_) metadata_->republish_self();
   return {};
 }
