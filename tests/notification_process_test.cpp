@@ -60,6 +60,14 @@ struct Rig {
     return out;
   }
 
+  // SIGSTOP, returning once the target is stopped (waitpid says so).
+  void stop_target() {
+    ASSERT_EQ(::kill(child.pid(), SIGSTOP), 0);
+    int wst = 0;
+    ASSERT_EQ(::waitpid(child.pid(), &wst, WUNTRACED), child.pid());
+    ASSERT_TRUE(WIFSTOPPED(wst));
+  }
+
   test::ChildProcess child;
   std::vector<uint8_t> src;
   std::unique_ptr<Engine> ini;
@@ -174,9 +182,7 @@ TEST(NotificationProcess, StoppedTargetEndsTheMessageByItsDeadlineAndNeverTwice)
   Rig rig(/*register_back=*/true, /*timeout=*/800ms);
   auto warm = rig.ini->send_notification("target", "before");
   ASSERT_EQ(warm.Wait(), StatusCode::SUCCESS) << warm.Message();
-  ASSERT_EQ(::kill(rig.child.pid(), SIGSTOP), 0);
-  int wst = 0;
-  ASSERT_EQ(::waitpid(rig.child.pid(), &wst, WUNTRACED), rig.child.pid());  // it is stopped now
+  ASSERT_NO_FATAL_FAILURE(rig.stop_target());
   const auto t0 = std::chrono::steady_clock::now();
   auto st = rig.ini->send_notification("target", "while stopped");
   ASSERT_TRUE(st.WaitFor(10s));
@@ -205,9 +211,7 @@ TEST(NotificationProcess, AnEngineDestroyedWhileAMessageWaitsForAStoppedPeerEnds
   Rig rig(/*register_back=*/true, /*timeout=*/20s);
   auto warm = rig.ini->send_notification("target", "before");
   ASSERT_EQ(warm.Wait(), StatusCode::SUCCESS) << warm.Message();
-  ASSERT_EQ(::kill(rig.child.pid(), SIGSTOP), 0);
-  int wst = 0;
-  ASSERT_EQ(::waitpid(rig.child.pid(), &wst, WUNTRACED), rig.child.pid());  // it is stopped now
+  ASSERT_NO_FATAL_FAILURE(rig.stop_target());
   auto st = rig.ini->send_notification("target", "while stopped");
   auto attached = rig.ini->write(rig.local, 0, rig.remote, 0, 4096, 7, false,
                                  std::string("attached while stopped"));

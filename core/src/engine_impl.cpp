@@ -181,8 +181,6 @@ EngineImpl::~EngineImpl() {
   // hold the lifecycle's destruction to its deadline: cut those waits (the
   // message ends unknown). After the backends: their farewells went out.
   control_->abort_waits();
-  // What a backend's fini left unfinished ends now, not never.
-  transfers_->end_unfinished();
   transfers_.reset();
   control_live_.store(nullptr, std::memory_order_release);
   control_.reset();
@@ -216,23 +214,13 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   b->engine = this;
   init_host_services(*b);
   std::string settings = settings_json.empty() ? policy_.settings_for(name) : settings_json;
-  char err[512] = {};
-  int rc = FERRY_ERR_BAD_STATE;
-  try {
-    rc = b->ops->init(&b->host, key_.c_str(), node_id_.c_str(), settings.c_str(), &b->ctx, err,
-                      sizeof err);
-  } catch (...) {
-    // Nothing may throw across the ABI: a plugin that does fails to start here
-    // rather than throwing out of add_backend into the application.
-    return {StatusCode::ERR_BAD_STATE, "backend '" + name +
-                                           "' failed to start: its init threw an exception "
-                                           "(nothing may throw across the plugin ABI)"};
-  }
-  err[sizeof err - 1] = '\0';  // a plugin that filled it without a terminator
+  std::string why;
+  int rc = init_plugin(b->ops, &b->host, key_.c_str(), node_id_.c_str(), settings.c_str(), &b->ctx,
+                       &why);
   if (rc != FERRY_OK)
-    return {rc == FERRY_ERR_INVALID_ARGS ? StatusCode::ERR_INVALID_ARGS : StatusCode::ERR_BAD_STATE,
-            "backend '" + name +
-                "' failed to start: " + (err[0] ? printable(err, 511) : plugin_error_name(rc))};
+    return {
+        rc == FERRY_ERR_INVALID_ARGS ? StatusCode::ERR_INVALID_ARGS : StatusCode::ERR_BAD_STATE,
+        "backend '" + name + "' failed to start: " + (why.empty() ? plugin_error_name(rc) : why)};
   std::vector<uint8_t> blob(FERRY_MAX_BLOB);
   size_t len = blob.size();
   try {

@@ -100,22 +100,10 @@ std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_d
       host.link_check = probe_link_check;
       host.gpu = gpu_runtime();  // so a GPU plugin can tell whether it would work here
       void* ctx = nullptr;
-      char err[512] = {};
-      // Nothing may throw across the ABI; a plugin that does is reported, not
-      // followed out of this function (ferry info would abort on it).
-      int rc = FERRY_ERR_BAD_STATE;
-      bool threw = false;
-      try {
-        rc = ops->init(&host, "ferry-info", "ferry-info", "{}", &ctx, err, sizeof err);
-      } catch (...) {
-        threw = true;
-      }
-      err[sizeof err - 1] = '\0';  // a plugin that filled it without a terminator
-      if (threw) {
-        info.error = "init threw an exception (nothing may throw across the plugin ABI)";
-      } else if (rc != FERRY_OK) {
-        info.error = std::string("init failed: ") +
-                     (err[0] ? printable(err, 511) : "error " + std::to_string(rc));
+      std::string why;
+      const int rc = init_plugin(ops, &host, "ferry-info", "ferry-info", "{}", &ctx, &why);
+      if (rc != FERRY_OK) {
+        info.error = "init failed: " + (why.empty() ? "error " + std::to_string(rc) : why);
       } else {
         info.loaded = true;
         try {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "ferry/plugin_kit.hpp"
+#include "log.h"
 
 namespace ferry {
 namespace {
@@ -140,6 +141,21 @@ PluginLoad load_plugin(const std::string& name, const std::vector<std::string>& 
   out.error = file + " not found (searched " + (searched.empty() ? "nothing" : searched) +
               "; set FERRY_PLUGIN_PATH)";
   return out;
+}
+
+int init_plugin(const ferry_plugin_ops_v1* ops, const ferry_host_v1* host, const char* key,
+                const char* node_id, const char* settings, void** ctx, std::string* why) {
+  char err[512] = {};
+  int rc = FERRY_ERR_BAD_STATE;
+  try {
+    rc = ops->init(host, key, node_id, settings, ctx, err, sizeof err);
+  } catch (...) {
+    *why = "its init threw an exception (nothing may throw across the plugin ABI)";
+    return FERRY_ERR_BAD_STATE;
+  }
+  err[sizeof err - 1] = '\0';  // a plugin that filled it without a terminator
+  *why = err[0] ? printable(err, sizeof err - 1) : std::string();
+  return rc;
 }
 
 }  // namespace ferry

@@ -36,4 +36,11 @@ PluginLoad load_plugin_file(const std::string& path, const std::string& expected
 // "libferry-tcp.so" -> "tcp"; empty when the file name does not fit the pattern.
 std::string plugin_name_from_file(const std::string& filename);
 
+// ops->init, as every caller must make it: nothing the plugin throws comes
+// out (nothing may cross the ABI), and its err is read only up to its last
+// byte and made printable. The plugin's code (FERRY_ERR_BAD_STATE when it
+// threw); *why the plugin's reason, or "" when it gave none.
+int init_plugin(const ferry_plugin_ops_v1* ops, const ferry_host_v1* host, const char* key,
+                const char* node_id, const char* settings, void** ctx, std::string* why);
+
 }  // namespace ferry

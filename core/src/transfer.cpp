@@ -110,16 +110,6 @@ void Attempt::on_deadline() {
                                 "no completion from the backend within the deadline");
 }
 
-void Attempt::on_shutdown() {
-  if (settled.exchange(true)) return;
-  by_watchdog = true;
-  transfer->owner->attempt_done(shared_from_this(), FERRY_ERR_TIMEOUT,
-                                "the engine shut down and the backend never completed it (its "
-                                "fini returned without completing it: a plugin's breach)");
-}
-
-void Transfers::end_unfinished() { watchdog_.fire_all(); }
-
 uint64_t Transfers::first_attempt_id() {
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::system_clock::now().time_since_epoch())

@@ -163,7 +163,6 @@ struct Attempt : WatchItem, std::enable_shared_from_this<Attempt> {
   std::atomic<int> gate_mark{kGateUntouched};
   uint64_t gate_token = 0;  // Fencer::close()'s, written before gate_mark says closed
   void on_deadline() override;
-  void on_shutdown() override;
   ~Attempt() override;
 };
 
@@ -217,9 +216,6 @@ class Transfers {
   void cancel(const TransferPtr& t);
   // New transfers fail at once from now on.
   void shut_down() { shutting_down_ = true; }
-  // After the backends are gone: every attempt or held transfer not ended yet
-  // ends now (Watchdog::fire_all).
-  void end_unfinished();
   // A peer was deregistered (park: WRITEs of unknown outcome stay pending for a
   // re-registration of the same instance) or replaced by a new instance
   // (forgotten).

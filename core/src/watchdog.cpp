@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "watchdog.h"
 
-#include <vector>
-
 namespace ferry {
 
 namespace {
@@ -71,21 +69,6 @@ void Watchdog::unlink_locked(WatchItem* item) {
     tail_ = item->prev_;
   item->prev_ = item->next_ = nullptr;
   item->linked_.store(false, std::memory_order_release);  // last: see WatchItem::linked_
-}
-
-void Watchdog::fire_all() {
-  std::vector<std::shared_ptr<WatchItem>> due;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (WatchItem* it = head_; it != nullptr;) {
-      WatchItem* next = it->next_;
-      auto keep = it->self_.lock();  // fails while the item is being destroyed
-      unlink_locked(it);
-      if (keep) due.push_back(std::move(keep));
-      it = next;
-    }
-  }
-  for (auto& item : due) item->on_shutdown();
 }
 
 void Watchdog::loop() {

@@ -26,9 +26,6 @@ class WatchItem {
   virtual ~WatchItem() = default;
   // Runs on the watchdog thread once the deadline passed, unless disarmed first.
   virtual void on_deadline() = 0;
-  // Runs instead, on the caller's thread, when the engine goes away first
-  // (Watchdog::fire_all).
-  virtual void on_shutdown() { on_deadline(); }
 
  private:
   friend class Watchdog;
@@ -52,11 +49,6 @@ class Watchdog {
   // Unlists the item (no lock when it is not listed: the completion unlisted
   // it before its destructor asks again).
   void disarm(WatchItem* item);
-  // The engine is going away and its backends are gone: every item still
-  // armed ends now (on_shutdown), whatever its deadline - a plugin whose fini
-  // returned without completing what it held would otherwise leave those
-  // transfers in progress for good, and a Wait() on them would never return.
-  void fire_all();
 
  private:
   void loop();

@@ -202,12 +202,9 @@ void IoPool::Finish(Handler* h) {
     epoll_ctl(epfd_, EPOLL_CTL_DEL, h->fd(), nullptr);
     auto it = handlers_.find(h);
     if (it == handlers_.end()) return;  // Stop took it
-    {
-      // Out of the watch list before it is deleted: the poller looks at
-      // watched handlers under watch_mu_ only.
-      std::lock_guard w(watch_mu_);
-      if (h->watched_) Unwatch(h);
-    }
+    // Out of the watch list before it is deleted: the poller looks at watched
+    // handlers under watch_mu_ only.
+    ForgetWatch(h);
     owned = std::move(it->second);
     handlers_.erase(it);
     if (h->stall_at_ns_.exchange(0) != 0) stalling_.fetch_sub(1);
@@ -259,14 +256,19 @@ bool IoPool::Turn(Handler* h, uint32_t events) {
 bool IoPool::TurnOwned(Handler* h, uint32_t events) {
   uint32_t next = 0;
   h->turns_.load(std::memory_order_acquire);  // after the re-arm or kick that gave us this turn
-  const auto began = std::chrono::steady_clock::now();
+  // Timed only where a poller may read it (RingWhileBusy): no clock reads on
+  // a pool that never polls.
+  const bool timed = spin_.count() > 0;
+  const auto began =
+      timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   try {
     next = h->OnEvents(events);
   } catch (...) {
     next = 0;  // a handler that cannot go on ends; its destructor cleans up
   }
-  h->last_turn_long_.store(std::chrono::steady_clock::now() - began > kLongTurn,
-                           std::memory_order_relaxed);
+  if (timed)
+    h->last_turn_long_.store(std::chrono::steady_clock::now() - began > kLongTurn,
+                             std::memory_order_relaxed);
   // After the turn, not before it: a hand-off's nudge that came as this turn
   // began was taken by it (a ring lane's Woken reads it); cleared before the
   // turn, the flag would keep the poller from looking at the lane again.
@@ -288,10 +290,7 @@ bool IoPool::TurnOwned(Handler* h, uint32_t events) {
     // Never armed again: ours to finish. Out of the watch list first, then the
     // turn taken back as any thread takes one - a poller may have taken it in
     // between (a watched handler), and its turn must end before Finish.
-    {
-      std::lock_guard w(watch_mu_);
-      if (h->watched_) Unwatch(h);
-    }
+    ForgetWatch(h);
     while (h->turning_.exchange(true, std::memory_order_acq_rel)) std::this_thread::yield();
   }
   Finish(h);
@@ -325,6 +324,11 @@ bool IoPool::UpdateWatch(Handler* h) {
     h->Unsleep();
   }
   return true;
+}
+
+void IoPool::ForgetWatch(Handler* h) {
+  std::lock_guard w(watch_mu_);
+  if (h->watched_) Unwatch(h);
 }
 
 void IoPool::Unwatch(Handler* h) {

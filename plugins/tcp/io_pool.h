@@ -31,16 +31,18 @@
 // and the handler withdraws the sleep it announced (Unsleep), so the peer's
 // next frame rings no bell; the polling thread looks at every watched handler
 // (Peek: shared indices, no system call) and gives the ready ones a turn -
-// the first itself, the others handed to the pool's threads (nudged), and
+// the first itself, the others handed to the pool's threads (nudged) - and
 // while it runs a turn that may be long (the handler's last was) the others
-// are rung as before (RingWhileBusy), so no lane waits behind such a turn. Watched handlers stay
-// armed in epoll, so their socket's events (the peer gone, a shutdown) still reach the pool. When
-// the poller stops, every watched handler announces its sleep again (SleepWatched) - or, where
-// bytes came meanwhile, is nudged - before the thread sleeps: an idle pool still costs no CPU, and
-// a frame that raced the end is never left unread. With poll_every_turn false only such turns make
-// a thread poll (a target that polls while the same engine's initiator side does not: the
-// initiator's waiting thread reads its answers itself, and a polling pool thread would take them
-// from it).
+// are rung as before (RingWhileBusy), so no lane waits behind such a turn.
+// Watched handlers stay armed in epoll, so their socket's events (the peer
+// gone, a shutdown) still reach the pool. When the poller stops, every
+// watched handler announces its sleep again (SleepWatched) - or, where bytes
+// came meanwhile, is nudged - before the thread sleeps: an idle pool still
+// costs no CPU, and a frame that raced the end is never left unread. With
+// poll_every_turn false only such turns make a thread poll (a target that
+// polls while the same engine's initiator side does not: the initiator's
+// waiting thread reads its answers itself, and a polling pool thread would
+// take them from it).
 #pragma once
 
 #include <atomic>
@@ -113,7 +115,7 @@ class IoPool {
     bool watched_ = false;
     size_t watch_index_ = 0;
     // The poller found it ready and nudged it for another pool thread: not
-    // looked at again until that turn begins (Turn clears it).
+    // looked at again until a turn of it has ended (TurnOwned clears it).
     std::atomic<bool> handed_{false};
     // Its last turn took longer than kLongTurn (RingWhileBusy).
     std::atomic<bool> last_turn_long_{false};
@@ -178,7 +180,8 @@ class IoPool {
   bool TurnOwned(Handler* h, uint32_t events);
   // After OnEvents, on the turn's thread: h into the watch list or out of it.
   bool UpdateWatch(Handler* h);
-  void Unwatch(Handler* h);  // watch_mu_ held
+  void Unwatch(Handler* h);      // watch_mu_ held
+  void ForgetWatch(Handler* h);  // Unwatch if watched, taking watch_mu_
   // The poller: turns for the watched handlers that have bytes. True if any.
   bool TurnWatchedReady();
   // The poller stops: every watched handler sleeps again, or gets a turn.

@@ -601,11 +601,7 @@ int Ring::WaitReadable(std::chrono::milliseconds timeout, int liveness_fd) {
   // From the published indices only: another thread may be reading (and
   // moving tail_) meanwhile. A hint, never an index: a lagging or corrupt
   // value only ends the wait early, and the next read decides.
-  auto ready = [&]() -> int {
-    if (ctl_->closed.load(std::memory_order_acquire) != kOpen) return 0;
-    const uint64_t head = ctl_->head.load(std::memory_order_seq_cst);
-    return head != ctl_->tail.load(std::memory_order_acquire) ? 0 : kNotYet;
-  };
+  auto ready = [&]() -> int { return PendingAnyThread() ? 0 : kNotYet; };
   if (ready() == 0) return 0;
   return Wait(ready, h_.data_bell, &ctl_->reader_sleeping, timeout, liveness_fd);
 }
