@@ -366,7 +366,8 @@ int Instance::Counters(char* buf, size_t len) {
       "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu,"
       "\"gpu_ring_frames\":%llu,\"gpu_ring_pins\":%llu,\"gpu_ring_pin_fails\":%llu,"
       "\"progress_frames\":%llu,\"sender_polls_caught\":%llu,"
-      "\"posts_by_waiters\":%llu,\"posts_by_flusher\":%llu,\"post_flusher_wakeups\":%llu,"
+      "\"posts_by_waiters\":%llu,\"posts_by_flusher\":%llu,\"post_flusher_wakeups\":%llu,\"post_"
+      "flusher_asleep\":%d,"
       "\"pool_turn_waits\":%llu,\"pool_watch_turns\":%llu}",
       peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
       static_cast<unsigned long long>(stages_.pinned_bytes()),
@@ -379,7 +380,7 @@ int Instance::Counters(char* buf, size_t len) {
       u(sender_polls_caught_) + static_cast<unsigned long long>(pool_.kicks_caught()),
       static_cast<unsigned long long>(posts_.by_waiters()),
       static_cast<unsigned long long>(posts_.by_flusher()),
-      static_cast<unsigned long long>(posts_.wakeups()),
+      static_cast<unsigned long long>(posts_.wakeups()), !PostQueueOn() || posts_.asleep() ? 1 : 0,
       static_cast<unsigned long long>(pool_.turn_waits()),
       static_cast<unsigned long long>(pool_.watch_turns()));
   return FERRY_OK;

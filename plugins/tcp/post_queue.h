@@ -69,7 +69,7 @@ class PostQueue {
   uint64_t by_flusher() const { return by_flusher_.load(std::memory_order_relaxed); }
   // Pushes that had to wake the flusher (it slept for good).
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
-  // The flusher sleeps until the next push (tests).
+  // The flusher sleeps until the next push (counters: post_flusher_asleep).
   bool asleep() const { return asleep_.load(std::memory_order_acquire); }
 
  private:

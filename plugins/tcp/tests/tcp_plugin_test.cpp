@@ -1523,7 +1523,15 @@ TEST(TcpResources, NoFdOrThreadLeftBehindAndIdleCostsNoCpu) {
       EXPECT_EQ(Transfer(a, FERRY_OP_READ, pb, src, remote, {{0, 1 << 30, 8}}).status,
                 FERRY_ERR_INVALID_ARGS);
       EXPECT_EQ(Counter(a, "ring_lanes_opened") > 0, stream != Stream::kTcp);
-      // Every plugin thread now blocks: a quiet stretch must cost (almost) no CPU.
+      // The post flusher ticks for 50 ms after the last post (docs/backends/tcp.md);
+      // once it sleeps, every plugin thread blocks, and a quiet stretch must cost
+      // (almost) no CPU.
+      for (Instance* e : {&a, &p.b}) {
+        const auto until = std::chrono::steady_clock::now() + 10s;
+        while (Counter(*e, "post_flusher_asleep") == 0 && std::chrono::steady_clock::now() < until)
+          std::this_thread::yield();
+        ASSERT_EQ(Counter(*e, "post_flusher_asleep"), 1u) << "the post flusher never slept";
+      }
       const double cpu_ms = CpuMsOver(300ms);
       EXPECT_LT(cpu_ms, 30.0) << "idle plugin threads are burning CPU";
       ops.mem_release(a.ctx(), remote);
