@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "child_process.h"
 #include "eventually.h"
 #include "ferry/ferry.hpp"
 #include "pattern.h"
@@ -463,16 +464,7 @@ TEST(Waits, ATransferABackendNeverCompletedEndsWhenTheEngineGoes) {
 
 // ---- the stats endpoint and `ferry stats` ---------------------------------------
 
-// Runs a command, returning its exit status and stdout.
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, out};
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  const int rc = pclose(p);
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
-}
+std::pair<int, std::string> run(const std::string& cmd) { return test::run_command(cmd); }
 
 // backends.<name>.<key> of a stats document, -1 when absent.
 long long field(const std::string& json, const std::string& name, const std::string& key) {

@@ -199,8 +199,25 @@ check_info() {
   fi
 }
 
+# The installed ferry-plugin-check finds a plugin by name where the installed
+# core looks (<prefix>/lib/ferry/plugins), not in the build it was made from.
+check_by_name() {
+  step "ferry-plugin-check by name finds the prefix's tcp"
+  local log="$LOGS/check-by-name.log"
+  env -u FERRY_PLUGIN_PATH "$PREFIX/bin/ferry-plugin-check" --quick tcp >"$log" 2>&1
+  local first
+  first=$(head -1 "$log")
+  if [[ "$first" =~ ^ferry-plugin-check:\ $PREFIX/(.*/)?lib/ferry/plugins/libferry-tcp.so ]]; then
+    ok "$first"
+  else
+    show "$log"
+    fail "the installed ferry-plugin-check did not take tcp from $PREFIX"
+  fi
+}
+
 if build_plugin; then
   check_info
+  check_by_name
 else
   echo "   (skipping ferry info: the plugin did not build)"
 fi

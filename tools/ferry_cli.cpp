@@ -34,7 +34,7 @@ int cmd_info(const InfoArgs& args) {
   const auto& dirs = args.dirs;
   if (args.json) {  // one object per plugin found, for scripts (scripts/ci_summary.py)
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& p : discover_plugins(dirs))
+    for (const auto& p : discover_plugins(dirs, ProbeIn::CHILD_PROCESS))
       out.push_back({{"name", p.name},
                      {"path", p.path},
                      {"loaded", p.loaded},
@@ -42,7 +42,8 @@ int cmd_info(const InfoArgs& args) {
                      {"version", p.version},
                      {"abi", std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor)},
                      {"caps", caps_to_string(p.caps)},
-                     {"description", p.description}});
+                     {"description", p.description},
+                     {"warning", p.warning}});
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
@@ -50,7 +51,9 @@ int cmd_info(const InfoArgs& args) {
               FERRY_PLUGIN_ABI_MINOR);
   std::printf("search path:");
   for (const auto& d : plugin_search_dirs(dirs)) std::printf(" %s", d.c_str());
-  auto infos = discover_plugins(dirs);
+  // Each plugin starts in a child process: one that crashes or hangs there is
+  // reported, and the listing goes on.
+  auto infos = discover_plugins(dirs, ProbeIn::CHILD_PROCESS);
   std::printf("\n%s", infos.empty() ? "no plugin found (set FERRY_PLUGIN_PATH)\n" : "");
   for (const auto& p : infos) {
     if (p.loaded) {
@@ -58,6 +61,7 @@ int cmd_info(const InfoArgs& args) {
                   p.version.c_str(), p.abi_major, p.abi_minor, caps_to_string(p.caps).c_str(),
                   p.path.c_str());
       if (!p.description.empty()) std::printf("         %s\n", p.description.c_str());
+      if (!p.warning.empty()) std::printf("         warning: %s\n", p.warning.c_str());
     } else {
       std::printf("  %-6s FAILED   %s\n         %s\n", p.name.c_str(), p.error.c_str(),
                   p.path.c_str());
@@ -92,7 +96,7 @@ int cmd_policy(PolicyArgs& args) {
   }
   RouteInputs& in = args.in;
   // Explain against the plugins this host can load, assuming the peer offers the same.
-  for (const auto& p : discover_plugins(pol.plugin_dirs))
+  for (const auto& p : discover_plugins(pol.plugin_dirs, ProbeIn::CHILD_PROCESS))
     if (p.loaded) in.loaded.emplace_back(p.name, p.caps);
   RouteDecision d = route(pol, in);
   std::printf("transfer: %s %s -> %s, %llu bytes, peer '%s' (%s host)\n",

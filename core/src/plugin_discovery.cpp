@@ -11,6 +11,7 @@
 #include "gpu_runtime.h"
 #include "log.h"
 #include "plugin_loader.h"
+#include "plugin_probe_child.h"
 
 namespace ferry {
 
@@ -57,7 +58,62 @@ std::string caps_to_string(uint64_t caps) {
   return s;
 }
 
-std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_dirs) {
+namespace {
+
+// Loads one plugin file and starts it once with empty settings, in this process.
+PluginInfo probe_here(PluginInfo info, const ProbeReport& report) {
+  PluginLoad load = load_plugin_file(info.path, info.name);
+  if (!load.lib) {
+    info.error = load.error;
+    return info;
+  }
+  const ferry_plugin_ops_v1* ops = load.lib->ops;
+  info.abi_major = FERRY_PLUGIN_ABI_MAJOR;
+  info.abi_minor = ops->abi_minor;
+  info.version = ops->version ? ops->version : "";
+  info.caps = ops->caps;
+  info.warning = load.warning;
+  ferry_host_v1 host{};
+  host.struct_size = sizeof host;
+  host.log = probe_log;
+  host.now_ns = probe_now;
+  host.ctrl_send = probe_ctrl;
+  host.ctrl_try_send = probe_ctrl;
+  host.complete = probe_complete;
+  host.inbound = probe_inbound;
+  host.link_prove = probe_link_prove;
+  host.link_check = probe_link_check;
+  report(info);              // what the table says, should init, describe or fini crash
+  host.gpu = gpu_runtime();  // so a GPU plugin can tell whether it would work here
+  void* ctx = nullptr;
+  std::string why;
+  const int rc = init_plugin(ops, &host, "ferry-info", "ferry-info", "{}", &ctx, &why);
+  if (rc != FERRY_OK) {
+    info.error = "init failed: " + (why.empty() ? "error " + std::to_string(rc) : why);
+    return info;
+  }
+  info.loaded = true;
+  report(info);
+  try {
+    if (FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, describe) && ops->describe) {
+      char desc[1024] = {};
+      if (ops->describe(ctx, desc, sizeof desc) == FERRY_OK) {
+        desc[sizeof desc - 1] = '\0';
+        info.description = printable(desc, 1023);
+      }
+    }
+    ops->fini(ctx);
+  } catch (...) {
+    info.loaded = false;
+    info.error = "describe or fini threw an exception (nothing may throw across the plugin ABI)";
+  }
+  return info;
+}
+
+}  // namespace
+
+std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_dirs,
+                                         ProbeIn where) {
   std::vector<PluginInfo> out;
   std::set<std::string> seen;
   for (const auto& dir : plugin_search_dirs(extra_dirs)) {
@@ -77,51 +133,8 @@ std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_d
         out.push_back(info);
         continue;
       }
-      PluginLoad load = load_plugin_file(info.path, info.name);
-      if (!load.lib) {
-        info.error = load.error;
-        out.push_back(info);
-        continue;
-      }
-      const ferry_plugin_ops_v1* ops = load.lib->ops;
-      info.abi_major = FERRY_PLUGIN_ABI_MAJOR;
-      info.abi_minor = ops->abi_minor;
-      info.version = ops->version ? ops->version : "";
-      info.caps = ops->caps;
-      ferry_host_v1 host{};
-      host.struct_size = sizeof host;
-      host.log = probe_log;
-      host.now_ns = probe_now;
-      host.ctrl_send = probe_ctrl;
-      host.ctrl_try_send = probe_ctrl;
-      host.complete = probe_complete;
-      host.inbound = probe_inbound;
-      host.link_prove = probe_link_prove;
-      host.link_check = probe_link_check;
-      host.gpu = gpu_runtime();  // so a GPU plugin can tell whether it would work here
-      void* ctx = nullptr;
-      std::string why;
-      const int rc = init_plugin(ops, &host, "ferry-info", "ferry-info", "{}", &ctx, &why);
-      if (rc != FERRY_OK) {
-        info.error = "init failed: " + (why.empty() ? "error " + std::to_string(rc) : why);
-      } else {
-        info.loaded = true;
-        try {
-          if (FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, describe) && ops->describe) {
-            char desc[1024] = {};
-            if (ops->describe(ctx, desc, sizeof desc) == FERRY_OK) {
-              desc[sizeof desc - 1] = '\0';
-              info.description = printable(desc, 1023);
-            }
-          }
-          ops->fini(ctx);
-        } catch (...) {
-          info.loaded = false;
-          info.error =
-              "describe or fini threw an exception (nothing may throw across the plugin ABI)";
-        }
-      }
-      out.push_back(info);
+      out.push_back(where == ProbeIn::CHILD_PROCESS ? probe_in_child(info, probe_here)
+                                                    : probe_here(info, [](const PluginInfo&) {}));
     }
   }
   return out;

@@ -17,8 +17,9 @@
 namespace ferry {
 namespace {
 
-// Smallest ops table of ABI 1.0: everything up to and including on_ctrl.
-constexpr size_t kMinOpsSize = offsetof(ferry_plugin_ops_v1, on_ctrl) + sizeof(void*);
+// Smallest ops table of ABI 1.0: every 1.0 field, describe included (what
+// plugin.h and ferry-plugin-check say; the loader once took 8 bytes less).
+constexpr size_t kMinOpsSize = plugin_kit::kOpsSizeV10;
 
 std::string dir_of_this_library() {
   Dl_info info{};
@@ -116,6 +117,9 @@ PluginLoad load_plugin_file(const std::string& path, const std::string& expected
     dlclose(h);
     return out;
   }
+  // Safe to use (nothing past struct_size is read) but not built as it says.
+  out.warning = plugin_kit::OpsSizeVersusMinor(*ops);
+  if (!out.warning.empty()) FERRY_LOG(WARN, "plugin", path + ": " + out.warning);
   auto lib = std::make_shared<PluginLibrary>();
   lib->name = ops->name;
   lib->path = path;

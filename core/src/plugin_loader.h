@@ -22,6 +22,7 @@ struct PluginLibrary {
 struct PluginLoad {
   std::shared_ptr<PluginLibrary> lib;  // null on failure
   std::string error;                   // why it could not be used
+  std::string warning;                 // loaded, but its table disagrees with its abi_minor
 };
 
 // FERRY_PLUGIN_PATH (colon list), then `configured`, then <dir of libferry.so>/ferry/plugins.

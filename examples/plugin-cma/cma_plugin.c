@@ -34,8 +34,8 @@
 #include "cma_blob.h"
 #include "ferry/plugin.h"
 
-#ifndef CMA_PLUGIN_NAME /* tests/plugins builds a copy named cma11 against plugin.h 1.1 */
-#define CMA_PLUGIN_NAME "cma"
+#ifndef CMA_PLUGIN_NAME       /* tests/plugins builds a copy named cma11 against plugin.h 1.1 */
+#define CMA_PLUGIN_NAME "cma" /* also the prefix of init's error messages */
 #endif
 #define CMA_PLUGIN_VERSION "0.1.0"
 
@@ -285,34 +285,35 @@ static int cma_init(const ferry_host_v1* host, const char* engine_key, const cha
   if (ctx == NULL) return FERRY_ERR_INVALID_ARGS;
   *ctx = NULL;
   if (host == NULL || !FERRY_HAS_FIELD(ferry_host_v1, host, complete) || host->complete == NULL) {
-    set_err(err, errlen, "cma: host services table is missing or lacks complete()");
+    set_err(err, errlen, CMA_PLUGIN_NAME ": host services table is missing or lacks complete()");
     return FERRY_ERR_INVALID_ARGS;
   }
   if (node_id == NULL || (node_len = strlen(node_id)) == 0 || node_len > CMA_MAX_NODE_ID) {
-    set_err(err, errlen, "cma: node id must be 1..1024 bytes");
+    set_err(err, errlen, CMA_PLUGIN_NAME ": node id must be 1..1024 bytes");
     return FERRY_ERR_INVALID_ARGS;
   }
   if (!settings_are_empty(settings_json)) {
-    set_err(err, errlen, "cma: this backend takes no settings (expected {} or nothing)");
+    set_err(err, errlen,
+            CMA_PLUGIN_NAME ": this backend takes no settings (expected {} or nothing)");
     return FERRY_ERR_INVALID_ARGS;
   }
   inst = (cma_instance*)calloc(1, sizeof *inst);
   if (inst == NULL) {
-    set_err(err, errlen, "cma: out of memory");
+    set_err(err, errlen, CMA_PLUGIN_NAME ": out of memory");
     return FERRY_ERR_NO_MEMORY;
   }
   inst->node_id = cma_strndup(node_id, node_len);
   if (inst->node_id == NULL || pthread_mutex_init(&inst->mu, NULL) != 0) {
     free(inst->node_id);
     free(inst);
-    set_err(err, errlen, "cma: out of memory");
+    set_err(err, errlen, CMA_PLUGIN_NAME ": out of memory");
     return FERRY_ERR_NO_MEMORY;
   }
   if (pthread_cond_init(&inst->idle, NULL) != 0) {
     pthread_mutex_destroy(&inst->mu);
     free(inst->node_id);
     free(inst);
-    set_err(err, errlen, "cma: out of memory");
+    set_err(err, errlen, CMA_PLUGIN_NAME ": out of memory");
     return FERRY_ERR_NO_MEMORY;
   }
   inst->host = host;

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Deliberately broken plugins for the loader tests, one per BROKEN_* define.
  * Written in C99 against plugin.h alone, which also proves the header is C. */
+#include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "ferry/plugin.h"
@@ -20,6 +22,13 @@ static int p_init(const ferry_host_v1* host, const char* key, const char* node,
   for (size_t i = 0; i < errlen; ++i) err[i] = 'A';
   *ctx = NULL;
   return FERRY_ERR_NO_DEVICE;
+#elif defined(BROKEN_INIT_CRASHES)
+  /* As a segfaulting init ends: `ferry info` probes in a child and goes on. */
+  (void)err;
+  (void)errlen;
+  (void)ctx;
+  raise(SIGSEGV);
+  return FERRY_ERR_BAD_STATE;
 #elif defined(BROKEN_INIT_THROWS)
   /* Built as C++ (throwing_plugin.cpp): an exception out of init, across the
    * C ABI, which nothing may do - the core reports it and goes on. */
@@ -128,6 +137,14 @@ FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
 #elif defined(BROKEN_ERR_NO_NUL)
 FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
     OPS_BODY("errnonul", sizeof(ferry_plugin_ops_v1), p_post);
+#elif defined(BROKEN_INIT_CRASHES)
+FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
+    OPS_BODY("initcrash", sizeof(ferry_plugin_ops_v1), p_post);
+#elif defined(BROKEN_SIZE_MINOR)
+/* Loads (nothing past its 1.0 table is read), but says a minor whose table is
+ * longer: the loader warns, ferry-plugin-check fails it. */
+FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
+    OPS_BODY("sizeminor", offsetof(ferry_plugin_ops_v1, describe) + sizeof(void*), p_post);
 #elif defined(BROKEN_INIT_THROWS)
 extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 =
     OPS_BODY("initthrows", sizeof(ferry_plugin_ops_v1), p_post);

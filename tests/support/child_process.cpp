@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <stdexcept>
 
 namespace ferry::test {
@@ -89,6 +90,16 @@ std::string ChildProcess::read_line(int timeout_ms) {
 std::string ChildProcess::ask(const std::string& line, int timeout_ms) {
   send_line(line);
   return read_line(timeout_ms);
+}
+
+std::pair<int, std::string> run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, out};
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int rc = ::pclose(p);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
 }
 
 }  // namespace ferry::test

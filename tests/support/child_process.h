@@ -2,6 +2,7 @@
 // A helper process started with fork+exec, spoken to by lines on stdin/stdout.
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ferry::test {
@@ -28,5 +29,9 @@ class ChildProcess {
   int from_child_ = -1;
   std::string buf_;
 };
+
+// Runs a shell command; its exit status (-1 when it did not exit) and its
+// stdout and stderr together.
+std::pair<int, std::string> run_command(const std::string& cmd);
 
 }  // namespace ferry::test

@@ -15,11 +15,6 @@
 namespace ferry::plugin_check {
 namespace {
 
-template <typename T>
-constexpr size_t end_of(size_t offset) {
-  return offset + sizeof(T);
-}
-
 // The host table as a core of ABI 1.0 passed it: log, now_ns, ctrl_send,
 // complete, inbound, and nothing after.
 ferry_host_v1 oldest_host() {
@@ -78,7 +73,7 @@ bool run_abi_rules(const std::string& path, const std::string& settings_json, Re
     return false;
   }
   // The 1.0 table ends with describe; a shorter one cannot be a plugin.
-  const size_t v10 = end_of<decltype(ops->describe)>(offsetof(ferry_plugin_ops_v1, describe));
+  const size_t v10 = plugin_kit::kOpsSizeV10;
   if (!r.check(ops->struct_size >= v10 && ops->struct_size % 8 == 0, "abi: struct_size",
                std::to_string(ops->struct_size) + " bytes (1.0 needs " + std::to_string(v10) +
                    ", this header " + std::to_string(sizeof(ferry_plugin_ops_v1)) + ")")) {
@@ -88,16 +83,13 @@ bool run_abi_rules(const std::string& path, const std::string& settings_json, Re
   r.check(ops->abi_minor <= FERRY_PLUGIN_ABI_MINOR, "abi: abi_minor",
           "1." + std::to_string(ops->abi_minor) + " (this core serves 1." +
               std::to_string(FERRY_PLUGIN_ABI_MINOR) + ")");
-  // A table longer than its minor says means a field was added out of order.
+  // A table longer or shorter than its minor says was not built from that header.
   const bool covers_fence = FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, fence);
   const bool covers_counters = FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, counters);
   const bool covers_progress = FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, progress);
-  std::string size_vs_minor;
-  if (covers_fence && ops->abi_minor < 2) size_vs_minor = "covers fence (1.2) but says 1.";
-  if (covers_counters && ops->abi_minor < 5) size_vs_minor = "covers counters (1.5) but says 1.";
-  if (covers_progress && ops->abi_minor < 6) size_vs_minor = "covers progress (1.6) but says 1.";
+  const std::string size_vs_minor = plugin_kit::OpsSizeVersusMinor(*ops);
   r.check(size_vs_minor.empty(), "abi: struct_size matches abi_minor",
-          size_vs_minor.empty() ? "yes" : size_vs_minor + std::to_string(ops->abi_minor));
+          size_vs_minor.empty() ? "yes" : size_vs_minor);
   const std::string expected = plugin_kit::PluginNameFromFile(path);
   r.check(ops->name != nullptr && expected == ops->name, "abi: name matches the file",
           std::string("'") + (ops->name ? ops->name : "(null)") + "' in " + path);

@@ -5,8 +5,8 @@
 //
 //   ferry-plugin-check [--settings JSON] [--gpu] [--quick] PLUGIN
 //
-// PLUGIN is a path to libferry-<name>.so or a name found on FERRY_PLUGIN_PATH
-// and in the installed plugin folder.
+// PLUGIN is a path to libferry-<name>.so or a name found where the core
+// looks: FERRY_PLUGIN_PATH, then <folder of libferry.so>/ferry/plugins.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +19,7 @@
 #include "abi_rules.h"
 #include "engine_rules.h"
 #include "ferry/plugin.h"
+#include "plugin_loader.h"
 
 namespace {
 
@@ -30,23 +31,15 @@ std::string self_exe() {
 
 bool is_file(const std::string& p) { return ::access(p.c_str(), R_OK) == 0; }
 
-// A name: FERRY_PLUGIN_PATH first, then where this build or install keeps plugins.
-std::string find_plugin(const std::string& arg) {
+// A name: where the core itself looks (FERRY_PLUGIN_PATH, then the plugin
+// folder beside the libferry.so this program runs with), so an installed copy
+// finds its own prefix's plugins and a build tree's copy the build's.
+std::string find_plugin(const std::string& arg, std::string* searched) {
   if (arg.find('/') != std::string::npos) return is_file(arg) ? arg : std::string();
-  std::vector<std::string> dirs;
-  if (const char* env = std::getenv("FERRY_PLUGIN_PATH")) {
-    std::string s = env;
-    for (size_t i = 0; i <= s.size();) {
-      size_t j = s.find(':', i);
-      if (j == std::string::npos) j = s.size();
-      if (j > i) dirs.push_back(s.substr(i, j - i));
-      i = j + 1;
-    }
-  }
-  dirs.push_back(FERRY_CHECK_INSTALLED_PLUGIN_DIR);
-  dirs.push_back(FERRY_CHECK_BUILD_PLUGIN_DIR);
-  for (const auto& d : dirs)
+  for (const auto& d : ferry::plugin_search_dirs({})) {
     if (std::string p = d + "/libferry-" + arg + ".so"; is_file(p)) return p;
+    *searched += (searched->empty() ? "" : ", ") + d;
+  }
   return {};
 }
 
@@ -80,12 +73,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ferry-plugin-check: name a plugin (--help)\n");
     return 2;
   }
-  const std::string path = find_plugin(plugin);
+  std::string searched;
+  const std::string path = find_plugin(plugin, &searched);
   if (path.empty()) {
-    std::fprintf(stderr,
-                 "ferry-plugin-check: no plugin '%s' (a path, or a name on "
-                 "FERRY_PLUGIN_PATH or in " FERRY_CHECK_INSTALLED_PLUGIN_DIR ")\n",
-                 plugin.c_str());
+    std::fprintf(
+        stderr, "ferry-plugin-check: no plugin '%s': not a file, and no libferry-%s.so in %s\n",
+        plugin.c_str(), plugin.c_str(), searched.empty() ? "any folder" : searched.c_str());
     return 2;
   }
   std::printf("ferry-plugin-check: %s (plugin ABI %d.%d)\n", path.c_str(), FERRY_PLUGIN_ABI_MAJOR,

@@ -524,8 +524,17 @@ struct PluginInfo {
   uint32_t abi_major = 0, abi_minor = 0;
   uint64_t caps = 0;
   std::string description;  // the plugin's describe() line, when it has one
+  std::string warning;      // loaded, but its ops table's size disagrees with its abi_minor
 };
-std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_dirs = {});
+// Where discover_plugins starts each plugin (init, describe, fini). In this
+// process, a plugin that crashes or hangs there takes the caller with it. In a
+// child process (one fork per plugin), that is reported as the plugin's error,
+// and a probe that has not ended within 30 s is killed; for callers with no
+// other threads and no GPU context yet, such as the `ferry` tool (a child of a
+// process that initialised CUDA cannot use CUDA).
+enum class ProbeIn { THIS_PROCESS, CHILD_PROCESS };
+std::vector<PluginInfo> discover_plugins(const std::vector<std::string>& extra_dirs = {},
+                                         ProbeIn where = ProbeIn::THIS_PROCESS);
 std::string caps_to_string(uint64_t caps);
 
 }  // namespace ferry

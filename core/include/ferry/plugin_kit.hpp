@@ -56,6 +56,7 @@
 
 #include <concepts>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -242,6 +243,39 @@ inline std::string PluginNameFromFile(const std::string& path) {
 }
 
 // ---- the table -------------------------------------------------------------------
+
+// The smallest ops table of ABI 1.0: every 1.0 field, describe included (a
+// table built from any plugin.h is at least this long).
+inline constexpr size_t kOpsSizeV10 =
+    offsetof(ferry_plugin_ops_v1, describe) + sizeof(ferry_plugin_ops_v1::describe);
+
+// Whether the table's length agrees with the minor it states: "" when it does,
+// else what is wrong. Readers stay safe either way (a field is used only where
+// struct_size covers it); a mismatch means the table was not built from the
+// header of that minor. The core's loader warns, ferry-plugin-check fails it.
+inline std::string OpsSizeVersusMinor(const ferry_plugin_ops_v1& ops) {
+  struct Added {
+    uint32_t minor;
+    size_t end;  // the table's length once this minor's last field is in
+    const char* field;
+  };
+  static constexpr Added added[] = {
+      {2, offsetof(ferry_plugin_ops_v1, fence) + sizeof(ferry_plugin_ops_v1::fence), "fence"},
+      {5, offsetof(ferry_plugin_ops_v1, counters) + sizeof(ferry_plugin_ops_v1::counters),
+       "counters"},
+      {6, offsetof(ferry_plugin_ops_v1, progress) + sizeof(ferry_plugin_ops_v1::progress),
+       "progress"}};
+  const std::string says = "states ABI 1." + std::to_string(ops.abi_minor);
+  for (const Added& a : added) {
+    if (ops.abi_minor >= a.minor && ops.struct_size < a.end)
+      return says + " but its " + std::to_string(ops.struct_size) + "-byte table ends before " +
+             a.field + " (1." + std::to_string(a.minor) + ", " + std::to_string(a.end) + " bytes)";
+    if (ops.abi_minor < a.minor && ops.struct_size >= a.end)
+      return says + " but its " + std::to_string(ops.struct_size) + "-byte table covers " +
+             a.field + ", added in 1." + std::to_string(a.minor);
+  }
+  return {};
+}
 
 // The first required function (ABI 1.0: init .. on_ctrl) that is NULL, or
 // nullptr when all are there: what the core's loader and ferry-plugin-check refuse.
