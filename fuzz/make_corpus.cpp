@@ -10,8 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "cma_blob.h"
 #include "control_frame.h"
 #include "ferry/ferry.hpp"
+#include "ofi/blob.h"
+#include "rdma/wire.h"
 #include "wire.h"
 #include "xgmi_blob.h"
 
@@ -203,6 +206,74 @@ void xgmi() {
   put("xgmi_wire", "landed", ferry_xgmi::EncodeLanded(uids, 3));
 }
 
+void rdma() {
+  namespace w = ferry_rdma::wire;
+  w::PortInfo p;
+  p.name = "rxe0";
+  p.link_layer = 2;
+  p.active_mtu = 3;
+  p.gid_index = 1;
+  for (size_t i = 0; i < sizeof p.gid; ++i) p.gid[i] = static_cast<uint8_t>(0xfe - i);
+  w::PortInfo q = p;
+  q.name = "mlx5_1";
+  q.port = 2;
+  q.numa_node = 1;
+  put("rdma_wire", "conn_info", w::EncodeConnInfo({0x1122334455667788ull, {p, q}}));
+  put("rdma_wire", "mem_info", w::EncodeMemInfo({0x7f0000000000, 1 << 20, 1, {0x1234, 0x5678}}));
+  w::ConnectMsg req;
+  req.conn_id = 7;
+  req.target_nonce = 0x99;
+  req.mtu = 3;
+  req.rd_atomic = 16;
+  req.qps = {{0x11, 0x22}, {0x33, 0x44}};
+  put("rdma_wire", "connect_req", w::EncodeConnectMsg(req));
+  w::ConnectMsg rep = req;
+  rep.type = w::MsgType::kConnectRep;
+  put("rdma_wire", "connect_rep", w::EncodeConnectMsg(rep));
+  w::ConnectMsg nak;
+  nak.type = w::MsgType::kConnectNak;
+  nak.conn_id = 7;
+  nak.reason = "no such port";
+  put("rdma_wire", "connect_nak", w::EncodeConnectMsg(nak));
+  w::ConnectMsg bye;
+  bye.type = w::MsgType::kDisconnect;
+  bye.conn_id = 7;
+  put("rdma_wire", "disconnect", w::EncodeConnectMsg(bye));
+  uint8_t n[w::kNotifySize];
+  w::EncodeNotify(42, n);
+  put("rdma_wire", "notify", Bytes(n, n + sizeof n));
+}
+
+void ofi() {
+  namespace b = ferry_ofi::blob;
+  b::ConnInfo c;
+  c.eps.push_back({"shm", "/ferry-doorbell-1", 5, Bytes{'f', 'i', '_', 's', 'h', 'm', 0}});
+  c.eps.push_back({"tcp;ofi_rxm", "", 2, Bytes(16, 0x7f)});
+  put("ofi_blob", "conn", b::EncodeConn(c));
+  b::MemInfo m;
+  m.id = 3;
+  m.size = 1 << 20;
+  m.keys.push_back({"shm", 0x7f0000000000, false, Bytes(8, 0x42)});
+  m.keys.push_back({"tcp;ofi_rxm", 0, true, Bytes(24, 0x17)});
+  put("ofi_blob", "mem", b::EncodeMem(m));
+  b::MemInfo gpu;
+  gpu.id = 4;
+  gpu.size = 4096;
+  gpu.gpu_local_only = true;
+  put("ofi_blob", "mem_gpu_local_only", b::EncodeMem(gpu));
+}
+
+void cma() {
+  const char node[] = "node-a";
+  cma_conn c{4242, 123456789, 4026531836ull, node, sizeof node - 1};
+  Bytes conn(cma_conn_blob_len(c.node_len));
+  cma_conn_encode(conn.data(), conn.size(), &c);
+  put("cma_blob", "conn", conn);
+  Bytes mem(CMA_MEM_BLOB_LEN);
+  cma_mem_encode(mem.data(), 9, 0x7f0000001000, 1 << 20);
+  put("cma_blob", "mem", mem);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,5 +287,8 @@ int main(int argc, char** argv) {
   descriptors();
   policy();
   xgmi();
+  rdma();
+  ofi();
+  cma();
   return 0;
 }

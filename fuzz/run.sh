@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 arg=${1:?usage: fuzz/run.sh DURATION [TARGET...] | corpus}
 shift || true
 jobs=${FERRY_JOBS:-$(nproc)}
-all=(ctrl_frame tcp_wire descriptors policy etcd_json xgmi_wire)
+all=(ctrl_frame tcp_wire descriptors policy etcd_json xgmi_wire rdma_wire ofi_blob cma_blob)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 

@@ -263,7 +263,7 @@ case "$mode" in
     echo "== fuzzing: each libFuzzer target for ${FERRY_FUZZ_SECONDS:-30}s (clang, ASan + UBSan)"
     t=$SECONDS; rc=0
     FERRY_JOBS=$jobs bash fuzz/run.sh "${FERRY_FUZZ_SECONDS:-30}" || rc=$?
-    record_stage fuzz "$t" "$rc" "6 targets x ${FERRY_FUZZ_SECONDS:-30} s"
+    record_stage fuzz "$t" "$rc" "9 targets x ${FERRY_FUZZ_SECONDS:-30} s"
 
     t=$SECONDS; rc=0
     tsan_tests || rc=$?

@@ -19,7 +19,9 @@ inline constexpr size_t kMaxPorts = 32;
 inline constexpr size_t kMaxQps = 64;
 inline constexpr size_t kMaxNameLen = 64;
 inline constexpr size_t kMaxReasonLen = 512;
-inline constexpr size_t kNotifySize = 16;  // one notification SEND
+// One notification SEND: magic "FRDN", 4 reserved bytes (written 0, ignored
+// when read, so a later version may use them), the uid (8 bytes).
+inline constexpr size_t kNotifySize = 16;
 
 // One usable port, as the owner describes it to peers.
 struct PortInfo {
