@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "child_process.h"
@@ -30,6 +31,30 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr size_t kRegion = 1u << 20;
+
+// An endpoint that is frozen (a SIGSTOPped etcd member, a hung host): the
+// kernel completes the TCP handshake on its listening socket, and nothing
+// ever reads the request or answers.
+class FrozenEndpoint {
+ public:
+  FrozenEndpoint() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(fd_, 64) != 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      throw std::runtime_error("cannot listen on 127.0.0.1");
+    url_ = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~FrozenEndpoint() { ::close(fd_); }
+  const std::string& url() const { return url_; }
+
+ private:
+  int fd_ = -1;
+  std::string url_;
+};
 
 class MetadataEtcd : public ::testing::Test {
  protected:
@@ -341,6 +366,56 @@ TEST_F(MetadataEtcd, PeerDiedWhileStoreDownGoesWhenStoreSaysSo) {
   EXPECT_NE(gone.message.find("etcd lease"), std::string::npos) << gone.message;
 }
 
+// The first endpoint is frozen. The watch must move to the next one, so a
+// peer that closes is deregistered (it stayed registered for good when the
+// watch kept to the first endpoint), and the engine's own lease must outlive
+// the frozen member (one keep-alive waited out the whole 3 s request timeout
+// there, longer than a 2 s lease).
+TEST_F(MetadataEtcd, AFrozenFirstEndpointIsLeftByTheWatchAndTheKeepAlives) {
+  FrozenEndpoint frozen;
+  EngineConfig c = config(2s);
+  c.metadata.etcd = {frozen.url(), etcd->endpoint()};
+  auto ini = std::make_unique<Engine>("initiator", c);
+  ASSERT_TRUE(ini->add_backend("tcp").ok());
+  auto target = engine("target");
+  std::vector<uint8_t> dst(kRegion, 0), src(kRegion, 1);
+  MemoryDesc tm = target->register_memory(dst.data(), dst.size());
+  MemoryDesc im = ini->register_memory(src.data(), src.size());
+  ASSERT_TRUE(ini->fetch_remote_engine("target", 10s).ok());
+  ASSERT_EQ(ini->write(im, 0, tm, 0, 4096, ini->allocate_transfer_uid()).Wait(),
+            StatusCode::SUCCESS);
+
+  // The initiator's key stays in the store the whole time: its keep-alives
+  // leave the frozen member within their share of a keep-alive period.
+  etcd::Client direct({etcd->endpoint()}, 1s);
+  const std::string own = ns + "/initiator/engine";
+  const auto watch_until = Clock::now() + 5s;
+  int absent = 0, looked = 0;
+  while (Clock::now() < watch_until) {
+    std::optional<etcd::KeyValue> kv;
+    if (direct.get(own, kv).ok()) {
+      ++looked;
+      absent += kv ? 0 : 1;
+    }
+    std::this_thread::sleep_for(50ms);  // sampling the store, not synchronisation
+  }
+  EXPECT_GT(looked, 20);
+  EXPECT_EQ(absent, 0) << "the initiator's lease lapsed while one endpoint was frozen";
+
+  // The target closes (its lease is revoked): the initiator deregisters it.
+  const auto closed = Clock::now();
+  target.reset();
+  Result gone;
+  EXPECT_TRUE(eventually(closed + 15s, [&] {
+    return !ini->create_session(im, tm, &gone) && gone.code == StatusCode::ERR_NOT_FOUND;
+  })) << "the closed target is still registered: the watch never left the frozen endpoint";
+  EXPECT_NE(gone.message.find("etcd lease"), std::string::npos) << gone.message;
+  std::printf(
+      "deregistered %lld ms after the target closed\n",
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - closed).count()));
+}
+
 TEST_F(MetadataEtcd, ConfigFromPolicyFile) {
   char path[] = "/tmp/ferry-policy-XXXXXX";
   const int fd = ::mkstemp(path);
@@ -405,6 +480,26 @@ TEST(MetadataNoStore, EngineStartsAndCallsSayTheStoreIsUnreachable) {
   Engine plain("plain");
   EXPECT_FALSE(plain.has_metadata_store());
   EXPECT_EQ(plain.fetch_remote_engine("x").code, StatusCode::ERR_BAD_STATE);
+}
+
+// A frozen store holds no engine's destructor for its request timeout (3 s)
+// per pending request: the metadata threads' requests are cut at shutdown.
+TEST(MetadataNoStore, AFrozenStoreDoesNotHoldUpTheDestructor) {
+  FrozenEndpoint frozen;
+  EngineConfig c;
+  c.metadata.etcd = {frozen.url()};
+  c.metadata.lease = 2s;
+  auto e = std::make_unique<Engine>("frozen-store", c);
+  // The watcher's and keeper's requests are now waiting on the frozen store.
+  Result r = e->fetch_remote_engine("other", 0ms);
+  EXPECT_EQ(r.code, StatusCode::ERR_TRANSPORT) << r.message;
+  const auto t0 = Clock::now();
+  e.reset();
+  const auto took = Clock::now() - t0;
+  EXPECT_LT(took, 2500ms) << "~Engine waited out the store's request timeouts";
+  std::printf(
+      "~Engine took %lld ms with a frozen store\n",
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -56,6 +58,11 @@ Easy make_easy(const std::string& url, const std::string& body, curl_slist* head
   return e;
 }
 
+// CURLOPT_XFERINFOFUNCTION: non-zero aborts the transfer.
+int stop_if_interrupted(void* flag, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return static_cast<const std::atomic<bool>*>(flag)->load() ? 1 : 0;
+}
+
 }  // namespace
 
 std::string prefix_end(const std::string& prefix) {
@@ -87,6 +94,8 @@ Result Client::post(const std::string& path, const std::string& body, std::strin
   std::string errors;
   const size_t first = preferred_.load(std::memory_order_relaxed);
   for (size_t k = 0; k < endpoints_.size(); ++k) {
+    if (interrupted_.load())
+      return {StatusCode::ERR_TRANSPORT, "etcd POST " + path + ": the client is shutting down"};
     const size_t i = (first + k) % endpoints_.size();
     const std::string& ep = endpoints_[i];
     Easy e = make_easy(ep + path, body, h.get());
@@ -98,6 +107,11 @@ Result Client::post(const std::string& path, const std::string& body, std::strin
     curl_easy_setopt(e.get(), CURLOPT_ERRORBUFFER, err);
     curl_easy_setopt(e.get(), CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_.count()));
     curl_easy_setopt(e.get(), CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_.count()));
+    // interrupt() ends a request within curl's progress interval (about 1 s),
+    // so a shutdown does not wait out the timeout on every endpoint.
+    curl_easy_setopt(e.get(), CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(e.get(), CURLOPT_XFERINFOFUNCTION, stop_if_interrupted);
+    curl_easy_setopt(e.get(), CURLOPT_XFERINFODATA, &interrupted_);
     const CURLcode rc = curl_easy_perform(e.get());
     std::string why;
     if (b.too_big) {
@@ -236,14 +250,15 @@ size_t on_watch_bytes(char* p, size_t size, size_t n, void* user) {
 }  // namespace
 
 Result Client::watch(const std::string& prefix, int64_t start_revision,
-                     const std::function<bool(const WatchMessage&)>& on_message) {
+                     const std::function<bool(const WatchMessage&)>& on_message,
+                     std::chrono::milliseconds probe_every) {
   if (endpoints_.empty()) return {StatusCode::ERR_BAD_STATE, "etcd: no endpoints configured"};
   json req{{"create_request",
             {{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_end(prefix))}}}};
   if (start_revision > 0) req["create_request"]["start_revision"] = std::to_string(start_revision);
   const std::string body = req.dump();
-  const std::string& ep =
-      endpoints_[preferred_.load(std::memory_order_relaxed) % endpoints_.size()];
+  const size_t wi = watch_ep_.load(std::memory_order_relaxed) % endpoints_.size();
+  const std::string& ep = endpoints_[wi];
   Headers h(curl_slist_append(nullptr, "Content-Type: application/json"), curl_slist_free_all);
   Easy e = make_easy(ep + "/v3/watch", body, h.get());
   std::unique_ptr<CURLM, CURLMcode (*)(CURLM*)> multi(curl_multi_init(), curl_multi_cleanup);
@@ -255,7 +270,8 @@ Result Client::watch(const std::string& prefix, int64_t start_revision,
   curl_easy_setopt(e.get(), CURLOPT_WRITEDATA, &st);
   curl_easy_setopt(e.get(), CURLOPT_ERRORBUFFER, err);
   curl_easy_setopt(e.get(), CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_.count()));
-  // A stream stays open for ever; TCP keep-alive notices a peer that vanished.
+  // A stream stays open for ever; TCP keep-alive notices a peer that vanished
+  // (not one that is frozen: its kernel still answers - the probe below does).
   curl_easy_setopt(e.get(), CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(e.get(), CURLOPT_TCP_KEEPIDLE, 5L);
   curl_easy_setopt(e.get(), CURLOPT_TCP_KEEPINTVL, 2L);
@@ -264,16 +280,56 @@ Result Client::watch(const std::string& prefix, int64_t start_revision,
     std::lock_guard lk(watch_mu_);
     watch_multi_ = multi.get();
   }
+  // The probe: a one-key range (the prefix itself, keys only) on the same
+  // endpoint, every probe_every, bounded by the request timeout.
+  const std::string probe_body =
+      json{{"key", base64_encode(prefix)}, {"limit", 1}, {"keys_only", true}}.dump();
+  Easy probe(nullptr, curl_easy_cleanup);
+  Body probe_answer;
+  char probe_err[CURL_ERROR_SIZE] = {};
+  auto next_probe = std::chrono::steady_clock::now() + probe_every;
+  std::string probe_failed;
   Result out;
   for (;;) {
     if (interrupted_.load()) break;
+    if (!probe && std::chrono::steady_clock::now() >= next_probe) {
+      probe = make_easy(ep + "/v3/kv/range", probe_body, h.get());
+      if (!probe) {
+        out = {StatusCode::ERR_BAD_STATE, "etcd: curl_easy_init failed"};
+        break;
+      }
+      probe_answer = Body{};
+      probe_err[0] = '\0';
+      curl_easy_setopt(probe.get(), CURLOPT_WRITEFUNCTION, collect);
+      curl_easy_setopt(probe.get(), CURLOPT_WRITEDATA, &probe_answer);
+      curl_easy_setopt(probe.get(), CURLOPT_ERRORBUFFER, probe_err);
+      curl_easy_setopt(probe.get(), CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_.count()));
+      curl_easy_setopt(probe.get(), CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_.count()));
+      curl_multi_add_handle(multi.get(), probe.get());
+    }
     int running = 0;
     curl_multi_perform(multi.get(), &running);
-    if (running == 0) {
-      int left = 0;
-      CURLcode rc = CURLE_OK;
-      while (CURLMsg* m = curl_multi_info_read(multi.get(), &left))
-        if (m->msg == CURLMSG_DONE) rc = m->data.result;
+    bool watch_done = false;
+    CURLcode rc = CURLE_OK;
+    int left = 0;
+    while (CURLMsg* m = curl_multi_info_read(multi.get(), &left)) {
+      if (m->msg != CURLMSG_DONE) continue;
+      if (probe && m->easy_handle == probe.get()) {
+        long code = 0;
+        curl_easy_getinfo(probe.get(), CURLINFO_RESPONSE_CODE, &code);
+        if (m->data.result != CURLE_OK)
+          probe_failed = probe_err[0] ? probe_err : curl_easy_strerror(m->data.result);
+        else if (code != 200)
+          probe_failed = "HTTP " + std::to_string(code);
+        curl_multi_remove_handle(multi.get(), probe.get());
+        probe.reset();
+        next_probe = std::chrono::steady_clock::now() + probe_every;
+      } else if (m->easy_handle == e.get()) {
+        watch_done = true;
+        rc = m->data.result;
+      }
+    }
+    if (watch_done) {
       long code = 0;
       curl_easy_getinfo(e.get(), CURLINFO_RESPONSE_CODE, &code);
       if (st.stop) break;
@@ -284,16 +340,30 @@ Result Client::watch(const std::string& prefix, int64_t start_revision,
       out = {StatusCode::ERR_TRANSPORT, "etcd " + ep + " watch: " + why};
       break;
     }
-    // Blocks until the stream has bytes, curl needs a timer, or interrupt().
-    curl_multi_poll(multi.get(), nullptr, 0, 30000, nullptr);
+    if (!probe_failed.empty()) {
+      out = {StatusCode::ERR_TRANSPORT, "etcd " + ep + " watch: the endpoint did not answer a " +
+                                            "request beside the stream (" + probe_failed + ")"};
+      break;
+    }
+    // Blocks until the stream has bytes, curl needs a timer, the next probe is
+    // due, or interrupt().
+    const auto until_probe = std::chrono::duration_cast<std::chrono::milliseconds>(
+        next_probe - std::chrono::steady_clock::now());
+    const long wait_ms = probe ? 30000 : std::clamp<long>(until_probe.count(), 0, 30000);
+    curl_multi_poll(multi.get(), nullptr, 0, static_cast<int>(wait_ms), nullptr);
   }
   {
     std::lock_guard lk(watch_mu_);
     watch_multi_ = nullptr;
   }
+  if (probe) curl_multi_remove_handle(multi.get(), probe.get());
   curl_multi_remove_handle(multi.get(), e.get());
   if (out.ok() && !st.got_any && !interrupted_.load() && !st.stop)
     out = {StatusCode::ERR_TRANSPORT, "etcd " + ep + " watch: no answer"};
+  // The next watch tries the next endpoint (a member that is down, frozen or
+  // refusing is left; with one endpoint this is the same one).
+  if (!out.ok() && !interrupted_.load())
+    watch_ep_.store((wi + 1) % endpoints_.size(), std::memory_order_relaxed);
   return out;
 }
 

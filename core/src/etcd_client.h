@@ -49,9 +49,17 @@ class Client {
   // Streams the watch of every key under `prefix` from `start_revision`,
   // calling on_message for each message, until on_message returns false, the
   // stream breaks (the Result says why), or interrupt() is called (SUCCESS).
+  // A stream may stay silent for ever, and a frozen store (SIGSTOPped, hung)
+  // keeps its TCP connection up: every `probe` the watch asks the same
+  // endpoint a one-key range, and ends (ERR_TRANSPORT) when that gets no
+  // answer within the request timeout. A watch that ended that way, or could
+  // not start, makes the next one use the next endpoint.
   Result watch(const std::string& prefix, int64_t start_revision,
-               const std::function<bool(const WatchMessage&)>& on_message);
-  // Makes a watch() in progress return soon; later watches return at once.
+               const std::function<bool(const WatchMessage&)>& on_message,
+               std::chrono::milliseconds probe = std::chrono::seconds(3));
+  // Makes a watch() in progress return soon, and a request in progress fail
+  // within about a second (ERR_TRANSPORT); later calls of both fail at once.
+  // For shutdown.
   void interrupt();
 
   const std::vector<std::string>& endpoints() const { return endpoints_; }
@@ -62,6 +70,7 @@ class Client {
   const std::vector<std::string> endpoints_;
   const std::chrono::milliseconds timeout_;
   std::atomic<size_t> preferred_{0};  // index of the endpoint that last answered
+  std::atomic<size_t> watch_ep_{0};   // the endpoint the next watch uses
   std::atomic<bool> interrupted_{false};
   std::mutex watch_mu_;
   void* watch_multi_ = nullptr;  // CURLM* of the watch in progress (watch_mu_)

@@ -37,6 +37,20 @@ std::chrono::milliseconds keepalive_period(std::chrono::milliseconds lease) {
   return std::max(std::chrono::milliseconds(100), lease / 3);
 }
 
+// Each endpoint's share of a keep-alive period (at least 250 ms, at most the
+// usual 3 s): tried in turn, all of them answer or fail within about one period.
+std::chrono::milliseconds keepalive_timeout(std::chrono::milliseconds lease, size_t endpoints) {
+  const auto share = keepalive_period(lease) / static_cast<long>(std::max<size_t>(1, endpoints));
+  return std::clamp(share, std::chrono::milliseconds(250), std::chrono::milliseconds(3000));
+}
+
+// How often the watch asks its endpoint a question beside the stream (a
+// frozen member keeps the stream's connection up): as often as keep-alives,
+// and no more than once a second.
+std::chrono::milliseconds watch_probe_period(std::chrono::milliseconds lease) {
+  return std::max(std::chrono::milliseconds(1000), keepalive_period(lease));
+}
+
 std::string packed(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
 }  // namespace
@@ -104,6 +118,8 @@ MetadataSync::MetadataSync(Config config, std::string self_key, Hooks hooks)
       self_key_(std::move(self_key)),
       hooks_(std::move(hooks)),
       client_(config_.endpoints),
+      keepalive_client_(config_.endpoints,
+                        keepalive_timeout(config_.lease, config_.endpoints.size())),
       watch_client_(config_.endpoints) {
   pubs_[engine_path(self_key_)] = packed(hooks_.self_desc().pack());
   {
@@ -123,7 +139,11 @@ MetadataSync::~MetadataSync() {
     stop_ = true;
   }
   cv_.notify_all();
+  // Requests in progress end too (within about a second), not after the
+  // store's timeout on every endpoint and every followed peer.
   watch_client_.interrupt();
+  keepalive_client_.interrupt();
+  client_.interrupt();
   keeper_.join();
   watcher_.join();
   // Leave at once rather than when the lease runs out: peers following this
@@ -181,7 +201,7 @@ void MetadataSync::keeper() {
       std::lock_guard pl(pub_mu_);
       if (lease_ != 0) {
         int64_t ttl = 0;
-        r = client_.keepalive(lease_, ttl);
+        r = keepalive_client_.keepalive(lease_, ttl);
         if (r && ttl <= 0) {
           // The store let it expire (we were cut off longer than the lease):
           // our keys are gone and peers deregistered us; publish afresh.
@@ -192,6 +212,9 @@ void MetadataSync::keeper() {
       }
       if (r && lease_ == 0) r = ensure_lease_locked();
     }
+    lk.lock();
+    if (stop_) return;  // a request cut by the shutdown is no store failure
+    lk.unlock();
     if (note(r)) FERRY_LOG(WARN, self_key_, "metadata store: " + r.message + " (retried)");
     lk.lock();
   }
@@ -258,24 +281,52 @@ Result MetadataSync::get_waiting(const std::string& path, std::chrono::milliseco
 
 Result MetadataSync::fetch_engine(const std::string& key, std::chrono::milliseconds wait) {
   if (key == self_key_) return {StatusCode::ERR_INVALID_ARGS, "'" + key + "' is this engine"};
-  std::optional<etcd::KeyValue> kv;
-  if (Result r = get_waiting(engine_path(key), wait, kv); !r) return r;
-  EngineDesc d;
-  try {
-    d = EngineDesc::unpack(std::vector<uint8_t>(kv->value.begin(), kv->value.end()));
-  } catch (const Error& e) {
-    return {StatusCode::ERR_INVALID_ARGS,
-            "'" + engine_path(key) + "' holds no valid engine descriptor: " + e.what()};
+  // Followed before the store is read: a delete (or a newer descriptor) the
+  // watch delivers while the answer is on its way is recorded, and wins over
+  // the answer. (Inserted after the read, a peer that left in between was
+  // registered and never deregistered.)
+  {
+    std::lock_guard lk(mu_);
+    ++peers_[key].fetching;
   }
-  if (d.key != key)
-    return {StatusCode::ERR_INVALID_ARGS,
-            "'" + engine_path(key) + "' holds the descriptor of engine '" + d.key + "'"};
-  // Followed from now on; a watch event newer than this revision wins.
+  std::optional<etcd::KeyValue> kv;
+  Result r = get_waiting(engine_path(key), wait, kv);
+  EngineDesc d;
+  if (r) {
+    try {
+      d = EngineDesc::unpack(std::vector<uint8_t>(kv->value.begin(), kv->value.end()));
+      if (d.key != key)
+        r = {StatusCode::ERR_INVALID_ARGS,
+             "'" + engine_path(key) + "' holds the descriptor of engine '" + d.key + "'"};
+    } catch (const Error& e) {
+      r = {StatusCode::ERR_INVALID_ARGS,
+           "'" + engine_path(key) + "' holds no valid engine descriptor: " + e.what()};
+    }
+  }
   {
     std::lock_guard lk(mu_);
     Peer& p = peers_[key];
-    if (p.revision > kv->mod_revision) return {};  // the watch applied something newer
-    p = Peer{kv->mod_revision, kv->lease, d.instance};
+    --p.fetching;
+    const bool never_registered = p.instance == 0 && p.last_instance == 0;
+    if (!r) {
+      // Not followed after all, unless another call or an earlier fetch follows it.
+      if (never_registered && p.fetching == 0) peers_.erase(key);
+      counts_.watched_peers = peers_.size();
+      return r;
+    }
+    if (p.revision > kv->mod_revision) {
+      counts_.watched_peers = peers_.size();
+      if (p.instance != 0) return {};  // the watch registered something newer
+      // The watch saw the key deleted after what the store answered.
+      if (never_registered && p.fetching == 0) peers_.erase(key);
+      counts_.watched_peers = peers_.size();
+      return {StatusCode::ERR_NOT_FOUND,
+              "engine '" + key + "' left the metadata store while it was being fetched"};
+    }
+    if (p.last_instance != 0 && p.last_instance != d.instance) ++counts_.peers_replaced;
+    p.revision = kv->mod_revision;
+    p.lease = kv->lease;
+    p.instance = p.last_instance = d.instance;
     counts_.watched_peers = peers_.size();
   }
   return hooks_.register_peer(d);
@@ -332,7 +383,11 @@ std::function<void()> MetadataSync::apply(const std::string& key,
   if (it == peers_.end()) return {};
   Peer& p = it->second;
   if (!kv) {
-    if (p.instance == 0 || revision <= p.revision) return {};  // gone already, or stale news
+    if (revision <= p.revision) return {};  // stale news
+    if (p.instance == 0) {  // gone already, or not registered yet (fetch_engine reads it)
+      p.revision = revision;
+      return {};
+    }
     const std::string why = "engine '" + key + "' left the metadata store: its key " +
                             engine_path(key) + " was deleted (etcd lease " + hex(p.lease) +
                             " expired or was revoked: the engine stopped, died or lost the store)";
@@ -350,9 +405,12 @@ std::function<void()> MetadataSync::apply(const std::string& key,
     return {};
   }
   if (d.key != key) return {};
-  if (p.instance != 0 && p.instance != d.instance) ++counts_.peers_replaced;
-  if (p.instance == 0) ++counts_.peers_replaced;
-  p = Peer{kv->mod_revision, kv->lease, d.instance};
+  // A new instance under the key (a restart); the same one coming back after
+  // its key was deleted (its lease expired while it lived) is no replacement.
+  if (p.last_instance != 0 && p.last_instance != d.instance) ++counts_.peers_replaced;
+  p.revision = kv->mod_revision;
+  p.lease = kv->lease;
+  p.instance = p.last_instance = d.instance;
   return [this, d] {
     Result r = hooks_.register_peer(d);
     if (!r)
@@ -403,6 +461,10 @@ void MetadataSync::watcher() {
     Result r;
     std::vector<std::function<void()>> actions;
     for (const auto& k : keys) {
+      {
+        std::lock_guard lk(mu_);
+        if (stop_) return;
+      }
       std::optional<etcd::KeyValue> kv;
       int64_t rev = 0;
       r = client_.get(engine_path(k), kv, &rev);
@@ -415,13 +477,20 @@ void MetadataSync::watcher() {
       r = client_.get(config_.ns + "/", kv, &revision);
     }
     for (auto& a : actions) a();
+    {
+      std::lock_guard lk(mu_);
+      if (stop_) return;  // a request cut by the shutdown is no store failure
+    }
     bool log_it = note(r);
     if (r) {
       bool resync = false, streamed = false;
-      r = watch_client_.watch(config_.ns + "/", revision + 1, [&](const etcd::WatchMessage& m) {
-        streamed = true;
-        return on_watch(m, resync);
-      });
+      r = watch_client_.watch(
+          config_.ns + "/", revision + 1,
+          [&](const etcd::WatchMessage& m) {
+            streamed = true;
+            return on_watch(m, resync);
+          },
+          watch_probe_period(config_.lease));
       // A stream that ran (or asked for a resync) is retried soon; one refused
       // at once backs off like an unreachable store, never a tight loop.
       if (streamed) backoff = std::chrono::milliseconds(100);

@@ -70,7 +70,11 @@ class MetadataSync {
   struct Peer {
     int64_t revision = 0;  // mod revision of what was last applied
     int64_t lease = 0;
-    uint64_t instance = 0;  // 0: gone (deregistered; a new instance is awaited)
+    uint64_t instance = 0;       // 0: gone (deregistered; a new instance is awaited), or not yet
+    uint64_t last_instance = 0;  // the instance registered last, kept while gone
+    // fetch_engine calls reading the store for it before it is followed:
+    // the watch already records what happens to its key meanwhile.
+    int fetching = 0;
   };
   void keeper();
   void watcher();
@@ -91,6 +95,9 @@ class MetadataSync {
   const std::string self_key_;
   const Hooks hooks_;
   etcd::Client client_;
+  // Keep-alives only: one endpoint's timeout is a share of the keep-alive
+  // period, so a frozen member costs the lease one period, not the lease.
+  etcd::Client keepalive_client_;
   etcd::Client watch_client_;  // its own: interrupt() ends only the watch
 
   std::mutex pub_mu_;  // the lease and what is published under it
