@@ -13,17 +13,9 @@
 #include <vector>
 
 #include "rdma/wire.h"
+#include "same_bytes.h"
 
 namespace w = ferry_rdma::wire;
-
-namespace {
-
-void same_bytes(const std::vector<uint8_t>& enc, const uint8_t* data, size_t size) {
-  if (enc.size() != size || (size > 0 && std::memcmp(enc.data(), data, size) != 0))
-    __builtin_trap();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string err;
