@@ -155,6 +155,11 @@ MetadataSync::~MetadataSync() {
   }
 }
 
+bool MetadataSync::stopping() const {
+  std::lock_guard lk(mu_);
+  return stop_;
+}
+
 bool MetadataSync::note(const Result& r) {
   std::lock_guard lk(mu_);
   const bool was_up = counts_.store_up;
@@ -212,9 +217,7 @@ void MetadataSync::keeper() {
       }
       if (r && lease_ == 0) r = ensure_lease_locked();
     }
-    lk.lock();
-    if (stop_) return;  // a request cut by the shutdown is no store failure
-    lk.unlock();
+    if (stopping()) return;  // a request cut by the shutdown is no store failure
     if (note(r)) FERRY_LOG(WARN, self_key_, "metadata store: " + r.message + " (retried)");
     lk.lock();
   }
@@ -307,27 +310,21 @@ Result MetadataSync::fetch_engine(const std::string& key, std::chrono::milliseco
     std::lock_guard lk(mu_);
     Peer& p = peers_[key];
     --p.fetching;
-    const bool never_registered = p.instance == 0 && p.last_instance == 0;
-    if (!r) {
-      // Not followed after all, unless another call or an earlier fetch follows it.
-      if (never_registered && p.fetching == 0) peers_.erase(key);
-      counts_.watched_peers = peers_.size();
-      return r;
-    }
-    if (p.revision > kv->mod_revision) {
-      counts_.watched_peers = peers_.size();
+    if (r && p.revision > kv->mod_revision) {
       if (p.instance != 0) return {};  // the watch registered something newer
       // The watch saw the key deleted after what the store answered.
-      if (never_registered && p.fetching == 0) peers_.erase(key);
-      counts_.watched_peers = peers_.size();
-      return {StatusCode::ERR_NOT_FOUND,
-              "engine '" + key + "' left the metadata store while it was being fetched"};
+      r = {StatusCode::ERR_NOT_FOUND,
+           "engine '" + key + "' left the metadata store while it was being fetched"};
+    }
+    if (!r) {
+      // Not followed after all, unless another fetch is at it or it was registered once.
+      if (p.instance == 0 && p.last_instance == 0 && p.fetching == 0) peers_.erase(key);
+      return r;
     }
     if (p.last_instance != 0 && p.last_instance != d.instance) ++counts_.peers_replaced;
     p.revision = kv->mod_revision;
     p.lease = kv->lease;
     p.instance = p.last_instance = d.instance;
-    counts_.watched_peers = peers_.size();
   }
   return hooks_.register_peer(d);
 }
@@ -445,10 +442,7 @@ bool MetadataSync::on_watch(const etcd::WatchMessage& m, bool& resync) {
 void MetadataSync::watcher() {
   auto backoff = std::chrono::milliseconds(100);
   for (;;) {
-    {
-      std::lock_guard lk(mu_);
-      if (stop_) return;
-    }
+    if (stopping()) return;
     // (Re)connected: first what the store holds now for every followed peer
     // (a key that went while the stream was down is gone now), then the
     // stream from that revision on.
@@ -461,10 +455,7 @@ void MetadataSync::watcher() {
     Result r;
     std::vector<std::function<void()>> actions;
     for (const auto& k : keys) {
-      {
-        std::lock_guard lk(mu_);
-        if (stop_) return;
-      }
+      if (stopping()) return;
       std::optional<etcd::KeyValue> kv;
       int64_t rev = 0;
       r = client_.get(engine_path(k), kv, &rev);
@@ -477,10 +468,7 @@ void MetadataSync::watcher() {
       r = client_.get(config_.ns + "/", kv, &revision);
     }
     for (auto& a : actions) a();
-    {
-      std::lock_guard lk(mu_);
-      if (stop_) return;  // a request cut by the shutdown is no store failure
-    }
+    if (stopping()) return;  // a request cut by the shutdown is no store failure
     bool log_it = note(r);
     if (r) {
       bool resync = false, streamed = false;

@@ -90,6 +90,7 @@ class MetadataSync {
                      std::optional<etcd::KeyValue>& kv);
   // Counts a request's outcome; true when a failure should be logged.
   bool note(const Result& r);
+  bool stopping() const;  // the destructor has begun
 
   const Config config_;
   const std::string self_key_;
