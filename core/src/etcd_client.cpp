@@ -58,6 +58,16 @@ Easy make_easy(const std::string& url, const std::string& body, curl_slist* head
   return e;
 }
 
+// One request's answer collected into *b (err: CURL_ERROR_SIZE bytes), the
+// whole request, connect included, bounded by `timeout`.
+void bounded_answer(CURL* e, Body* b, char* err, std::chrono::milliseconds timeout) {
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, collect);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, b);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, err);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout.count()));
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout.count()));
+}
+
 // CURLOPT_XFERINFOFUNCTION: non-zero aborts the transfer.
 int stop_if_interrupted(void* flag, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
   return static_cast<const std::atomic<bool>*>(flag)->load() ? 1 : 0;
@@ -102,11 +112,7 @@ Result Client::post(const std::string& path, const std::string& body, std::strin
     if (!e) return {StatusCode::ERR_BAD_STATE, "etcd: curl_easy_init failed"};
     Body b;
     char err[CURL_ERROR_SIZE] = {};
-    curl_easy_setopt(e.get(), CURLOPT_WRITEFUNCTION, collect);
-    curl_easy_setopt(e.get(), CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(e.get(), CURLOPT_ERRORBUFFER, err);
-    curl_easy_setopt(e.get(), CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_.count()));
-    curl_easy_setopt(e.get(), CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_.count()));
+    bounded_answer(e.get(), &b, err, timeout_);
     // interrupt() ends a request within curl's progress interval (about 1 s),
     // so a shutdown does not wait out the timeout on every endpoint.
     curl_easy_setopt(e.get(), CURLOPT_NOPROGRESS, 0L);
@@ -300,11 +306,7 @@ Result Client::watch(const std::string& prefix, int64_t start_revision,
       }
       probe_answer = Body{};
       probe_err[0] = '\0';
-      curl_easy_setopt(probe.get(), CURLOPT_WRITEFUNCTION, collect);
-      curl_easy_setopt(probe.get(), CURLOPT_WRITEDATA, &probe_answer);
-      curl_easy_setopt(probe.get(), CURLOPT_ERRORBUFFER, probe_err);
-      curl_easy_setopt(probe.get(), CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_.count()));
-      curl_easy_setopt(probe.get(), CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_.count()));
+      bounded_answer(probe.get(), &probe_answer, probe_err, timeout_);
       curl_multi_add_handle(multi.get(), probe.get());
     }
     int running = 0;
