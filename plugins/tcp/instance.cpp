@@ -366,9 +366,8 @@ int Instance::Counters(char* buf, size_t len) {
       "\"gpu_recv_wait_ns\":%llu,\"gpu_acquires\":%llu,\"gpu_acquire_ns\":%llu,"
       "\"gpu_ring_frames\":%llu,\"gpu_ring_pins\":%llu,\"gpu_ring_pin_fails\":%llu,"
       "\"progress_frames\":%llu,\"sender_polls_caught\":%llu,"
-      "\"posts_by_waiters\":%llu,\"posts_by_flusher\":%llu,\"post_flusher_wakeups\":%llu,\"post_"
-      "flusher_asleep\":%d,"
-      "\"pool_turn_waits\":%llu,\"pool_watch_turns\":%llu}",
+      "\"posts_by_waiters\":%llu,\"posts_by_flusher\":%llu,\"post_flusher_wakeups\":%llu,"
+      "\"post_flusher_asleep\":%d,\"pool_turn_waits\":%llu,\"pool_watch_turns\":%llu}",
       peers, locals, remotes, static_cast<unsigned long long>(target_.rejected()),
       static_cast<unsigned long long>(stages_.pinned_bytes()),
       static_cast<unsigned long long>(ring_lanes_opened_.load()),
