@@ -3,6 +3,7 @@
 // or that never completes, is re-run whole on the next backend of the policy;
 // the data arrives intact, the target hears of it once, the stats show it.
 // The broken backend is tests/plugins/fault_plugin.cpp; the good one is tcp.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -27,6 +28,8 @@
 #include "child_process.h"
 #include "eventually.h"
 #include "ferry/ferry.hpp"
+#include "ferry/plugin.h"
+#include "host_link.h"
 #include "pattern.h"
 #include "stats_server.h"
 
@@ -252,6 +255,44 @@ TEST(Failover, ACompletionLongAfterTheTransferEndedIsIgnored) {
   ASSERT_TRUE(rig.ini->remove_backend("fault").ok());  // fini: the three late reports
   EXPECT_EQ(rig.stats("fault").stray_completions, 3u);
   EXPECT_EQ(rig.stats("fault").failures, 0u);
+}
+
+// plugin.h forbids calls into the host after fini() returned, yet a thread a
+// plugin's fini leaves running makes them. Here they come after both engines
+// are gone: each finds no backend and is ignored (complete, inbound, log) or
+// refused with FERRY_ERR_BAD_STATE (ctrl_send, ctrl_try_send, auth_sign). The
+// host table used to live in the backend: such calls read freed memory and
+// reached a destroyed engine (a segfault in this test).
+TEST(Failover, HostCallsAfterFiniFindNoEngineAndAreRefused) {
+  // The plugin's late thread runs its code after the engines closed the
+  // library: this handle keeps it mapped, and is never closed.
+  ASSERT_NE(dlopen(FERRY_TEST_PLUGIN_DIR "/libferry-fault.so", RTLD_NOW), nullptr) << dlerror();
+  int gate[2], done[2];
+  ASSERT_EQ(::pipe(gate), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const uint64_t late_before = HostLink::late_calls();
+  {
+    Rig rig("call_after_fini", policy(),
+            ",\"gate_fd\":" + std::to_string(gate[0]) + ",\"done_fd\":" + std::to_string(done[1]));
+    for (uint64_t i = 0; i < 3; ++i) {
+      TransferStatus st = rig.run(Op::WRITE, 60 + i);
+      ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+    }
+  }  // fini: the initiator's instance leaves its thread waiting on the gate
+  ASSERT_EQ(::write(gate[1], "x", 1), 1);
+  int rc[3] = {};
+  size_t got = 0;
+  while (got < sizeof rc) {
+    const ssize_t n = ::read(done[0], reinterpret_cast<char*>(rc) + got, sizeof rc - got);
+    ASSERT_GT(n, 0) << "the plugin's late thread never reported";
+    got += static_cast<size_t>(n);
+  }
+  EXPECT_EQ(rc[0], FERRY_ERR_BAD_STATE) << "ctrl_send after fini";
+  EXPECT_EQ(rc[1], FERRY_ERR_BAD_STATE) << "ctrl_try_send after fini";
+  EXPECT_EQ(rc[2], FERRY_ERR_BAD_STATE) << "auth_sign after fini";
+  // Three completions, one inbound, one log line and the three calls above.
+  EXPECT_EQ(HostLink::late_calls() - late_before, 8u);
+  for (int fd : {gate[0], gate[1], done[0], done[1]}) ::close(fd);
 }
 
 TEST(Failover, FailFirstNThenRecover) {

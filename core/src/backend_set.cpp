@@ -4,7 +4,13 @@
 #include <algorithm>
 #include <mutex>
 
+#include "host_link.h"
+
 namespace ferry {
+
+Backend::~Backend() {
+  if (link) link->detach();
+}
 
 std::vector<BackendPtr> BackendSet::snapshot() const {
   std::shared_lock lk(mu_);

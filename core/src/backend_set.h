@@ -25,6 +25,7 @@
 namespace ferry {
 
 class EngineImpl;
+class HostLink;
 
 struct BackendCounters {
   std::atomic<uint64_t> bytes{0}, transfers{0}, failures{0}, failovers{0}, quarantines{0};
@@ -68,7 +69,7 @@ struct Backend {
   uint64_t caps = 0;
   bool has_progress = false;  // ABI 1.6 progress(): waiters drive its completions
   std::vector<uint8_t> conn_blob;
-  ferry_host_v1 host{};  // host_ctx points at this Backend
+  HostLink* link = nullptr;  // the plugin's host table; outlives this (host_link.h)
   EngineImpl* engine = nullptr;
   std::shared_ptr<BackendCounters> counters;  // survive a remove / add of the name
   AttemptTable attempts;                      // what the plugin holds (xfer_ctx -> attempt)
@@ -77,6 +78,11 @@ struct Backend {
   // `removed`, so nothing reaches a plugin instance after fini().
   std::shared_mutex life;
   bool removed = false;
+
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+  ~Backend();  // detaches the link (a backend whose init or conn_info failed)
 };
 using BackendPtr = std::shared_ptr<Backend>;
 

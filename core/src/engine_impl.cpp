@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "host_link.h"
 #include "log.h"
 #include "node_id.h"
 #include "plugin_live_info.h"
@@ -212,11 +213,11 @@ Result EngineImpl::add_backend(const std::string& name, const std::string& setti
   if (b->ops->abi_minor < 8 || !(b->caps & FERRY_CAP_NATIVE_NOTIFY))
     b->caps &= ~FERRY_CAP_NATIVE_NOTIFY_READ;
   b->engine = this;
-  init_host_services(*b);
+  attach_host_link(*b);
   std::string settings = settings_json.empty() ? policy_.settings_for(name) : settings_json;
   std::string why;
-  int rc = init_plugin(b->ops, &b->host, key_.c_str(), node_id_.c_str(), settings.c_str(), &b->ctx,
-                       &why);
+  int rc = init_plugin(b->ops, b->link->table(), key_.c_str(), node_id_.c_str(), settings.c_str(),
+                       &b->ctx, &why);
   if (rc != FERRY_OK)
     return {
         rc == FERRY_ERR_INVALID_ARGS ? StatusCode::ERR_INVALID_ARGS : StatusCode::ERR_BAD_STATE,
@@ -249,6 +250,7 @@ Result EngineImpl::remove_backend(const std::string& name) {
   std::unique_lock life(b->life);  // waits for calls in progress
   registry_.detach(b);
   b->ops->fini(b->ctx);  // completes whatever was still pending
+  b->link->detach();     // a call its threads make from now on finds nothing
   b->removed = true;
   life.unlock();
   // What its fini did not complete (a plugin's breach) is completed here, as

@@ -125,7 +125,8 @@ class EngineImpl {
 };
 
 // host_services.cpp: fills b.host with the core's callbacks for that backend.
-void init_host_services(Backend& b);
+// Gives b its host table (b.link), through which its plugin calls the core.
+void attach_host_link(Backend& b);
 // fence_serve.cpp: a FENCE from `peer`; each entry's backend fences it here.
 std::vector<FenceResult> serve_fence(const BackendSet& backends, const std::string& peer,
                                      const std::vector<FenceEntry>& entries);

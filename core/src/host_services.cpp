@@ -8,6 +8,7 @@
 
 #include "engine_impl.h"
 #include "gpu_runtime.h"
+#include "host_link.h"
 #include "log.h"
 
 namespace ferry {
@@ -23,13 +24,15 @@ void host_failed(const char* what) noexcept {
 }
 
 void host_log(void* hctx, int level, const char* msg) noexcept {
+  HostLink::Use use(hctx, "log");
   try {
-    auto* b = static_cast<Backend*>(hctx);
+    Backend* b = use.backend();
     LogLevel l = level <= FERRY_LOG_ERROR  ? LogLevel::ERROR
                  : level == FERRY_LOG_WARN ? LogLevel::WARN
                  : level == FERRY_LOG_INFO ? LogLevel::INFO
                                            : LogLevel::DEBUG;
-    if (log_enabled(l)) log_line(l, b->name, msg ? msg : "");
+    // After fini the name is gone with the backend; the line is still worth showing.
+    if (log_enabled(l)) log_line(l, b ? b->name : "plugin after fini", msg ? msg : "");
   } catch (...) {
   }
 }
@@ -41,8 +44,10 @@ uint64_t host_now_ns(void*) noexcept {
 }
 
 int host_ctrl_send(void* hctx, const char* peer, const void* msg, size_t len) noexcept {
+  HostLink::Use use(hctx, "ctrl_send");
   try {
-    auto* b = static_cast<Backend*>(hctx);
+    Backend* b = use.backend();
+    if (!b) return FERRY_ERR_BAD_STATE;
     if (!peer || (!msg && len)) return FERRY_ERR_INVALID_ARGS;
     return b->engine->ctrl_send(*b, peer, msg, len);
   } catch (...) {
@@ -52,8 +57,10 @@ int host_ctrl_send(void* hctx, const char* peer, const void* msg, size_t len) no
 }
 
 int host_ctrl_try_send(void* hctx, const char* peer, const void* msg, size_t len) noexcept {
+  HostLink::Use use(hctx, "ctrl_try_send");
   try {
-    auto* b = static_cast<Backend*>(hctx);
+    Backend* b = use.backend();
+    if (!b) return FERRY_ERR_BAD_STATE;
     if (!peer || (!msg && len)) return FERRY_ERR_INVALID_ARGS;
     return b->engine->ctrl_try_send(*b, peer, msg, len);
   } catch (...) {
@@ -63,7 +70,9 @@ int host_ctrl_try_send(void* hctx, const char* peer, const void* msg, size_t len
 }
 
 void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
-  auto* b = static_cast<Backend*>(hctx);
+  HostLink::Use use(hctx, "complete");
+  Backend* b = use.backend();
+  if (!b) return;  // after fini: what it held was completed when it was removed
   std::shared_ptr<Attempt> a;
   try {
     a = b->attempts.take(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(xfer_ctx)));
@@ -98,18 +107,21 @@ void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) 
 }
 
 void host_inbound(void* hctx, const char* peer, uint64_t uid, int status) noexcept {
+  HostLink::Use use(hctx, "inbound");
   try {
-    auto* b = static_cast<Backend*>(hctx);
-    if (peer) b->engine->inbound(peer, uid, status);
+    Backend* b = use.backend();
+    if (b && peer) b->engine->inbound(peer, uid, status);
   } catch (...) {
     host_failed("inbound");
   }
 }
 
 int host_auth_sign(void* hctx, const void* challenge, size_t len, uint8_t mac[32]) noexcept {
+  HostLink::Use use(hctx, "auth_sign");
   try {
-    auto* b = static_cast<Backend*>(hctx);
-    if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
+    Backend* b = use.backend();
+    if (!b) return FERRY_ERR_BAD_STATE;
+    if (!mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
     return b->engine->auth_sign(challenge, len, mac);
   } catch (...) {
     host_failed("auth_sign");
@@ -119,9 +131,11 @@ int host_auth_sign(void* hctx, const void* challenge, size_t len, uint8_t mac[32
 
 int host_auth_verify(void* hctx, const void* challenge, size_t len,
                      const uint8_t mac[32]) noexcept {
+  HostLink::Use use(hctx, "auth_verify");
   try {
-    auto* b = static_cast<Backend*>(hctx);
-    if (!b || !mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
+    Backend* b = use.backend();
+    if (!b) return FERRY_ERR_BAD_STATE;
+    if (!mac || (!challenge && len)) return FERRY_ERR_INVALID_ARGS;
     return b->engine->auth_verify(challenge, len, mac);
   } catch (...) {
     host_failed("auth_verify");
@@ -131,9 +145,11 @@ int host_auth_verify(void* hctx, const void* challenge, size_t len,
 
 int host_link_prove(void* hctx, const char* peer, uint32_t role, const void* transcript, size_t len,
                     uint8_t* proof) noexcept {
+  HostLink::Use use(hctx, "link_prove");
   try {
-    auto* b = static_cast<Backend*>(hctx);
-    if (!b || !peer || !proof || (!transcript && len)) return FERRY_ERR_INVALID_ARGS;
+    Backend* b = use.backend();
+    if (!b) return FERRY_ERR_BAD_STATE;
+    if (!peer || !proof || (!transcript && len)) return FERRY_ERR_INVALID_ARGS;
     return b->engine->link_auth().prove(peer, role, transcript, len, proof);
   } catch (...) {
     host_failed("link_prove");
@@ -143,9 +159,11 @@ int host_link_prove(void* hctx, const char* peer, uint32_t role, const void* tra
 
 int host_link_check(void* hctx, const char* peer, uint32_t role, const void* transcript, size_t len,
                     const uint8_t* proof, char* why, size_t why_len) noexcept {
+  HostLink::Use use(hctx, "link_check");
   try {
-    auto* b = static_cast<Backend*>(hctx);
-    if (!b || !peer || !proof || (!transcript && len)) return FERRY_ERR_INVALID_ARGS;
+    Backend* b = use.backend();
+    if (!b) return FERRY_ERR_BAD_STATE;
+    if (!peer || !proof || (!transcript && len)) return FERRY_ERR_INVALID_ARGS;
     std::string reason;
     int rc = b->engine->link_auth().check(peer, role, transcript, len, proof, &reason);
     if (rc != FERRY_OK && why && why_len > 0) {
@@ -162,20 +180,25 @@ int host_link_check(void* hctx, const char* peer, uint32_t role, const void* tra
 
 }  // namespace
 
-void init_host_services(Backend& b) {
-  b.host.struct_size = sizeof(ferry_host_v1);
-  b.host.host_ctx = &b;
-  b.host.log = host_log;
-  b.host.now_ns = host_now_ns;
-  b.host.ctrl_send = host_ctrl_send;
-  b.host.complete = host_complete;
-  b.host.inbound = host_inbound;
-  b.host.auth_sign = host_auth_sign;
-  b.host.auth_verify = host_auth_verify;
-  b.host.link_prove = host_link_prove;
-  b.host.link_check = host_link_check;
-  b.host.gpu = gpu_runtime();
-  b.host.ctrl_try_send = host_ctrl_try_send;
+void attach_host_link(Backend& b) {
+  // The same functions for every link: a reused link's table is never rewritten.
+  static const ferry_host_v1 functions = [] {
+    ferry_host_v1 h{};
+    h.struct_size = sizeof(ferry_host_v1);
+    h.log = host_log;
+    h.now_ns = host_now_ns;
+    h.ctrl_send = host_ctrl_send;
+    h.complete = host_complete;
+    h.inbound = host_inbound;
+    h.auth_sign = host_auth_sign;
+    h.auth_verify = host_auth_verify;
+    h.link_prove = host_link_prove;
+    h.link_check = host_link_check;
+    h.gpu = gpu_runtime();
+    h.ctrl_try_send = host_ctrl_try_send;
+    return h;
+  }();
+  b.link = HostLink::acquire(&b, functions);
 }
 
 StatusCode status_from_plugin(int rc) {

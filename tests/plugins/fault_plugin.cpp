@@ -26,6 +26,12 @@
 //   complete_twice     copy, then complete the transfer twice inside post()
 //                      with different outcomes (an ABI breach): the core
 //                      must keep the first and ignore the second
+//   call_after_fini    copy and complete; fini then leaves a thread behind (an
+//                      ABI breach) that waits for a byte on "gate_fd" and calls
+//                      the host's complete, inbound, log, ctrl_send,
+//                      ctrl_try_send and auth_sign, long after the engine
+//                      went; it writes the three return codes (int[3]) to
+//                      "done_fd". The test keeps the library mapped.
 //   refuse_late        post() reads a byte from the descriptor "gate_fd" (the
 //                      test's pipe: it writes once it saw what it waits for),
 //                      then refuses the transfer - a post() slower than the
@@ -63,6 +69,7 @@ enum class Mode {
   DEFERRED,
   COMPLETE_TWICE,
   COMPLETE_AGAIN_AT_FINI,
+  CALL_AFTER_FINI,
   REFUSE_LATE
 };
 
@@ -79,7 +86,9 @@ struct Instance {
   std::string key;
   Mode mode = Mode::OK;
   int n = 0;
-  int gate_fd = -1;  // refuse_late: the test's pipe
+  int gate_fd = -1;       // refuse_late, call_after_fini: the test's pipe
+  int done_fd = -1;       // call_after_fini: where the late calls' results go
+  std::string last_peer;  // call_after_fini: the peer of the last post, guarded by mu
   std::atomic<int> seen{0};
   std::mutex mu;
   std::vector<void*> hung;         // xfer_ctx of hung transfers, completed at fini
@@ -116,6 +125,7 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
   std::string mode = j.is_object() ? j.value("mode", "ok") : "?";
   in->n = j.is_object() ? j.value("n", 0) : 0;
   in->gate_fd = j.is_object() ? j.value("gate_fd", -1) : -1;
+  in->done_fd = j.is_object() ? j.value("done_fd", -1) : -1;
   static const std::pair<const char*, Mode> modes[] = {
       {"ok", Mode::OK},
       {"fail_submit", Mode::FAIL_SUBMIT},
@@ -128,6 +138,7 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
       {"deferred", Mode::DEFERRED},
       {"complete_twice", Mode::COMPLETE_TWICE},
       {"complete_again_at_fini", Mode::COMPLETE_AGAIN_AT_FINI},
+      {"call_after_fini", Mode::CALL_AFTER_FINI},
       {"refuse_late", Mode::REFUSE_LATE}};
   bool found = false;
   for (const auto& [name, m] : modes)
@@ -144,13 +155,35 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
   return FERRY_OK;
 }
 
+// call_after_fini: what fini leaves running. Copies only: the instance is gone.
+void call_after_fini(const ferry_host_v1* host, std::vector<void*> done, std::string peer,
+                     int gate_fd, int done_fd) {
+  char b;
+  while (::read(gate_fd, &b, 1) < 0 && errno == EINTR) {
+  }
+  for (void* x : done) host->complete(host->host_ctx, x, FERRY_OK, nullptr);
+  host->inbound(host->host_ctx, peer.c_str(), 7, FERRY_OK);
+  host->log(host->host_ctx, FERRY_LOG_INFO, "fault: a line logged after fini");
+  uint8_t mac[32];
+  const int rc[3] = {host->ctrl_send(host->host_ctx, peer.c_str(), "x", 1),
+                     host->ctrl_try_send(host->host_ctx, peer.c_str(), "x", 1),
+                     host->auth_sign(host->host_ctx, "c", 1, mac)};
+  ssize_t w;
+  while ((w = ::write(done_fd, rc, sizeof rc)) < 0 && errno == EINTR) {
+  }
+}
+
 void f_fini(void* ctx) {
   auto* in = static_cast<Instance*>(ctx);
   for (auto& t : in->threads) t.join();
   for (void* x : in->hung)
     in->host->complete(in->host->host_ctx, x, FERRY_ERR_BAD_STATE, "fault: shut down");
-  for (void* x : in->again)
-    in->host->complete(in->host->host_ctx, x, FERRY_ERR_TRANSPORT, "fault: a late second report");
+  if (in->mode == Mode::CALL_AFTER_FINI && !in->again.empty())  // the instance that posted
+    std::thread(call_after_fini, in->host, in->again, in->last_peer, in->gate_fd, in->done_fd)
+        .detach();
+  else
+    for (void* x : in->again)
+      in->host->complete(in->host->host_ctx, x, FERRY_ERR_TRANSPORT, "fault: a late second report");
   for (const Deferred& d : in->deferred)
     in->host->complete(in->host->host_ctx, d.xfer_ctx, FERRY_ERR_BAD_STATE,
                        "fault: shut down before a waiter reported it");
@@ -303,13 +336,15 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       in->host->complete(hc, x->xfer_ctx, FERRY_OK, nullptr);
       in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT, "fault: a second report");
       return FERRY_OK;
-    case Mode::COMPLETE_AGAIN_AT_FINI: {
+    case Mode::COMPLETE_AGAIN_AT_FINI:
+    case Mode::CALL_AFTER_FINI: {
       if (!static_cast<Peer*>(x->peer)->same_process) break;  // refused below
       copy(x);
       notify_target(in, x);
       in->host->complete(hc, x->xfer_ctx, FERRY_OK, nullptr);
       std::lock_guard<std::mutex> lk(in->mu);
-      in->again.push_back(x->xfer_ctx);  // completed again at fini, long after it ended
+      in->again.push_back(x->xfer_ctx);  // completed again at (or after) fini
+      in->last_peer = static_cast<Peer*>(x->peer)->key;
       return FERRY_OK;
     }
     case Mode::OK:
