@@ -30,6 +30,27 @@ int probe_link_check(void*, const char*, uint32_t, const void*, size_t, const ui
                      size_t) {
   return FERRY_ERR_UNSUPPORTED;
 }
+
+// One table for every probe, never freed: a plugin thread that outlives its
+// fini (a breach) still calls through valid memory, into functions that touch
+// nothing. It used to be on the probing thread's stack.
+const ferry_host_v1* probe_host() {
+  static const ferry_host_v1 host = [] {
+    ferry_host_v1 h{};
+    h.struct_size = sizeof h;
+    h.log = probe_log;
+    h.now_ns = probe_now;
+    h.ctrl_send = probe_ctrl;
+    h.ctrl_try_send = probe_ctrl;
+    h.complete = probe_complete;
+    h.inbound = probe_inbound;
+    h.link_prove = probe_link_prove;
+    h.link_check = probe_link_check;
+    h.gpu = gpu_runtime();  // so a GPU plugin can tell whether it would work here
+    return h;
+  }();
+  return &host;
+}
 }  // namespace
 
 std::string caps_to_string(uint64_t caps) {
@@ -73,21 +94,11 @@ PluginInfo probe_here(PluginInfo info, const ProbeReport& report) {
   info.version = ops->version ? ops->version : "";
   info.caps = ops->caps;
   info.warning = load.warning;
-  ferry_host_v1 host{};
-  host.struct_size = sizeof host;
-  host.log = probe_log;
-  host.now_ns = probe_now;
-  host.ctrl_send = probe_ctrl;
-  host.ctrl_try_send = probe_ctrl;
-  host.complete = probe_complete;
-  host.inbound = probe_inbound;
-  host.link_prove = probe_link_prove;
-  host.link_check = probe_link_check;
-  report(info);              // what the table says, should init, describe or fini crash
-  host.gpu = gpu_runtime();  // so a GPU plugin can tell whether it would work here
+  report(info);  // what the table says, should init, describe or fini crash
+  const ferry_host_v1* host = probe_host();
   void* ctx = nullptr;
   std::string why;
-  const int rc = init_plugin(ops, &host, "ferry-info", "ferry-info", "{}", &ctx, &why);
+  const int rc = init_plugin(ops, host, "ferry-info", "ferry-info", "{}", &ctx, &why);
   if (rc != FERRY_OK) {
     info.error = "init failed: " + (why.empty() ? "error " + std::to_string(rc) : why);
     return info;
