@@ -250,9 +250,11 @@ Result EngineImpl::remove_backend(const std::string& name) {
   std::unique_lock life(b->life);  // waits for calls in progress
   registry_.detach(b);
   b->ops->fini(b->ctx);  // completes whatever was still pending
-  b->link->detach();     // a call its threads make from now on finds nothing
   b->removed = true;
   life.unlock();
+  // A call its threads make from now on (a breach) finds nothing. Not under
+  // `life`: a call in progress may be waiting for it (a failover's post).
+  b->link->detach();
   // What its fini did not complete (a plugin's breach) is completed here, as
   // fini should have: nothing of it can move any more. Left in the table, such
   // an attempt and the backend would keep each other alive, and its transfer
