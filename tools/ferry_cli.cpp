@@ -117,7 +117,7 @@ int cmd_policy(PolicyArgs& args) {
       std::printf("     %-6s dropped: %s\n", c.backend.c_str(), c.why.c_str());
   }
   if (rank == 0) std::printf("no backend left: the transfer would fail with ERR_BAD_STATE\n");
-  std::printf("failover: up to %u attempts; timeout %lld ms per attempt\n", pol.max_attempts,
+  std::printf("failover: up to %u attempts; timeout %lld ms per transfer\n", pol.max_attempts,
               static_cast<long long>(pol.timeout.count()));
   return 0;
 }
@@ -188,7 +188,8 @@ int main(int argc, char** argv) {
 
   InfoArgs info_args;
   CLI::App* info = app.add_subcommand("info", "plugins found, loaded or why not");
-  info->add_flag("--json", info_args.json, "one JSON object per plugin found, for scripts");
+  info->add_flag("--json", info_args.json,
+                 "a JSON array, one object per plugin found, for scripts");
   info->add_option("--plugin-dir", info_args.dirs,
                    "search DIR too, after FERRY_PLUGIN_PATH, before the default (repeatable)")
       ->type_name("DIR")

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Logging through the host (plugins/common/host_log.h).
+// Logging through the host (ferry/plugin_kit.hpp: plugin_kit::Log).
 #pragma once
 
 #include "ferry/plugin_kit.hpp"

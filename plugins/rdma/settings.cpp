@@ -119,7 +119,8 @@ bool ParseSettings(const char* text, Settings* out, std::string* err) {
       *err = "unknown rdma setting '" + key +
              "' (known: devices, gid_index, qp_per_transfer, max_send_wr, recv_depth, cq_size, "
              "max_inline, max_sge, chunk_bytes, qp_timeout, retry_cnt, rnr_retry, min_rnr_timer, "
-             "traffic_class, service_level, connect_timeout_ms, qp_idle_ms, busy_poll, spin_us)";
+             "traffic_class, service_level, connect_timeout_ms, qp_idle_ms, max_qps_per_peer, "
+             "busy_poll, spin_us)";
       return false;
     }
   }

@@ -92,6 +92,11 @@ class IOEngineConfig:
     etcd_endpoints: List[str]
     etcd_namespace: str
     etcd_lease_ms: int
+    stats_socket: str
+    notify: Optional[bool]
+    inbound_max_per_peer: int
+    inbound_max_age_ms: int
+    control_idle_close_ms: int
     def __init__(
         self,
         host: str = "127.0.0.1",

@@ -1398,6 +1398,7 @@ PYBIND11_MODULE(_ferry, m) {
           d["abi"] = std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor);
           d["caps"] = caps_to_string(p.caps);
           d["description"] = p.description;
+          d["warning"] = p.warning;  // the table's size and its abi_minor disagree, else ""
           out.append(d);
         }
         return out;
