@@ -182,6 +182,7 @@ struct KvRig {
   std::vector<TransferItem> items;     // interleaved: each item another pair's
   std::vector<TransferItem> by_layer;  // the same, pair by pair (a connector's order)
   std::vector<int64_t> li, ri;
+  std::vector<int64_t> li_by_layer, ri_by_layer;  // the indices in by_layer's order
   std::unique_ptr<PreparedList> lp, rp;
   KvRig() {
     Rig& r = rig();
@@ -211,6 +212,10 @@ struct KvRig {
     std::stable_sort(
         by_layer.begin(), by_layer.end(),
         [](const TransferItem& a, const TransferItem& b) { return a.local < b.local; });
+    for (const TransferItem& it : by_layer) {
+      li_by_layer.push_back(static_cast<int64_t>(it.local * per + it.local_offset / kBlock));
+      ri_by_layer.push_back(static_cast<int64_t>(it.remote * per + it.remote_offset / kBlock));
+    }
   }
 };
 KvRig& kv() {
@@ -218,20 +223,29 @@ KvRig& kv() {
   return k;
 }
 
-void BM_KvPrepared(benchmark::State& state) {
+void kv_prepared(benchmark::State& state, const std::vector<int64_t>& li,
+                 const std::vector<int64_t>& ri) {
   KvRig& k = kv();
   Engine& a = *rig().a;
   TransferUid uid = a.allocate_transfer_uid();
   TransferStatus st;
   for (auto _ : state) {
-    st = a.transfer(Op::WRITE, *k.lp, k.li, *k.rp, k.ri, uid++, false);
+    st = a.transfer(Op::WRITE, *k.lp, li, *k.rp, ri, uid++, false);
     benchmark::DoNotOptimize(st);
   }
   st.Wait();
   check(state, st);
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(KvRig::kItems));
 }
+
+void BM_KvPrepared(benchmark::State& state) { kv_prepared(state, kv().li, kv().ri); }
 BENCHMARK(BM_KvPrepared)->UseRealTime();
+
+// Layer after layer, as vLLM's connector lays out its descriptor ids.
+void BM_KvPreparedByLayer(benchmark::State& state) {
+  kv_prepared(state, kv().li_by_layer, kv().ri_by_layer);
+}
+BENCHMARK(BM_KvPreparedByLayer)->UseRealTime();
 
 // One multi-region transfer() of `items` per iteration.
 void kv_items(benchmark::State& state, const std::vector<TransferItem>& items) {
