@@ -295,6 +295,36 @@ TEST(Failover, HostCallsAfterFiniFindNoEngineAndAreRefused) {
   for (int fd : {gate[0], gate[1], done[0], done[1]}) ::close(fd);
 }
 
+// The same from a thread that calls the host all along: before the backend's
+// removal, while its fini runs and after. A call in progress when fini returns
+// is waited for before the backend is freed; later ones are refused. The
+// sanitizer runs (ASan, TSan) check that no call reads freed memory.
+TEST(Failover, HostCallsAcrossTheBackendsRemovalAreServedThenRefused) {
+  ASSERT_NE(dlopen(FERRY_TEST_PLUGIN_DIR "/libferry-fault.so", RTLD_NOW), nullptr) << dlerror();
+  int gate[2], done[2];
+  ASSERT_EQ(::pipe(gate), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const uint64_t late_before = HostLink::late_calls();
+  {
+    Rig rig("chatter", policy(),
+            ",\"gate_fd\":" + std::to_string(gate[0]) + ",\"done_fd\":" + std::to_string(done[1]));
+    TransferStatus st = rig.run(Op::WRITE, 70);  // starts the thread
+    ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+    ASSERT_EQ(::write(gate[1], "x", 1), 1);  // from here its calls are counted to a bound
+    ASSERT_TRUE(rig.ini->remove_backend("fault").ok());
+    uint64_t out[2] = {0, 0};  // calls, refused
+    size_t got = 0;
+    while (got < sizeof out) {
+      const ssize_t n = ::read(done[0], reinterpret_cast<char*>(out) + got, sizeof out - got);
+      ASSERT_GT(n, 0) << "the plugin's thread never reported";
+      got += static_cast<size_t>(n);
+    }
+    EXPECT_EQ(out[1], 100u) << "calls after the removal were not refused (" << out[0] << " made)";
+  }
+  EXPECT_GE(HostLink::late_calls() - late_before, 100u);
+  for (int fd : {gate[0], gate[1], done[0], done[1]}) ::close(fd);
+}
+
 TEST(Failover, FailFirstNThenRecover) {
   Rig rig("fail_first_n");
   for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(rig.run(Op::WRITE, 20 + i).Succeeded());

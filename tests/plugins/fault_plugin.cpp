@@ -34,6 +34,15 @@
 //                      ctrl_try_send and auth_sign, long after the engine
 //                      went; it writes the three return codes (int[3]) to
 //                      "done_fd". The test keeps the library mapped.
+//   chatter            copy and complete; the first post also starts a thread
+//                      that fini never joins (an ABI breach): it calls the
+//                      host's auth_sign in a loop, through the backend's
+//                      removal, until 100 calls were refused with
+//                      FERRY_ERR_BAD_STATE (or 5 million calls were made since
+//                      a byte came on "gate_fd": the test's removal began), then
+//                      writes how many calls it made and how many were refused
+//                      (uint64_t[2]) to "done_fd". The test keeps the library
+//                      mapped.
 //   refuse_late        post() reads a byte from the descriptor "gate_fd" (the
 //                      test's pipe: it writes once it saw what it waits for),
 //                      then refuses the transfer - a post() slower than the
@@ -43,6 +52,7 @@
 // Built twice: as 'fault' (FERRY_CAP_POST_MORE) and, with FAULT_MULTI_PAIR, as
 // 'faultmp', which also takes several region pairs in one post (ABI 1.7
 // FERRY_CAP_MULTI_PAIR) and counts those posts and their pairs.
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,6 +84,7 @@ enum class Mode {
   COMPLETE_TWICE,
   COMPLETE_AGAIN_AT_FINI,
   CALL_AFTER_FINI,
+  CHATTER,
   REFUSE_LATE
 };
 
@@ -146,6 +157,7 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
       {"complete_twice", Mode::COMPLETE_TWICE},
       {"complete_again_at_fini", Mode::COMPLETE_AGAIN_AT_FINI},
       {"call_after_fini", Mode::CALL_AFTER_FINI},
+      {"chatter", Mode::CHATTER},
       {"refuse_late", Mode::REFUSE_LATE}};
   bool found = false;
   for (const auto& [name, m] : modes)
@@ -177,6 +189,21 @@ void call_after_fini(const ferry_host_v1* host, std::vector<void*> done, std::st
                      host->auth_sign(host->host_ctx, "c", 1, mac)};
   ssize_t w;
   while ((w = ::write(done_fd, rc, sizeof rc)) < 0 && errno == EINTR) {
+  }
+}
+
+// chatter: host calls from a thread nobody joins, before, during and after fini.
+void chatter(const ferry_host_v1* host, int gate_fd, int done_fd) {
+  uint64_t out[2] = {0, 0};  // calls, refused
+  uint64_t cap = UINT64_MAX;
+  uint8_t mac[32];
+  for (; out[1] < 100 && out[0] < cap; ++out[0]) {
+    if (host->auth_sign(host->host_ctx, "c", 1, mac) == FERRY_ERR_BAD_STATE) ++out[1];
+    pollfd p{gate_fd, POLLIN, 0};
+    if (cap == UINT64_MAX && out[0] % 1024 == 0 && ::poll(&p, 1, 0) == 1) cap = out[0] + 5000000;
+  }
+  ssize_t w;
+  while ((w = ::write(done_fd, out, sizeof out)) < 0 && errno == EINTR) {
   }
 }
 
@@ -355,6 +382,9 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       in->last_peer = static_cast<Peer*>(x->peer)->key;
       return FERRY_OK;
     }
+    case Mode::CHATTER:
+      if (in->seen.load() == 1) std::thread(chatter, in->host, in->gate_fd, in->done_fd).detach();
+      break;
     case Mode::OK:
       break;
   }
