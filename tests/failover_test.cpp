@@ -257,6 +257,31 @@ TEST(Failover, ACompletionLongAfterTheTransferEndedIsIgnored) {
   EXPECT_EQ(rig.stats("fault").failures, 0u);
 }
 
+// The plugin thread's two pipes (a gate it waits on, and where it reports)
+// and the settings that name them, for the fault modes that leave a thread.
+struct LatePipes {
+  int gate[2] = {-1, -1}, done[2] = {-1, -1};
+  LatePipes() {
+    if (::pipe(gate) != 0 || ::pipe(done) != 0) throw std::runtime_error("pipe failed");
+  }
+  ~LatePipes() {
+    for (int fd : {gate[0], gate[1], done[0], done[1]}) ::close(fd);
+  }
+  std::string settings() const {
+    return ",\"gate_fd\":" + std::to_string(gate[0]) + ",\"done_fd\":" + std::to_string(done[1]);
+  }
+  // Reads the thread's report (blocks until it comes): false on EOF or error.
+  bool report(void* into, size_t len) const {
+    size_t got = 0;
+    while (got < len) {
+      const ssize_t n = ::read(done[0], static_cast<char*>(into) + got, len - got);
+      if (n <= 0) return false;
+      got += static_cast<size_t>(n);
+    }
+    return true;
+  }
+};
+
 // plugin.h forbids calls into the host after fini() returned, yet a thread a
 // plugin's fini leaves running makes them. Here they come after both engines
 // are gone: each finds no backend and is ignored (complete, inbound, log) or
@@ -267,32 +292,23 @@ TEST(Failover, HostCallsAfterFiniFindNoEngineAndAreRefused) {
   // The plugin's late thread runs its code after the engines closed the
   // library: this handle keeps it mapped, and is never closed.
   ASSERT_NE(dlopen(FERRY_TEST_PLUGIN_DIR "/libferry-fault.so", RTLD_NOW), nullptr) << dlerror();
-  int gate[2], done[2];
-  ASSERT_EQ(::pipe(gate), 0);
-  ASSERT_EQ(::pipe(done), 0);
+  LatePipes pipes;
   const uint64_t late_before = HostLink::late_calls();
   {
-    Rig rig("call_after_fini", policy(),
-            ",\"gate_fd\":" + std::to_string(gate[0]) + ",\"done_fd\":" + std::to_string(done[1]));
+    Rig rig("call_after_fini", policy(), pipes.settings());
     for (uint64_t i = 0; i < 3; ++i) {
       TransferStatus st = rig.run(Op::WRITE, 60 + i);
       ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
     }
   }  // fini: the initiator's instance leaves its thread waiting on the gate
-  ASSERT_EQ(::write(gate[1], "x", 1), 1);
+  ASSERT_EQ(::write(pipes.gate[1], "x", 1), 1);
   int rc[3] = {};
-  size_t got = 0;
-  while (got < sizeof rc) {
-    const ssize_t n = ::read(done[0], reinterpret_cast<char*>(rc) + got, sizeof rc - got);
-    ASSERT_GT(n, 0) << "the plugin's late thread never reported";
-    got += static_cast<size_t>(n);
-  }
+  ASSERT_TRUE(pipes.report(rc, sizeof rc)) << "the plugin's late thread never reported";
   EXPECT_EQ(rc[0], FERRY_ERR_BAD_STATE) << "ctrl_send after fini";
   EXPECT_EQ(rc[1], FERRY_ERR_BAD_STATE) << "ctrl_try_send after fini";
   EXPECT_EQ(rc[2], FERRY_ERR_BAD_STATE) << "auth_sign after fini";
   // Three completions, one inbound, one log line and the three calls above.
   EXPECT_EQ(HostLink::late_calls() - late_before, 8u);
-  for (int fd : {gate[0], gate[1], done[0], done[1]}) ::close(fd);
 }
 
 // The same from a thread that calls the host all along: before the backend's
@@ -301,28 +317,19 @@ TEST(Failover, HostCallsAfterFiniFindNoEngineAndAreRefused) {
 // sanitizer runs (ASan, TSan) check that no call reads freed memory.
 TEST(Failover, HostCallsAcrossTheBackendsRemovalAreServedThenRefused) {
   ASSERT_NE(dlopen(FERRY_TEST_PLUGIN_DIR "/libferry-fault.so", RTLD_NOW), nullptr) << dlerror();
-  int gate[2], done[2];
-  ASSERT_EQ(::pipe(gate), 0);
-  ASSERT_EQ(::pipe(done), 0);
+  LatePipes pipes;
   const uint64_t late_before = HostLink::late_calls();
   {
-    Rig rig("chatter", policy(),
-            ",\"gate_fd\":" + std::to_string(gate[0]) + ",\"done_fd\":" + std::to_string(done[1]));
+    Rig rig("chatter", policy(), pipes.settings());
     TransferStatus st = rig.run(Op::WRITE, 70);  // starts the thread
     ASSERT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
-    ASSERT_EQ(::write(gate[1], "x", 1), 1);  // from here its calls are counted to a bound
+    ASSERT_EQ(::write(pipes.gate[1], "x", 1), 1);  // from here its calls are counted to a bound
     ASSERT_TRUE(rig.ini->remove_backend("fault").ok());
     uint64_t out[2] = {0, 0};  // calls, refused
-    size_t got = 0;
-    while (got < sizeof out) {
-      const ssize_t n = ::read(done[0], reinterpret_cast<char*>(out) + got, sizeof out - got);
-      ASSERT_GT(n, 0) << "the plugin's thread never reported";
-      got += static_cast<size_t>(n);
-    }
+    ASSERT_TRUE(pipes.report(out, sizeof out)) << "the plugin's thread never reported";
     EXPECT_EQ(out[1], 100u) << "calls after the removal were not refused (" << out[0] << " made)";
   }
   EXPECT_GE(HostLink::late_calls() - late_before, 100u);
-  for (int fd : {gate[0], gate[1], done[0], done[1]}) ::close(fd);
 }
 
 TEST(Failover, FailFirstNThenRecover) {
