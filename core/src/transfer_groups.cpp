@@ -13,7 +13,6 @@
 
 #include "control_plane.h"
 #include "log.h"
-#include "status_state.h"
 #include "transfer.h"
 
 namespace ferry {
@@ -106,15 +105,6 @@ TransferStatus Transfers::submit_groups(std::vector<Group> groups, IovList iov, 
     for (const auto& p : *parts)
       if (p.InProgress()) return p.Progress();
   });
-  // A wait for the call sleeps until about when its last part should end and
-  // then polls (status.cpp), as a wait for one transfer does. Without an
-  // estimate it blocked once its spin was over, and no waiter drove the
-  // backend's progress until the last part's completer woke it.
-  int64_t latest = 0;
-  for (const auto& p : *parts)
-    latest = std::max(latest, p.state()->expected_end_ns.load(std::memory_order_relaxed));
-  if (latest > 0)
-    status.SetExpectedEnd(std::chrono::steady_clock::time_point{std::chrono::nanoseconds(latest)});
   return status;
 }
 

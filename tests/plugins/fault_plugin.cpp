@@ -19,9 +19,7 @@
 //   deferred           copy in post(), but report success only from progress()
 //                      (ABI 1.6, a waiting thread) - or fail it at fini: no
 //                      thread of its own, so a transfer ends only if a waiter
-//                      drives it; with "delay_ms": D, progress() reports a
-//                      transfer only D ms after its post (a copy that takes
-//                      that long)
+//                      drives it
 //   complete_again_at_fini  copy, complete, and complete it once more at fini
 //                      (long after the core ended it): the core must ignore
 //                      and count it, reading nothing of the ended transfer
@@ -55,10 +53,8 @@
 #include <poll.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -94,7 +90,6 @@ struct Deferred {
   bool notify;
   std::string peer;
   uint64_t uid;
-  std::chrono::steady_clock::time_point due;  // progress() reports it from then on
 };
 
 struct Instance {
@@ -102,10 +97,9 @@ struct Instance {
   std::string key;
   Mode mode = Mode::OK;
   int n = 0;
-  int gate_fd = -1;                    // refuse_late, call_after_fini: the test's pipe
-  int done_fd = -1;                    // call_after_fini: where the late calls' results go
-  std::chrono::milliseconds delay{0};  // deferred: how long after its post a transfer is done
-  std::string last_peer;               // call_after_fini: the peer of the last post, guarded by mu
+  int gate_fd = -1;       // refuse_late, call_after_fini: the test's pipe
+  int done_fd = -1;       // call_after_fini: where the late calls' results go
+  std::string last_peer;  // call_after_fini: the peer of the last post, guarded by mu
   std::atomic<int> seen{0};
   std::mutex mu;
   std::vector<void*> hung;         // xfer_ctx of hung transfers, completed at fini
@@ -143,7 +137,6 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
   in->n = j.is_object() ? j.value("n", 0) : 0;
   in->gate_fd = j.is_object() ? j.value("gate_fd", -1) : -1;
   in->done_fd = j.is_object() ? j.value("done_fd", -1) : -1;
-  in->delay = std::chrono::milliseconds(j.is_object() ? j.value("delay_ms", 0) : 0);
   static const std::pair<const char*, Mode> modes[] = {
       {"ok", Mode::OK},
       {"fail_submit", Mode::FAIL_SUBMIT},
@@ -360,8 +353,7 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       {
         std::lock_guard<std::mutex> lk(in->mu);
         in->deferred.push_back({x->xfer_ctx, (x->flags & FERRY_XFER_NOTIFY) != 0,
-                                static_cast<Peer*>(x->peer)->key, x->uid,
-                                std::chrono::steady_clock::now() + in->delay});
+                                static_cast<Peer*>(x->peer)->key, x->uid});
       }
       return FERRY_OK;
     case Mode::COMPLETE_TWICE:
@@ -406,12 +398,7 @@ int f_progress(void* ctx) {
   std::vector<Deferred> mine;
   {
     std::lock_guard<std::mutex> lk(in->mu);
-    const auto now = std::chrono::steady_clock::now();
-    // Those not due yet stay, in order; the due ones (after them) are ours.
-    auto due = std::stable_partition(in->deferred.begin(), in->deferred.end(),
-                                     [&](const Deferred& d) { return d.due > now; });
-    mine.assign(due, in->deferred.end());
-    in->deferred.erase(due, in->deferred.end());
+    mine.swap(in->deferred);
   }
   for (const Deferred& d : mine) {
     if (d.notify) in->host->ctrl_send(in->host->host_ctx, d.peer.c_str(), &d.uid, sizeof d.uid);
