@@ -283,10 +283,13 @@ bool IoPool::TurnOwned(Handler* h, uint32_t events) {
     epoll_event again{};
     again.events = next | EPOLLONESHOT;
     again.data.ptr = h;
+    // Read while the turn is ours: once turning_ is released, the turn the
+    // re-arm allows may finish and delete h (TSan saw this read race the delete).
+    const int fd = h->fd();
     h->turns_.fetch_add(1, std::memory_order_release);
     // Before the re-arm: the turn it allows must not find this one running.
     h->turning_.store(false, std::memory_order_release);
-    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, h->fd(), &again) == 0) return watched;
+    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &again) == 0) return watched;
     // Never armed again: ours to finish. Out of the watch list first, then the
     // turn taken back as any thread takes one - a poller may have taken it in
     // between (a watched handler), and its turn must end before Finish.
