@@ -124,8 +124,8 @@ class EngineImpl {
   std::unique_ptr<MetadataSync> metadata_;         // its threads (de)register peers
 };
 
-// host_services.cpp: fills b.host with the core's callbacks for that backend.
-// Gives b its host table (b.link), through which its plugin calls the core.
+// host_services.cpp: gives b its host table (b.link), the core's callbacks
+// through which its plugin calls the core.
 void attach_host_link(Backend& b);
 // fence_serve.cpp: a FENCE from `peer`; each entry's backend fences it here.
 std::vector<FenceResult> serve_fence(const BackendSet& backends, const std::string& peer,

@@ -167,12 +167,23 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
   return FERRY_OK;
 }
 
+// Blocks until the test's byte arrives on its gate pipe.
+void wait_for_gate(int fd) {
+  char b;
+  while (::read(fd, &b, 1) < 0 && errno == EINTR) {
+  }
+}
+
+// A report for the test on its pipe (a few bytes: one atomic write).
+void report(int fd, const void* data, size_t len) {
+  while (::write(fd, data, len) < 0 && errno == EINTR) {
+  }
+}
+
 // call_after_fini: what fini leaves running. Copies only: the instance is gone.
 void call_after_fini(const ferry_host_v1* host, std::vector<void*> done, std::string peer,
                      int gate_fd, int done_fd) {
-  char b;
-  while (::read(gate_fd, &b, 1) < 0 && errno == EINTR) {
-  }
+  wait_for_gate(gate_fd);
   for (void* x : done) host->complete(host->host_ctx, x, FERRY_OK, nullptr);
   host->inbound(host->host_ctx, peer.c_str(), 7, FERRY_OK);
   host->log(host->host_ctx, FERRY_LOG_INFO, "fault: a line logged after fini");
@@ -180,9 +191,7 @@ void call_after_fini(const ferry_host_v1* host, std::vector<void*> done, std::st
   const int rc[3] = {host->ctrl_send(host->host_ctx, peer.c_str(), "x", 1),
                      host->ctrl_try_send(host->host_ctx, peer.c_str(), "x", 1),
                      host->auth_sign(host->host_ctx, "c", 1, mac)};
-  ssize_t w;
-  while ((w = ::write(done_fd, rc, sizeof rc)) < 0 && errno == EINTR) {
-  }
+  report(done_fd, rc, sizeof rc);
 }
 
 // chatter: host calls from a thread nobody joins, before, during and after fini.
@@ -195,9 +204,7 @@ void chatter(const ferry_host_v1* host, int gate_fd, int done_fd) {
     pollfd p{gate_fd, POLLIN, 0};
     if (cap == UINT64_MAX && out[0] % 1024 == 0 && ::poll(&p, 1, 0) == 1) cap = out[0] + 5000000;
   }
-  ssize_t w;
-  while ((w = ::write(done_fd, out, sizeof out)) < 0 && errno == EINTR) {
-  }
+  report(done_fd, out, sizeof out);
 }
 
 void f_fini(void* ctx) {
@@ -310,12 +317,9 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       if (FERRY_HAS_FIELD(ferry_xfer_v1, x, reason_len) && x->reason && x->reason_len)
         std::snprintf(x->reason, x->reason_len, "fault: scripted refusal in post()");
       return FERRY_ERR_TRANSPORT;
-    case Mode::REFUSE_LATE: {
-      char b;
-      while (::read(in->gate_fd, &b, 1) < 0 && errno == EINTR) {
-      }
+    case Mode::REFUSE_LATE:
+      wait_for_gate(in->gate_fd);
       return FERRY_ERR_TRANSPORT;
-    }
     case Mode::FAIL_COMPLETE:
       in->host->complete(hc, x->xfer_ctx, FERRY_ERR_TRANSPORT,
                          "fault: scripted completion failure");
@@ -375,7 +379,7 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       return FERRY_OK;
     }
     case Mode::CHATTER:
-      if (in->seen.load() == 1) std::thread(chatter, in->host, in->gate_fd, in->done_fd).detach();
+      if (nth == 0) std::thread(chatter, in->host, in->gate_fd, in->done_fd).detach();
       break;
     case Mode::OK:
       break;
