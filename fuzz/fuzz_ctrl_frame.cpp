@@ -27,7 +27,11 @@ void decode_all(const std::vector<uint8_t>& body) {
   decode_refused(body, s);
   if (decode_hello_ok(body, &flags) && hello_ok_body(flags) != body) __builtin_trap();
   if (decode_plugin(body, s, off) && (off > body.size() || s.empty())) __builtin_trap();
-  if (decode_notify(body, uid, status) && notify_body(uid, status) != body) __builtin_trap();
+  uint64_t target = 0;
+  if (decode_notify(body, uid, status, target) && notify_body(uid, status, target) != body)
+    __builtin_trap();
+  NotifyAck nack;
+  if (decode_notify_ack(body, uid, nack) && notify_ack_body(uid, nack) != body) __builtin_trap();
   uint64_t inst0 = 0, id = 0;
   if (decode_msg(body, inst0, id, off) &&
       (off != 16 || body.size() - off > kMaxNotifPayload || id == 0 ||

@@ -11,7 +11,7 @@ using namespace ferry;
 TEST(ControlFrame, RoundTripAcrossArbitrarySplits) {
   const uint8_t nonce[kCtrlNonceSize] = {9, 8, 7};
   auto a = encode_ctrl_frame(CtrlType::HELLO, hello_body("engine-a", nonce, kHelloHasToken));
-  auto b = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(77, 0));
+  auto b = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(77, 0, 0xfeed));
   auto c = encode_ctrl_frame(CtrlType::PLUGIN, plugin_body("tcp", "xyz", 3));
   std::vector<uint8_t> all;
   for (auto* f : {&a, &b, &c}) all.insert(all.end(), f->begin(), f->end());
@@ -27,10 +27,11 @@ TEST(ControlFrame, RoundTripAcrossArbitrarySplits) {
     EXPECT_EQ(key, "engine-a");
     EXPECT_EQ(flags, kHelloHasToken);
     EXPECT_EQ(std::vector<uint8_t>(got, got + 3), std::vector<uint8_t>({9, 8, 7}));
-    uint64_t uid;
+    uint64_t uid, instance;
     int32_t st;
-    EXPECT_TRUE(decode_notify(out[1].body, uid, st));
+    EXPECT_TRUE(decode_notify(out[1].body, uid, st, instance));
     EXPECT_EQ(uid, 77u);
+    EXPECT_EQ(instance, 0xfeedu);
     std::string plugin;
     size_t off;
     EXPECT_TRUE(decode_plugin(out[2].body, plugin, off));
@@ -40,7 +41,7 @@ TEST(ControlFrame, RoundTripAcrossArbitrarySplits) {
 }
 
 TEST(ControlFrame, MalformedHeadersAreErrors) {
-  auto good = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(1, 0));
+  auto good = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(1, 0, 1));
   struct Mut {
     size_t at;
     uint8_t val;
@@ -87,9 +88,17 @@ TEST(ControlFrame, BodyDecodersRejectWrongShapes) {
   EXPECT_FALSE(decode_hello_ok({2}, &ok_flags));     // unknown flag
   EXPECT_FALSE(decode_hello_ok({0}, &ok_flags));     // no flags is the empty body (fuzz_ctrl_frame)
   EXPECT_FALSE(decode_hello_ok({1, 0}, &ok_flags));  // trailing bytes
-  uint64_t uid;
+  uint64_t uid, instance;
   int32_t st;
-  EXPECT_FALSE(decode_notify({1, 2, 3}, uid, st));
+  EXPECT_FALSE(decode_notify({1, 2, 3}, uid, st, instance));
+  // The version-2 body (uid, status): no instance.
+  EXPECT_FALSE(decode_notify({1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, uid, st, instance));
+  NotifyAck ack;
+  EXPECT_TRUE(decode_notify_ack(notify_ack_body(9, NotifyAck::OTHER_LIFE), uid, ack));
+  EXPECT_EQ(uid, 9u);
+  EXPECT_EQ(ack, NotifyAck::OTHER_LIFE);
+  EXPECT_FALSE(decode_notify_ack({9, 0, 0, 0, 0, 0, 0, 0, 2}, uid, ack));  // unknown answer
+  EXPECT_FALSE(decode_notify_ack({9, 0, 0, 0, 0, 0, 0, 0}, uid, ack));     // no answer
   std::string plugin;
   size_t off;
   EXPECT_FALSE(decode_plugin({}, plugin, off));
@@ -110,12 +119,14 @@ TEST(ControlFrame, RandomStreamsNeverCrash) {
     for (auto& fr : out) {
       std::string s;
       size_t off;
-      uint64_t u;
+      uint64_t u, inst;
       int32_t st;
+      NotifyAck ack;
       uint8_t nonce[kCtrlNonceSize], flags;
       decode_hello(fr.body, s, nonce, &flags);
       decode_plugin(fr.body, s, off);
-      decode_notify(fr.body, u, st);
+      decode_notify(fr.body, u, st, inst);
+      decode_notify_ack(fr.body, u, ack);
     }
   }
 }

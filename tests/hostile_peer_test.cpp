@@ -190,6 +190,28 @@ bool closed_by_peer(int fd) {
   }
 }
 
+// Reads and drops what the engine sends on fd (the answers to a flood of
+// NOTIFYs, which a sender must read) until the connection ends.
+class AnswerDrain {
+ public:
+  explicit AnswerDrain(int fd)
+      : t_([fd, this] {
+          char buf[65536];
+          for (;;) {
+            ssize_t r = recv(fd, buf, sizeof buf, 0);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return;
+            if (r > 0) bytes_ += static_cast<size_t>(r);
+          }
+        }) {}
+  // The owner shuts the socket down first (that ends the reads).
+  ~AnswerDrain() { t_.join(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::atomic<size_t> bytes_{0};
+  std::thread t_;
+};
+
 Bytes cat(std::initializer_list<Bytes> parts) {
   Bytes out;
   for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
@@ -417,7 +439,7 @@ TEST(HostileControlPlane, MalformedAndUnauthenticatedConnectionsAreRefused) {
        },
        "unsupported version"},
       {"notify before hello",
-       [](int fd) { send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(1, 0))); },
+       [](int fd) { send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(1, 0, 0))); },
        "first frame is not a valid HELLO"},
       {"hello with a bad body",
        [](int fd) {
@@ -471,7 +493,7 @@ TEST(HostileControlPlane, MalformedAndUnauthenticatedConnectionsAreRefused) {
          ASSERT_TRUE(read_ctrl(fd, f));
          ASSERT_EQ(f.type, CtrlType::HELLO_OK);
          ASSERT_EQ(f.body, Bytes{kHelloOkSendDesc}) << "the target must ask for its descriptor";
-         send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(7, 0)));
+         send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(7, 0, 0)));
        },
        "'stranger' sent a 5 frame before its descriptor"},
       {"a descriptor sent in clear (not sealed for the target)",
@@ -504,7 +526,7 @@ TEST(HostileControlPlane, MalformedAndUnauthenticatedConnectionsAreRefused) {
          send_raw(fd, hello_good);
          CtrlFrame f;
          ASSERT_TRUE(read_ctrl(fd, f));
-         send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(5, 0)));
+         send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(5, 0, 0)));
        },
        "did not answer the auth challenge"},
       {"proof of the wrong size",
@@ -592,6 +614,9 @@ TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
   ASSERT_GE(fd, 0);
   CtrlHandshake hs;
   ASSERT_TRUE(rig.ctrl_login(fd, hs));
+  const uint64_t life = rig.tgt->desc().instance;
+  // Each NOTIFY is answered; a sender that reads no answers is cut (below).
+  auto drain = std::make_unique<AnswerDrain>(fd);
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t x = 0x9E3779B97F4A7C15ull, first = 0, last = 0;
   Bytes batch;
@@ -599,7 +624,7 @@ TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64: no repeats within the flood
     if (i == 0) first = x;
     last = x;
-    Bytes f = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(x, 0));
+    Bytes f = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(x, 0, life));
     batch.insert(batch.end(), f.begin(), f.end());
     if (batch.size() >= 64 * 1024 || i + 1 == kFlood) {
       send_raw(fd, batch);
@@ -621,6 +646,8 @@ TEST(HostileControlPlane, ForgedNotificationFloodStaysAtTheCap) {
     EXPECT_LE(rss_after - rss_before, 32 * 1024)
         << "RSS grew by " << (rss_after - rss_before) << " KiB";
   }
+  shutdown(fd, SHUT_RDWR);
+  drain.reset();
   close(fd);
   EXPECT_TRUE(rig.good_transfer(7));
 }
@@ -727,6 +754,68 @@ TEST(HostileControlPlane, MalformedMessagesCloseTheConnection) {
   }
   EXPECT_EQ(rig.tgt->stats().notifications_received, 0u);
   EXPECT_TRUE(rig.good_transfer(9));
+}
+
+TEST(HostileControlPlane, NotifyFloodThatNeverReadsItsAnswersIsCut) {
+  // Every NOTIFY is answered (NOTIFY_ACK). A peer that sends them as fast as
+  // the target reads and never reads an answer must not block the target's
+  // I/O thread on a full socket, nor make it keep the answers: once one does
+  // not fit, the connection is closed. The good peer is served meanwhile.
+  Rig rig("tcp");
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  int small = 4096;  // our receive buffer: the answers fill it soon
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  CtrlHandshake hs;
+  ASSERT_TRUE(rig.ctrl_login(fd, hs));
+  const uint64_t before = rig.rejected();
+  const uint64_t life = rig.tgt->desc().instance;
+  bool cut = false;
+  for (uint64_t uid = 1; uid <= 2000000 && !cut; uid += 4096) {
+    Bytes batch;
+    for (uint64_t i = 0; i < 4096; ++i) {
+      Bytes f = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(uid + i, 0, life));
+      batch.insert(batch.end(), f.begin(), f.end());
+    }
+    cut = send(fd, batch.data(), batch.size(), MSG_NOSIGNAL) < 0;
+  }
+  EXPECT_TRUE(cut || closed_by_peer(fd)) << "a sender that reads no answers must be cut";
+  EXPECT_GT(rig.rejected(), before);
+  close(fd);
+  EXPECT_TRUE(rig.good_transfer(12)) << "the I/O thread is not stuck";
+}
+
+TEST(HostileControlPlane, NotifiesNamingAnotherLifeAreNotTaken) {
+  // A NOTIFY says which life of the target the transfer went to: a resend
+  // that reaches a new life of the engine (the data went to the one before)
+  // is answered OTHER_LIFE and not recorded.
+  Rig rig("tcp");
+  int fd = dial(rig.ctrl_port);
+  ASSERT_GE(fd, 0);
+  CtrlHandshake hs;
+  ASSERT_TRUE(rig.ctrl_login(fd, hs));
+  const uint64_t life = rig.tgt->desc().instance;
+  auto ask = [&](uint64_t uid, uint64_t target_life, NotifyAck* ack) {
+    send_raw(fd, encode_ctrl_frame(CtrlType::NOTIFY, notify_body(uid, 0, target_life)));
+    CtrlFrame f;
+    uint64_t got = 0;
+    return read_ctrl(fd, f) && f.type == CtrlType::NOTIFY_ACK &&
+           decode_notify_ack(f.body, got, *ack) && got == uid;
+  };
+  NotifyAck ack;
+  for (uint64_t other : {life + 1, uint64_t{0}}) {
+    ASSERT_TRUE(ask(31, other, &ack));
+    EXPECT_EQ(ack, NotifyAck::OTHER_LIFE);
+  }
+  EXPECT_FALSE(rig.tgt->pop_inbound_transfer_status("good", 31)) << "recorded for another life";
+  ASSERT_TRUE(ask(32, life, &ack));
+  EXPECT_EQ(ack, NotifyAck::TAKEN);
+  ASSERT_TRUE(ask(32, life, &ack)) << "a resend";
+  EXPECT_EQ(ack, NotifyAck::TAKEN);
+  close(fd);
+  EXPECT_TRUE(rig.tgt->pop_inbound_transfer_status("good", 32));
+  EXPECT_FALSE(rig.tgt->pop_inbound_transfer_status("good", 32)) << "a resend is taken once";
+  EXPECT_EQ(rig.tgt->stats().inbound_notifications, 1u);
 }
 
 TEST(HostileControlPlane, OutOfDescriptorsTheEngineIdlesAndRecovers) {
@@ -923,8 +1012,10 @@ TEST(HostileControlPlane, AHolderOfOurDescriptorCannotSpeakForAKeyRegisteredMean
   ASSERT_TRUE(claim.flags & kHelloOkSendDesc);
   ASSERT_TRUE(rig.tgt->register_remote_engine(p.desc()));
   ASSERT_TRUE(p.register_remote_engine(rig.tgt->desc()));
-  send_raw(fd, cat({peer_desc_frame(rig, claim, "p", mine),
-                    encode_ctrl_frame(CtrlType::NOTIFY, notify_body(4242, 0))}));
+  send_raw(
+      fd,
+      cat({peer_desc_frame(rig, claim, "p", mine),
+           encode_ctrl_frame(CtrlType::NOTIFY, notify_body(4242, 0, rig.tgt->desc().instance))}));
   EXPECT_TRUE(closed_by_peer(fd)) << "a connection claiming a registered key under another secret";
   close(fd);
   EXPECT_FALSE(rig.tgt->pop_inbound_transfer_status("p", 4242)) << "taken as p's";
@@ -942,8 +1033,9 @@ TEST(HostileControlPlane, AConnectionWhoseKeyCannotBeLearnedIsClosed) {
   const auth::InstanceSecret mine = random_secret();
   Claim claim;
   ASSERT_TRUE(claim_key(rig, fd, "hostile-tgt", mine, &claim));
-  send_raw(fd, cat({peer_desc_frame(rig, claim, "hostile-tgt", mine),
-                    encode_ctrl_frame(CtrlType::NOTIFY, notify_body(31, 0))}));
+  send_raw(
+      fd, cat({peer_desc_frame(rig, claim, "hostile-tgt", mine),
+               encode_ctrl_frame(CtrlType::NOTIFY, notify_body(31, 0, rig.tgt->desc().instance))}));
   EXPECT_TRUE(closed_by_peer(fd));
   close(fd);
   EXPECT_EQ(rig.tgt->stats().inbound_notifications, 0u);
@@ -983,11 +1075,13 @@ TEST(HostileControlPlane, OnePeersStreamOfFramesDoesNotStarveTheOthers) {
   int fd = dial(rig.ctrl_port);
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(learned_as(rig, fd, "streamer"));
+  AnswerDrain drain(fd);  // it reads its answers (one that does not is cut)
   std::atomic<bool> stop{false};
   std::thread flood([&] {
     // One batch made once; each round only renumbers its uids (as fast as
     // the socket takes them).
-    const Bytes one = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(1, 0));
+    const Bytes one =
+        encode_ctrl_frame(CtrlType::NOTIFY, notify_body(1, 0, rig.tgt->desc().instance));
     const size_t uid_at = kCtrlHeaderSize;  // the body starts with the uid
     Bytes batch;
     for (int i = 0; i < 4096; ++i) batch.insert(batch.end(), one.begin(), one.end());

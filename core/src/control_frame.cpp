@@ -105,9 +105,18 @@ bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t
   return true;
 }
 
-bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status) {
+bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status,
+                   uint64_t& instance) {
   wire::Reader r(body.data(), body.size());
-  return r.u64(uid) && r.i32(status) && r.left() == 0;
+  return r.u64(uid) && r.i32(status) && r.u64(instance) && r.left() == 0;
+}
+
+bool decode_notify_ack(const std::vector<uint8_t>& body, uint64_t& uid, NotifyAck& ack) {
+  wire::Reader r(body.data(), body.size());
+  uint8_t a;
+  if (!r.u64(uid) || !r.u8(a) || r.left() != 0 || a > kMaxNotifyAck) return false;
+  ack = static_cast<NotifyAck>(a);
+  return true;
 }
 
 bool decode_msg(const std::vector<uint8_t>& body, uint64_t& instance, uint64_t& id,
@@ -162,10 +171,18 @@ std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload,
   return std::move(w.buf());
 }
 
-std::vector<uint8_t> notify_body(uint64_t uid, int32_t status) {
+std::vector<uint8_t> notify_body(uint64_t uid, int32_t status, uint64_t instance) {
   wire::Writer w;
   w.u64(uid);
   w.i32(status);
+  w.u64(instance);
+  return std::move(w.buf());
+}
+
+std::vector<uint8_t> notify_ack_body(uint64_t uid, NotifyAck ack) {
+  wire::Writer w;
+  w.u64(uid);
+  w.u8(static_cast<uint8_t>(ack));
   return std::move(w.buf());
 }
 

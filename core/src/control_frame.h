@@ -29,7 +29,8 @@
 namespace ferry {
 
 constexpr uint32_t kCtrlMagic = 0x43595246;  // "FRYC" little-endian
-constexpr uint8_t kCtrlVersion = 2;
+// 3: NOTIFY names the receiver's life and is answered (NOTIFY_ACK).
+constexpr uint8_t kCtrlVersion = 3;
 constexpr size_t kCtrlHeaderSize = 12;
 constexpr uint32_t kMaxCtrlBody = 1u << 20;
 constexpr uint32_t kMaxHandshakeBody = 512;
@@ -41,11 +42,15 @@ constexpr size_t kCtrlProofSize = 64;  // LinkAuth::kProofSize
 constexpr uint8_t kHelloHasToken = 1;
 
 enum class CtrlType : uint8_t {
-  HELLO = 1,           // body: str8 sender key, 32-byte nonce, u8 flags
-  HELLO_OK = 2,        // body: empty, or u8 flags (kHelloOkSendDesc)
-  HELLO_REFUSED = 3,   // body: str8 reason
-  PLUGIN = 4,          // body: str8 plugin name, then the plugin's opaque payload
-  NOTIFY = 5,          // body: u64 uid, i32 status      (a transfer to the receiver landed)
+  HELLO = 1,          // body: str8 sender key, 32-byte nonce, u8 flags
+  HELLO_OK = 2,       // body: empty, or u8 flags (kHelloOkSendDesc)
+  HELLO_REFUSED = 3,  // body: str8 reason
+  PLUGIN = 4,         // body: str8 plugin name, then the plugin's opaque payload
+  // A transfer to the receiver landed (the core tells it where the backend
+  // cannot). body: u64 uid, i32 status, u64 the receiver's instance the sender
+  // means. Answered on the same connection by NOTIFY_ACK before the sender
+  // uses the connection again; a resend of a uid is taken once (InboundTable).
+  NOTIFY = 5,
   AUTH_CHALLENGE = 6,  // body: 32-byte server nonce, 64-byte server proof
   AUTH_PROOF = 7,      // body: 64-byte client proof
   // The initiator gave up on WRITE attempts whose outcome it does not know; the
@@ -63,9 +68,10 @@ enum class CtrlType : uint8_t {
   // the highest id it has decided on (notif_inbox.h). Answered on the same
   // connection by MSG_ACK before the sender sends its next message.
   MSG = 11,
-  MSG_ACK = 12,  // body: u64 message id, u8 MsgAck
+  MSG_ACK = 12,     // body: u64 message id, u8 MsgAck
+  NOTIFY_ACK = 13,  // body: u64 uid, u8 NotifyAck
 };
-constexpr uint8_t kMaxCtrlType = 12;
+constexpr uint8_t kMaxCtrlType = 13;
 constexpr size_t kMaxNotifPayload = 64 * 1024;
 // In a FENCE, the entry that asks about a notification message: its attempt is
 // the message id (the receiver refuses that id from now on if it has not taken it).
@@ -79,6 +85,13 @@ enum class MsgAck : uint8_t {
   STALE = 3,   // an id below one already decided: a resend from long ago, ignored
 };
 constexpr uint8_t kMaxMsgAck = 3;
+
+// The receiver's answer to a NOTIFY.
+enum class NotifyAck : uint8_t {
+  TAKEN = 0,       // recorded (now, or already: a resend)
+  OTHER_LIFE = 1,  // meant for another instance of this engine: not recorded
+};
+constexpr uint8_t kMaxNotifyAck = 1;
 constexpr uint8_t kHelloOkSendDesc = 1;
 constexpr uint32_t kMaxFenceEntries = 4096;
 
@@ -132,7 +145,9 @@ bool decode_proof(const std::vector<uint8_t>& body, uint8_t proof[kCtrlProofSize
 bool decode_refused(const std::vector<uint8_t>& body, std::string& reason);
 bool decode_hello_ok(const std::vector<uint8_t>& body, uint8_t* flags);
 bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t& payload_off);
-bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status);
+bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status,
+                   uint64_t& instance);
+bool decode_notify_ack(const std::vector<uint8_t>& body, uint64_t& uid, NotifyAck& ack);
 // payload_off: where the payload starts in body.
 bool decode_msg(const std::vector<uint8_t>& body, uint64_t& instance, uint64_t& id,
                 size_t& payload_off);
@@ -150,7 +165,8 @@ std::vector<uint8_t> proof_body(const uint8_t proof[kCtrlProofSize]);
 std::vector<uint8_t> refused_body(const std::string& reason);
 std::vector<uint8_t> hello_ok_body(uint8_t flags);
 std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload, size_t n);
-std::vector<uint8_t> notify_body(uint64_t uid, int32_t status);
+std::vector<uint8_t> notify_body(uint64_t uid, int32_t status, uint64_t instance);
+std::vector<uint8_t> notify_ack_body(uint64_t uid, NotifyAck ack);
 std::vector<uint8_t> msg_body(uint64_t instance, uint64_t id, const void* payload, size_t n);
 std::vector<uint8_t> msg_ack_body(uint64_t id, MsgAck ack);
 std::vector<uint8_t> fence_body(uint64_t req, uint64_t instance,

@@ -42,6 +42,9 @@ struct ControlPlane::Inbound {
   std::vector<uint8_t> transcript;
   auth::Mac self_mac{};
   CtrlFrameReader reader;
+  // The sender closed its end (an answer failed with EPIPE): what it sent
+  // before is still read and taken, unanswered, until the end of the stream.
+  bool sender_gone = false;
 };
 
 namespace {
@@ -711,6 +714,28 @@ void ControlPlane::open_admitted(Inbound& c) {
   c.reader.set_max_body(kMaxCtrlBody);
 }
 
+bool ControlPlane::answer(Inbound& c, CtrlType type, const std::vector<uint8_t>& body) {
+  // The sender reads this answer before it uses the connection again, so the
+  // socket has room for it; one that does not read its answers is cut rather
+  // than let block this thread (or its unread answers pile up here).
+  if (c.sender_gone) return true;
+  auto frame = encode_ctrl_frame(type, body);
+  ssize_t k = ::send(c.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k == static_cast<ssize_t>(frame.size())) return true;
+  if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+    // Its sender closed (it gave up waiting, or went idle): frames it sent
+    // whole before that are still taken - a NOTIFY it counted as sent must
+    // not be dropped with the connection.
+    c.sender_gone = true;
+    return true;
+  }
+  warn_from("unread-acks", c.from,
+            "closing connection from '" + c.peer + "' (" + c.from +
+                "): it does not read the answers to its notifications");
+  ++rejected_;
+  return false;
+}
+
 bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
   if (c.state == Inbound::State::HELLO) return handle_hello(c, f);
   if (c.state == Inbound::State::PROOF) return handle_proof(c, f);
@@ -726,11 +751,11 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
       return true;
     }
     case CtrlType::NOTIFY: {
-      uint64_t uid;
+      uint64_t uid, instance;
       int32_t status;
-      if (!decode_notify(f.body, uid, status)) break;
-      handlers_.on_notify(c.peer, uid, status);
-      return true;
+      if (!decode_notify(f.body, uid, status, instance)) break;
+      const NotifyAck ack = handlers_.on_notify(c.peer, uid, status, instance);
+      return answer(c, CtrlType::NOTIFY_ACK, notify_ack_body(uid, ack));
     }
     case CtrlType::MSG: {
       uint64_t instance, id;
@@ -738,17 +763,7 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
       if (!handlers_.on_message || !decode_msg(f.body, instance, id, off)) break;
       MsgAck ack =
           handlers_.on_message(c.peer, instance, id, f.body.data() + off, f.body.size() - off);
-      // The sender reads this answer before it sends its next message, so the
-      // socket has room for it; one that does not read its answers is cut
-      // rather than let block this thread.
-      auto frame = encode_ctrl_frame(CtrlType::MSG_ACK, msg_ack_body(id, ack));
-      ssize_t k = ::send(c.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (k == static_cast<ssize_t>(frame.size())) return true;
-      warn_from("unread-acks", c.from,
-                "closing connection from '" + c.peer + "' (" + c.from +
-                    "): it does not read the answers to its messages");
-      ++rejected_;
-      return false;
+      return answer(c, CtrlType::MSG_ACK, msg_ack_body(id, ack));
     }
     case CtrlType::FENCE: {
       // Fencing may wait for data lanes to pass their fence check: not on this
@@ -1031,15 +1046,81 @@ std::shared_ptr<ControlPlane::Outbound> ControlPlane::outbound_for(const std::st
 bool ControlPlane::connected(Outbound& o, const std::string& peer_key, const std::string& host,
                              uint16_t port, Clock::time_point deadline, std::string* err,
                              int* status) {
-  if (o.fd >= 0 && looks_dead(o.fd)) {
-    ::close(o.fd);
-    o.fd = -1;
+  // Data waiting on an idle connection is answers to our NOTIFYs, or its end.
+  if (o.fd >= 0 && (o.unacked.empty() ? looks_dead(o.fd) : !take_answers(o, peer_key))) o.drop();
+  if (o.fd >= 0) return true;
+  o.fd = connect_and_hello(peer_key, host, port, deadline, err, status, &o.unix_socket);
+  if (o.fd < 0) return false;
+  arm_reaper();
+  if (resend_unacked(o, deadline)) return true;
+  *err = "control connection to '" + peer_key +
+         "': the notifications it had not answered could not be sent again";
+  *status = FERRY_ERR_NOT_SENT;  // the caller's frame did not go
+  return false;
+}
+
+void ControlPlane::Outbound::drop() {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+  answers = CtrlFrameReader{};
+}
+
+bool ControlPlane::answered(Outbound& o, const std::string& peer_key, const CtrlFrame& f) {
+  uint64_t uid = 0;
+  NotifyAck ack;
+  if (f.type != CtrlType::NOTIFY_ACK || !decode_notify_ack(f.body, uid, ack) || o.unacked.empty() ||
+      o.unacked.front().first != uid)
+    return false;
+  o.unacked.pop_front();
+  ++notify_answered_;
+  if (ack == NotifyAck::OTHER_LIFE) {
+    // Our descriptor of it is of a life that has ended: the data went there.
+    ++notify_other_life_;
+    warn_from("notify-other-life", peer_key,
+              "'" + peer_key + "' answered a notification (transfer uid " + std::to_string(uid) +
+                  ") as another life of that engine: the transfer's data went to the one before");
   }
-  if (o.fd < 0) {
-    o.fd = connect_and_hello(peer_key, host, port, deadline, err, status, &o.unix_socket);
-    if (o.fd >= 0) arm_reaper();
+  return true;
+}
+
+bool ControlPlane::take_answers(Outbound& o, const std::string& peer_key) {
+  uint8_t buf[4096];
+  for (;;) {
+    const ssize_t k = ::recv(o.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (k <= 0) return false;  // its end, or a failed connection
+    std::vector<CtrlFrame> frames;
+    if (!o.answers.feed(buf, static_cast<size_t>(k), frames)) return false;
+    for (const CtrlFrame& f : frames)
+      if (!answered(o, peer_key, f)) return false;
   }
-  return o.fd >= 0;
+}
+
+void ControlPlane::sent_notify(Outbound& o, const std::string& peer_key,
+                               std::vector<uint8_t> frame) {
+  uint64_t uid = 0;
+  std::memcpy(&uid, frame.data() + kCtrlHeaderSize, sizeof uid);  // little-endian, as written
+  if (o.unacked.size() >= kMaxUnacked) {
+    // A peer that takes NOTIFYs and never answers: the oldest is given up.
+    o.unacked.pop_front();
+    ++notify_unconfirmed_;
+    warn_from("notify-unanswered", peer_key,
+              "'" + peer_key + "' has not answered " + std::to_string(kMaxUnacked) +
+                  " notifications: the oldest is no longer kept to be sent again");
+  }
+  o.unacked.emplace_back(uid, std::move(frame));
+}
+
+bool ControlPlane::resend_unacked(Outbound& o, Clock::time_point deadline) {
+  for (const auto& [uid, frame] : o.unacked) {
+    if (!write_until(o.fd, frame.data(), frame.size(), deadline, abort_fd_)) {
+      o.drop();
+      return false;
+    }
+    ++notify_resent_;
+  }
+  return true;
 }
 
 void ControlPlane::arm_reaper() {
@@ -1074,8 +1155,10 @@ int ControlPlane::reap_outbound() {
     } else if (o->fd < 0) {
       continue;
     } else if (now - o->last_used >= idle_close_) {
-      ::close(o->fd);  // nobody holds `busy`, so nobody uses the fd: ours to close
-      o->fd = -1;
+      // Nobody holds `busy`, so nobody uses the fd: ours to close. Unanswered
+      // NOTIFYs stay to go again on the next connection (the target takes a
+      // uid once).
+      o->drop();
     } else {
       next = std::min(next, o->last_used + idle_close_);
     }
@@ -1112,10 +1195,12 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
     // By the deadline: a peer that stopped reading (stopped, or its control
     // thread stalled) fills the socket, and a blocking write would hold this
     // thread and the connection for as long as it does.
-    if (write_until(o->fd, frame.data(), frame.size(), deadline, abort_fd_)) return FERRY_OK;
+    if (write_until(o->fd, frame.data(), frame.size(), deadline, abort_fd_)) {
+      if (type == CtrlType::NOTIFY) sent_notify(*o, peer_key, std::move(frame));
+      return FERRY_OK;
+    }
     const bool late = Clock::now() >= deadline;
-    ::close(o->fd);  // part of the frame may be out: the stream is out of step
-    o->fd = -1;
+    o->drop();  // part of the frame may be out: the stream is out of step
     if (late) {
       *err = "control connection to '" + peer_key + "': the peer took nothing more by the deadline";
       return FERRY_ERR_TIMEOUT;
@@ -1125,27 +1210,38 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
   return FERRY_ERR_TRANSPORT;
 }
 
-ControlPlane::SendNow ControlPlane::send_now(Outbound& o, CtrlType type,
-                                             const std::vector<uint8_t>& body,
+ControlPlane::SendNow ControlPlane::send_now(Outbound& o, const std::string& peer_key,
+                                             CtrlType type, const std::vector<uint8_t>& body,
                                              std::vector<uint8_t>* tail) {
   // A TCP connection whose peer closed still takes a send (the bytes are lost),
   // so it is checked first; a unix one fails the send instead (EPIPE, nothing
   // sent), which saves a transfer's notification that system call (a
   // zero-timeout poll cost 1.7 us on the 2-vCPU CI machine).
-  if (o.fd < 0 || (!o.unix_socket && looks_dead(o.fd))) return SendNow::NOT_SENT;
+  // With NOTIFYs unanswered, what waits is their answers (read now), or the end.
+  if (o.fd < 0) return SendNow::NOT_SENT;
+  if (!o.unacked.empty()) {
+    if (!take_answers(o, peer_key)) {
+      o.drop();  // they go again on the next connection (exchange, send)
+      return SendNow::NOT_SENT;
+    }
+  } else if (!o.unix_socket && looks_dead(o.fd)) {
+    return SendNow::NOT_SENT;
+  }
   auto frame = encode_ctrl_frame(type, body);
   // A blocking socket: a full send buffer (a stopped peer) would block here, so
   // only what fits now (MSG_DONTWAIT) goes.
   ssize_t k = ::send(o.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (k == static_cast<ssize_t>(frame.size())) return SendNow::SENT;
+  if (k == static_cast<ssize_t>(frame.size())) {
+    if (type == CtrlType::NOTIFY) sent_notify(o, peer_key, std::move(frame));
+    return SendNow::SENT;
+  }
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return SendNow::NOT_SENT;
   if (k > 0 && tail != nullptr) {  // the rest is the caller's to write (finish_exchange)
     tail->assign(frame.begin() + k, frame.end());
     return SendNow::SENT;
   }
   // Part of a frame went out, or the socket failed: the stream is broken.
-  ::close(o.fd);
-  o.fd = -1;
+  o.drop();
   // A unix peer that closed its end (its idle close, a restart) failed the
   // send with nothing sent; so did any failed send (k < 0) for start_exchange,
   // whose caller connects again: NOT_SENT.
@@ -1166,7 +1262,7 @@ bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
   if (!o) return false;
   OutboundUse use(*o);
   if (!use.try_acquire()) return false;
-  switch (send_now(*o, type, body, nullptr)) {
+  switch (send_now(*o, peer_key, type, body, nullptr)) {
     case SendNow::SENT:
       *rc = FERRY_OK;
       return true;
@@ -1182,22 +1278,6 @@ bool ControlPlane::try_send(const std::string& peer_key, CtrlType type,
 
 namespace {
 
-// The answer to a frame just sent on fd, by the deadline. 0 or FERRY_ERR_*.
-int read_answer(int fd, const std::string& peer_key, CtrlType reply_type,
-                ControlPlane::Clock::time_point deadline, CtrlFrame* reply, std::string* err,
-                int abort_fd) {
-  std::string why;
-  if (!read_frame(fd, *reply, ms_until(deadline, INT32_MAX), &why, kMaxHandshakeBody, abort_fd)) {
-    *err = "no answer from '" + peer_key + "': " + why;
-    return ControlPlane::Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
-  }
-  if (reply->type != reply_type) {
-    *err = "unexpected answer from '" + peer_key + "'";
-    return FERRY_ERR_TRANSPORT;
-  }
-  return FERRY_OK;
-}
-
 // A frame's write did not finish by the deadline, or failed (errno).
 int write_failed(const std::string& peer_key, ControlPlane::Clock::time_point deadline,
                  std::string* err) {
@@ -1207,23 +1287,55 @@ int write_failed(const std::string& peer_key, ControlPlane::Clock::time_point de
   return late ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
 }
 
-// Writes what is left of a frame on fd (n bytes, maybe none) and reads its
-// answer (exchange, finish_exchange). On any failure the stream is out of
-// step: the connection is closed (fd = -1) and the next exchange makes a new one.
-int write_and_answer(int& fd, const uint8_t* p, size_t n, const std::string& peer_key,
-                     CtrlType reply_type, ControlPlane::Clock::time_point deadline,
-                     CtrlFrame* reply, std::string* err, int abort_fd) {
-  const int rc = n > 0 && !write_until(fd, p, n, deadline, abort_fd)
-                     ? write_failed(peer_key, deadline, err)
-                     : read_answer(fd, peer_key, reply_type, deadline, reply, err, abort_fd);
-  if (rc != FERRY_OK) {
-    ::close(fd);
-    fd = -1;
+}  // namespace
+
+int ControlPlane::read_reply(Outbound& o, const std::string& peer_key, CtrlType reply_type,
+                             Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
+  // Answers are small (kMaxHandshakeBody); NOTIFY_ACKs for NOTIFYs sent
+  // before the frame come first, and are taken on the way.
+  o.answers.set_max_body(kMaxHandshakeBody);
+  std::vector<CtrlFrame> frames;
+  std::string why = "no answer";
+  for (;;) {
+    for (CtrlFrame& f : frames) {
+      if (f.type == CtrlType::NOTIFY_ACK && answered(o, peer_key, f)) continue;
+      if (f.type != reply_type) {
+        *err = "unexpected answer from '" + peer_key + "'";
+        o.drop();
+        return FERRY_ERR_TRANSPORT;
+      }
+      *reply = std::move(f);
+      return FERRY_OK;  // one answer per frame: nothing follows it yet
+    }
+    frames.clear();
+    uint8_t buf[512];
+    const int left = ms_until(deadline, INT32_MAX);
+    int r = left > 0 ? poll_or_abort(o.fd, POLLIN, left, abort_fd_) : 0;
+    if (r < 0 && errno == EINTR) continue;
+    ssize_t k = r > 0 ? ::recv(o.fd, buf, sizeof buf, 0) : -1;
+    if (k < 0 && r > 0 && errno == EINTR) continue;
+    if (k <= 0 || !o.answers.feed(buf, static_cast<size_t>(k), frames)) {
+      if (k > 0)
+        why = "malformed answer (" + o.answers.error() + ")";
+      else if (aborted(abort_fd_))
+        why = "engine shutting down";
+      *err = "no answer from '" + peer_key + "': " + why;
+      o.drop();
+      return Clock::now() >= deadline ? FERRY_ERR_TIMEOUT : FERRY_ERR_TRANSPORT;
+    }
   }
-  return rc;
 }
 
-}  // namespace
+int ControlPlane::write_and_answer(Outbound& o, const uint8_t* p, size_t n,
+                                   const std::string& peer_key, CtrlType reply_type,
+                                   Clock::time_point deadline, CtrlFrame* reply, std::string* err) {
+  if (n > 0 && !write_until(o.fd, p, n, deadline, abort_fd_)) {
+    const int rc = write_failed(peer_key, deadline, err);
+    o.drop();  // the stream is out of step: the next exchange makes a new one
+    return rc;
+  }
+  return read_reply(o, peer_key, reply_type, deadline, reply, err);
+}
 
 int ControlPlane::exchange(const std::string& peer_key, const std::string& host, uint16_t port,
                            CtrlType type, const std::vector<uint8_t>& body, CtrlType reply_type,
@@ -1237,8 +1349,8 @@ int ControlPlane::exchange(const std::string& peer_key, const std::string& host,
   if (int status; !connected(*o, peer_key, host, port, deadline, err, &status))
     return FERRY_ERR_NOT_SENT;
   auto frame = encode_ctrl_frame(type, body);
-  return write_and_answer(o->fd, frame.data(), frame.size(), peer_key, reply_type, deadline, reply,
-                          err, abort_fd_);
+  return write_and_answer(*o, frame.data(), frame.size(), peer_key, reply_type, deadline, reply,
+                          err);
 }
 
 bool ControlPlane::start_exchange(const std::string& peer_key, CtrlType type,
@@ -1251,7 +1363,8 @@ bool ControlPlane::start_exchange(const std::string& peer_key, CtrlType type,
   // that only partly fit stays on this connection: finish_exchange writes
   // the rest (a 64 KiB message into a send buffer with less room left).
   x->tail_.clear();
-  if (!use.try_acquire() || send_now(*o, type, body, &x->tail_) != SendNow::SENT) return false;
+  if (!use.try_acquire() || send_now(*o, peer_key, type, body, &x->tail_) != SendNow::SENT)
+    return false;
   use.keep();  // the connection stays busy for finish_exchange
   x->out_ = std::move(o);
   return true;
@@ -1265,16 +1378,15 @@ int ControlPlane::finish_exchange(Exchange& x, const std::string& peer_key, Ctrl
     return FERRY_ERR_NOT_SENT;
   }
   OutboundUse use(*o, OutboundUse::kHeld);  // lets it go on return
-  return write_and_answer(o->fd, x.tail_.data(), x.tail_.size(), peer_key, reply_type, deadline,
-                          reply, err, abort_fd_);
+  return write_and_answer(*o, x.tail_.data(), x.tail_.size(), peer_key, reply_type, deadline, reply,
+                          err);
 }
 
 ControlPlane::Exchange::~Exchange() {
   if (!out_) return;
   // Never finished: its answer may still come, so the stream is out of step.
   OutboundUse use(*out_, OutboundUse::kHeld);
-  ::close(out_->fd);
-  out_->fd = -1;
+  out_->drop();
 }
 
 int ControlPlane::request(const std::string& peer_key, const std::string& host, uint16_t port,
@@ -1328,9 +1440,10 @@ void ControlPlane::forget_peer(const std::string& key) {
     // out, and the last holder closes it (never a wait here: this may run on
     // the I/O thread, learning a peer's new life).
     OutboundUse use(*o);
-    if (use.try_acquire() && o->fd >= 0) {
-      ::close(o->fd);
-      o->fd = -1;
+    if (use.try_acquire()) {
+      o->drop();
+      notify_unconfirmed_ += o->unacked.size();  // never sent again: the peer is gone
+      o->unacked.clear();
     }
   }
   const bool io_thread = std::this_thread::get_id() == thread_.get_id();

@@ -45,7 +45,11 @@ class ControlPlane {
     std::function<void(const std::string& peer, const std::string& plugin, const uint8_t* msg,
                        size_t len)>
         on_plugin;
-    std::function<void(const std::string& peer, uint64_t uid, int32_t status)> on_notify;
+    // A transfer from `peer` landed here (NOTIFY); `instance`: the life of
+    // ours the sender means. What to answer. Runs on the I/O thread.
+    std::function<NotifyAck(const std::string& peer, uint64_t uid, int32_t status,
+                            uint64_t instance)>
+        on_notify;
     // A notification message from `peer` (MSG): what to answer. Runs on the I/O
     // thread (it only queues the payload).
     std::function<MsgAck(const std::string& peer, uint64_t instance, uint64_t id,
@@ -98,6 +102,18 @@ class ControlPlane {
   // trip there is 9.8 us p50 against TCP's 15.6).
   const std::string& unix_name() const { return unix_name_; }
   uint64_t unix_connections() const { return unix_connects_.load(); }
+  // The core's NOTIFYs: answered by the target (taken, or meant for another
+  // life of it), sent again on a new connection because the one they went on
+  // broke before their answer, and given up unanswered (the peer forgotten,
+  // or more than kMaxUnacked waiting on one peer).
+  struct NotifyCounts {
+    uint64_t answered = 0, other_life = 0, resent = 0, unconfirmed = 0;
+  };
+  NotifyCounts notify_counts() const {
+    return {notify_answered_.load(), notify_other_life_.load(), notify_resent_.load(),
+            notify_unconfirmed_.load()};
+  }
+  static constexpr size_t kMaxUnacked = 65536;  // per peer
   // A peer on this host listens at `name` too (its descriptor's): connections
   // to it try that first and fall back to TCP (another network namespace, where
   // the name is not bound, or no answer). "" forgets it. forget_peer() too.
@@ -189,6 +205,14 @@ class ControlPlane {
     int fd = -1;                    // used by the sender holding `busy`
     bool unix_socket = false;       // fd is a same-host unix connection (set with fd)
     Clock::time_point last_used{};  // when `busy` was last released; guarded by mu
+    // NOTIFYs sent and not answered yet (NOTIFY_ACK), oldest first: uid and
+    // frame. Answers are read when the connection is next used; one that
+    // broke first leaves them to go again, first, on the next connection (the
+    // target takes a uid once). Used by the holder of `busy`.
+    std::deque<std::pair<uint64_t, std::vector<uint8_t>>> unacked;
+    CtrlFrameReader answers;  // of this connection: an answer's first bytes read ahead
+    // Closes the connection (its unanswered NOTIFYs stay, to go again).
+    void drop();
   };
   // Holds an Outbound's `busy` for its lifetime once acquired.
   class OutboundUse {
@@ -222,6 +246,9 @@ class ControlPlane {
   void read_from(int fd);
   void close_inbound(int fd);
   bool handle_frame(Inbound& c, CtrlFrame& f);
+  // Answers a frame on its connection (MSG_ACK, NOTIFY_ACK); false when it
+  // did not fit (the sender does not read its answers: the caller closes it).
+  bool answer(Inbound& c, CtrlType type, const std::vector<uint8_t>& body);
   bool handle_hello(Inbound& c, CtrlFrame& f);
   bool handle_proof(Inbound& c, CtrlFrame& f);
   // The handshake is done: OPEN, frames up to kMaxCtrlBody (kMaxConnsPerPeer).
@@ -256,12 +283,32 @@ class ControlPlane {
   // part of it may have gone out, the connection is closed. With `tail`, a
   // frame that partly fit is SENT and the rest left there for the caller.
   enum class SendNow { SENT, NOT_SENT, BROKEN };
-  static SendNow send_now(Outbound& o, CtrlType type, const std::vector<uint8_t>& body,
-                          std::vector<uint8_t>* tail);
+  SendNow send_now(Outbound& o, const std::string& peer_key, CtrlType type,
+                   const std::vector<uint8_t>& body, std::vector<uint8_t>* tail);
   // With o's `busy` held: o.fd is a live, admitted connection (a dead one is
   // re-made); false with *err and *status as connect_and_hello's.
   bool connected(Outbound& o, const std::string& peer_key, const std::string& host, uint16_t port,
                  Clock::time_point deadline, std::string* err, int* status);
+  // With o's `busy` held, nothing else awaited on it: reads the answers to
+  // its NOTIFYs that have arrived, without waiting. False when the connection
+  // is gone or out of step (then closed).
+  bool take_answers(Outbound& o, const std::string& peer_key);
+  // A NOTIFY_ACK: it answers o's oldest unanswered NOTIFY, or the stream is
+  // out of step (false).
+  bool answered(Outbound& o, const std::string& peer_key, const CtrlFrame& f);
+  // A whole NOTIFY frame went out on o: kept until answered.
+  void sent_notify(Outbound& o, const std::string& peer_key, std::vector<uint8_t> frame);
+  // o was connected again: its unanswered NOTIFYs go first, by the deadline.
+  bool resend_unacked(Outbound& o, Clock::time_point deadline);
+  // The answer to a frame just written on o (exchange, finish_exchange), by
+  // the deadline; NOTIFY_ACKs ahead of it are taken on the way. On failure
+  // the connection is closed. 0 or a FERRY_ERR_* code with *err.
+  int read_reply(Outbound& o, const std::string& peer_key, CtrlType reply_type,
+                 Clock::time_point deadline, CtrlFrame* reply, std::string* err);
+  // Writes what is left of a frame on o (n bytes, maybe none), then reads its answer.
+  int write_and_answer(Outbound& o, const uint8_t* p, size_t n, const std::string& peer_key,
+                       CtrlType reply_type, Clock::time_point deadline, CtrlFrame* reply,
+                       std::string* err);
 
   std::string self_key_;
   Handlers handlers_;
@@ -298,6 +345,8 @@ class ControlPlane {
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> abandoned_fences_{0};
   std::atomic<uint64_t> unix_connects_{0};
+  std::atomic<uint64_t> notify_answered_{0}, notify_other_life_{0}, notify_resent_{0},
+      notify_unconfirmed_{0};
   LogLimiter refusal_log_{std::chrono::seconds(10), /*burst=*/20};
   std::mutex in_mu_;
   std::map<int, std::unique_ptr<Inbound>> inbound_;  // by fd; touched by the I/O thread

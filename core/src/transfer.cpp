@@ -636,8 +636,8 @@ std::string Transfers::notify_by_core(const TransferPtr& t) {
     return "the transfer's deadline passed before the NOTIFY could leave";
   std::string err;
   const EngineDesc& d = t->pair.peer->desc;
-  int rc = control_.send(d.key, d.host, d.port, CtrlType::NOTIFY, notify_body(t->uid, 0), &err,
-                         t->deadline);
+  int rc = control_.send(d.key, d.host, d.port, CtrlType::NOTIFY,
+                         notify_body(t->uid, 0, d.instance), &err, t->deadline);
   return rc == FERRY_OK ? std::string() : (err.empty() ? plugin_error_name(rc) : err);
 }
 
@@ -752,7 +752,7 @@ void Transfers::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
   const EngineDesc& d = t->pair.peer->desc;
   int rc = FERRY_ERR_BAD_STATE;
   std::string err;
-  if (control_.try_send(d.key, CtrlType::NOTIFY, notify_body(t->uid, 0), &rc, &err)) {
+  if (control_.try_send(d.key, CtrlType::NOTIFY, notify_body(t->uid, 0, d.instance), &rc, &err)) {
     landed(a, rc == FERRY_OK ? std::string() : err);
     return;
   }

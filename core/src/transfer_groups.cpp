@@ -132,7 +132,7 @@ void Transfers::start_parts(const std::vector<Group>& groups, const ferry_iov_v1
         err = "the call's deadline passed before the NOTIFY could leave";
       else
         rc = control_.send(target.key, target.host, target.port, CtrlType::NOTIFY,
-                           notify_body(uid, 0), &err, deadline);
+                           notify_body(uid, 0, target.instance), &err, deadline);
       if (rc != FERRY_OK) {
         done(StatusCode::ERR_TRANSPORT,
              "the data landed but the target could not be notified: " + err);
@@ -173,7 +173,8 @@ void Transfers::start_parts(const std::vector<Group>& groups, const ferry_iov_v1
     if (owes_notify) {
       int rc = FERRY_ERR_BAD_STATE;
       std::string err;
-      if (!control_.try_send(target.key, CtrlType::NOTIFY, notify_body(uid, 0), &rc, &err)) {
+      if (!control_.try_send(target.key, CtrlType::NOTIFY, notify_body(uid, 0, target.instance),
+                             &rc, &err)) {
         notifies_.run(target.key, deadline, [tell, done](bool on_runner) mutable {
           if (on_runner) {
             tell(false);
