@@ -204,7 +204,7 @@ tsan_tests() {
   local strict='xgmi_plugin_test|fencer_test|async_runner_test|inbound_table_test|notif_inbox_test|auth_test|shm_ring_test|io_pool_test|post_queue_test|progress_test|control_route_test|etcd_json_test|metrics_endpoint_test'
   # metadata_etcd_test's target is a child process that hashes memory a lane
   # wrote: the order comes through the initiator, which TSan cannot follow.
-  local heavy='failover_test|engine_process_test|notification_process_test|cancel_process_test|multi_region_test|tcp_plugin_test|hostile_peer_test|metadata_etcd_test'
+  local heavy='failover_test|engine_process_test|notification_process_test|notify_resend_test|cancel_process_test|multi_region_test|tcp_plugin_test|hostile_peer_test|metadata_etcd_test'
   cmake --build build-tsan -j "$jobs" --target ${strict//|/ } ${heavy//|/ } \
     ferry-test-peer ferry-tcp ferry-cma ferry-fault
   local reports=$PWD/build-tsan/tsan-reports

@@ -404,6 +404,9 @@ EngineStats EngineImpl::stats() const {
   s.notifications_unread = n.unread;
   s.ctrl_rejected = control_->rejected();
   s.ctrl_unix_connections = control_->unix_connections();
+  const ControlPlane::NotifyCounts nc = control_->notify_counts();
+  s.notifies_resent = nc.resent;
+  s.notifies_unanswered = nc.unconfirmed;
   auto f = transfers_->fence_counts();
   s.fences = f.fences;
   s.fence_unknown = f.unknown;

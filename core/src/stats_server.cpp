@@ -55,6 +55,8 @@ std::string stats_to_json(const std::string& engine_key, const EngineStats& s) {
   j["notifications_unread"] = s.notifications_unread;
   j["ctrl_rejected"] = s.ctrl_rejected;
   j["ctrl_unix_connections"] = s.ctrl_unix_connections;
+  j["notifies_resent"] = s.notifies_resent;
+  j["notifies_unanswered"] = s.notifies_unanswered;
   j["fences"] = s.fences;
   j["fence_unknown"] = s.fence_unknown;
   j["fenced_peers"] = s.fenced_peers;

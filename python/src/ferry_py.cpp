@@ -786,6 +786,8 @@ class PyEngine {
     out["notifications_unread"] = s.notifications_unread;
     out["ctrl_rejected"] = s.ctrl_rejected;
     out["ctrl_unix_connections"] = s.ctrl_unix_connections;
+    out["notifies_resent"] = s.notifies_resent;
+    out["notifies_unanswered"] = s.notifies_unanswered;
     out["fences"] = s.fences;
     out["fence_unknown"] = s.fence_unknown;
     out["fenced_peers"] = s.fenced_peers;
@@ -1341,7 +1343,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def("stats", &PyEngine::stats,
            "Counters: {'backends': {name: {bytes, transfers, failures, failovers, quarantines}}, "
            "'inbound_notifications', 'inbound_dropped', 'ctrl_rejected', 'ctrl_unix_connections', "
-           "'fences', 'fence_unknown', "
+           "'notifies_resent', 'notifies_unanswered', 'fences', 'fence_unknown', "
            "'fenced_peers', 'notifications_received', 'notifications_refused', "
            "'notifications_unread'}.")
       .def("policy_source", &PyEngine::policy_source,

@@ -435,7 +435,7 @@ def test_session_keeps_engine_alive():
 def test_stats_and_policy(pair):
     s = pair.initiator.stats()
     assert set(s) == {"backends", "inbound_notifications", "inbound_dropped", "ctrl_rejected",
-                      "ctrl_unix_connections",
+                      "ctrl_unix_connections", "notifies_resent", "notifies_unanswered",
                       "fences", "fence_unknown", "fenced_peers", "notifications_received",
                       "notifications_refused", "notifications_unread"}
     tcp = s["backends"]["tcp"]

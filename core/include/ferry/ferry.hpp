@@ -259,9 +259,14 @@ struct EngineStats {
   uint64_t notifications_unread = 0;    // in the inbox now
   uint64_t ctrl_rejected = 0;           // control connections refused
   uint64_t ctrl_unix_connections = 0;   // made to same-host peers over their unix socket
-  uint64_t fences = 0;                  // FENCE requests sent after attempts with unknown outcome
-  uint64_t fence_unknown = 0;           // attempts whose fence got no answer by their deadline
-  uint64_t fenced_peers = 0;  // peers no transfer may start to now (a fence pending or unanswered)
+  // The core's NOTIFYs (where a backend cannot notify) sent again on a new
+  // control connection because theirs broke before the target answered, and
+  // given up unanswered (the peer forgotten, or too many waiting on it).
+  uint64_t notifies_resent = 0;
+  uint64_t notifies_unanswered = 0;
+  uint64_t fences = 0;         // FENCE requests sent after attempts with unknown outcome
+  uint64_t fence_unknown = 0;  // attempts whose fence got no answer by their deadline
+  uint64_t fenced_peers = 0;   // peers no transfer may start to now (a fence pending or unanswered)
 };
 
 // One item of a transfer over many regions (Engine::transfer): `local` and

@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: Apache-2.0
+// The core's NOTIFY (here: a tcp READ with notification, which the core tells
+// its target) lost with its control connection: a proxy in front of the
+// target's control port drops the NOTIFY frame and resets both connections,
+// as a link fault or a target closing the connection with the frame unread
+// does. The initiator had counted the transfer SUCCESS once its NOTIFY left;
+// the target never heard of it. Now the target answers every NOTIFY and the
+// initiator keeps each until answered: its next use of the connection finds
+// it broken and sends the unanswered one again, first, on a new connection.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "control_frame.h"
+#include "ferry/ferry.hpp"
+
+using namespace ferry;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Forwards TCP connections to 127.0.0.1:target. Armed, it drops the next
+// NOTIFY frame from a client and resets both ends of that connection pair.
+class LossyProxy {
+ public:
+  explicit LossyProxy(uint16_t target) : target_(target) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (listen_ < 0 || ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(listen_, 16) != 0 || ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len))
+      throw std::runtime_error("proxy: cannot listen");
+    port_ = ntohs(a.sin_port);
+    if (::pipe(stop_) != 0) throw std::runtime_error("proxy: pipe");
+    thread_ = std::thread([this] { run(); });
+  }
+  ~LossyProxy() {
+    [[maybe_unused]] ssize_t k = ::write(stop_[1], "x", 1);
+    thread_.join();
+    for (auto& p : pairs_) {
+      ::close(p.client);
+      ::close(p.server);
+    }
+    ::close(listen_);
+    ::close(stop_[0]);
+    ::close(stop_[1]);
+  }
+  uint16_t port() const { return port_; }
+  void lose_next_notify() { armed_ = true; }
+  // Waits until a NOTIFY was dropped (true) or `limit` passed.
+  bool wait_lost(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lk(mu_);
+    return cv_.wait_for(lk, limit, [&] { return lost_ > 0; });
+  }
+  int accepted() const { return accepted_; }
+
+ private:
+  struct Pair {
+    int client, server;
+    std::vector<uint8_t> upstream;  // client bytes not yet a whole frame
+  };
+  static void reset(int fd) {
+    linger l{1, 0};  // an abortive close: RST, anything queued dropped
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    ::close(fd);
+  }
+  static bool send_all(int fd, const uint8_t* p, size_t n) {
+    while (n > 0) {
+      ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      p += k;
+      n -= static_cast<size_t>(k);
+    }
+    return true;
+  }
+  // Client to server, whole frames only, so that a NOTIFY can be held back.
+  bool upstream(Pair& p, const uint8_t* data, size_t n) {
+    p.upstream.insert(p.upstream.end(), data, data + n);
+    size_t off = 0;
+    while (p.upstream.size() - off >= kCtrlHeaderSize) {
+      const uint8_t* h = p.upstream.data() + off;
+      uint32_t body = 0;
+      std::memcpy(&body, h + 8, sizeof body);
+      if (p.upstream.size() - off < kCtrlHeaderSize + body) break;
+      if (armed_ && h[5] == static_cast<uint8_t>(CtrlType::NOTIFY)) {
+        armed_ = false;
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          ++lost_;
+        }
+        cv_.notify_all();
+        return false;  // dropped: the caller resets both ends
+      }
+      if (!send_all(p.server, h, kCtrlHeaderSize + body)) return false;
+      off += kCtrlHeaderSize + body;
+    }
+    p.upstream.erase(p.upstream.begin(), p.upstream.begin() + static_cast<std::ptrdiff_t>(off));
+    return true;
+  }
+  void run() {
+    for (;;) {
+      std::vector<pollfd> fds{{stop_[0], POLLIN, 0}, {listen_, POLLIN, 0}};
+      for (auto& p : pairs_) {
+        fds.push_back({p.client, POLLIN, 0});
+        fds.push_back({p.server, POLLIN, 0});
+      }
+      if (::poll(fds.data(), fds.size(), -1) < 0) continue;
+      if (fds[0].revents) return;
+      if (fds[1].revents & POLLIN) {
+        int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(target_);
+        if (c >= 0 && s >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+          pairs_.push_back({c, s, {}});
+          ++accepted_;
+        } else {
+          if (c >= 0) ::close(c);
+          if (s >= 0) ::close(s);
+        }
+        continue;  // the pair list changed: poll again
+      }
+      uint8_t buf[65536];
+      for (size_t i = 0; i < pairs_.size(); ++i) {
+        Pair& p = pairs_[i];
+        bool ok = true;
+        if (fds[2 + 2 * i].revents) {
+          ssize_t k = ::recv(p.client, buf, sizeof buf, 0);
+          ok = k > 0 && upstream(p, buf, static_cast<size_t>(k));
+        }
+        if (ok && fds[3 + 2 * i].revents) {
+          ssize_t k = ::recv(p.server, buf, sizeof buf, 0);
+          ok = k > 0 && send_all(p.client, buf, static_cast<size_t>(k));
+        }
+        if (!ok) {
+          reset(p.client);
+          reset(p.server);
+          pairs_.erase(pairs_.begin() + static_cast<std::ptrdiff_t>(i));
+          break;  // indices moved: poll again
+        }
+      }
+    }
+  }
+
+  const uint16_t target_;
+  uint16_t port_ = 0;
+  int listen_ = -1;
+  int stop_[2] = {-1, -1};
+  std::atomic<bool> armed_{false};
+  std::atomic<int> accepted_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int lost_ = 0;
+  std::vector<Pair> pairs_;  // the proxy's thread only
+  std::thread thread_;
+};
+
+TEST(NotifyResend, ANotifyLostWithItsConnectionIsSentAgainOnTheNext) {
+  setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
+  EngineConfig cfg;
+  cfg.timeout = 10s;
+  Engine a("a", cfg), b("b", cfg);
+  ASSERT_TRUE(a.add_backend("tcp"));
+  ASSERT_TRUE(b.add_backend("tcp"));
+  LossyProxy proxy(b.desc().port);
+  // a reaches b's control plane through the proxy: over TCP, as another host.
+  EngineDesc via = b.desc();
+  via.node_id = "another-host";
+  via.control_unix.clear();
+  via.port = proxy.port();
+  ASSERT_TRUE(a.register_remote_engine(via));
+  ASSERT_TRUE(b.register_remote_engine(a.desc()));
+  std::vector<uint8_t> am(1 << 16), bm(1 << 16, 7);
+  MemoryDesc al = a.register_memory(am.data(), am.size());
+  MemoryDesc br = b.register_memory(bm.data(), bm.size());
+  // A READ's target cannot know the data arrived: the core tells it (NOTIFY).
+  auto read = [&](TransferUid uid) {
+    TransferStatus st = a.read(al, 0, br, 0, 4096, uid, true);
+    EXPECT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+  };
+  read(1);
+  auto got = b.wait_inbound_transfer_status("a", 1, 5s);
+  ASSERT_TRUE(got && got->Code() == StatusCode::SUCCESS) << "the first NOTIFY, through the proxy";
+  ASSERT_EQ(proxy.accepted(), 1);
+
+  proxy.lose_next_notify();
+  read(2);  // SUCCESS once its NOTIFY left; the proxy drops it and resets
+  ASSERT_TRUE(proxy.wait_lost(5s)) << "the proxy never saw the second NOTIFY";
+  EXPECT_FALSE(b.pop_inbound_transfer_status("a", 2)) << "the dropped NOTIFY arrived";
+
+  read(3);  // finds the connection reset: a new one, with 2's NOTIFY first
+  for (TransferUid uid : {TransferUid{2}, TransferUid{3}}) {
+    auto s = b.wait_inbound_transfer_status("a", uid, 5s);
+    EXPECT_TRUE(s && s->Code() == StatusCode::SUCCESS) << "uid " << uid << " never reached b";
+  }
+  EXPECT_EQ(proxy.accepted(), 2);
+  EXPECT_GE(a.stats().notifies_resent, 1u);
+  EXPECT_EQ(a.stats().notifies_unanswered, 0u);
+  EXPECT_EQ(b.stats().inbound_notifications, 3u) << "each uid recorded once";
+}
+
+}  // namespace
