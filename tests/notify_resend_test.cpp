@@ -5,8 +5,9 @@
 // as a link fault or a target closing the connection with the frame unread
 // does. The initiator had counted the transfer SUCCESS once its NOTIFY left;
 // the target never heard of it. Now the target answers every NOTIFY and the
-// initiator keeps each until answered: its next use of the connection finds
-// it broken and sends the unanswered one again, first, on a new connection.
+// initiator keeps each until answered: its next use of the connection - or
+// the I/O thread's look at connections with NOTIFYs unanswered - finds it
+// broken and sends the unanswered one again, first, on a new connection.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "control_frame.h"
+#include "eventually.h"
 #include "ferry/ferry.hpp"
 
 using namespace ferry;
@@ -171,48 +173,80 @@ class LossyProxy {
   std::thread thread_;
 };
 
-TEST(NotifyResend, ANotifyLostWithItsConnectionIsSentAgainOnTheNext) {
-  setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
-  EngineConfig cfg;
-  cfg.timeout = 10s;
-  Engine a("a", cfg), b("b", cfg);
-  ASSERT_TRUE(a.add_backend("tcp"));
-  ASSERT_TRUE(b.add_backend("tcp"));
-  LossyProxy proxy(b.desc().port);
-  // a reaches b's control plane through the proxy: over TCP, as another host.
-  EngineDesc via = b.desc();
-  via.node_id = "another-host";
-  via.control_unix.clear();
-  via.port = proxy.port();
-  ASSERT_TRUE(a.register_remote_engine(via));
-  ASSERT_TRUE(b.register_remote_engine(a.desc()));
-  std::vector<uint8_t> am(1 << 16), bm(1 << 16, 7);
-  MemoryDesc al = a.register_memory(am.data(), am.size());
-  MemoryDesc br = b.register_memory(bm.data(), bm.size());
-  // A READ's target cannot know the data arrived: the core tells it (NOTIFY).
-  auto read = [&](TransferUid uid) {
+// Two engines, a reaching b's control plane through the proxy (over TCP, as
+// another host), and a's READs of b's memory: a READ's target cannot know the
+// data arrived, so the core tells it (NOTIFY).
+struct Rig {
+  Rig() : a("a", config()), b("b", config()), proxy(b.desc().port) {
+    if (!a.add_backend("tcp") || !b.add_backend("tcp")) throw std::runtime_error("no tcp");
+    EngineDesc via = b.desc();
+    via.node_id = "another-host";
+    via.control_unix.clear();
+    via.port = proxy.port();
+    a.register_remote_engine(via);
+    b.register_remote_engine(a.desc());
+    al = a.register_memory(am.data(), am.size());
+    br = b.register_memory(bm.data(), bm.size());
+  }
+  static EngineConfig config() {
+    setenv("FERRY_PLUGIN_PATH", FERRY_PLUGIN_BUILD_DIR, 1);
+    EngineConfig cfg;
+    cfg.timeout = 10s;
+    return cfg;
+  }
+  void read(TransferUid uid) {
     TransferStatus st = a.read(al, 0, br, 0, 4096, uid, true);
     EXPECT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
-  };
-  read(1);
-  auto got = b.wait_inbound_transfer_status("a", 1, 5s);
-  ASSERT_TRUE(got && got->Code() == StatusCode::SUCCESS) << "the first NOTIFY, through the proxy";
-  ASSERT_EQ(proxy.accepted(), 1);
-
-  proxy.lose_next_notify();
-  read(2);  // SUCCESS once its NOTIFY left; the proxy drops it and resets
-  ASSERT_TRUE(proxy.wait_lost(5s)) << "the proxy never saw the second NOTIFY";
-  EXPECT_FALSE(b.pop_inbound_transfer_status("a", 2)) << "the dropped NOTIFY arrived";
-
-  read(3);  // finds the connection reset: a new one, with 2's NOTIFY first
-  for (TransferUid uid : {TransferUid{2}, TransferUid{3}}) {
-    auto s = b.wait_inbound_transfer_status("a", uid, 5s);
-    EXPECT_TRUE(s && s->Code() == StatusCode::SUCCESS) << "uid " << uid << " never reached b";
   }
-  EXPECT_EQ(proxy.accepted(), 2);
-  EXPECT_GE(a.stats().notifies_resent, 1u);
-  EXPECT_EQ(a.stats().notifies_unanswered, 0u);
-  EXPECT_EQ(b.stats().inbound_notifications, 3u) << "each uid recorded once";
+  bool reached_b(TransferUid uid) {
+    auto s = b.wait_inbound_transfer_status("a", uid, 5s);
+    return s && s->Code() == StatusCode::SUCCESS;
+  }
+  // A READ whose NOTIFY the proxy drops, resetting the connection.
+  void read_and_lose(TransferUid uid) {
+    proxy.lose_next_notify();
+    read(uid);  // SUCCESS once its NOTIFY left
+    ASSERT_TRUE(proxy.wait_lost(5s)) << "the proxy never saw the NOTIFY";
+    EXPECT_FALSE(b.pop_inbound_transfer_status("a", uid)) << "the dropped NOTIFY arrived";
+  }
+
+  Engine a, b;
+  LossyProxy proxy;
+  std::vector<uint8_t> am = std::vector<uint8_t>(1 << 16), bm = std::vector<uint8_t>(1 << 16, 7);
+  MemoryDesc al, br;
+};
+
+TEST(NotifyResend, ANotifyLostWithItsConnectionIsSentAgainFirstOnTheNext) {
+  Rig r;
+  r.read(1);
+  ASSERT_TRUE(r.reached_b(1)) << "the first NOTIFY, through the proxy";
+  ASSERT_EQ(r.proxy.accepted(), 1);
+  ASSERT_NO_FATAL_FAILURE(r.read_and_lose(2));
+  r.read(3);  // may find the connection reset: a new one, with 2's NOTIFY first
+  EXPECT_TRUE(r.reached_b(2)) << "the lost NOTIFY was not sent again";
+  EXPECT_TRUE(r.reached_b(3));
+  EXPECT_EQ(r.proxy.accepted(), 2);
+  // (The counters move just after the record the waits saw.)
+  EXPECT_TRUE(test::eventually([&] { return r.a.stats().notifies_resent >= 1; }));
+  EXPECT_EQ(r.a.stats().notifies_unanswered, 0u);
+  EXPECT_TRUE(test::eventually([&] { return r.b.stats().inbound_notifications == 3; }));
+  EXPECT_EQ(r.b.stats().inbound_notifications, 3u) << "each uid recorded once";
+}
+
+// The last transfer to a peer for a while: nothing else uses the connection,
+// so the I/O thread's look at unanswered NOTIFYs (every 200 ms) finds it
+// broken and sends the NOTIFY again on a new one.
+TEST(NotifyResend, ALostLastNotifyIsSentAgainWithoutAnotherTransfer) {
+  Rig r;
+  r.read(1);
+  ASSERT_TRUE(r.reached_b(1));
+  ASSERT_NO_FATAL_FAILURE(r.read_and_lose(2));
+  EXPECT_TRUE(r.reached_b(2)) << "the lost NOTIFY waited for another transfer";
+  EXPECT_EQ(r.proxy.accepted(), 2);
+  EXPECT_TRUE(test::eventually([&] { return r.a.stats().notifies_resent == 1; }));
+  EXPECT_TRUE(test::eventually([&] { return r.b.stats().inbound_notifications == 2; }));
+  EXPECT_EQ(r.a.stats().notifies_resent, 1u);
+  EXPECT_EQ(r.b.stats().inbound_notifications, 2u);
 }
 
 }  // namespace

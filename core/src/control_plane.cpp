@@ -308,6 +308,7 @@ ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16
   }
   ev.data.fd = wake_fd_;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  resends_ = std::make_unique<AsyncRunner>();
   thread_ = std::thread([this] { io_loop(); });
   fence_thread_ = std::thread([this] { fence_loop(); });
 }
@@ -316,7 +317,9 @@ ControlPlane::~ControlPlane() {
   stop_ = true;
   uint64_t one = 1;
   [[maybe_unused]] auto k = ::write(wake_fd_, &one, sizeof one);
-  thread_.join();
+  thread_.join();  // no resend is queued after this
+  abort_waits();   // a resend waiting on a peer ends now
+  resends_.reset();
   {
     std::lock_guard<std::mutex> lk(fence_mu_);
     fence_cv_.notify_all();
@@ -347,6 +350,8 @@ void ControlPlane::io_loop() {
     int timeout = expire_handshakes();
     if (const int reap = reap_outbound(); reap >= 0)
       timeout = timeout < 0 ? reap : std::min(timeout, reap);
+    if (const int watch = watch_unanswered(); watch >= 0)
+      timeout = timeout < 0 ? watch : std::min(timeout, watch);
     if (!listen_armed_) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= accept_paused_until_) {
@@ -1049,6 +1054,8 @@ bool ControlPlane::connected(Outbound& o, const std::string& peer_key, const std
   // Data waiting on an idle connection is answers to our NOTIFYs, or its end.
   if (o.fd >= 0 && (o.unacked.empty() ? looks_dead(o.fd) : !take_answers(o, peer_key))) o.drop();
   if (o.fd >= 0) return true;
+  if (o.host != host) o.host = host;
+  o.port = port;
   o.fd = connect_and_hello(peer_key, host, port, deadline, err, status, &o.unix_socket);
   if (o.fd < 0) return false;
   arm_reaper();
@@ -1110,6 +1117,83 @@ void ControlPlane::sent_notify(Outbound& o, const std::string& peer_key,
                   " notifications: the oldest is no longer kept to be sent again");
   }
   o.unacked.emplace_back(uid, std::move(frame));
+  if (!unanswered_.exchange(true)) {  // the I/O thread may wait without a timeout
+    const uint64_t one = 1;
+    [[maybe_unused]] auto k = ::write(wake_fd_, &one, sizeof one);
+  }
+}
+
+int ControlPlane::watch_unanswered() {
+  if (!unanswered_.load()) return -1;
+  const auto now = Clock::now();
+  if (now < next_watch_) return ms_until(next_watch_, INT32_MAX);
+  unanswered_.store(false);  // before the look: a NOTIFY sent during it sets it again
+  std::vector<std::pair<std::string, std::shared_ptr<Outbound>>> slots;
+  {
+    std::lock_guard<std::mutex> lk(out_mu_);
+    for (auto& [key, o] : outbound_) slots.emplace_back(key, o);
+  }
+  bool left = false;
+  for (auto& [key, o] : slots) {
+    std::lock_guard<std::mutex> lk(o->mu);
+    if (o->unacked.empty() || o->forgotten) continue;
+    // Nobody holds `busy`: the fd and the list are ours while we hold mu (a
+    // sender takes `busy` under mu first). A holder reads its answers itself.
+    if (!o->busy && !o->resend_queued) {
+      if (o->fd >= 0 && take_answers(*o, key)) {
+        if (o->unacked.empty()) continue;
+      } else {
+        o->drop();  // broken, or closed idle: made again off this thread
+        o->resend_queued = true;
+        resend_later(key, o);
+      }
+    }
+    left = true;
+  }
+  if (!left) return -1;
+  unanswered_.store(true);
+  next_watch_ = now + kWatchUnanswered;
+  return static_cast<int>(kWatchUnanswered.count());
+}
+
+void ControlPlane::resend_later(const std::string& peer_key, const std::shared_ptr<Outbound>& o) {
+  try {
+    resends_->run([this, peer_key, o] {
+      const auto deadline = Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs);
+      OutboundUse use(*o);
+      const bool held = use.acquire_until(deadline);
+      bool give_up = false;
+      {
+        std::lock_guard<std::mutex> lk(o->mu);
+        o->resend_queued = false;
+        if (!held || o->forgotten || o->unacked.empty() || o->fd >= 0) return;
+      }
+      std::string err;
+      int status = 0;
+      const bool ok = connected(*o, peer_key, o->host, o->port, deadline, &err, &status);
+      {
+        std::lock_guard<std::mutex> lk(o->mu);
+        const auto now = Clock::now();
+        if (ok) {
+          o->resend_failing_since = {};
+        } else if (o->resend_failing_since == Clock::time_point{}) {
+          o->resend_failing_since = now;
+        } else if (now - o->resend_failing_since >= kResendFor) {
+          give_up = true;
+        }
+      }
+      if (!give_up) return;  // the watch tries again
+      notify_unconfirmed_ += o->unacked.size();
+      warn_from("notify-unanswered", peer_key,
+                "giving up " + std::to_string(o->unacked.size()) + " notifications to '" +
+                    peer_key + "' after " + std::to_string(kResendFor.count()) +
+                    " s of failing to send them again: " + err);
+      o->unacked.clear();
+      o->resend_failing_since = {};
+    });
+  } catch (...) {  // no thread now: the watch's next look tries again
+    o->resend_queued = false;
+  }
 }
 
 bool ControlPlane::resend_unacked(Outbound& o, Clock::time_point deadline) {
@@ -1440,6 +1524,10 @@ void ControlPlane::forget_peer(const std::string& key) {
     // out, and the last holder closes it (never a wait here: this may run on
     // the I/O thread, learning a peer's new life).
     OutboundUse use(*o);
+    {
+      std::lock_guard<std::mutex> lk(o->mu);
+      o->forgotten = true;  // a resend in progress sends nothing more to it
+    }
     if (use.try_acquire()) {
       o->drop();
       notify_unconfirmed_ += o->unacked.size();  // never sent again: the peer is gone

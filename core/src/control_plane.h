@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "async_runner.h"
 #include "auth.h"
 #include "control_frame.h"
 #include "ferry/ferry.hpp"
@@ -114,6 +115,10 @@ class ControlPlane {
             notify_unconfirmed_.load()};
   }
   static constexpr size_t kMaxUnacked = 65536;  // per peer
+  // How often the I/O thread looks at connections with NOTIFYs unanswered,
+  // and how long it keeps sending them again to a peer that cannot be reached.
+  static constexpr std::chrono::milliseconds kWatchUnanswered{200};
+  static constexpr std::chrono::seconds kResendFor{60};
   // A peer on this host listens at `name` too (its descriptor's): connections
   // to it try that first and fall back to TCP (another network namespace, where
   // the name is not bound, or no answer). "" forgets it. forget_peer() too.
@@ -211,6 +216,13 @@ class ControlPlane {
     // target takes a uid once). Used by the holder of `busy`.
     std::deque<std::pair<uint64_t, std::vector<uint8_t>>> unacked;
     CtrlFrameReader answers;  // of this connection: an answer's first bytes read ahead
+    std::string host;         // where it was last connected (a resend goes there)
+    uint16_t port = 0;
+    // Guarded by mu: a resend job is queued for it (watch_unanswered); the
+    // peer was forgotten (nothing goes to it again); since when resends fail.
+    bool resend_queued = false;
+    bool forgotten = false;
+    Clock::time_point resend_failing_since{};
     // Closes the connection (its unanswered NOTIFYs stay, to go again).
     void drop();
   };
@@ -261,6 +273,12 @@ class ControlPlane {
   bool reject(Inbound& c, const std::string& why, bool answer);
   int expire_handshakes();  // closes overdue handshakes; ms until the next is due, or -1
   int reap_outbound();      // closes idle outbound connections; ms until the next is due, or -1
+  // Takes the answers waiting on connections with NOTIFYs unanswered that no
+  // sender holds; one found broken is made again, its NOTIFYs sent again, on
+  // a thread of resends_ (they would wait for the next transfer to that peer
+  // otherwise). ms until the next look, or -1 when none is unanswered.
+  int watch_unanswered();
+  void resend_later(const std::string& peer_key, const std::shared_ptr<Outbound>& o);
   // A new outbound connection: make sure the I/O thread's wait ends in time to reap it.
   void arm_reaper();
   void evict_oldest_pending();
@@ -347,6 +365,13 @@ class ControlPlane {
   std::atomic<uint64_t> unix_connects_{0};
   std::atomic<uint64_t> notify_answered_{0}, notify_other_life_{0}, notify_resent_{0},
       notify_unconfirmed_{0};
+  // Some connection may hold unanswered NOTIFYs (cleared by the watch before
+  // it looks; a sender that sets it wakes the I/O thread).
+  std::atomic<bool> unanswered_{false};
+  Clock::time_point next_watch_{};  // I/O thread only
+  // Runs resends (connect, HELLO, the NOTIFYs): threads only while there are
+  // some. Emptied first in the destructor.
+  std::unique_ptr<AsyncRunner> resends_;
   LogLimiter refusal_log_{std::chrono::seconds(10), /*burst=*/20};
   std::mutex in_mu_;
   std::map<int, std::unique_ptr<Inbound>> inbound_;  // by fd; touched by the I/O thread
