@@ -288,6 +288,32 @@ struct LatePipes {
 // refused with FERRY_ERR_BAD_STATE (ctrl_send, ctrl_try_send, auth_sign). The
 // host table used to live in the backend: such calls read freed memory and
 // reached a destroyed engine (a segfault in this test).
+// A plugin whose describe() and counters() write past the buffer they are
+// given (plugin.h forbids it) overwrote the core's stack in stats() (the
+// 4096-byte buffer was on it): this test died with SIGSEGV. The overrun now
+// lands in a guard after the buffer and the text is ignored; the backend
+// still carries transfers.
+TEST(ThirdPartyPlugin, TextWrittenPastItsBufferIsIgnoredNotACrash) {
+  Rig rig("overrun");
+  TransferStatus st = rig.run(Op::WRITE, 31);
+  EXPECT_EQ(st.Code(), StatusCode::SUCCESS) << st.Message();
+  const BackendStats s = rig.stats("fault");
+  EXPECT_NE(s.detail.find("describe() wrote past"), std::string::npos) << s.detail;
+  EXPECT_NE(s.detail.find("counters() wrote past"), std::string::npos) << s.detail;
+  EXPECT_TRUE(s.plugin.empty());
+}
+
+// An init that writes past its error buffer and reports success: not used.
+TEST(ThirdPartyPlugin, AnInitThatWritesPastItsErrorBufferIsNotUsed) {
+  setenv("FERRY_PLUGIN_PATH",
+         (std::string(FERRY_TEST_PLUGIN_DIR) + ":" + FERRY_PLUGIN_BUILD_DIR).c_str(), 1);
+  Engine e("e");
+  Result r = e.add_backend("fault", R"({"mode":"init_overrun"})");
+  EXPECT_FALSE(r);
+  EXPECT_NE(r.message.find("wrote past the 512-byte error buffer"), std::string::npos) << r.message;
+  EXPECT_EQ(e.stats().backends.count("fault"), 0u);
+}
+
 TEST(Failover, HostCallsAfterFiniFindNoEngineAndAreRefused) {
   // The plugin's late thread runs its code after the engines closed the
   // library: this handle keeps it mapped, and is never closed.

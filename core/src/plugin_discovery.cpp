@@ -9,6 +9,7 @@
 
 #include "ferry/ferry.hpp"
 #include "gpu_runtime.h"
+#include "guarded_buffer.h"
 #include "log.h"
 #include "plugin_loader.h"
 #include "plugin_probe_child.h"
@@ -107,11 +108,11 @@ PluginInfo probe_here(PluginInfo info, const ProbeReport& report) {
   report(info);
   try {
     if (FERRY_HAS_FIELD(ferry_plugin_ops_v1, ops, describe) && ops->describe) {
-      char desc[1024] = {};
-      if (ops->describe(ctx, desc, sizeof desc) == FERRY_OK) {
-        desc[sizeof desc - 1] = '\0';
-        info.description = printable(desc, 1023);
-      }
+      GuardedBuffer desc(1024);
+      if (ops->describe(ctx, desc.data(), desc.size()) == FERRY_OK)
+        info.description = desc.intact()
+                               ? printable(desc.text(), 1023)
+                               : "describe() wrote past the 1024-byte buffer it was given: ignored";
     }
     ops->fini(ctx);
   } catch (...) {

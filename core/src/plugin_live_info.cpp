@@ -4,6 +4,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "guarded_buffer.h"
 #include "log.h"
 
 namespace ferry {
@@ -41,19 +42,22 @@ void read_live_info(Backend& b, BackendStats& s) {
   // Held shared like every call into the plugin: removal waits, fini() never races.
   std::shared_lock life(b.life);
   if (b.removed || b.ops == nullptr) return;
-  char buf[4096];
+  // A plugin that writes past the buffer it is given has its text ignored
+  // (guarded_buffer.h), and says so where its text would be.
   if (FERRY_HAS_FIELD(ferry_plugin_ops_v1, b.ops, describe) && b.ops->describe) {
-    buf[0] = '\0';
-    if (b.ops->describe(b.ctx, buf, sizeof buf) == FERRY_OK) {
-      buf[sizeof buf - 1] = '\0';
-      s.detail = printable(buf, 512);
-    }
+    GuardedBuffer buf(4096);
+    if (b.ops->describe(b.ctx, buf.data(), buf.size()) == FERRY_OK)
+      s.detail = buf.intact() ? printable(buf.text(), 512)
+                              : "describe() wrote past the 4096-byte buffer it was given: ignored";
   }
   if (FERRY_HAS_FIELD(ferry_plugin_ops_v1, b.ops, counters) && b.ops->counters) {
-    buf[0] = '\0';
-    if (b.ops->counters(b.ctx, buf, sizeof buf) == FERRY_OK) {
-      buf[sizeof buf - 1] = '\0';
-      s.plugin = parse_plugin_counters(buf);
+    GuardedBuffer buf(4096);
+    if (b.ops->counters(b.ctx, buf.data(), buf.size()) == FERRY_OK) {
+      if (buf.intact())
+        s.plugin = parse_plugin_counters(buf.text().c_str());
+      else
+        s.detail += (s.detail.empty() ? "" : "; ") +
+                    std::string("counters() wrote past the 4096-byte buffer it was given: ignored");
     }
   }
 }

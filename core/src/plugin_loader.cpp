@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "ferry/plugin_kit.hpp"
+#include "guarded_buffer.h"
 #include "log.h"
 
 namespace ferry {
@@ -149,16 +150,30 @@ PluginLoad load_plugin(const std::string& name, const std::vector<std::string>& 
 
 int init_plugin(const ferry_plugin_ops_v1* ops, const ferry_host_v1* host, const char* key,
                 const char* node_id, const char* settings, void** ctx, std::string* why) {
-  char err[512] = {};
+  GuardedBuffer err(512);
   int rc = FERRY_ERR_BAD_STATE;
   try {
-    rc = ops->init(host, key, node_id, settings, ctx, err, sizeof err);
+    rc = ops->init(host, key, node_id, settings, ctx, err.data(), err.size());
   } catch (...) {
     *why = "its init threw an exception (nothing may throw across the plugin ABI)";
     return FERRY_ERR_BAD_STATE;
   }
-  err[sizeof err - 1] = '\0';  // a plugin that filled it without a terminator
-  *why = err[0] ? printable(err, sizeof err - 1) : std::string();
+  if (!err.intact()) {
+    // It broke the ABI's one rule about buffers: it is not used.
+    *why = "its init wrote past the " + std::to_string(err.size()) +
+           "-byte error buffer it was given (plugin.h)";
+    if (rc == FERRY_OK && *ctx != nullptr) {
+      try {
+        ops->fini(*ctx);
+      } catch (...) {
+      }
+      *ctx = nullptr;
+    }
+    return FERRY_ERR_BAD_STATE;
+  }
+  // A plugin that filled it without a terminator: text() stops at its end.
+  const std::string text = err.text();
+  *why = text.empty() ? std::string() : printable(text, err.size() - 1);
   return rc;
 }
 

@@ -26,6 +26,11 @@
 //   complete_twice     copy, then complete the transfer twice inside post()
 //                      with different outcomes (an ABI breach): the core
 //                      must keep the first and ignore the second
+//   overrun            copy and complete; describe() and counters() write 256
+//                      bytes past the buffer they are given (an ABI breach):
+//                      the core must ignore their text, not crash
+//   init_overrun       init writes 64 bytes past its error buffer and succeeds
+//                      (an ABI breach): the core must not use the plugin
 //   call_after_fini    copy and complete; fini then leaves a thread behind (an
 //                      ABI breach) that waits for a byte on "gate_fd" and calls
 //                      the host's complete, inbound, log, ctrl_send,
@@ -81,7 +86,9 @@ enum class Mode {
   COMPLETE_AGAIN_AT_FINI,
   CALL_AFTER_FINI,
   CHATTER,
-  REFUSE_LATE
+  REFUSE_LATE,
+  OVERRUN,
+  INIT_OVERRUN
 };
 
 // A deferred transfer: copied, its success not reported yet.
@@ -151,7 +158,9 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
       {"complete_again_at_fini", Mode::COMPLETE_AGAIN_AT_FINI},
       {"call_after_fini", Mode::CALL_AFTER_FINI},
       {"chatter", Mode::CHATTER},
-      {"refuse_late", Mode::REFUSE_LATE}};
+      {"refuse_late", Mode::REFUSE_LATE},
+      {"overrun", Mode::OVERRUN},
+      {"init_overrun", Mode::INIT_OVERRUN}};
   bool found = false;
   for (const auto& [name, m] : modes)
     if (mode == name) {
@@ -164,6 +173,7 @@ int f_init(const ferry_host_v1* host, const char* key, const char*, const char* 
     return FERRY_ERR_INVALID_ARGS;
   }
   *ctx = in;
+  if (in->mode == Mode::INIT_OVERRUN) std::memset(err, 'E', errlen + 64);
   return FERRY_OK;
 }
 
@@ -382,6 +392,8 @@ int f_post(void* ctx, const ferry_xfer_v1* x) {
       if (nth == 0) std::thread(chatter, in->host, in->gate_fd, in->done_fd).detach();
       break;
     case Mode::OK:
+    case Mode::OVERRUN:
+    case Mode::INIT_OVERRUN:
       break;
   }
   if (!static_cast<Peer*>(x->peer)->same_process) {
@@ -412,8 +424,27 @@ int f_progress(void* ctx) {
   return static_cast<int>(mine.size());
 }
 
+// The whole buffer and 256 bytes past it (overrun), then a terminator.
+void overrun(char* buf, size_t len) {
+  std::memset(buf, 'O', len + 255);
+  buf[len + 255] = '\0';
+}
+
+int f_describe(void* ctx, char* buf, size_t len) {
+  auto* in = static_cast<Instance*>(ctx);
+  if (in->mode == Mode::OVERRUN)
+    overrun(buf, len);
+  else
+    std::snprintf(buf, len, "fault plugin (scripted failures)");
+  return FERRY_OK;
+}
+
 int f_counters(void* ctx, char* buf, size_t len) {
   auto* in = static_cast<Instance*>(ctx);
+  if (in->mode == Mode::OVERRUN) {
+    overrun(buf, len);
+    return FERRY_OK;
+  }
   std::snprintf(buf, len,
                 "{\"progress_calls\":%llu,\"by_progress\":%llu,\"posts_more\":%llu,"
                 "\"posts_last\":%llu,\"multi_posts\":%llu,\"multi_pairs\":%llu}",
@@ -463,7 +494,7 @@ extern "C" FERRY_PLUGIN_EXPORT const ferry_plugin_ops_v1 ferry_plugin_v1 = {
     .mem_release = f_mem_release,
     .post = f_post,
     .on_ctrl = f_on_ctrl,
-    .describe = nullptr,
+    .describe = f_describe,
     .fence = nullptr,  // a memcpy in post() is the whole transfer
     .counters = f_counters,
     .progress = f_progress,
