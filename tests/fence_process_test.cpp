@@ -403,6 +403,41 @@ TEST(Fence, NotifiesIntoAStoppedTargetsFullControlSocketEndByTheirDeadlines) {
   }
 }
 
+// A burst of notified cma WRITEs while the target is stopped, then it runs
+// again well before their deadlines: every one succeeds and is recorded
+// once, and the target cuts no connection for unread answers (the initiator
+// reads answers between its writes and keeps at most
+// ControlPlane::kMaxUnanswered NOTIFYs unanswered on a connection, so that a
+// resend after a broken connection cannot overflow the answers' socket
+// either). It passed with that bound lifted too: it guards the burst, not the
+// bound.
+TEST(Fence, ABurstOfNotifiesToAStalledTargetAllLandOnceItRuns) {
+  StoppableTarget r("cma",
+                    "backends:\n  cma: {}\nrules:\n  - prefer: [cma]\n    trust_descriptors: true\n"
+                    "timeout: 20s\n");
+  TransferStatus warm = r.write(1, 0, 8, 700);
+  ASSERT_EQ(warm.Wait(), StatusCode::SUCCESS) << warm.Message();
+  ASSERT_EQ(r.inbound(700, 2000), "INBOUND SUCCESS");
+  r.stop();
+  constexpr int kWrites = 600;  // more frames than the unix socket holds (~330)
+  std::vector<TransferStatus> st;
+  for (int i = 0; i < kWrites; ++i) st.push_back(r.write(2, 8 * i, 8, 701 + i));
+  r.cont();
+  for (int i = 0; i < kWrites; ++i) {
+    ASSERT_TRUE(st[i].WaitFor(30s)) << i;
+    EXPECT_EQ(st[i].Code(), StatusCode::SUCCESS) << i << ": " << st[i].Message();
+  }
+  for (int i = 0; i < kWrites; ++i) {
+    EXPECT_EQ(r.inbound(701 + i, 5000), "INBOUND SUCCESS") << i;
+    EXPECT_EQ(r.inbound(701 + i, 0), "NONE") << i;
+  }
+  std::istringstream stats(r.child->ask("stats"));
+  std::string word;
+  uint64_t inbound = 0, rejected = 0;
+  stats >> word >> inbound >> rejected;
+  EXPECT_EQ(rejected, 0u) << "the target cut the initiator's control connection";
+}
+
 // The target refuses (its memory was deregistered): the transfer ends with that
 // error, is not failed over to cma (which would write into the old region), and
 // tcp is not quarantined: valid transfers to the peer keep working.

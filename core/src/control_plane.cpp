@@ -727,7 +727,7 @@ bool ControlPlane::answer(Inbound& c, CtrlType type, const std::vector<uint8_t>&
   auto frame = encode_ctrl_frame(type, body);
   ssize_t k = ::send(c.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k == static_cast<ssize_t>(frame.size())) return true;
-  if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+  if (k < 0 && (errno == EPIPE || errno == ECONNRESET)) {
     // Its sender closed (it gave up waiting, or went idle): frames it sent
     // whole before that are still taken - a NOTIFY it counted as sent must
     // not be dropped with the connection.
@@ -1059,7 +1059,11 @@ bool ControlPlane::connected(Outbound& o, const std::string& peer_key, const std
   o.fd = connect_and_hello(peer_key, host, port, deadline, err, status, &o.unix_socket);
   if (o.fd < 0) return false;
   arm_reaper();
-  if (resend_unacked(o, deadline)) return true;
+  if (resend_unacked(o, deadline)) {
+    std::lock_guard<std::mutex> lk(o.mu);
+    o.resend_failing_since = {};  // reachable again, whoever made the connection
+    return true;
+  }
   *err = "control connection to '" + peer_key +
          "': the notifications it had not answered could not be sent again";
   *status = FERRY_ERR_NOT_SENT;  // the caller's frame did not go
@@ -1108,16 +1112,8 @@ void ControlPlane::sent_notify(Outbound& o, const std::string& peer_key,
                                std::vector<uint8_t> frame) {
   uint64_t uid = 0;
   std::memcpy(&uid, frame.data() + kCtrlHeaderSize, sizeof uid);  // little-endian, as written
-  if (o.unacked.size() >= kMaxUnacked) {
-    // A peer that takes NOTIFYs and never answers: the oldest is given up.
-    o.unacked.pop_front();
-    ++notify_unconfirmed_;
-    warn_from("notify-unanswered", peer_key,
-              "'" + peer_key + "' has not answered " + std::to_string(kMaxUnacked) +
-                  " notifications: the oldest is no longer kept to be sent again");
-  }
-  o.unacked.emplace_back(uid, std::move(frame));
-  if (!unanswered_.exchange(true)) {  // the I/O thread may wait without a timeout
+  o.unacked.emplace_back(uid, std::move(frame));  // at most kMaxUnanswered (the senders wait)
+  if (!unanswered_.exchange(true)) {              // the I/O thread may wait without a timeout
     const uint64_t one = 1;
     [[maybe_unused]] auto k = ::write(wake_fd_, &one, sizeof one);
   }
@@ -1136,17 +1132,21 @@ int ControlPlane::watch_unanswered() {
   bool left = false;
   for (auto& [key, o] : slots) {
     std::lock_guard<std::mutex> lk(o->mu);
+    // A holder of `busy` owns the fd and the list (and reads its answers);
+    // without one they are ours while we hold mu (a sender takes `busy`
+    // under mu first).
+    if (o->busy || o->resend_queued) {
+      left = true;  // looked at again next time
+      continue;
+    }
     if (o->unacked.empty() || o->forgotten) continue;
-    // Nobody holds `busy`: the fd and the list are ours while we hold mu (a
-    // sender takes `busy` under mu first). A holder reads its answers itself.
-    if (!o->busy && !o->resend_queued) {
-      if (o->fd >= 0 && take_answers(*o, key)) {
-        if (o->unacked.empty()) continue;
-      } else {
-        o->drop();  // broken, or closed idle: made again off this thread
-        o->resend_queued = true;
-        resend_later(key, o);
-      }
+    if (o->fd >= 0 && take_answers(*o, key)) {
+      if (o->unacked.empty()) continue;
+    } else if (resend_jobs_.load() < kMaxResendJobs) {
+      o->drop();  // broken, or closed idle: made again off this thread
+      o->resend_queued = true;
+      ++resend_jobs_;
+      resend_later(key, o);
     }
     left = true;
   }
@@ -1159,6 +1159,10 @@ int ControlPlane::watch_unanswered() {
 void ControlPlane::resend_later(const std::string& peer_key, const std::shared_ptr<Outbound>& o) {
   try {
     resends_->run([this, peer_key, o] {
+      struct Done {
+        std::atomic<int>& jobs;
+        ~Done() { --jobs; }
+      } done{resend_jobs_};
       const auto deadline = Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs);
       OutboundUse use(*o);
       const bool held = use.acquire_until(deadline);
@@ -1193,7 +1197,27 @@ void ControlPlane::resend_later(const std::string& peer_key, const std::shared_p
     });
   } catch (...) {  // no thread now: the watch's next look tries again
     o->resend_queued = false;
+    --resend_jobs_;
   }
+}
+
+int ControlPlane::wait_for_room(Outbound& o, const std::string& peer_key,
+                                Clock::time_point deadline, std::string* err) {
+  while (o.unacked.size() >= kMaxUnanswered) {
+    const int left = ms_until(deadline, INT32_MAX);
+    const int r = left > 0 ? poll_or_abort(o.fd, POLLIN, left, abort_fd_) : 0;
+    if (r < 0 && errno == EINTR) continue;
+    if (r > 0 && !aborted(abort_fd_) && take_answers(o, peer_key)) continue;
+    if (r > 0 && !aborted(abort_fd_)) {
+      o.drop();
+      *err = "control connection to '" + peer_key + "' broke while its notifications were due";
+      return FERRY_ERR_TRANSPORT;
+    }
+    *err = "'" + peer_key + "' has not answered the " + std::to_string(kMaxUnanswered) +
+           " notifications before this one by the deadline";
+    return FERRY_ERR_TIMEOUT;
+  }
+  return FERRY_OK;
 }
 
 bool ControlPlane::resend_unacked(Outbound& o, Clock::time_point deadline) {
@@ -1224,20 +1248,24 @@ int ControlPlane::reap_outbound() {
   if (reaper_armed_.load() && Clock::now() < next_reap_) return ms_until(next_reap_ - Clock::now());
   // Disarmed before the scan: a connection made after it wakes us (arm_reaper).
   reaper_armed_.store(false);
-  std::vector<std::shared_ptr<Outbound>> slots;
+  std::vector<std::pair<std::string, std::shared_ptr<Outbound>>> slots;
   {
     std::lock_guard<std::mutex> lk(out_mu_);
-    for (auto& [key, o] : outbound_) slots.push_back(o);
+    for (auto& [key, o] : outbound_) slots.emplace_back(key, o);
   }
   const auto now = Clock::now();
   auto next = Clock::time_point::max();
-  for (auto& o : slots) {
+  for (auto& [key, o] : slots) {
     std::lock_guard<std::mutex> lk(o->mu);
     // The fd belongs to whoever holds `busy`: read only when nobody does.
     if (o->busy) {
       next = std::min(next, now + idle_close_);  // in use (or connecting): look again later
     } else if (o->fd < 0) {
       continue;
+    } else if (!o->unacked.empty() && !o->forgotten && take_answers(*o, key) &&
+               !o->unacked.empty()) {
+      // Answers still due: not idle (the watch looks at it meanwhile).
+      next = std::min(next, now + idle_close_);
     } else if (now - o->last_used >= idle_close_) {
       // Nobody holds `busy`, so nobody uses the fd: ours to close. Unanswered
       // NOTIFYs stay to go again on the next connection (the target takes a
@@ -1276,6 +1304,11 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
   // A peer that restarted left us a dead socket: find out before writing into it.
   for (int tries = 0; tries < 2; ++tries) {
     if (int status; !connected(*o, peer_key, host, port, deadline, err, &status)) return status;
+    if (type == CtrlType::NOTIFY) {
+      const int room = wait_for_room(*o, peer_key, deadline, err);
+      if (room == FERRY_ERR_TIMEOUT) return room;
+      if (room != FERRY_OK) continue;  // gone: made again, its NOTIFYs resent
+    }
     // By the deadline: a peer that stopped reading (stopped, or its control
     // thread stalled) fills the socket, and a blocking write would hold this
     // thread and the connection for as long as it does.
@@ -1311,6 +1344,8 @@ ControlPlane::SendNow ControlPlane::send_now(Outbound& o, const std::string& pee
   } else if (!o.unix_socket && looks_dead(o.fd)) {
     return SendNow::NOT_SENT;
   }
+  // Answers due for as many NOTIFYs as may wait: this one waits (send()).
+  if (type == CtrlType::NOTIFY && o.unacked.size() >= kMaxUnanswered) return SendNow::NOT_SENT;
   auto frame = encode_ctrl_frame(type, body);
   // A blocking socket: a full send buffer (a stopped peer) would block here, so
   // only what fits now (MSG_DONTWAIT) goes.

@@ -106,7 +106,7 @@ class ControlPlane {
   // The core's NOTIFYs: answered by the target (taken, or meant for another
   // life of it), sent again on a new connection because the one they went on
   // broke before their answer, and given up unanswered (the peer forgotten,
-  // or more than kMaxUnacked waiting on one peer).
+  // or unreachable for kResendFor).
   struct NotifyCounts {
     uint64_t answered = 0, other_life = 0, resent = 0, unconfirmed = 0;
   };
@@ -114,7 +114,10 @@ class ControlPlane {
     return {notify_answered_.load(), notify_other_life_.load(), notify_resent_.load(),
             notify_unconfirmed_.load()};
   }
-  static constexpr size_t kMaxUnacked = 65536;  // per peer
+  // NOTIFYs a connection carries unanswered at most: their answers always
+  // fit the sockets' buffers (each a unix skb of ~640 bytes), so the target
+  // never finds an answer it cannot write while we are busy writing.
+  static constexpr size_t kMaxUnanswered = 128;
   // How often the I/O thread looks at connections with NOTIFYs unanswered,
   // and how long it keeps sending them again to a peer that cannot be reached.
   static constexpr std::chrono::milliseconds kWatchUnanswered{200};
@@ -318,6 +321,11 @@ class ControlPlane {
   void sent_notify(Outbound& o, const std::string& peer_key, std::vector<uint8_t> frame);
   // o was connected again: its unanswered NOTIFYs go first, by the deadline.
   bool resend_unacked(Outbound& o, Clock::time_point deadline);
+  // With o's `busy` held: waits (by the deadline) until fewer than
+  // kMaxUnanswered NOTIFYs are unanswered on it, taking their answers. False:
+  // not by the deadline (TIMEOUT) or the connection is gone (closed), *err set.
+  int wait_for_room(Outbound& o, const std::string& peer_key, Clock::time_point deadline,
+                    std::string* err);
   // The answer to a frame just written on o (exchange, finish_exchange), by
   // the deadline; NOTIFY_ACKs ahead of it are taken on the way. On failure
   // the connection is closed. 0 or a FERRY_ERR_* code with *err.
@@ -372,6 +380,8 @@ class ControlPlane {
   // Runs resends (connect, HELLO, the NOTIFYs): threads only while there are
   // some. Emptied first in the destructor.
   std::unique_ptr<AsyncRunner> resends_;
+  std::atomic<int> resend_jobs_{0};  // queued or running; at most kMaxResendJobs
+  static constexpr int kMaxResendJobs = 4;
   LogLimiter refusal_log_{std::chrono::seconds(10), /*burst=*/20};
   std::mutex in_mu_;
   std::map<int, std::unique_ptr<Inbound>> inbound_;  // by fd; touched by the I/O thread
