@@ -114,9 +114,10 @@ class ControlPlane {
     return {notify_answered_.load(), notify_other_life_.load(), notify_resent_.load(),
             notify_unconfirmed_.load()};
   }
-  // NOTIFYs a connection carries unanswered at most: their answers always
-  // fit the sockets' buffers (each a unix skb of ~640 bytes), so the target
-  // never finds an answer it cannot write while we are busy writing.
+  // NOTIFYs a connection carries unanswered at most: their answers (25
+  // bytes each, on a unix socket each its own buffer of under 1 KiB) always
+  // fit the sockets' default buffers (208 KiB), so the target never finds an
+  // answer it cannot write while we write, e.g. a resent backlog.
   static constexpr size_t kMaxUnanswered = 128;
   // How often the I/O thread looks at connections with NOTIFYs unanswered,
   // and how long it keeps sending them again to a peer that cannot be reached.
