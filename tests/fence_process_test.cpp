@@ -360,12 +360,13 @@ TEST(Fence, NotifiedCmaWritesToAStoppedTargetEndByTheirDeadlines) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(r.inbound(300 + i, 100), "NONE");
 }
 
-// The same with the control connection up: every landing's NOTIFY goes into
-// the stopped target's socket until it is full. The NOTIFY that meets the
-// full socket ends by its transfer's deadline (it used to block in its write,
-// holding the connection, until the target read again), and so does every
-// one behind it; after SIGCONT the target holds a record of exactly the
-// transfers that succeeded.
+// The same with the control connection up: landings' NOTIFYs go into the
+// stopped target's socket until it is full (until 2026-12-07), or until
+// ControlPlane::kMaxUnanswered wait for answers (since). The next NOTIFY
+// ends by its transfer's deadline (it used to block in its write, holding
+// the connection, until the target read again), and so does every one behind
+// it; after SIGCONT the target holds a record of exactly the transfers that
+// succeeded.
 TEST(Fence, NotifiesIntoAStoppedTargetsFullControlSocketEndByTheirDeadlines) {
   StoppableTarget r("cma",
                     "backends:\n  cma: {}\nrules:\n  - prefer: [cma]\n    trust_descriptors: true\n"
