@@ -40,8 +40,9 @@ exec 4>"$dir/hold"
 # Sample the bench (bounded poll) until its stats show the quarantine: it
 # comes after the third transfer, while hundreds more are still to run (or
 # have run: the stats stay until fd 4 closes).
-# (fault's own counters, "plugin":{...}, sit between failures and quarantines.)
-want='"fault":{"bytes":0,"failovers":3,"failures":3,'
+# (fault's describe() line, "detail", sits after bytes; its own counters,
+# "plugin":{...}, between failures and quarantines.)
+want='"fault":{"bytes":0,"detail":"fault plugin (scripted failures)","failovers":3,"failures":3,'
 want_q='"quarantines":1,"stray_completions":0,"transfers":0}'
 sample=
 for _ in $(seq 2000); do
