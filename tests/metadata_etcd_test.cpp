@@ -21,6 +21,7 @@
 #include "etcd_client.h"
 #include "etcd_server.h"
 #include "ferry/ferry.hpp"
+#include "loopback.h"
 #include "metadata_sync.h"
 #include "pattern.h"
 
@@ -38,15 +39,10 @@ constexpr size_t kRegion = 1u << 20;
 class FrozenEndpoint {
  public:
   FrozenEndpoint() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(fd_, 64) != 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-      throw std::runtime_error("cannot listen on 127.0.0.1");
-    url_ = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    uint16_t port = 0;
+    fd_ = test::listen_loopback(&port);
+    if (fd_ < 0) throw std::runtime_error("cannot listen on 127.0.0.1");
+    url_ = "http://127.0.0.1:" + std::to_string(port);
   }
   ~FrozenEndpoint() { ::close(fd_); }
   const std::string& url() const { return url_; }

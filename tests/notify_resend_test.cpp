@@ -27,6 +27,7 @@
 #include "control_frame.h"
 #include "eventually.h"
 #include "ferry/ferry.hpp"
+#include "loopback.h"
 
 using namespace ferry;
 using namespace std::chrono_literals;
@@ -38,15 +39,8 @@ namespace {
 class LossyProxy {
  public:
   explicit LossyProxy(uint16_t target) : target_(target) {
-    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (listen_ < 0 || ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(listen_, 16) != 0 || ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len))
-      throw std::runtime_error("proxy: cannot listen");
-    port_ = ntohs(a.sin_port);
+    listen_ = test::listen_loopback(&port_, 16);
+    if (listen_ < 0) throw std::runtime_error("proxy: cannot listen");
     if (::pipe(stop_) != 0) throw std::runtime_error("proxy: pipe");
     thread_ = std::thread([this] { run(); });
   }
@@ -124,12 +118,8 @@ class LossyProxy {
       if (fds[0].revents) return;
       if (fds[1].revents & POLLIN) {
         int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
-        int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a.sin_port = htons(target_);
-        if (c >= 0 && s >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+        int s = c >= 0 ? test::dial_loopback(target_) : -1;
+        if (c >= 0 && s >= 0) {
           pairs_.push_back({c, s, {}});
           ++accepted_;
         } else {
