@@ -1083,10 +1083,8 @@ bool ControlPlane::answered(Outbound& o, const std::string& peer_key, const Ctrl
       o.unacked.front().first != uid)
     return false;
   o.unacked.pop_front();
-  ++notify_answered_;
   if (ack == NotifyAck::OTHER_LIFE) {
     // Our descriptor of it is of a life that has ended: the data went there.
-    ++notify_other_life_;
     warn_from("notify-other-life", peer_key,
               "'" + peer_key + "' answered a notification (transfer uid " + std::to_string(uid) +
                   ") as another life of that engine: the transfer's data went to the one before");

@@ -103,17 +103,13 @@ class ControlPlane {
   // trip there is 9.8 us p50 against TCP's 15.6).
   const std::string& unix_name() const { return unix_name_; }
   uint64_t unix_connections() const { return unix_connects_.load(); }
-  // The core's NOTIFYs: answered by the target (taken, or meant for another
-  // life of it), sent again on a new connection because the one they went on
-  // broke before their answer, and given up unanswered (the peer forgotten,
-  // or unreachable for kResendFor).
+  // The core's NOTIFYs sent again on a new connection because the one they
+  // went on broke before their answer, and given up unanswered (the peer
+  // forgotten, or unreachable for kResendFor).
   struct NotifyCounts {
-    uint64_t answered = 0, other_life = 0, resent = 0, unconfirmed = 0;
+    uint64_t resent = 0, unconfirmed = 0;
   };
-  NotifyCounts notify_counts() const {
-    return {notify_answered_.load(), notify_other_life_.load(), notify_resent_.load(),
-            notify_unconfirmed_.load()};
-  }
+  NotifyCounts notify_counts() const { return {notify_resent_.load(), notify_unconfirmed_.load()}; }
   // NOTIFYs a connection carries unanswered at most: their answers (25
   // bytes each, on a unix socket each its own buffer of under 1 KiB) always
   // fit the sockets' default buffers (208 KiB), so the target never finds an
@@ -372,8 +368,7 @@ class ControlPlane {
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> abandoned_fences_{0};
   std::atomic<uint64_t> unix_connects_{0};
-  std::atomic<uint64_t> notify_answered_{0}, notify_other_life_{0}, notify_resent_{0},
-      notify_unconfirmed_{0};
+  std::atomic<uint64_t> notify_resent_{0}, notify_unconfirmed_{0};
   // Some connection may hold unanswered NOTIFYs (cleared by the watch before
   // it looks; a sender that sets it wakes the I/O thread).
   std::atomic<bool> unanswered_{false};
