@@ -1044,7 +1044,10 @@ bool ControlPlane::OutboundUse::try_acquire() {
 std::shared_ptr<ControlPlane::Outbound> ControlPlane::outbound_for(const std::string& peer_key) {
   std::lock_guard<std::mutex> lk(out_mu_);
   auto& slot = outbound_[peer_key];
-  if (!slot) slot = std::make_shared<Outbound>();
+  if (!slot) {
+    slot = std::make_shared<Outbound>();
+    slot->unconfirmed = &notify_unconfirmed_;
+  }
   return slot;
 }
 
@@ -1539,6 +1542,8 @@ int ControlPlane::request(const std::string& peer_key, const std::string& host, 
 
 ControlPlane::Outbound::~Outbound() {
   if (fd >= 0) ::close(fd);
+  // (Not forgotten: the engine is going away with its counters.)
+  if (forgotten && unconfirmed != nullptr) *unconfirmed += unacked.size();
 }
 
 void ControlPlane::forget_peer(const std::string& key) {

@@ -223,6 +223,10 @@ class ControlPlane {
     bool resend_queued = false;
     bool forgotten = false;
     Clock::time_point resend_failing_since{};
+    // The control plane's count of NOTIFYs never answered: a forgotten peer's
+    // connection that a sender still held when forget_peer() ran adds what it
+    // still holds once its last holder lets it go (set by outbound_for).
+    std::atomic<uint64_t>* unconfirmed = nullptr;
     // Closes the connection (its unanswered NOTIFYs stay, to go again).
     void drop();
   };
