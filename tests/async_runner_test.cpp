@@ -112,7 +112,7 @@ TEST(PeerJobQueue, OnePeerByDeadlineOthersBeside) {
   std::shared_future<void> released = release.get_future().share();
   std::mutex mu;
   std::vector<int> order;
-  std::promise<void> b_ran;
+  std::promise<void> b_ran, a_first_running;
   auto record = [&](int n) {
     std::lock_guard<std::mutex> lk(mu);
     order.push_back(n);
@@ -131,6 +131,7 @@ TEST(PeerJobQueue, OnePeerByDeadlineOthersBeside) {
     AsyncRunner& runner = owner.runner;
     q.run("a", PeerJobQueue::Clock::now(), [&](bool ok) {
       on_runner += ok;
+      a_first_running.set_value();
       released.wait();  // peer a's first job blocks its queue
       record(1);
     });
@@ -145,6 +146,8 @@ TEST(PeerJobQueue, OnePeerByDeadlineOthersBeside) {
     });
     // b's job runs while a's queue is blocked (it would hang here otherwise).
     ASSERT_EQ(b_ran.get_future().wait_for(10s), std::future_status::ready);
+    // (Job 1 may not have left the queue yet when b's ran: a busy machine.)
+    ASSERT_EQ(a_first_running.get_future().wait_for(10s), std::future_status::ready);
     EXPECT_EQ(q.waiting(), 4u);  // a's jobs 2..5 wait behind job 1
     EXPECT_LE(runner.threads(), 2u) << "a thread per waiting job";
     release.set_value();
