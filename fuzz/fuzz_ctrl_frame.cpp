@@ -28,7 +28,9 @@ void decode_all(const std::vector<uint8_t>& body) {
   if (decode_hello_ok(body, &flags) && hello_ok_body(flags) != body) __builtin_trap();
   if (decode_plugin(body, s, off) && (off > body.size() || s.empty())) __builtin_trap();
   uint64_t target = 0;
-  if (decode_notify(body, uid, status, target) && notify_body(uid, status, target) != body)
+  NotifySeq seq;
+  if (decode_notify(body, uid, status, target, seq) &&
+      notify_body(uid, status, target, seq) != body)
     __builtin_trap();
   NotifyAck nack;
   if (decode_notify_ack(body, uid, nack) && notify_ack_body(uid, nack) != body) __builtin_trap();

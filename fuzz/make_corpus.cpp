@@ -58,7 +58,7 @@ void ctrl() {
       {"session",
        cat({encode_ctrl_frame(CtrlType::HELLO, hello_body("a", nonce, 0)),
             encode_ctrl_frame(CtrlType::PLUGIN, plugin_body("tcp", payload.data(), payload.size())),
-            encode_ctrl_frame(CtrlType::NOTIFY, notify_body(42, 0, 0x1234))})},
+            encode_ctrl_frame(CtrlType::NOTIFY, notify_body(42, 0, 0x1234, {0x5eed, 3, 2}))})},
       {"notify_fail", encode_ctrl_frame(CtrlType::NOTIFY, notify_body(~0ull, -6, 0x1234))},
       {"notify_ack",
        encode_ctrl_frame(CtrlType::NOTIFY_ACK, notify_ack_body(42, NotifyAck::OTHER_LIFE))},

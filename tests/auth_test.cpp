@@ -509,7 +509,9 @@ struct Plane {
       got.push_back(peer + ":" + std::string(reinterpret_cast<const char*>(m), n));
       cv.notify_all();
     };
-    h.on_notify = [](const std::string&, uint64_t, int32_t, uint64_t) { return NotifyAck::TAKEN; };
+    h.on_notify = [](const std::string&, uint64_t, int32_t, uint64_t, const NotifySeq&) {
+      return NotifyAck::TAKEN;
+    };
     h.on_fence = [this](const std::string& peer, uint64_t, const std::vector<FenceEntry>& entries,
                         uint64_t* instance) { return fence(peer, entries, instance); };
     cp = std::make_unique<ControlPlane>(key, "127.0.0.1", 0, std::move(h), &link);

@@ -11,7 +11,7 @@ using namespace ferry;
 TEST(ControlFrame, RoundTripAcrossArbitrarySplits) {
   const uint8_t nonce[kCtrlNonceSize] = {9, 8, 7};
   auto a = encode_ctrl_frame(CtrlType::HELLO, hello_body("engine-a", nonce, kHelloHasToken));
-  auto b = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(77, 0, 0xfeed));
+  auto b = encode_ctrl_frame(CtrlType::NOTIFY, notify_body(77, 0, 0xfeed, {0xabc, 12, 9}));
   auto c = encode_ctrl_frame(CtrlType::PLUGIN, plugin_body("tcp", "xyz", 3));
   std::vector<uint8_t> all;
   for (auto* f : {&a, &b, &c}) all.insert(all.end(), f->begin(), f->end());
@@ -29,9 +29,13 @@ TEST(ControlFrame, RoundTripAcrossArbitrarySplits) {
     EXPECT_EQ(std::vector<uint8_t>(got, got + 3), std::vector<uint8_t>({9, 8, 7}));
     uint64_t uid, instance;
     int32_t st;
-    EXPECT_TRUE(decode_notify(out[1].body, uid, st, instance));
+    NotifySeq seq;
+    EXPECT_TRUE(decode_notify(out[1].body, uid, st, instance, seq));
     EXPECT_EQ(uid, 77u);
     EXPECT_EQ(instance, 0xfeedu);
+    EXPECT_EQ(seq.life, 0xabcu);
+    EXPECT_EQ(seq.seq, 12u);
+    EXPECT_EQ(seq.floor, 9u);
     std::string plugin;
     size_t off;
     EXPECT_TRUE(decode_plugin(out[2].body, plugin, off));
@@ -90,9 +94,14 @@ TEST(ControlFrame, BodyDecodersRejectWrongShapes) {
   EXPECT_FALSE(decode_hello_ok({1, 0}, &ok_flags));  // trailing bytes
   uint64_t uid, instance;
   int32_t st;
-  EXPECT_FALSE(decode_notify({1, 2, 3}, uid, st, instance));
+  NotifySeq seq;
+  EXPECT_FALSE(decode_notify({1, 2, 3}, uid, st, instance, seq));
   // The version-2 body (uid, status): no instance.
-  EXPECT_FALSE(decode_notify({1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, uid, st, instance));
+  EXPECT_FALSE(decode_notify({1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, uid, st, instance, seq));
+  // The version-3 body (uid, status, instance): no sequence.
+  std::vector<uint8_t> v3 = notify_body(1, 0, 2);
+  v3.resize(kNotifySeqAt);
+  EXPECT_FALSE(decode_notify(v3, uid, st, instance, seq));
   NotifyAck ack;
   EXPECT_TRUE(decode_notify_ack(notify_ack_body(9, NotifyAck::OTHER_LIFE), uid, ack));
   EXPECT_EQ(uid, 9u);
@@ -122,10 +131,11 @@ TEST(ControlFrame, RandomStreamsNeverCrash) {
       uint64_t u, inst;
       int32_t st;
       NotifyAck ack;
+      NotifySeq seq;
       uint8_t nonce[kCtrlNonceSize], flags;
       decode_hello(fr.body, s, nonce, &flags);
       decode_plugin(fr.body, s, off);
-      decode_notify(fr.body, u, st, inst);
+      decode_notify(fr.body, u, st, inst, seq);
       decode_notify_ack(fr.body, u, ack);
     }
   }

@@ -117,3 +117,60 @@ TEST(InboundTable, AFloodOfNeverPoppedUidsStaysBounded) {
   EXPECT_LE(u.footprint(), 2 * window + 200) << "popped records' places were kept";
   EXPECT_TRUE(u.pop("a", 0));
 }
+
+// A core NOTIFY whose answer was lost is sent again once its connection is
+// made again; meanwhile the initiator's other transfers (a backend's own
+// notifications) may land past the uid window. Its place in the sender's
+// sequence still marks it a repeat: the application, which popped it, does
+// not see it land a second time.
+TEST(InboundTable, ANotifySentAgainAfterMoreThanTheUidWindowIsARepeat) {
+  InboundTable t;
+  const NotifySeq first{0xa11fe, 7, 7};
+  ASSERT_TRUE(t.land("a", 1, StatusCode::SUCCESS, &first));
+  ASSERT_TRUE(t.pop("a", 1));
+  ASSERT_TRUE(t.land("a", 2, StatusCode::SUCCESS));  // a probe of the uid window
+  for (uint64_t u = 3; u < InboundTable::kRememberPerPeer + 100; ++u) {
+    ASSERT_TRUE(t.land("a", u, StatusCode::SUCCESS));
+    t.pop("a", u);
+  }
+  t.pop("a", 2);
+  ASSERT_TRUE(t.land("a", 2, StatusCode::SUCCESS)) << "the uid window still holds its first uids";
+  EXPECT_FALSE(t.land("a", 1, StatusCode::SUCCESS, &first)) << "the resend landed again";
+  EXPECT_FALSE(t.pop("a", 1));
+  // Its next NOTIFY is new, though its uid is as old.
+  const NotifySeq next{0xa11fe, 8, 7};
+  EXPECT_TRUE(t.land("a", 1, StatusCode::SUCCESS, &next));
+}
+
+// Below the sender's floor: answered already, or given up by the sender (a
+// NOTIFY left behind in a broken connection's buffer, read after newer ones).
+// (Its uid is one the table never saw: the seq alone decides.) Another life of
+// the sender starts its own sequence.
+TEST(InboundTable, ANotifyBelowItsSendersFloorIsARepeatAndANewLifeStartsOver) {
+  InboundTable t;
+  const NotifySeq five{1, 5, 5}, nine{1, 9, 9}, late_three{1, 3, 3};
+  ASSERT_TRUE(t.land("a", 50, StatusCode::SUCCESS, &five));
+  ASSERT_TRUE(t.land("a", 90, StatusCode::SUCCESS, &nine));
+  EXPECT_FALSE(t.land("a", 30, StatusCode::SUCCESS, &late_three));
+  EXPECT_FALSE(t.pop("a", 30));
+  // Taken above the floor: a repeat by its seq, whatever uid it names.
+  EXPECT_FALSE(t.land("a", 91, StatusCode::SUCCESS, &nine));
+  // A restarted initiator numbers from 1 again: none of it is a repeat.
+  const NotifySeq reborn{2, 1, 1};
+  EXPECT_TRUE(t.land("a", 51, StatusCode::SUCCESS, &reborn));
+  // Not sequenced (a plugin's own report): the uid window alone.
+  EXPECT_TRUE(t.land("a", 52, StatusCode::SUCCESS));
+  EXPECT_FALSE(t.land("a", 52, StatusCode::SUCCESS));
+}
+
+// A sender that never raises its floor (hostile, or not a ferry core) cannot
+// make the table keep every seq it sent.
+TEST(InboundTable, TheSeqsKeptPerSenderAreBounded) {
+  InboundTable t;
+  for (uint64_t s = 1; s <= 3 * InboundTable::kMaxNotifySeqs; ++s) {
+    const NotifySeq q{1, s, 0};
+    t.land("a", 1, StatusCode::SUCCESS, &q);  // one uid: only the seqs grow
+    t.pop("a", 1);
+  }
+  EXPECT_LE(t.footprint(), InboundTable::kMaxNotifySeqs + 8);
+}

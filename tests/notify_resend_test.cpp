@@ -57,6 +57,11 @@ class LossyProxy {
   }
   uint16_t port() const { return port_; }
   void lose_next_notify() { armed_ = true; }
+  // The next NOTIFY passes; the target's answer to it is lost and both ends
+  // of that connection pair are reset (counted as lost when it happens).
+  void lose_next_answer() { answer_armed_ = true; }
+  // While set, every new connection is reset at once.
+  void refuse_connections(bool on) { refusing_ = on; }
   // Waits until a NOTIFY was dropped (true) or `limit` passed.
   bool wait_lost(std::chrono::milliseconds limit) {
     std::unique_lock<std::mutex> lk(mu_);
@@ -68,7 +73,15 @@ class LossyProxy {
   struct Pair {
     int client, server;
     std::vector<uint8_t> upstream;  // client bytes not yet a whole frame
+    bool cut_at_answer = false;     // the server's next bytes are not passed on
   };
+  void count_lost() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++lost_;
+    }
+    cv_.notify_all();
+  }
   static void reset(int fd) {
     linger l{1, 0};  // an abortive close: RST, anything queued dropped
     ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
@@ -94,12 +107,12 @@ class LossyProxy {
       if (p.upstream.size() - off < kCtrlHeaderSize + body) break;
       if (armed_ && h[5] == static_cast<uint8_t>(CtrlType::NOTIFY)) {
         armed_ = false;
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          ++lost_;
-        }
-        cv_.notify_all();
+        count_lost();
         return false;  // dropped: the caller resets both ends
+      }
+      if (answer_armed_ && h[5] == static_cast<uint8_t>(CtrlType::NOTIFY)) {
+        answer_armed_ = false;
+        p.cut_at_answer = true;
       }
       if (!send_all(p.server, h, kCtrlHeaderSize + body)) return false;
       off += kCtrlHeaderSize + body;
@@ -118,6 +131,10 @@ class LossyProxy {
       if (fds[0].revents) return;
       if (fds[1].revents & POLLIN) {
         int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0 && refusing_) {
+          reset(c);
+          continue;
+        }
         int s = c >= 0 ? test::dial_loopback(target_) : -1;
         if (c >= 0 && s >= 0) {
           pairs_.push_back({c, s, {}});
@@ -138,7 +155,12 @@ class LossyProxy {
         }
         if (ok && fds[3 + 2 * i].revents) {
           ssize_t k = ::recv(p.server, buf, sizeof buf, 0);
-          ok = k > 0 && send_all(p.client, buf, static_cast<size_t>(k));
+          if (k > 0 && p.cut_at_answer) {  // the NOTIFY's answer: lost, both ends reset
+            count_lost();
+            ok = false;
+          } else {
+            ok = k > 0 && send_all(p.client, buf, static_cast<size_t>(k));
+          }
         }
         if (!ok) {
           reset(p.client);
@@ -154,7 +176,7 @@ class LossyProxy {
   uint16_t port_ = 0;
   int listen_ = -1;
   int stop_[2] = {-1, -1};
-  std::atomic<bool> armed_{false};
+  std::atomic<bool> armed_{false}, answer_armed_{false}, refusing_{false};
   std::atomic<int> accepted_{0};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -237,6 +259,40 @@ TEST(NotifyResend, ALostLastNotifyIsSentAgainWithoutAnotherTransfer) {
   EXPECT_TRUE(test::eventually([&] { return r.b.stats().inbound_notifications == 2; }));
   EXPECT_EQ(r.a.stats().notifies_resent, 1u);
   EXPECT_EQ(r.b.stats().inbound_notifications, 2u);
+}
+
+// A NOTIFY that reached its target, whose answer was lost with the
+// connection, is sent again once a connection can be made. Meanwhile more
+// transfers than the target's uid window (65,536) landed from the same
+// initiator with tcp's own notifications, on their own connections: only the
+// NOTIFY's place in the sender's sequence still marks the resend a repeat.
+// (Without it the target recorded uid 2 a second time.)
+TEST(NotifyResend, AResendAfterMoreLandingsThanTheUidWindowIsTakenOnce) {
+  Rig r;
+  r.read(1);
+  ASSERT_TRUE(r.reached_b(1));
+  r.proxy.lose_next_answer();
+  r.proxy.refuse_connections(true);  // the resends fail until the flood is over
+  r.read(2);                         // SUCCESS once its NOTIFY left
+  ASSERT_TRUE(r.proxy.wait_lost(5s)) << "the proxy never saw the answer";
+  ASSERT_TRUE(r.reached_b(2)) << "b never took the NOTIFY whose answer was lost";
+  // tcp WRITEs notify their target themselves (not through the proxy), many at a time.
+  const uint64_t flood = 65536 + 64, first = 1000;
+  std::vector<TransferStatus> out;
+  for (uint64_t u = first; u < first + flood; ++u) {
+    out.push_back(r.a.write(r.al, 0, r.br, (u % 64) * 8, 8, u, true));
+    if (out.size() == 256 || u + 1 == first + flood) {
+      for (auto& st : out) ASSERT_EQ(st.Wait(), StatusCode::SUCCESS) << st.Message();
+      out.clear();
+    }
+  }
+  EXPECT_EQ(r.a.stats().notifies_resent, 0u) << "resent before the flood was over";
+  r.proxy.refuse_connections(false);
+  EXPECT_TRUE(test::eventually([&] { return r.a.stats().notifies_resent >= 1; }, 20s));
+  r.read(3);  // on the connection the resend went on, after it
+  ASSERT_TRUE(r.reached_b(3));
+  EXPECT_FALSE(r.b.pop_inbound_transfer_status("a", 2)) << "the resend was recorded again";
+  EXPECT_EQ(r.b.stats().inbound_notifications, flood + 3) << "each uid recorded once";
 }
 
 }  // namespace

@@ -106,9 +106,10 @@ bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t
 }
 
 bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status,
-                   uint64_t& instance) {
+                   uint64_t& instance, NotifySeq& seq) {
   wire::Reader r(body.data(), body.size());
-  return r.u64(uid) && r.i32(status) && r.u64(instance) && r.left() == 0;
+  return r.u64(uid) && r.i32(status) && r.u64(instance) && r.u64(seq.life) && r.u64(seq.seq) &&
+         r.u64(seq.floor) && r.left() == 0;
 }
 
 bool decode_notify_ack(const std::vector<uint8_t>& body, uint64_t& uid, NotifyAck& ack) {
@@ -171,11 +172,15 @@ std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload,
   return std::move(w.buf());
 }
 
-std::vector<uint8_t> notify_body(uint64_t uid, int32_t status, uint64_t instance) {
+std::vector<uint8_t> notify_body(uint64_t uid, int32_t status, uint64_t instance,
+                                 const NotifySeq& seq) {
   wire::Writer w;
   w.u64(uid);
   w.i32(status);
   w.u64(instance);
+  w.u64(seq.life);
+  w.u64(seq.seq);
+  w.u64(seq.floor);
   return std::move(w.buf());
 }
 

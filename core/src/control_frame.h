@@ -30,7 +30,8 @@ namespace ferry {
 
 constexpr uint32_t kCtrlMagic = 0x43595246;  // "FRYC" little-endian
 // 3: NOTIFY names the receiver's life and is answered (NOTIFY_ACK).
-constexpr uint8_t kCtrlVersion = 3;
+// 4: NOTIFY carries its place in the sender's sequence (NotifySeq).
+constexpr uint8_t kCtrlVersion = 4;
 constexpr size_t kCtrlHeaderSize = 12;
 constexpr uint32_t kMaxCtrlBody = 1u << 20;
 constexpr uint32_t kMaxHandshakeBody = 512;
@@ -48,8 +49,9 @@ enum class CtrlType : uint8_t {
   PLUGIN = 4,         // body: str8 plugin name, then the plugin's opaque payload
   // A transfer to the receiver landed (the core tells it where the backend
   // cannot). body: u64 uid, i32 status, u64 the receiver's instance the sender
-  // means. Answered on the same connection by NOTIFY_ACK before the sender
-  // uses the connection again; a resend of a uid is taken once (InboundTable).
+  // means, then NotifySeq (u64 life, u64 seq, u64 floor). Answered on the same
+  // connection by NOTIFY_ACK before the sender uses the connection again; a
+  // resend is taken once (InboundTable: by its seq, else by its uid).
   NOTIFY = 5,
   AUTH_CHALLENGE = 6,  // body: 32-byte server nonce, 64-byte server proof
   AUTH_PROOF = 7,      // body: 64-byte client proof
@@ -85,6 +87,20 @@ enum class MsgAck : uint8_t {
   STALE = 3,   // an id below one already decided: a resend from long ago, ignored
 };
 constexpr uint8_t kMaxMsgAck = 3;
+
+// A NOTIFY's place in its sender's sequence, stamped by the sender's control
+// plane as it sends it: `life` names that sequence (random; one per peer the
+// sender talks to, and a new one after it forgot that peer), `seq` numbers
+// its NOTIFYs upwards from 1, and `floor` is the oldest seq still unanswered
+// when it left (every seq below was answered, or given up). A receiver
+// remembers the seqs it took from `floor` up and so knows a resend however
+// many other landings came in between (InboundTable). seq 0: not sequenced
+// (only the uid window knows a repeat).
+struct NotifySeq {
+  uint64_t life = 0, seq = 0, floor = 0;
+};
+// Where NotifySeq starts in a NOTIFY's body (after uid, status, instance).
+constexpr size_t kNotifySeqAt = 20;
 
 // The receiver's answer to a NOTIFY.
 enum class NotifyAck : uint8_t {
@@ -146,7 +162,7 @@ bool decode_refused(const std::vector<uint8_t>& body, std::string& reason);
 bool decode_hello_ok(const std::vector<uint8_t>& body, uint8_t* flags);
 bool decode_plugin(const std::vector<uint8_t>& body, std::string& plugin, size_t& payload_off);
 bool decode_notify(const std::vector<uint8_t>& body, uint64_t& uid, int32_t& status,
-                   uint64_t& instance);
+                   uint64_t& instance, NotifySeq& seq);
 bool decode_notify_ack(const std::vector<uint8_t>& body, uint64_t& uid, NotifyAck& ack);
 // payload_off: where the payload starts in body.
 bool decode_msg(const std::vector<uint8_t>& body, uint64_t& instance, uint64_t& id,
@@ -165,7 +181,8 @@ std::vector<uint8_t> proof_body(const uint8_t proof[kCtrlProofSize]);
 std::vector<uint8_t> refused_body(const std::string& reason);
 std::vector<uint8_t> hello_ok_body(uint8_t flags);
 std::vector<uint8_t> plugin_body(const std::string& plugin, const void* payload, size_t n);
-std::vector<uint8_t> notify_body(uint64_t uid, int32_t status, uint64_t instance);
+std::vector<uint8_t> notify_body(uint64_t uid, int32_t status, uint64_t instance,
+                                 const NotifySeq& seq = {});
 std::vector<uint8_t> notify_ack_body(uint64_t uid, NotifyAck ack);
 std::vector<uint8_t> msg_body(uint64_t instance, uint64_t id, const void* payload, size_t n);
 std::vector<uint8_t> msg_ack_body(uint64_t id, MsgAck ack);

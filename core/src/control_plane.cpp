@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <random>
 
 #include "ferry/ferry.hpp"
 #include "ferry/plugin.h"
@@ -265,6 +266,24 @@ bool looks_dead(int fd) {
   return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR));
 }
 
+// NotifySeq's life: no other Outbound (of this engine, another one, or this
+// one restarted) continues this one's sequence.
+uint64_t random_life() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
+  return v;
+}
+// A NOTIFY frame's NotifySeq fields, in place (little-endian, as the wire
+// codec writes them).
+uint8_t* notify_seq_field(std::vector<uint8_t>& frame, size_t i) {
+  return frame.data() + kCtrlHeaderSize + kNotifySeqAt + 8 * i;
+}
+uint64_t frame_seq(const std::vector<uint8_t>& frame) {
+  uint64_t v = 0;
+  std::memcpy(&v, frame.data() + kCtrlHeaderSize + kNotifySeqAt + 8, sizeof v);
+  return v;
+}
 }  // namespace
 
 ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16_t port,
@@ -758,8 +777,9 @@ bool ControlPlane::handle_frame(Inbound& c, CtrlFrame& f) {
     case CtrlType::NOTIFY: {
       uint64_t uid, instance;
       int32_t status;
-      if (!decode_notify(f.body, uid, status, instance)) break;
-      const NotifyAck ack = handlers_.on_notify(c.peer, uid, status, instance);
+      NotifySeq seq;
+      if (!decode_notify(f.body, uid, status, instance, seq)) break;
+      const NotifyAck ack = handlers_.on_notify(c.peer, uid, status, instance, seq);
       return answer(c, CtrlType::NOTIFY_ACK, notify_ack_body(uid, ack));
     }
     case CtrlType::MSG: {
@@ -1047,6 +1067,7 @@ std::shared_ptr<ControlPlane::Outbound> ControlPlane::outbound_for(const std::st
   if (!slot) {
     slot = std::make_shared<Outbound>();
     slot->unconfirmed = &notify_unconfirmed_;
+    slot->notify_life = random_life();
   }
   return slot;
 }
@@ -1118,6 +1139,20 @@ void ControlPlane::sent_notify(Outbound& o, const std::string& peer_key,
     const uint64_t one = 1;
     [[maybe_unused]] auto k = ::write(wake_fd_, &one, sizeof one);
   }
+}
+
+void ControlPlane::stamp_notify(Outbound& o, std::vector<uint8_t>& frame) {
+  if (frame.size() != kCtrlHeaderSize + kNotifySeqAt + 24) return;  // not a NOTIFY of ours
+  uint64_t seq = frame_seq(frame);
+  if (seq == 0) {
+    seq = o.next_notify_seq++;
+    std::memcpy(notify_seq_field(frame, 0), &o.notify_life, 8);
+    std::memcpy(notify_seq_field(frame, 1), &seq, 8);
+  }
+  // Sent in seq order on `o`: the front is the oldest unanswered.
+  const uint64_t floor =
+      o.unacked.empty() ? seq : std::min(seq, frame_seq(o.unacked.front().second));
+  std::memcpy(notify_seq_field(frame, 2), &floor, 8);
 }
 
 int ControlPlane::watch_unanswered() {
@@ -1313,6 +1348,7 @@ int ControlPlane::send(const std::string& peer_key, const std::string& host, uin
     // By the deadline: a peer that stopped reading (stopped, or its control
     // thread stalled) fills the socket, and a blocking write would hold this
     // thread and the connection for as long as it does.
+    if (type == CtrlType::NOTIFY) stamp_notify(*o, frame);
     if (write_until(o->fd, frame.data(), frame.size(), deadline, abort_fd_)) {
       if (type == CtrlType::NOTIFY) sent_notify(*o, peer_key, std::move(frame));
       return FERRY_OK;
@@ -1348,6 +1384,7 @@ ControlPlane::SendNow ControlPlane::send_now(Outbound& o, const std::string& pee
   // Answers due for as many NOTIFYs as may wait: this one waits (send()).
   if (type == CtrlType::NOTIFY && o.unacked.size() >= kMaxUnanswered) return SendNow::NOT_SENT;
   auto frame = encode_ctrl_frame(type, body);
+  if (type == CtrlType::NOTIFY) stamp_notify(o, frame);
   // A blocking socket: a full send buffer (a stopped peer) would block here, so
   // only what fits now (MSG_DONTWAIT) goes.
   ssize_t k = ::send(o.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);

@@ -49,7 +49,7 @@ class ControlPlane {
     // A transfer from `peer` landed here (NOTIFY); `instance`: the life of
     // ours the sender means. What to answer. Runs on the I/O thread.
     std::function<NotifyAck(const std::string& peer, uint64_t uid, int32_t status,
-                            uint64_t instance)>
+                            uint64_t instance, const NotifySeq& seq)>
         on_notify;
     // A notification message from `peer` (MSG): what to answer. Runs on the I/O
     // thread (it only queues the payload).
@@ -227,6 +227,12 @@ class ControlPlane {
     // connection that a sender still held when forget_peer() ran adds what it
     // still holds once its last holder lets it go (set by outbound_for).
     std::atomic<uint64_t>* unconfirmed = nullptr;
+    // Its NOTIFYs' sequence (NotifySeq): a life of its own (random, set by
+    // outbound_for), so that a peer's next Outbound (after forget_peer)
+    // starts another and its floors never pass this one's unanswered
+    // NOTIFYs; the next seq. Used by the holder of `busy`.
+    uint64_t notify_life = 0;
+    uint64_t next_notify_seq = 1;
     // Closes the connection (its unanswered NOTIFYs stay, to go again).
     void drop();
   };
@@ -320,6 +326,10 @@ class ControlPlane {
   bool answered(Outbound& o, const std::string& peer_key, const CtrlFrame& f);
   // A whole NOTIFY frame went out on o: kept until answered.
   void sent_notify(Outbound& o, const std::string& peer_key, std::vector<uint8_t> frame);
+  // Stamps a NOTIFY frame about to leave on `o` with o's NotifySeq: its seq
+  // (once: a frame sent again keeps it) and the oldest seq still unanswered
+  // on `o` (the holder of `busy` calls it).
+  static void stamp_notify(Outbound& o, std::vector<uint8_t>& frame);
   // o was connected again: its unanswered NOTIFYs go first, by the deadline.
   bool resend_unacked(Outbound& o, Clock::time_point deadline);
   // With o's `busy` held: waits (by the deadline) until fewer than

@@ -99,11 +99,12 @@ EngineImpl::EngineImpl(std::string key, EngineConfig config)
     std::shared_lock life(b->life);
     if (!b->removed) b->ops->on_ctrl(b->ctx, peer.c_str(), msg, len);
   };
-  h.on_notify = [this](const std::string& peer, uint64_t uid, int32_t status, uint64_t instance) {
+  h.on_notify = [this](const std::string& peer, uint64_t uid, int32_t status, uint64_t instance,
+                       const NotifySeq& seq) {
     // The data went to the life the sender means: another life of ours (an
     // earlier one's transfer, its NOTIFY resent to us) never received it.
     if (instance != instance_) return NotifyAck::OTHER_LIFE;
-    inbound(peer.c_str(), uid, status);
+    inbound(peer.c_str(), uid, status, &seq);
     return NotifyAck::TAKEN;
   };
   h.on_message = [this](const std::string& peer, uint64_t instance, uint64_t id,

@@ -55,7 +55,9 @@ class EngineImpl {
   // Host services (plugin callbacks, host_services.cpp).
   int ctrl_send(Backend& b, const char* peer_key, const void* msg, size_t len);
   int ctrl_try_send(Backend& b, const char* peer_key, const void* msg, size_t len);
-  void inbound(const char* peer_key, uint64_t uid, int status);
+  // `seq`: a core NOTIFY's place in its sender's sequence (none for a
+  // plugin's own report).
+  void inbound(const char* peer_key, uint64_t uid, int status, const NotifySeq* seq = nullptr);
   int auth_sign(const void* challenge, size_t len, uint8_t mac[32]) const;
   int auth_verify(const void* challenge, size_t len, const uint8_t mac[32]) const;
   const LinkAuth& link_auth() const { return link_auth_; }

@@ -277,7 +277,7 @@ int EngineImpl::ctrl_try_send(Backend& b, const char* peer_key, const void* msg,
   return rc;
 }
 
-void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status) {
+void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status, const NotifySeq* seq) {
   if (status != FERRY_OK) {
     // Only landings are recorded: a failed attempt may be retried elsewhere.
     FERRY_LOG(DEBUG, key_,
@@ -286,7 +286,7 @@ void EngineImpl::inbound(const char* peer_key, uint64_t uid, int status) {
     return;
   }
   const uint64_t dropped_before = inbound_.dropped();
-  if (inbound_.land(peer_key, uid, StatusCode::SUCCESS)) ++inbound_count_;
+  if (inbound_.land(peer_key, uid, StatusCode::SUCCESS, seq)) ++inbound_count_;
   uint64_t held = 0;
   if (inbound_.dropped() != dropped_before && log_enabled(LogLevel::WARN) &&
       log_limiter_.Allow("inbound-dropped " + std::string(peer_key), &held))

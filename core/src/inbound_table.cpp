@@ -55,10 +55,29 @@ void InboundTable::trim_locked(PeerState& p, Clock::time_point now) {
   }
 }
 
-bool InboundTable::land(const std::string& peer, uint64_t uid, StatusCode code) {
+bool InboundTable::repeated_notify_locked(PeerState& p, const NotifySeq& s) {
+  if (s.life != p.notify_life) {  // another sender life: its own sequence
+    p.notify_life = s.life;
+    p.notify_floor = 0;
+    p.notify_seqs.clear();
+  }
+  // Below the floor: answered to the sender already (or given up by it).
+  const uint64_t floor = std::min(s.floor, s.seq);
+  if (floor > p.notify_floor) {
+    p.notify_floor = floor;
+    p.notify_seqs.erase(p.notify_seqs.begin(), p.notify_seqs.lower_bound(floor));
+  }
+  if (s.seq < p.notify_floor || !p.notify_seqs.insert(s.seq).second) return true;
+  if (p.notify_seqs.size() > kMaxNotifySeqs) p.notify_seqs.erase(p.notify_seqs.begin());
+  return false;
+}
+
+bool InboundTable::land(const std::string& peer, uint64_t uid, StatusCode code,
+                        const NotifySeq* seq) {
   std::unique_lock<std::mutex> lk(mu_);
   const auto now = now_();
   PeerState& p = state_for_locked(peer, now);
+  if (seq != nullptr && seq->seq != 0 && repeated_notify_locked(p, *seq)) return false;
   if (!p.seen.insert(uid).second) return false;
   p.seen_order.push_back(uid);
   if (p.seen_order.size() > kRememberPerPeer) {
@@ -131,7 +150,7 @@ size_t InboundTable::footprint() const {
   size_t n = 0;
   for (const auto& [k, p] : peers_)
     n += p.landed.size() + p.landed_order.size() + p.seen.size() + p.seen_order.size() +
-         p.kept_past_window.size();
+         p.kept_past_window.size() + p.notify_seqs.size();
   return n;
 }
 

@@ -2,7 +2,9 @@
 // Target side: which transfers from which initiator have landed. Each
 // (initiator, uid) is recorded once, however many backends or attempts carried
 // it; a remembered window of recent uids per initiator drops repeats, also
-// after the application popped the first report.
+// after the application popped the first report. A core NOTIFY carries its
+// place in its sender's sequence (NotifySeq): its resend is known as one
+// however many landings came in between, which the uid window is not.
 //
 // Bounded (a peer can land records faster than the application pops them, and
 // some applications never pop): per initiator at most `max_per_peer` un-popped
@@ -18,10 +20,12 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "control_frame.h"
 #include "ferry/ferry.hpp"
 
 namespace ferry {
@@ -38,8 +42,10 @@ class InboundTable {
   using Limits = InboundLimits;
   explicit InboundTable(Limits limits = {}, std::function<Clock::time_point()> now = {});
 
-  // Returns true when this was the first report for (peer, uid).
-  bool land(const std::string& peer, uint64_t uid, StatusCode code);
+  // Returns true when this was the first report for (peer, uid). `seq`: the
+  // report is a core NOTIFY at that place in its sender's sequence; a seq
+  // taken before, or below the sender's floor, is a repeat.
+  bool land(const std::string& peer, uint64_t uid, StatusCode code, const NotifySeq* seq = nullptr);
   std::optional<TransferStatus> pop(const std::string& peer, uint64_t uid);
   // pop, waiting up to `timeout` for the transfer to land.
   std::optional<TransferStatus> wait_pop(const std::string& peer, uint64_t uid,
@@ -54,6 +60,11 @@ class InboundTable {
   const Limits& limits() const { return limits_; }
 
   static constexpr size_t kRememberPerPeer = 1 << 16;
+  // NOTIFY seqs kept per initiator at or above its floor. A sender keeps at
+  // most 128 NOTIFYs unanswered (ControlPlane::kMaxUnanswered), so these are
+  // the last answered ones its next NOTIFY's floor releases; more is a sender
+  // not keeping to that (its oldest are forgotten: the uid window is left).
+  static constexpr size_t kMaxNotifySeqs = 4096;
 
  private:
   struct PeerState {
@@ -65,7 +76,13 @@ class InboundTable {
     // they leave it when popped or dropped.
     std::unordered_set<uint64_t> kept_past_window;
     Clock::time_point last_landing{};
+    // The initiator's NOTIFY sequence: its life, the highest floor it sent,
+    // the seqs taken from there up.
+    uint64_t notify_life = 0, notify_floor = 0;
+    std::set<uint64_t> notify_seqs;
   };
+  // Whether a NOTIFY at `s` is a repeat; notes it when it is not (mu_ held).
+  static bool repeated_notify_locked(PeerState& p, const NotifySeq& s);
   std::optional<TransferStatus> pop_locked(const std::string& peer, uint64_t uid);
   // Drops what is too old, then the oldest while over the cap; mu_ held.
   void trim_locked(PeerState& p, Clock::time_point now);
