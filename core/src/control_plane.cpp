@@ -1067,7 +1067,7 @@ std::shared_ptr<ControlPlane::Outbound> ControlPlane::outbound_for(const std::st
   if (!slot) {
     slot = std::make_shared<Outbound>();
     slot->unconfirmed = &notify_unconfirmed_;
-    slot->notify_life = random_life();
+    slot->new_sequence();
   }
   return slot;
 }
@@ -1223,12 +1223,11 @@ void ControlPlane::resend_later(const std::string& peer_key, const std::shared_p
         }
       }
       if (!give_up) return;  // the watch tries again
-      notify_unconfirmed_ += o->unacked.size();
       warn_from("notify-unanswered", peer_key,
                 "giving up " + std::to_string(o->unacked.size()) + " notifications to '" +
                     peer_key + "' after " + std::to_string(kResendFor.count()) +
                     " s of failing to send them again: " + err);
-      o->unacked.clear();
+      o->give_up_unanswered();
       o->resend_failing_since = {};
     });
   } catch (...) {  // no thread now: the watch's next look tries again
@@ -1577,6 +1576,20 @@ int ControlPlane::request(const std::string& peer_key, const std::string& host, 
   return rc;
 }
 
+void ControlPlane::Outbound::new_sequence() {
+  notify_life = random_life();
+  next_notify_seq = 1;
+}
+
+void ControlPlane::Outbound::give_up_unanswered() {
+  if (unacked.empty()) return;
+  if (unconfirmed != nullptr) *unconfirmed += unacked.size();
+  unacked.clear();
+  // Their seqs were never answered: a floor of this life must not pass them
+  // (one may still be in a connection's buffer at the target).
+  new_sequence();
+}
+
 ControlPlane::Outbound::~Outbound() {
   if (fd >= 0) ::close(fd);
   // (Not forgotten: the engine is going away with its counters.)
@@ -1605,8 +1618,7 @@ void ControlPlane::forget_peer(const std::string& key) {
     }
     if (use.try_acquire()) {
       o->drop();
-      notify_unconfirmed_ += o->unacked.size();  // never sent again: the peer is gone
-      o->unacked.clear();
+      o->give_up_unanswered();  // never sent again: the peer is gone
     }
   }
   const bool io_thread = std::this_thread::get_id() == thread_.get_id();

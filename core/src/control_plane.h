@@ -227,12 +227,17 @@ class ControlPlane {
     // connection that a sender still held when forget_peer() ran adds what it
     // still holds once its last holder lets it go (set by outbound_for).
     std::atomic<uint64_t>* unconfirmed = nullptr;
-    // Its NOTIFYs' sequence (NotifySeq): a life of its own (random, set by
-    // outbound_for), so that a peer's next Outbound (after forget_peer)
-    // starts another and its floors never pass this one's unanswered
-    // NOTIFYs; the next seq. Used by the holder of `busy`.
+    // Its NOTIFYs' sequence (NotifySeq): a life of its own (random) and the
+    // next seq. A floor must never pass a NOTIFY that was not answered, so
+    // where unanswered ones are given up (forget_peer, the resend's 60 s) the
+    // sequence starts again under a new life (new_sequence), as it does for a
+    // peer's next Outbound. Used by the holder of `busy`.
     uint64_t notify_life = 0;
     uint64_t next_notify_seq = 1;
+    // Gives up the unanswered NOTIFYs (counted in *unconfirmed) and starts a
+    // new sequence.
+    void give_up_unanswered();
+    void new_sequence();
     // Closes the connection (its unanswered NOTIFYs stay, to go again).
     void drop();
   };
