@@ -1452,6 +1452,10 @@ int ControlPlane::read_reply(Outbound& o, const std::string& peer_key, CtrlType 
   o.answers.set_max_body(kMaxHandshakeBody);
   std::vector<CtrlFrame> frames;
   std::string why = "no answer";
+  // With control_spin, the answer is polled for that long before this thread
+  // sleeps in poll(): a peer that answers within microseconds (a message's
+  // MSG_ACK) is not waited for through a wake-up.
+  const auto spin_until = spin_.count() > 0 ? Clock::now() + spin_ : Clock::time_point{};
   for (;;) {
     for (CtrlFrame& f : frames) {
       if (f.type == CtrlType::NOTIFY_ACK && answered(o, peer_key, f)) continue;
@@ -1465,6 +1469,21 @@ int ControlPlane::read_reply(Outbound& o, const std::string& peer_key, CtrlType 
     }
     frames.clear();
     uint8_t buf[512];
+    if (spin_until != Clock::time_point{} && !aborted(abort_fd_)) {
+      const ssize_t k = ::recv(o.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (k > 0) {
+        if (!o.answers.feed(buf, static_cast<size_t>(k), frames)) {
+          *err = "no answer from '" + peer_key + "': malformed answer (" + o.answers.error() + ")";
+          o.drop();
+          return FERRY_ERR_TRANSPORT;
+        }
+        continue;
+      }
+      // Nothing yet: poll again while the spin lasts (its end, an error: poll() below).
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) &&
+          Clock::now() < spin_until)
+        continue;  // (each look is a system call: no pause needed between them)
+    }
     const int left = ms_until(deadline, INT32_MAX);
     int r = left > 0 ? poll_or_abort(o.fd, POLLIN, left, abort_fd_) : 0;
     if (r < 0 && errno == EINTR) continue;

@@ -83,8 +83,9 @@ class ControlPlane {
   // Binds host:port (0 = any free port) and starts the I/O thread. Throws
   // ferry::Error. `auth` (borrowed, outlives this) proves and checks connections.
   // idle_close: an outbound connection unused this long is closed; 0 = never.
-  // spin: after a frame arrives, poll this long for the next before sleeping
-  // (EngineConfig::control_spin; 0..kMaxSpin, which the caller checks).
+  // spin: after a frame arrives, poll this long for the next before sleeping,
+  // and for an exchange's answer likewise (EngineConfig::control_spin;
+  // 0..kMaxSpin, which the caller checks).
   ControlPlane(std::string self_key, const std::string& host, uint16_t port, Handlers handlers,
                const LinkAuth* auth,
                std::chrono::milliseconds idle_close = std::chrono::seconds(60),

@@ -224,9 +224,11 @@ struct EngineConfig {
   // After a control frame arrives (a NOTIFY, a message, a fence), the control
   // plane's thread polls for the next one this long before it sleeps again,
   // so the sender of the next frame of a burst does not pay for waking a
-  // sleeping thread (3-6 us of a notified transfer on the GPU host). Costs up
-  // to one core for this long after the last frame; an idle engine costs
-  // nothing. Unset: FERRY_CONTROL_SPIN_US, then 0 (sleep at once). At most 10 ms.
+  // sleeping thread (3-6 us of a notified transfer on the GPU host); and a
+  // thread waiting for a peer's answer (a message's MSG_ACK) polls for it this
+  // long before it sleeps. Costs up to one core for this long after the last
+  // frame; an idle engine costs nothing. Unset: FERRY_CONTROL_SPIN_US, then 0
+  // (sleep at once). At most 10 ms.
   std::optional<std::chrono::microseconds> control_spin;
   // Serve Prometheus metrics at http://ADDRESS/metrics ("host:port"; port 0 =
   // any free one, see Engine::metrics_address()). Empty: FERRY_METRICS_ADDR,
