@@ -274,15 +274,17 @@ uint64_t random_life() {
   while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
   return v;
 }
-// A NOTIFY frame's NotifySeq fields, in place (little-endian, as the wire
-// codec writes them).
-uint8_t* notify_seq_field(std::vector<uint8_t>& frame, size_t i) {
-  return frame.data() + kCtrlHeaderSize + kNotifySeqAt + 8 * i;
-}
-uint64_t frame_seq(const std::vector<uint8_t>& frame) {
+// A u64 of a NOTIFY frame's body at byte `at`, in place (little-endian, as
+// the wire codec writes it): its uid at 0, its NotifySeq's life, seq, floor.
+constexpr size_t kUidAt = 0, kLifeAt = kNotifySeqAt, kSeqAt = kNotifySeqAt + 8,
+                 kFloorAt = kNotifySeqAt + 16;
+uint64_t notify_field(const std::vector<uint8_t>& frame, size_t at) {
   uint64_t v = 0;
-  std::memcpy(&v, frame.data() + kCtrlHeaderSize + kNotifySeqAt + 8, sizeof v);
+  std::memcpy(&v, frame.data() + kCtrlHeaderSize + at, sizeof v);
   return v;
+}
+void set_notify_field(std::vector<uint8_t>& frame, size_t at, uint64_t v) {
+  std::memcpy(frame.data() + kCtrlHeaderSize + at, &v, sizeof v);
 }
 }  // namespace
 
@@ -1132,8 +1134,7 @@ bool ControlPlane::take_answers(Outbound& o, const std::string& peer_key) {
 
 void ControlPlane::sent_notify(Outbound& o, const std::string& peer_key,
                                std::vector<uint8_t> frame) {
-  uint64_t uid = 0;
-  std::memcpy(&uid, frame.data() + kCtrlHeaderSize, sizeof uid);  // little-endian, as written
+  const uint64_t uid = notify_field(frame, kUidAt);
   o.unacked.emplace_back(uid, std::move(frame));  // at most kMaxUnanswered (the senders wait)
   if (!unanswered_.exchange(true)) {              // the I/O thread may wait without a timeout
     const uint64_t one = 1;
@@ -1142,17 +1143,17 @@ void ControlPlane::sent_notify(Outbound& o, const std::string& peer_key,
 }
 
 void ControlPlane::stamp_notify(Outbound& o, std::vector<uint8_t>& frame) {
-  if (frame.size() != kCtrlHeaderSize + kNotifySeqAt + 24) return;  // not a NOTIFY of ours
-  uint64_t seq = frame_seq(frame);
+  if (frame.size() != kCtrlHeaderSize + kFloorAt + 8) return;  // not a NOTIFY of ours
+  uint64_t seq = notify_field(frame, kSeqAt);
   if (seq == 0) {
     seq = o.next_notify_seq++;
-    std::memcpy(notify_seq_field(frame, 0), &o.notify_life, 8);
-    std::memcpy(notify_seq_field(frame, 1), &seq, 8);
+    set_notify_field(frame, kLifeAt, o.notify_life);
+    set_notify_field(frame, kSeqAt, seq);
   }
   // Sent in seq order on `o`: the front is the oldest unanswered.
-  const uint64_t floor =
-      o.unacked.empty() ? seq : std::min(seq, frame_seq(o.unacked.front().second));
-  std::memcpy(notify_seq_field(frame, 2), &floor, 8);
+  set_notify_field(
+      frame, kFloorAt,
+      o.unacked.empty() ? seq : std::min(seq, notify_field(o.unacked.front().second, kSeqAt)));
 }
 
 int ControlPlane::watch_unanswered() {
@@ -1469,26 +1470,20 @@ int ControlPlane::read_reply(Outbound& o, const std::string& peer_key, CtrlType 
     }
     frames.clear();
     uint8_t buf[512];
-    if (spin_until != Clock::time_point{} && !aborted(abort_fd_)) {
-      const ssize_t k = ::recv(o.fd, buf, sizeof buf, MSG_DONTWAIT);
-      if (k > 0) {
-        if (!o.answers.feed(buf, static_cast<size_t>(k), frames)) {
-          *err = "no answer from '" + peer_key + "': malformed answer (" + o.answers.error() + ")";
-          o.drop();
-          return FERRY_ERR_TRANSPORT;
-        }
-        continue;
-      }
-      // Nothing yet: poll again while the spin lasts (its end, an error: poll() below).
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) &&
-          Clock::now() < spin_until)
-        continue;  // (each look is a system call: no pause needed between them)
+    // While the spin lasts a look that does not wait stands in for poll()
+    // (each is a system call: no pause needed between them).
+    const bool spinning =
+        spin_until != Clock::time_point{} && Clock::now() < spin_until && !aborted(abort_fd_);
+    int r = 1;
+    if (!spinning) {
+      const int left = ms_until(deadline, INT32_MAX);
+      r = left > 0 ? poll_or_abort(o.fd, POLLIN, left, abort_fd_) : 0;
     }
-    const int left = ms_until(deadline, INT32_MAX);
-    int r = left > 0 ? poll_or_abort(o.fd, POLLIN, left, abort_fd_) : 0;
     if (r < 0 && errno == EINTR) continue;
-    ssize_t k = r > 0 ? ::recv(o.fd, buf, sizeof buf, 0) : -1;
-    if (k < 0 && r > 0 && errno == EINTR) continue;
+    ssize_t k = r > 0 ? ::recv(o.fd, buf, sizeof buf, spinning ? MSG_DONTWAIT : 0) : -1;
+    if (k < 0 && r > 0 &&
+        (errno == EINTR || (spinning && (errno == EAGAIN || errno == EWOULDBLOCK))))
+      continue;
     if (k <= 0 || !o.answers.feed(buf, static_cast<size_t>(k), frames)) {
       if (k > 0)
         why = "malformed answer (" + o.answers.error() + ")";
