@@ -219,7 +219,9 @@ struct Rig {
     proxy.lose_next_notify();
     read(uid);  // SUCCESS once its NOTIFY left
     ASSERT_TRUE(proxy.wait_lost(5s)) << "the proxy never saw the NOTIFY";
-    EXPECT_FALSE(b.pop_inbound_transfer_status("a", uid)) << "the dropped NOTIFY arrived";
+    // (Not checked here that b lacks it: the I/O thread may already have
+    // found the connection reset and sent it again. The callers check that
+    // it arrived on a second connection, counted as resent.)
   }
 
   Engine a, b;
