@@ -375,6 +375,20 @@ int table_for(void* stream, size_t entries, TableSlot** out) {
   return FERRY_OK;
 }
 
+// Makes t (not in use: table_for waited for its kernel) hold `need` rows,
+// keeping its first `keep` (gather mutex held).
+int grow_table(TableSlot* t, size_t need, size_t keep) {
+  const size_t cap = std::max(need, 2 * t->cap);
+  void* p = nullptr;
+  GPU_CALL(g_rt.host_alloc_cuda(&p, 3 * cap * sizeof(unsigned long long)), "pinned host alloc");
+  auto* rows = static_cast<unsigned long long*>(p);
+  for (size_t a = 0; a < 3; ++a) std::copy_n(t->host + a * t->cap, keep, rows + a * cap);
+  GPU_CALL(g_rt.host_free(t->host), "pinned host free");
+  t->host = rows;
+  t->cap = cap;
+  return FERRY_OK;
+}
+
 // One thread block copies one row; rows are at most kGatherRow bytes (a longer
 // piece is split), so one big piece does not leave a single block copying
 // while the rest of the GPU idles.
@@ -451,65 +465,77 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
     t_error = "no gather kernel here (NVRTC missing or failed)";
     return FERRY_ERR_UNSUPPORTED;
   }
-  // Checked and counted first: nothing is queued for a batch with a bad piece.
-  // Rows before merging: as many as the merged table needs, or more.
-  size_t rows = 0;
-  bool bad = false;
-  for (size_t g = 0; g < n_segs; ++g) {
-    const ferry_gpu_seg_v1& sg = segs[g];
-    const uint64_t lsize = sg.local_size, rsize = sg.remote_size;
-    for (uint64_t i = 0; i < sg.n_iov; ++i) {
-      const ferry_iov_v1& v = sg.iov[i];
-      if (v.len >= kPlainCopyBytes) {
-        t_error = "pieces of 1 MiB and more go as plain copies";
-        return FERRY_ERR_UNSUPPORTED;
-      }
-      bad |= !range_fits(v.local_off, v.remote_off, v.len, lsize, rsize);
-      rows += static_cast<size_t>((v.len + kGatherRow - 1) / kGatherRow);
-    }
-  }
-  if (bad) {
-    t_error = "a piece is empty or outside its segment";
-    return FERRY_ERR_INVALID_ARGS;
-  }
-  if (rows == 0) return FERRY_OK;  // no pieces: nothing to copy
+  // One pass: each piece is checked as its row is written, and nothing is
+  // queued for a batch with a bad piece (the table is launched only at the
+  // end; its slot stays free). The table starts with a row per piece; a piece
+  // longer than a row grows it when the rows left might not fit.
+  size_t pieces = 0;
+  for (size_t g = 0; g < n_segs; ++g) pieces += segs[g].n_iov;
+  if (pieces == 0) return FERRY_OK;  // no pieces: nothing to copy
   TableSlot* t = nullptr;
-  if (int rc = table_for(stream, rows, &t); rc != FERRY_OK) return rc;
+  if (int rc = table_for(stream, pieces, &t); rc != FERRY_OK) return rc;
   unsigned long long* d_dsts = t->host;
   unsigned long long* d_srcs = t->host + t->cap;
   unsigned long long* d_sizes = t->host + 2 * t->cap;
   const bool write = op == FERRY_OP_WRITE;
-  // The row before, kept here: reading it back from the table would make each
-  // step wait for the store before it. run: the bytes of contiguous pieces
-  // that end where this one starts, across rows.
-  unsigned long long pd = 0, ps = 0, pn = 0, run = 0;
-  size_t r = 0;
-  for (size_t g = 0; g < n_segs; ++g) {
+  // The row before (none yet: no address ends where ~0 does), kept here:
+  // reading it back from the table would make each step wait for the store
+  // before it. run: the bytes of contiguous pieces that end where this one
+  // starts, across rows. left: the pieces not yet written, this one included.
+  // The checks only note what is wrong (branches a loop of thousands of
+  // pieces would pay for); the end says what.
+  unsigned long long pd = ~0ull, ps = ~0ull, pn = 0, run = 0;
+  size_t r = 0, left = pieces;
+  bool bad = false, big = false;
+  for (size_t g = 0; g < n_segs && !bad && !big; ++g) {
     const ferry_gpu_seg_v1& sg = segs[g];
+    const uint64_t lsize = sg.local_size, rsize = sg.remote_size;
     const auto lbase = reinterpret_cast<unsigned long long>(sg.local_base);
     const auto rbase = reinterpret_cast<unsigned long long>(sg.remote_base);
     const unsigned long long dbase = write ? rbase : lbase, sbase = write ? lbase : rbase;
-    for (uint64_t i = 0; i < sg.n_iov; ++i) {
-      const ferry_iov_v1& v = sg.iov[i];
-      const unsigned long long dst = dbase + (write ? v.remote_off : v.local_off);
-      const unsigned long long src = sbase + (write ? v.local_off : v.remote_off);
-      const bool follows = r > 0 && pd + pn == dst && ps + pn == src;
-      run = follows ? run + v.len : v.len;
-      if (run >= kPlainCopyBytes) {  // the table is not launched: its slot stays free
-        t_error = "contiguous pieces of 1 MiB and more go as plain copies";
-        return FERRY_ERR_UNSUPPORTED;
-      }
-      if (follows && pn + v.len <= kGatherRow) {
-        pn += v.len;
+    const ferry_iov_v1* iov = sg.iov;
+    for (uint64_t i = 0, n = sg.n_iov; i < n; ++i, --left) {
+      const uint64_t lo = iov[i].local_off, ro = iov[i].remote_off, len = iov[i].len;
+      bad |= !range_fits(lo, ro, len, lsize, rsize);
+      const unsigned long long dst = dbase + (write ? ro : lo);
+      const unsigned long long src = sbase + (write ? lo : ro);
+      const bool follows = (pd + pn == dst) & (ps + pn == src);
+      run = follows ? run + len : len;
+      big |= run >= kPlainCopyBytes;
+      if (follows && pn + len <= kGatherRow) {
+        pn += len;
         d_sizes[r - 1] = pn;
         continue;
       }
-      for (uint64_t off = 0; off < v.len; off += kGatherRow, ++r) {
+      if (len <= kGatherRow) {
+        pd = d_dsts[r] = dst;
+        ps = d_srcs[r] = src;
+        pn = d_sizes[r] = len;
+        ++r;
+        continue;
+      }
+      if (bad || big) break;  // a length not to split: refused below
+      // Rows for this piece, split, and at most one for each piece after it.
+      if (const size_t need = r + (len + kGatherRow - 1) / kGatherRow + (left - 1); need > t->cap) {
+        if (int rc = grow_table(t, need, r); rc != FERRY_OK) return rc;
+        d_dsts = t->host;
+        d_srcs = t->host + t->cap;
+        d_sizes = t->host + 2 * t->cap;
+      }
+      for (uint64_t off = 0; off < len; off += kGatherRow, ++r) {
         pd = d_dsts[r] = dst + off;
         ps = d_srcs[r] = src + off;
-        pn = d_sizes[r] = std::min<uint64_t>(kGatherRow, v.len - off);
+        pn = d_sizes[r] = std::min<uint64_t>(kGatherRow, len - off);
       }
     }
+  }
+  if (big) {  // the table is not launched: its slot stays free
+    t_error = "pieces, or contiguous runs of them, of 1 MiB and more go as plain copies";
+    return FERRY_ERR_UNSUPPORTED;
+  }
+  if (bad) {
+    t_error = "a piece is empty or outside its segment";
+    return FERRY_ERR_INVALID_ARGS;
   }
   if (r == 1 && method == gpu_batch::Method::AUTO) {
     t_error = "one row: the runtime's copy serves it";

@@ -361,6 +361,48 @@ TEST(GpuShim, CopySegmentsChecksEveryPieceThenMergesAndSplits) {
   EXPECT_TRUE(b.pull() == std::vector<uint8_t>(2 * kHalf, 0)) << "a batch left to the caller wrote";
 }
 
+// The shim sizes a table at one row per piece (at least 4,096) and grows it
+// when pieces longer than a row need more: 2,100 pieces of 64 KiB + 1 byte
+// are 4,200 rows. Each lands at its place, the rows written before the table
+// grew included.
+TEST(GpuShim, CopySegmentsGrowsItsTableForPiecesLongerThanARow) {
+  REQUIRE_GPU();
+  const ferry_gpu_v1* g = gpu_runtime();
+  ASSERT_NE(g, nullptr);
+  ASSERT_TRUE(FERRY_HAS_FIELD(ferry_gpu_v1, g, copy_segments_async) && g->copy_segments_async);
+  constexpr size_t kPiece = (64 << 10) + 1, kPieces = 2100, kFrom = 4 << 20;
+  DeviceBuffer from(kFrom, 0), to(kPieces * kPiece, 0);
+  ASSERT_EQ(g->set_device(g->gpu_ctx, 0), FERRY_OK);
+  void* s = nullptr;
+  ASSERT_EQ(g->stream_create(g->gpu_ctx, &s), FERRY_OK);
+  from.fill(11);
+  to.zero();
+  // Contiguous on the remote side, scattered (never contiguous) on the local.
+  std::vector<ferry_iov_v1> pieces;
+  for (uint64_t i = 0; i < kPieces; ++i)
+    pieces.push_back({(i * 4099 * 16) % (kFrom - kPiece), i * kPiece, kPiece});
+  const ferry_gpu_seg_v1 seg{reinterpret_cast<char*>(from.data()),
+                             kFrom,
+                             reinterpret_cast<char*>(to.data()),
+                             to.size,
+                             pieces.data(),
+                             pieces.size()};
+  const int rc = g->copy_segments_async(g->gpu_ctx, FERRY_OP_WRITE, &seg, 1, s);
+  if (rc == FERRY_ERR_UNSUPPORTED) {
+    g->stream_destroy(g->gpu_ctx, s);
+    GTEST_SKIP() << "no gather kernel here (HIP, or no NVRTC): " << g->last_error(g->gpu_ctx);
+  }
+  EXPECT_EQ(rc, FERRY_OK) << g->last_error(g->gpu_ctx);
+  EXPECT_EQ(g->stream_sync(g->gpu_ctx, s), FERRY_OK);
+  g->stream_destroy(g->gpu_ctx, s);
+  const std::vector<uint8_t>& src = from.host;  // fill() kept what it wrote
+  std::vector<uint8_t> want(kPieces * kPiece);
+  for (size_t i = 0; i < kPieces; ++i)
+    std::copy_n(src.begin() + static_cast<std::ptrdiff_t>(pieces[i].local_off), kPiece,
+                want.begin() + static_cast<std::ptrdiff_t>(i * kPiece));
+  EXPECT_TRUE(to.pull() == want) << "a piece missing or misplaced";
+}
+
 TEST(GpuPolicy, ManyBlocksMoveInOneBatch) {
   REQUIRE_GPU();
   // 1024 x 16 KiB scattered blocks: the realistic KV layout.
