@@ -383,9 +383,10 @@ int grow_table(TableSlot* t, size_t need, size_t keep) {
   GPU_CALL(g_rt.host_alloc_cuda(&p, 3 * cap * sizeof(unsigned long long)), "pinned host alloc");
   auto* rows = static_cast<unsigned long long*>(p);
   for (size_t a = 0; a < 3; ++a) std::copy_n(t->host + a * t->cap, keep, rows + a * cap);
-  GPU_CALL(g_rt.host_free(t->host), "pinned host free");
-  t->host = rows;
+  unsigned long long* old = t->host;
+  t->host = rows;  // the new table is the slot's whether or not the old one is freed
   t->cap = cap;
+  GPU_CALL(g_rt.host_free(old), "pinned host free");
   return FERRY_OK;
 }
 
@@ -468,7 +469,9 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
   // One pass: each piece is checked as its row is written, and nothing is
   // queued for a batch with a bad piece (the table is launched only at the
   // end; its slot stays free). The table starts with a row per piece; a piece
-  // longer than a row grows it when the rows left might not fit.
+  // longer than a row grows it when the rows left might not fit. (So a batch
+  // refused for a piece of 1 MiB or more takes a table slot first - and may
+  // wait, as any batch does, for that slot's kernel of four launches ago.)
   size_t pieces = 0;
   for (size_t g = 0; g < n_segs; ++g) pieces += segs[g].n_iov;
   if (pieces == 0) return FERRY_OK;  // no pieces: nothing to copy
@@ -478,13 +481,13 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
   unsigned long long* d_srcs = t->host + t->cap;
   unsigned long long* d_sizes = t->host + 2 * t->cap;
   const bool write = op == FERRY_OP_WRITE;
-  // The row before (none yet: no address ends where ~0 does), kept here:
-  // reading it back from the table would make each step wait for the store
-  // before it. run: the bytes of contiguous pieces that end where this one
+  // The row before, kept here: reading it back from the table would make
+  // each step wait for the store before it (before the first row nothing
+  // follows: r != 0). run: the bytes of contiguous pieces that end where this one
   // starts, across rows. left: the pieces not yet written, this one included.
   // The checks only note what is wrong (branches a loop of thousands of
   // pieces would pay for); the end says what.
-  unsigned long long pd = ~0ull, ps = ~0ull, pn = 0, run = 0;
+  unsigned long long pd = 0, ps = 0, pn = 0, run = 0;
   size_t r = 0, left = pieces;
   bool bad = false, big = false;
   for (size_t g = 0; g < n_segs && !bad && !big; ++g) {
@@ -499,7 +502,7 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
       bad |= !range_fits(lo, ro, len, lsize, rsize);
       const unsigned long long dst = dbase + (write ? ro : lo);
       const unsigned long long src = sbase + (write ? lo : ro);
-      const bool follows = (pd + pn == dst) & (ps + pn == src);
+      const bool follows = (pd + pn == dst) & (ps + pn == src) & (r != 0);
       run = follows ? run + len : len;
       big |= run >= kPlainCopyBytes;
       if (follows && pn + len <= kGatherRow) {

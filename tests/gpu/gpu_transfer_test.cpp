@@ -362,15 +362,16 @@ TEST(GpuShim, CopySegmentsChecksEveryPieceThenMergesAndSplits) {
 }
 
 // The shim sizes a table at one row per piece (at least 4,096) and grows it
-// when pieces longer than a row need more: 2,100 pieces of 64 KiB + 1 byte
-// are 4,200 rows. Each lands at its place, the rows written before the table
-// grew included.
+// when pieces longer than a row need more: 4,200 pieces of 64 KiB + 1 byte
+// are 8,400 rows (more than a table of an earlier test on a stream handle
+// the runtime gave out again holds). Each lands at its place, the rows
+// written before the table grew included.
 TEST(GpuShim, CopySegmentsGrowsItsTableForPiecesLongerThanARow) {
   REQUIRE_GPU();
   const ferry_gpu_v1* g = gpu_runtime();
   ASSERT_NE(g, nullptr);
   ASSERT_TRUE(FERRY_HAS_FIELD(ferry_gpu_v1, g, copy_segments_async) && g->copy_segments_async);
-  constexpr size_t kPiece = (64 << 10) + 1, kPieces = 2100, kFrom = 4 << 20;
+  constexpr size_t kPiece = (64 << 10) + 1, kPieces = 4200, kFrom = 4 << 20;
   DeviceBuffer from(kFrom, 0), to(kPieces * kPiece, 0);
   ASSERT_EQ(g->set_device(g->gpu_ctx, 0), FERRY_OK);
   void* s = nullptr;
