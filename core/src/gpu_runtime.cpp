@@ -300,6 +300,11 @@ struct TableSlot {
   size_t cap = 0;
   void* event = nullptr;
   bool in_use = false;
+  // The kernel's three columns, cap entries each.
+  struct Rows {
+    unsigned long long *dsts, *srcs, *sizes;
+  };
+  Rows rows() const { return {host, host + cap, host + 2 * cap}; }
 };
 constexpr size_t kTableSlots = 4;
 struct GatherState {
@@ -401,11 +406,9 @@ constexpr size_t kPlainCopyBytes = 1 << 20;
 // Launches the kernel over the first `rows` rows of table t and records the
 // event that frees the table (gather mutex held).
 int launch_table(void* fn, TableSlot* t, size_t rows, void* stream) {
-  unsigned long long* d_dsts = t->host;
-  unsigned long long* d_srcs = t->host + t->cap;
-  unsigned long long* d_sizes = t->host + 2 * t->cap;
+  TableSlot::Rows table = t->rows();
   unsigned long long n = rows;
-  void* params[] = {&d_dsts, &d_srcs, &d_sizes, &n};
+  void* params[] = {&table.dsts, &table.srcs, &table.sizes, &n};
   unsigned grid = static_cast<unsigned>(std::min<size_t>(rows, 65535));
   int rc = g_rt.cu_launch(fn, grid, 1, 1, 256, 1, 1, 0, stream, params, nullptr);
   if (rc != 0) {
@@ -430,17 +433,15 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
   for (size_t i = 0; i < count; ++i) rows += (sizes[i] + kGatherRow - 1) / kGatherRow;
   TableSlot* t = nullptr;
   if (int rc = table_for(stream, rows, &t); rc != FERRY_OK) return rc;
-  unsigned long long* d_dsts = t->host;
-  unsigned long long* d_srcs = t->host + t->cap;
-  unsigned long long* d_sizes = t->host + 2 * t->cap;
+  const TableSlot::Rows table = t->rows();
   size_t r = 0;
   for (size_t i = 0; i < count; ++i) {
     const auto d = reinterpret_cast<unsigned long long>(dsts[i]);
     const auto s = reinterpret_cast<unsigned long long>(srcs[i]);
     for (size_t off = 0; off < sizes[i]; off += kGatherRow, ++r) {
-      d_dsts[r] = d + off;
-      d_srcs[r] = s + off;
-      d_sizes[r] = std::min(kGatherRow, sizes[i] - off);
+      table.dsts[r] = d + off;
+      table.srcs[r] = s + off;
+      table.sizes[r] = std::min(kGatherRow, sizes[i] - off);
     }
   }
   return launch_table(fn, t, rows, stream);
@@ -477,16 +478,14 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
   if (pieces == 0) return FERRY_OK;  // no pieces: nothing to copy
   TableSlot* t = nullptr;
   if (int rc = table_for(stream, pieces, &t); rc != FERRY_OK) return rc;
-  unsigned long long* d_dsts = t->host;
-  unsigned long long* d_srcs = t->host + t->cap;
-  unsigned long long* d_sizes = t->host + 2 * t->cap;
+  TableSlot::Rows table = t->rows();
   const bool write = op == FERRY_OP_WRITE;
   // The row before, kept here: reading it back from the table would make
   // each step wait for the store before it (before the first row nothing
-  // follows: r != 0). run: the bytes of contiguous pieces that end where this one
-  // starts, across rows. left: the pieces not yet written, this one included.
-  // The checks only note what is wrong (branches a loop of thousands of
-  // pieces would pay for); the end says what.
+  // follows: r != 0). run: the bytes of contiguous pieces that end where
+  // this one starts, across rows. left: the pieces not yet written, this one
+  // included. The checks only note what is wrong (branches a loop of
+  // thousands of pieces would pay for); the end says what.
   unsigned long long pd = 0, ps = 0, pn = 0, run = 0;
   size_t r = 0, left = pieces;
   bool bad = false, big = false;
@@ -507,13 +506,13 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
       big |= run >= kPlainCopyBytes;
       if (follows && pn + len <= kGatherRow) {
         pn += len;
-        d_sizes[r - 1] = pn;
+        table.sizes[r - 1] = pn;
         continue;
       }
       if (len <= kGatherRow) {
-        pd = d_dsts[r] = dst;
-        ps = d_srcs[r] = src;
-        pn = d_sizes[r] = len;
+        pd = table.dsts[r] = dst;
+        ps = table.srcs[r] = src;
+        pn = table.sizes[r] = len;
         ++r;
         continue;
       }
@@ -521,14 +520,12 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
       // Rows for this piece, split, and at most one for each piece after it.
       if (const size_t need = r + (len + kGatherRow - 1) / kGatherRow + (left - 1); need > t->cap) {
         if (int rc = grow_table(t, need, r); rc != FERRY_OK) return rc;
-        d_dsts = t->host;
-        d_srcs = t->host + t->cap;
-        d_sizes = t->host + 2 * t->cap;
+        table = t->rows();
       }
       for (uint64_t off = 0; off < len; off += kGatherRow, ++r) {
-        pd = d_dsts[r] = dst + off;
-        ps = d_srcs[r] = src + off;
-        pn = d_sizes[r] = std::min<uint64_t>(kGatherRow, len - off);
+        pd = table.dsts[r] = dst + off;
+        ps = table.srcs[r] = src + off;
+        pn = table.sizes[r] = std::min<uint64_t>(kGatherRow, len - off);
       }
     }
   }
