@@ -107,7 +107,16 @@ TEST(ControlSpin, AnIdleEngineStopsPolling) {
   ASSERT_TRUE(a.register_remote_engine(b.desc()));
   ASSERT_EQ(a.send_notification("b", "x").Wait(), StatusCode::SUCCESS);
   EXPECT_EQ(Received(b), "x");
-  std::this_thread::sleep_for(100ms);  // the last poll has ended by now
+  // The last poll ends within control_spin of the last frame: waited for as
+  // the process's CPU time standing nearly still across 20 ms (bounded; a
+  // poll that never ends runs into the bound and fails the check below).
+  const auto bound = std::chrono::steady_clock::now() + 5s;
+  for (double last = ProcessCpuSeconds(); std::chrono::steady_clock::now() < bound;) {
+    std::this_thread::sleep_for(20ms);  // the window sampled, not an ordering
+    const double now = ProcessCpuSeconds();
+    if (now - last < 0.002) break;
+    last = now;
+  }
   const double before = ProcessCpuSeconds();
   std::this_thread::sleep_for(400ms);  // the interval measured, not an ordering
   EXPECT_LT(ProcessCpuSeconds() - before, 0.1) << "a control thread kept polling while idle";
