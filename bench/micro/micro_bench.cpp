@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "gather_rows.h"
 #include "planner.h"
 #include "policy.h"
 #include "router.h"
@@ -317,6 +318,38 @@ void BM_TransferStatusLifecycle(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_TransferStatusLifecycle);
+
+// ---- the GPU shim's gather table, without a GPU -----------------------------------
+// gather::write_rows into plain memory: N pieces of 4 KiB, scattered (arg 1 = 0:
+// one row each) or in contiguous runs of 4 (arg 1 = 1: a KV block's pages,
+// merged into rows of 16 KiB). FERRY_ITEM_SIMD=0 in the environment runs the
+// one-at-a-time loop (item_pass.h) for an A/B in the same build.
+void BM_GatherRows(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  const bool runs = state.range(1) != 0;
+  std::vector<ferry_iov_v1> iov(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t at = runs ? (i / 4) * 32768 + (i % 4) * 4096 : i * 8192;
+    iov[i] = {at, at, 4096};
+  }
+  const ferry_gpu_seg_v1 seg{reinterpret_cast<char*>(1ULL << 40),
+                             1ULL << 30,
+                             reinterpret_cast<char*>(2ULL << 40),
+                             1ULL << 30,
+                             iov.data(),
+                             n};
+  std::vector<unsigned long long> cols(3 * n);
+  gather::Table t{cols.data(), cols.data() + n, cols.data() + 2 * n, n};
+  const auto no_growth = [](void*, size_t, size_t, gather::Table*) { return FERRY_ERR_NO_MEMORY; };
+  for (auto _ : state) {
+    gather::Written w =
+        gather::write_rows(FERRY_OP_WRITE, &seg, 1, n, &t, no_growth, nullptr, true);
+    benchmark::DoNotOptimize(w);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(n));
+}
+BENCHMARK(BM_GatherRows)->Args({4096, 0})->Args({1024, 0})->Args({4096, 1});
 
 // ---- descriptors -------------------------------------------------------------------
 

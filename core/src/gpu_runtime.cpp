@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "gather_rows.h"
 #include "log.h"
-#include "range_fits.h"
 
 namespace ferry {
 namespace {
@@ -395,13 +395,8 @@ int grow_table(TableSlot* t, size_t need, size_t keep) {
   return FERRY_OK;
 }
 
-// One thread block copies one row; rows are at most kGatherRow bytes (a longer
-// piece is split), so one big piece does not leave a single block copying
-// while the rest of the GPU idles.
-constexpr size_t kGatherRow = 64 << 10;
-// A piece (or, for copy_segments, a run of contiguous pieces) this long goes
-// as a plain copy on the copy engine, which moves it faster than the kernel.
-constexpr size_t kPlainCopyBytes = 1 << 20;
+using gather::kPlainCopyBytes;
+using gather::kRowBytes;
 
 // Launches the kernel over the first `rows` rows of table t and records the
 // event that frees the table (gather mutex held).
@@ -430,7 +425,7 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
   void* fn = nullptr;
   if (!gather_function(device, &fn)) return FERRY_ERR_UNSUPPORTED;
   size_t rows = 0;
-  for (size_t i = 0; i < count; ++i) rows += (sizes[i] + kGatherRow - 1) / kGatherRow;
+  for (size_t i = 0; i < count; ++i) rows += (sizes[i] + kRowBytes - 1) / kRowBytes;
   TableSlot* t = nullptr;
   if (int rc = table_for(stream, rows, &t); rc != FERRY_OK) return rc;
   const TableSlot::Rows table = t->rows();
@@ -438,10 +433,10 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
   for (size_t i = 0; i < count; ++i) {
     const auto d = reinterpret_cast<unsigned long long>(dsts[i]);
     const auto s = reinterpret_cast<unsigned long long>(srcs[i]);
-    for (size_t off = 0; off < sizes[i]; off += kGatherRow, ++r) {
+    for (size_t off = 0; off < sizes[i]; off += kRowBytes, ++r) {
       table.dsts[r] = d + off;
       table.srcs[r] = s + off;
-      table.sizes[r] = std::min(kGatherRow, sizes[i] - off);
+      table.sizes[r] = std::min(kRowBytes, sizes[i] - off);
     }
   }
   return launch_table(fn, t, rows, stream);
@@ -449,7 +444,7 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
 
 // ABI 1.9 (plugin.h copy_segments_async): the table written straight from the
 // pieces - checked, merged where contiguous on both sides (a row stays within
-// kGatherRow), split into rows - with no pointer arrays in between. What
+// kRowBytes), split into rows - with no pointer arrays in between. What
 // g_memcpy_batch does better is left to it (FERRY_ERR_UNSUPPORTED, nothing
 // queued): a run of contiguous pieces of 1 MiB or more (a plain copy on the
 // copy engine) and a batch that comes down to one row (AUTO: the runtime's copy).
@@ -467,75 +462,40 @@ int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_s
     t_error = "no gather kernel here (NVRTC missing or failed)";
     return FERRY_ERR_UNSUPPORTED;
   }
-  // One pass: each piece is checked as its row is written, and nothing is
-  // queued for a batch with a bad piece (the table is launched only at the
-  // end; its slot stays free). The table starts with a row per piece; a piece
-  // longer than a row grows it when the rows left might not fit. (So a batch
-  // refused for a piece of 1 MiB or more takes a table slot first - and may
-  // wait, as any batch does, for that slot's kernel of four launches ago.)
+  // One pass (gather_rows.cpp): each piece is checked as its row is written,
+  // and nothing is queued for a batch with a bad piece (the table is launched
+  // only at the end; its slot stays free). The table starts with a row per
+  // piece; a piece longer than a row grows it when the rows left might not
+  // fit. (So a batch refused for a piece of 1 MiB or more takes a table slot
+  // first - and may wait, as any batch does, for that slot's kernel of four
+  // launches ago.)
   size_t pieces = 0;
   for (size_t g = 0; g < n_segs; ++g) pieces += segs[g].n_iov;
   if (pieces == 0) return FERRY_OK;  // no pieces: nothing to copy
   TableSlot* t = nullptr;
   if (int rc = table_for(stream, pieces, &t); rc != FERRY_OK) return rc;
-  TableSlot::Rows table = t->rows();
-  const bool write = op == FERRY_OP_WRITE;
-  // The row before, kept here: reading it back from the table would make
-  // each step wait for the store before it (before the first row nothing
-  // follows: r != 0). run: the bytes of contiguous pieces that end where
-  // this one starts, across rows. left: the pieces not yet written, this one
-  // included. The checks only note what is wrong (branches a loop of
-  // thousands of pieces would pay for); the end says what.
-  unsigned long long pd = 0, ps = 0, pn = 0, run = 0;
-  size_t r = 0, left = pieces;
-  bool bad = false, big = false;
-  for (size_t g = 0; g < n_segs && !bad && !big; ++g) {
-    const ferry_gpu_seg_v1& sg = segs[g];
-    const uint64_t lsize = sg.local_size, rsize = sg.remote_size;
-    const auto lbase = reinterpret_cast<unsigned long long>(sg.local_base);
-    const auto rbase = reinterpret_cast<unsigned long long>(sg.remote_base);
-    const unsigned long long dbase = write ? rbase : lbase, sbase = write ? lbase : rbase;
-    const ferry_iov_v1* iov = sg.iov;
-    for (uint64_t i = 0, n = sg.n_iov; i < n; ++i, --left) {
-      const uint64_t lo = iov[i].local_off, ro = iov[i].remote_off, len = iov[i].len;
-      bad |= !range_fits(lo, ro, len, lsize, rsize);
-      const unsigned long long dst = dbase + (write ? ro : lo);
-      const unsigned long long src = sbase + (write ? lo : ro);
-      const bool follows = (pd + pn == dst) & (ps + pn == src) & (r != 0);
-      run = follows ? run + len : len;
-      big |= run >= kPlainCopyBytes;
-      if (follows && pn + len <= kGatherRow) {
-        pn += len;
-        table.sizes[r - 1] = pn;
-        continue;
-      }
-      if (len <= kGatherRow) {
-        pd = table.dsts[r] = dst;
-        ps = table.srcs[r] = src;
-        pn = table.sizes[r] = len;
-        ++r;
-        continue;
-      }
-      if (bad || big) break;  // a length not to split: refused below
-      // Rows for this piece, split, and at most one for each piece after it.
-      if (const size_t need = r + (len + kGatherRow - 1) / kGatherRow + (left - 1); need > t->cap) {
-        if (int rc = grow_table(t, need, r); rc != FERRY_OK) return rc;
-        table = t->rows();
-      }
-      for (uint64_t off = 0; off < len; off += kGatherRow, ++r) {
-        pd = table.dsts[r] = dst + off;
-        ps = table.srcs[r] = src + off;
-        pn = table.sizes[r] = std::min<uint64_t>(kGatherRow, len - off);
-      }
-    }
-  }
-  if (big) {  // the table is not launched: its slot stays free
-    t_error = "pieces, or contiguous runs of them, of 1 MiB and more go as plain copies";
-    return FERRY_ERR_UNSUPPORTED;
-  }
-  if (bad) {
-    t_error = "a piece is empty or outside its segment";
-    return FERRY_ERR_INVALID_ARGS;
+  const TableSlot::Rows cols = t->rows();
+  gather::Table table{cols.dsts, cols.srcs, cols.sizes, t->cap};
+  const auto grow = [](void* slot, size_t need, size_t keep, gather::Table* g) {
+    auto* ts = static_cast<TableSlot*>(slot);
+    if (int rc = grow_table(ts, need, keep); rc != FERRY_OK) return rc;
+    const TableSlot::Rows c = ts->rows();
+    *g = {c.dsts, c.srcs, c.sizes, ts->cap};
+    return FERRY_OK;
+  };
+  const gather::Written w = gather::write_rows(op, segs, n_segs, pieces, &table, grow, t, true);
+  const size_t r = w.rows;
+  switch (w.verdict) {
+    case gather::Verdict::GROW_FAILED:
+      return w.grow_rc;
+    case gather::Verdict::PLAIN_COPY:  // the table is not launched: its slot stays free
+      t_error = "pieces, or contiguous runs of them, of 1 MiB and more go as plain copies";
+      return FERRY_ERR_UNSUPPORTED;
+    case gather::Verdict::BAD_PIECE:
+      t_error = "a piece is empty or outside its segment";
+      return FERRY_ERR_INVALID_ARGS;
+    case gather::Verdict::ROWS:
+      break;
   }
   if (r == 1 && method == gpu_batch::Method::AUTO) {
     t_error = "one row: the runtime's copy serves it";

@@ -19,6 +19,7 @@
 #include <chrono>
 
 #include "control_plane.h"
+#include "item_pass.h"
 #include "log.h"
 #include "router.h"
 
@@ -256,7 +257,10 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
   const uint64_t lsize = pair.local->desc.size, rsize = pair.remote->desc.size;
   uint64_t total = 0;
   bool bad = false;
-  for (size_t i = 0; i < n; ++i) {
+  // Four at a time where the CPU can (item_pass.h); the rest here.
+  for (size_t i = item_pass::copy_items(local_offs, remote_offs, sizes, n, out, lsize, rsize,
+                                        &total, &bad);
+       i < n; ++i) {
     const uint64_t lo = local_offs[i], ro = remote_offs[i], len = sizes[i];
     out[i] = {lo, ro, len};
     total += len;
