@@ -45,19 +45,58 @@ std::shared_ptr<BackendCounters> BackendSet::counters_for(const std::string& nam
   return c;
 }
 
+size_t AttemptTable::Shard::home(uint64_t id) const {
+  // Fibonacci hashing: consecutive ids (one shard sees every 16th or so)
+  // spread over the array.
+  return static_cast<size_t>((id * 0x9E3779B97F4A7C15ULL) >> 32) & (slots.size() - 1);
+}
+
+void AttemptTable::Shard::resize(size_t cap) {
+  std::vector<Slot> old(cap);
+  old.swap(slots);
+  for (Slot& o : old) {
+    if (o.id == 0) continue;
+    size_t i = home(o.id);
+    while (slots[i].id != 0) i = (i + 1) & (slots.size() - 1);
+    slots[i] = std::move(o);
+  }
+}
+
 void AttemptTable::put(uint64_t id, std::shared_ptr<Attempt> a) {
   Shard& s = shard(id);
   std::lock_guard<std::mutex> lk(s.mu);
-  s.held[id] = std::move(a);
+  if (2 * (s.used + 1) > s.slots.size()) s.resize(std::max<size_t>(16, 2 * s.slots.size()));
+  size_t i = s.home(id);
+  while (s.slots[i].id != 0 && s.slots[i].id != id) i = (i + 1) & (s.slots.size() - 1);
+  if (s.slots[i].id == 0) ++s.used;
+  s.slots[i] = {id, std::move(a)};
 }
 
 std::shared_ptr<Attempt> AttemptTable::take(uint64_t id) {
+  if (id == 0) return nullptr;
   Shard& s = shard(id);
   std::lock_guard<std::mutex> lk(s.mu);
-  auto it = s.held.find(id);
-  if (it == s.held.end()) return nullptr;
-  std::shared_ptr<Attempt> a = std::move(it->second);
-  s.held.erase(it);
+  if (s.used == 0) return nullptr;
+  const size_t mask = s.slots.size() - 1;
+  size_t i = s.home(id);
+  while (s.slots[i].id != id) {
+    if (s.slots[i].id == 0) return nullptr;
+    i = (i + 1) & mask;
+  }
+  std::shared_ptr<Attempt> a = std::move(s.slots[i].a);
+  // Deletion without tombstones: each slot after the hole, up to the next free
+  // one, moves into the hole unless its home lies cyclically in (hole, slot].
+  for (size_t j = (i + 1) & mask; s.slots[j].id != 0; j = (j + 1) & mask) {
+    const size_t h = s.home(s.slots[j].id);
+    const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+    if (stays) continue;
+    s.slots[i] = std::move(s.slots[j]);
+    i = j;
+  }
+  s.slots[i] = {};
+  --s.used;
+  // A burst of transfers in flight leaves a big array: give most of it back.
+  if (s.slots.size() > 1024 && 8 * s.used < s.slots.size()) s.resize(s.slots.size() / 4);
   return a;
 }
 
@@ -65,10 +104,21 @@ std::vector<std::shared_ptr<Attempt>> AttemptTable::take_all() {
   std::vector<std::shared_ptr<Attempt>> out;
   for (Shard& s : shards_) {
     std::lock_guard<std::mutex> lk(s.mu);
-    for (auto& [id, a] : s.held) out.push_back(std::move(a));
-    s.held.clear();
+    for (Slot& o : s.slots)
+      if (o.id != 0) out.push_back(std::move(o.a));
+    s.slots.clear();
+    s.used = 0;
   }
   return out;
+}
+
+size_t AttemptTable::size() const {
+  size_t n = 0;
+  for (const Shard& s : shards_) {
+    std::lock_guard<std::mutex> lk(s.mu);
+    n += s.used;
+  }
+  return n;
 }
 
 std::map<std::string, BackendStats> BackendSet::counter_values() const {

@@ -43,18 +43,31 @@ struct Attempt;
 // context finds nothing, and no freed memory is read (xfer_ctx used to be
 // the attempt's address, read again by a second complete() after the first
 // had freed it). Sharded: completions of different transfers rarely meet.
+// Each shard is an open-addressed array (linear probing, deletion by
+// shifting back), so a post allocates nothing once the shard has room: a
+// hash map's node was one allocation per transfer on the post path.
 class AttemptTable {
  public:
+  // id != 0 (attempt ids start at 1 or later: Transfers::first_attempt_id).
   void put(uint64_t id, std::shared_ptr<Attempt> a);
+  // nullptr for an id not held (0, garbage, taken already).
   std::shared_ptr<Attempt> take(uint64_t id);
   // Everything still held (the backend was removed).
   std::vector<std::shared_ptr<Attempt>> take_all();
+  size_t size() const;
 
  private:
   static constexpr size_t kShards = 16;
+  struct Slot {
+    uint64_t id = 0;  // 0: free
+    std::shared_ptr<Attempt> a;
+  };
   struct Shard {
-    std::mutex mu;
-    std::unordered_map<uint64_t, std::shared_ptr<Attempt>> held;
+    mutable std::mutex mu;
+    std::vector<Slot> slots;  // a power of two, or none yet; at most half used
+    size_t used = 0;
+    size_t home(uint64_t id) const;
+    void resize(size_t cap);
   };
   Shard& shard(uint64_t id) { return shards_[(id ^ (id >> 17)) % kShards]; }
   std::array<Shard, kShards> shards_;
