@@ -219,9 +219,19 @@ int Lane::SendOne(Frame& f, int flags) {
     if (!use->ok()) return kLocalRevoked;
     if (f.xfer->local->on_gpu()) return SendStaged(f);
   }
-  std::vector<iovec> iov = f.WireIov();
+  // A frame of a few pieces (the usual one: head and one payload piece)
+  // gathers them on the stack; one of many items, in a vector.
+  iovec few[8];
+  std::vector<iovec> many;
+  const size_t n = f.WireIovCount();
+  iovec* iov = few;
+  if (n > std::size(few)) {
+    many.resize(n);
+    iov = many.data();
+  }
+  f.WireIov(iov);
   f.xfer->MarkLeft();
-  return chan_->Send(iov.data(), iov.size(), &f.sent, flags);
+  return chan_->Send(iov, n, &f.sent, flags);
 }
 
 int Lane::SendStaged(Frame& f) {

@@ -82,13 +82,11 @@ void Frame::MakeDirect() {
   direct = true;
 }
 
-std::vector<iovec> Frame::WireIov() {
-  std::vector<iovec> v;
-  const bool payload = is_write && !direct;
-  v.reserve(1 + (payload ? local.size() : 0));
-  v.push_back({head.data(), head.size()});
-  if (payload) v.insert(v.end(), local.begin(), local.end());
-  return v;
+size_t Frame::WireIovCount() const { return 1 + (is_write && !direct ? local.size() : 0); }
+
+void Frame::WireIov(iovec* out) {
+  out[0] = {head.data(), head.size()};
+  if (is_write && !direct) std::copy(local.begin(), local.end(), out + 1);
 }
 
 }  // namespace ferry_tcp

@@ -99,8 +99,10 @@ struct Frame {
   void Resolve(int status, const std::string& msg);
   // Turns it into a direct request (before it is in flight; not sent yet).
   void MakeDirect();
-  // head followed by the payload pieces (WRITE) - what goes on the wire.
-  std::vector<iovec> WireIov();
+  // head followed by the payload pieces (WRITE) - what goes on the wire:
+  // WireIovCount() pieces, written to out by WireIov.
+  size_t WireIovCount() const;
+  void WireIov(iovec* out);
 };
 using FramePtr = std::shared_ptr<Frame>;
 
