@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "host_link.h"
+#include "hot_path.h"
 
 namespace ferry {
 
@@ -45,7 +46,7 @@ std::shared_ptr<BackendCounters> BackendSet::counters_for(const std::string& nam
   return c;
 }
 
-size_t AttemptTable::Shard::home(uint64_t id) const {
+FERRY_HOT size_t AttemptTable::Shard::home(uint64_t id) const {
   // Fibonacci hashing: consecutive ids (one shard sees every 16th or so)
   // spread over the array.
   return static_cast<size_t>((id * 0x9E3779B97F4A7C15ULL) >> 32) & (slots.size() - 1);
@@ -62,7 +63,7 @@ void AttemptTable::Shard::resize(size_t cap) {
   }
 }
 
-void AttemptTable::put(uint64_t id, std::shared_ptr<Attempt> a) {
+FERRY_HOT void AttemptTable::put(uint64_t id, std::shared_ptr<Attempt> a) {
   Shard& s = shard(id);
   std::lock_guard<std::mutex> lk(s.mu);
   if (2 * (s.used + 1) > s.slots.size()) s.resize(std::max<size_t>(16, 2 * s.slots.size()));
@@ -72,7 +73,7 @@ void AttemptTable::put(uint64_t id, std::shared_ptr<Attempt> a) {
   s.slots[i] = {id, std::move(a)};
 }
 
-std::shared_ptr<Attempt> AttemptTable::take(uint64_t id) {
+FERRY_HOT std::shared_ptr<Attempt> AttemptTable::take(uint64_t id) {
   if (id == 0) return nullptr;
   Shard& s = shard(id);
   std::lock_guard<std::mutex> lk(s.mu);

@@ -2,6 +2,7 @@
 // The public Engine facade: argument checks and forwarding to the engine's
 // parts (engine_impl.h), nothing else.
 #include "engine_impl.h"
+#include "hot_path.h"
 
 namespace ferry {
 
@@ -65,10 +66,10 @@ TransferStatus failed_at_once(StatusCode code, std::string msg) {
 // ---- the public transfer calls (the lifecycle is transfer.cpp) -----------------
 
 namespace {
-TransferStatus submit(EngineImpl& e, Op op, const MemoryDesc& local, const MemoryDesc& remote,
-                      const size_t* loffs, const size_t* roffs, const size_t* sizes, size_t n,
-                      TransferUid uid, std::optional<bool> notify,
-                      std::optional<std::string> message) {
+FERRY_HOT TransferStatus submit(EngineImpl& e, Op op, const MemoryDesc& local,
+                                const MemoryDesc& remote, const size_t* loffs, const size_t* roffs,
+                                const size_t* sizes, size_t n, TransferUid uid,
+                                std::optional<bool> notify, std::optional<std::string> message) {
   MemPair pair;
   std::string why;
   StatusCode c = e.registry().resolve(local, remote, pair, why);
@@ -77,16 +78,18 @@ TransferStatus submit(EngineImpl& e, Op op, const MemoryDesc& local, const Memor
 }
 }  // namespace
 
-TransferStatus Engine::read(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
-                            size_t roff, size_t size, TransferUid uid, std::optional<bool> notify,
-                            std::optional<std::string> message) {
+FERRY_HOT TransferStatus Engine::read(const MemoryDesc& local, size_t loff,
+                                      const MemoryDesc& remote, size_t roff, size_t size,
+                                      TransferUid uid, std::optional<bool> notify,
+                                      std::optional<std::string> message) {
   return submit(*impl_, Op::READ, local, remote, &loff, &roff, &size, 1, uid, notify,
                 std::move(message));
 }
 
-TransferStatus Engine::write(const MemoryDesc& local, size_t loff, const MemoryDesc& remote,
-                             size_t roff, size_t size, TransferUid uid, std::optional<bool> notify,
-                             std::optional<std::string> message) {
+FERRY_HOT TransferStatus Engine::write(const MemoryDesc& local, size_t loff,
+                                       const MemoryDesc& remote, size_t roff, size_t size,
+                                       TransferUid uid, std::optional<bool> notify,
+                                       std::optional<std::string> message) {
   return submit(*impl_, Op::WRITE, local, remote, &loff, &roff, &size, 1, uid, notify,
                 std::move(message));
 }

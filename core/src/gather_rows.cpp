@@ -3,13 +3,14 @@
 
 #include <algorithm>
 
+#include "hot_path.h"
 #include "item_pass.h"
 #include "range_fits.h"
 
 namespace ferry::gather {
 
-Written write_rows(uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_segs, size_t pieces,
-                   Table* t, GrowFn grow, void* grow_ctx, bool four_wide) {
+FERRY_HOT Written write_rows(uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_segs,
+                             size_t pieces, Table* t, GrowFn grow, void* grow_ctx, bool four_wide) {
   static_assert(kRowBytes < kPlainCopyBytes, "a row alone never makes a plain copy");
   const bool write = op == FERRY_OP_WRITE;
   four_wide = four_wide && item_pass::simd();

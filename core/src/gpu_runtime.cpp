@@ -20,6 +20,7 @@
 
 #include "ferry/ferry.hpp"
 #include "gather_rows.h"
+#include "hot_path.h"
 #include "log.h"
 
 namespace ferry {
@@ -153,7 +154,7 @@ int g_mem_range(void*, const void* ptr, void** base, size_t* size) {
   return FERRY_OK;
 }
 
-int g_set_device(void*, int32_t d) {
+FERRY_HOT int g_set_device(void*, int32_t d) {
   GPU_CALL(g_rt.set_device(d), "set device");
   return FERRY_OK;
 }
@@ -169,7 +170,7 @@ int g_stream_sync(void*, void* s) {
   GPU_CALL(g_rt.stream_sync(s), "stream synchronize");
   return FERRY_OK;
 }
-int g_memcpy_async(void*, void* dst, const void* src, size_t n, void* s) {
+FERRY_HOT int g_memcpy_async(void*, void* dst, const void* src, size_t n, void* s) {
   GPU_CALL(g_rt.memcpy_async(dst, src, n, kMemcpyDefault, s), "async copy");
   return FERRY_OK;
 }
@@ -181,17 +182,17 @@ int g_event_destroy(void*, void* e) {
   GPU_CALL(g_rt.event_destroy(e), "event destroy");
   return FERRY_OK;
 }
-int g_event_record(void*, void* e, void* s) {
+FERRY_HOT int g_event_record(void*, void* e, void* s) {
   GPU_CALL(g_rt.event_record(e, s), "event record");
   return FERRY_OK;
 }
-int g_event_query(void*, void* e) {
+FERRY_HOT int g_event_query(void*, void* e) {
   Err r = g_rt.event_query(e);
   if (r == kNotReady) return 1;
   if (r != 0) return fail(r, "event query");
   return FERRY_OK;
 }
-int g_stream_query(void*, void* s) {
+FERRY_HOT int g_stream_query(void*, void* s) {
   Err r = g_rt.stream_query(s);
   if (r == kNotReady) return 1;
   if (r != 0) return fail(r, "stream query");
@@ -448,7 +449,8 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
 // g_memcpy_batch does better is left to it (FERRY_ERR_UNSUPPORTED, nothing
 // queued): a run of contiguous pieces of 1 MiB or more (a plain copy on the
 // copy engine) and a batch that comes down to one row (AUTO: the runtime's copy).
-int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_segs, void* stream) {
+FERRY_HOT int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, size_t n_segs,
+                              void* stream) {
   const gpu_batch::Method method = gpu_batch::method();
   int device = 0;
   if (method == gpu_batch::Method::RUNTIME || method == gpu_batch::Method::COPIES ||
@@ -520,8 +522,8 @@ int runtime_batch(void* const* dsts, const void* const* srcs, const size_t* size
 // in one gather launch, or the runtime's batched call, or one copy each
 // (gpu_batch::Method picks one for the benches; AUTO: gather, else the
 // runtime's call, else copies).
-int g_memcpy_batch(void*, void* const* dsts, const void* const* srcs, const size_t* sizes,
-                   size_t count, void* stream) {
+FERRY_HOT int g_memcpy_batch(void*, void* const* dsts, const void* const* srcs, const size_t* sizes,
+                             size_t count, void* stream) {
   const gpu_batch::Method method = gpu_batch::method();
   if (method == gpu_batch::Method::COPIES) {
     for (size_t i = 0; i < count; ++i)

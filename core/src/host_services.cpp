@@ -9,6 +9,7 @@
 #include "engine_impl.h"
 #include "gpu_runtime.h"
 #include "host_link.h"
+#include "hot_path.h"
 #include "log.h"
 
 namespace ferry {
@@ -69,7 +70,7 @@ int host_ctrl_try_send(void* hctx, const char* peer, const void* msg, size_t len
   }
 }
 
-void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
+FERRY_HOT void host_complete(void* hctx, void* xfer_ctx, int status, const char* message) noexcept {
   HostLink::Use use(hctx, "complete");
   Backend* b = use.backend();
   if (!b) return;  // after fini: what it held was completed when it was removed

@@ -10,6 +10,7 @@
 
 #include "auth.h"
 #include "gpu_runtime.h"
+#include "hot_path.h"
 #include "log.h"
 
 namespace ferry {
@@ -460,7 +461,8 @@ Registry::Advertised Registry::advertised(const MemPair& pair) const {
   return {pair.peer->advertised, pair.local->advertised, pair.remote->advertised};
 }
 
-bool Registry::handles(const MemPair& pair, const std::string& backend, Handles& out) const {
+FERRY_HOT bool Registry::handles(const MemPair& pair, const std::string& backend,
+                                 Handles& out) const {
   std::shared_lock lk(mu_);
   auto p = pair.peer->handles.find(backend);
   auto l = pair.local->handles.find(backend);

@@ -2,6 +2,7 @@
 // Session: a (local, remote) pair resolved once, so each transfer skips the
 // descriptor lookups and import checks of the engine-level calls.
 #include "engine_impl.h"
+#include "hot_path.h"
 
 namespace ferry {
 
@@ -26,15 +27,17 @@ std::optional<TransferStatus> gone_with_reason(const MemPair& pair) {
 }
 }  // namespace
 
-TransferStatus Session::read(size_t loff, size_t roff, size_t size, TransferUid uid,
-                             std::optional<bool> notify, std::optional<std::string> message) {
+FERRY_HOT TransferStatus Session::read(size_t loff, size_t roff, size_t size, TransferUid uid,
+                                       std::optional<bool> notify,
+                                       std::optional<std::string> message) {
   if (auto s = gone_with_reason(impl_->pair)) return *s;
   return impl_->engine->transfers().submit(impl_->pair, Op::READ, &loff, &roff, &size, 1, uid,
                                            notify, std::move(message));
 }
 
-TransferStatus Session::write(size_t loff, size_t roff, size_t size, TransferUid uid,
-                              std::optional<bool> notify, std::optional<std::string> message) {
+FERRY_HOT TransferStatus Session::write(size_t loff, size_t roff, size_t size, TransferUid uid,
+                                        std::optional<bool> notify,
+                                        std::optional<std::string> message) {
   if (auto s = gone_with_reason(impl_->pair)) return *s;
   return impl_->engine->transfers().submit(impl_->pair, Op::WRITE, &loff, &roff, &size, 1, uid,
                                            notify, std::move(message));

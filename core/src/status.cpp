@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ferry/ferry.hpp"
+#include "hot_path.h"
 #include "status_state.h"
 
 namespace ferry {
@@ -67,7 +68,8 @@ std::chrono::microseconds wait_spin() {
 // `progress` (when set), so a backend that can report a finished transfer on
 // this thread does so without a hand-off; it runs at least once, also when
 // the spin is 0.
-bool spin_for(const std::atomic<int>& code, std::chrono::microseconds spin, const Hook& progress) {
+FERRY_HOT bool spin_for(const std::atomic<int>& code, std::chrono::microseconds spin,
+                        const Hook& progress) {
   if (progress) {
     progress();
     if (is_final(code.load(std::memory_order_acquire))) return true;
@@ -198,8 +200,8 @@ bool TransferStatus::Finish(StatusCode code, std::string message) {
   return finish_at(*this, code, std::move(message), std::chrono::steady_clock::now());
 }
 
-bool finish_at(TransferStatus& s, StatusCode code, std::string message,
-               std::chrono::steady_clock::time_point ended) {
+FERRY_HOT bool finish_at(TransferStatus& s, StatusCode code, std::string message,
+                         std::chrono::steady_clock::time_point ended) {
   TransferStatus::State& st = *s.state();
   {
     std::lock_guard<std::mutex> lk(st.mu);
@@ -217,7 +219,7 @@ void TransferStatus::SetProgress(std::function<void()> progress) {
   state_->progress = std::move(progress);
 }
 
-void set_driver(TransferStatus& s, std::weak_ptr<StatusDriver> driver, bool progress) {
+FERRY_HOT void set_driver(TransferStatus& s, std::weak_ptr<StatusDriver> driver, bool progress) {
   TransferStatus::State& st = *s.state();
   {
     std::lock_guard<std::mutex> lk(st.mu);
@@ -275,7 +277,7 @@ bool TransferStatus::Cancel(std::string* why) const {
   return true;
 }
 
-StatusCode TransferStatus::Wait() const {
+FERRY_HOT StatusCode TransferStatus::Wait() const {
   if (!InProgress()) return Code();
   const Hook hook = hook_of(*state_);
   if (spin_until_final(state_->code, std::chrono::microseconds::max(), hook) ||

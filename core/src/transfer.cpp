@@ -19,6 +19,7 @@
 #include <chrono>
 
 #include "control_plane.h"
+#include "hot_path.h"
 #include "item_pass.h"
 #include "log.h"
 #include "router.h"
@@ -90,7 +91,7 @@ bool hold(LocalMem& m) {
 
 }  // namespace
 
-Transfer::~Transfer() {
+FERRY_HOT Transfer::~Transfer() {
   if (!pair.local) return;
   if (parts.empty()) {
     release(*pair.local);
@@ -100,9 +101,9 @@ Transfer::~Transfer() {
 }
 
 void Transfer::cancel() { owner->cancel(shared_from_this()); }
-void Transfer::progress() { Transfers::drive_progress(shared_from_this()); }
+FERRY_HOT void Transfer::progress() { Transfers::drive_progress(shared_from_this()); }
 
-Attempt::~Attempt() { transfer->owner->watchdog_.disarm(this); }
+FERRY_HOT Attempt::~Attempt() { transfer->owner->watchdog_.disarm(this); }
 
 void Attempt::on_deadline() {
   if (settled.exchange(true)) return;
@@ -134,7 +135,7 @@ Transfers::Transfers(Parts parts, uint64_t self_instance)
   });
 }
 
-void Transfers::complete(std::shared_ptr<Attempt> a, int status, const char* message) {
+FERRY_HOT void Transfers::complete(std::shared_ptr<Attempt> a, int status, const char* message) {
   if (a->settled.exchange(true)) {  // the watchdog already ended this attempt
     late_completion(a);
     return;
@@ -148,7 +149,7 @@ int Transfers::size_band(uint64_t bytes) const {
                           size_breaks_.begin());
 }
 
-Route Transfers::route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why) {
+FERRY_HOT Route Transfers::route_for(const MemPair& pair, Op op, uint64_t bytes, std::string& why) {
   // Cached by what the policy's answer can depend on besides the pair: the op
   // and the size band (policy.h). A hit reads no rule and copies no string: a
   // post() right after its thread woke from a long wait paid ~5 us here for
@@ -236,10 +237,10 @@ std::string Transfers::check_items(const MemPair& pair, const ferry_iov_v1* iov,
   return {};
 }
 
-TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local_offs,
-                                 const size_t* remote_offs, const size_t* sizes, size_t n,
-                                 TransferUid uid, std::optional<bool> notify,
-                                 std::optional<std::string> message) {
+FERRY_HOT TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local_offs,
+                                           const size_t* remote_offs, const size_t* sizes, size_t n,
+                                           TransferUid uid, std::optional<bool> notify,
+                                           std::optional<std::string> message) {
   if (shutting_down_) return failed(StatusCode::ERR_BAD_STATE, "engine is shutting down");
   if (n == 0) return failed(StatusCode::ERR_INVALID_ARGS, "empty transfer");
   // A plugin's post() counts items in 32 bits (ferry_xfer_v1::n_iov).
@@ -271,7 +272,7 @@ TransferStatus Transfers::submit(const MemPair& pair, Op op, const size_t* local
   return start(pair, t);
 }
 
-TransferPtr Transfers::make_transfer(Op op, uint32_t flags, TransferUid uid) {
+FERRY_HOT TransferPtr Transfers::make_transfer(Op op, uint32_t flags, TransferUid uid) {
   auto t = std::make_shared<Transfer>();
   t->owner = this;
   t->op = op == Op::READ ? FERRY_OP_READ : FERRY_OP_WRITE;
@@ -294,7 +295,8 @@ const LocalMem* hold_all(const MemPair& pair, const Transfer& t) {
 }
 }  // namespace
 
-TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t, const Route* route) {
+FERRY_HOT TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t,
+                                          const Route* route) {
   if (pair.peer->gone.load(std::memory_order_relaxed))
     return failed(StatusCode::ERR_NOT_FOUND,
                   "remote engine '" + pair.peer->desc.key +
@@ -332,7 +334,7 @@ TransferStatus Transfers::start(const MemPair& pair, const TransferPtr& t, const
   return status;
 }
 
-void Transfers::drive_progress(const TransferPtr& t) {
+FERRY_HOT void Transfers::drive_progress(const TransferPtr& t) {
   std::shared_ptr<Attempt> a;
   std::vector<TransferStatus> split;
   {
@@ -417,8 +419,8 @@ void Transfers::cancel_fenced(const std::shared_ptr<Attempt>& a, const FenceResu
   finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
 }
 
-void Transfers::finish(const TransferPtr& t, StatusCode code, std::string msg,
-                       std::chrono::steady_clock::time_point ended) {
+FERRY_HOT void Transfers::finish(const TransferPtr& t, StatusCode code, std::string msg,
+                                 std::chrono::steady_clock::time_point ended) {
   if (ended == std::chrono::steady_clock::time_point{}) ended = std::chrono::steady_clock::now();
   if (!t->on_end) {
     finish_at(t->status, code, std::move(msg), ended);
@@ -433,7 +435,7 @@ Fencer::Target Transfers::fence_target(const TransferPtr& t) const {
   return {d.key, d.host, d.port, d.instance};
 }
 
-void Transfers::start_next(const TransferPtr& t, bool fresh) {
+FERRY_HOT void Transfers::start_next(const TransferPtr& t, bool fresh) {
   if (t->cancelled) {  // whatever came before, nothing of it can land any more
     finish(t, StatusCode::ERR_CANCELLED,
            "cancelled" + (t->history.empty() ? std::string() : " (after: " + t->history + ")"));
@@ -531,8 +533,9 @@ void Transfers::start_next(const TransferPtr& t, bool fresh) {
   finish(t, t->last_code, t->history);
 }
 
-int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why,
-                            std::chrono::steady_clock::time_point now, bool* unregistered) {
+FERRY_HOT int Transfers::post_attempt(const TransferPtr& t, const BackendPtr& b, std::string& why,
+                                      std::chrono::steady_clock::time_point now,
+                                      bool* unregistered) {
   // Hold the backend's life lock from the handle lookup through post(): the
   // calls that free plugin handles take it exclusively, so a handle found here
   // stays valid until the plugin has taken the transfer.
@@ -645,8 +648,8 @@ std::string Transfers::notify_by_core(const TransferPtr& t) {
   return rc == FERRY_OK ? std::string() : (err.empty() ? plugin_error_name(rc) : err);
 }
 
-void Transfers::attempt_done(const std::shared_ptr<Attempt>& a, int status,
-                             const std::string& msg) {
+FERRY_HOT void Transfers::attempt_done(const std::shared_ptr<Attempt>& a, int status,
+                                       const std::string& msg) {
   watchdog_.disarm(a.get());
   const TransferPtr& t = a->transfer;
   Backend& b = *a->backend;
@@ -747,7 +750,7 @@ void Transfers::attempt_fenced(const std::shared_ptr<Attempt>& a, int status,
   finish(t, StatusCode::ERR_OUTCOME_UNKNOWN, t->history);
 }
 
-void Transfers::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
+FERRY_HOT void Transfers::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
   if (!owes_notify) {
     landed(a, {});
     return;
@@ -772,7 +775,8 @@ void Transfers::land(const std::shared_ptr<Attempt>& a, bool owes_notify) {
   });
 }
 
-void Transfers::landed(const std::shared_ptr<Attempt>& a, const std::string& notify_error) {
+FERRY_HOT void Transfers::landed(const std::shared_ptr<Attempt>& a,
+                                 const std::string& notify_error) {
   const TransferPtr& t = a->transfer;
   Backend& b = *a->backend;
   if (!notify_error.empty()) {

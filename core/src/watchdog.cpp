@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "watchdog.h"
 
+#include "hot_path.h"
+
 namespace ferry {
 
 namespace {
@@ -19,7 +21,7 @@ Watchdog::~Watchdog() {
   thread_.join();
 }
 
-void Watchdog::arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint when) {
+FERRY_HOT void Watchdog::arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint when) {
   bool wake;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -51,7 +53,7 @@ void Watchdog::arm(const std::shared_ptr<WatchItem>& item, WatchItem::TimePoint 
   if (wake) cv_.notify_all();
 }
 
-void Watchdog::disarm(WatchItem* item) {
+FERRY_HOT void Watchdog::disarm(WatchItem* item) {
   if (!item->linked_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lk(mu_);
   unlink_locked(item);

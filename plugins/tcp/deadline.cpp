@@ -4,6 +4,7 @@
 #include <chrono>
 #include <vector>
 
+#include "hot_path.h"
 #include "xfer.h"
 
 namespace ferry_tcp {
@@ -30,7 +31,7 @@ void DeadlineWatcher::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void DeadlineWatcher::Add(const std::shared_ptr<Xfer>& x) {
+FERRY_HOT void DeadlineWatcher::Add(const std::shared_ptr<Xfer>& x) {
   if (x->deadline_ns == 0) return;
   bool earliest;
   {
@@ -42,7 +43,7 @@ void DeadlineWatcher::Add(const std::shared_ptr<Xfer>& x) {
   if (earliest) cv_.notify_all();
 }
 
-void DeadlineWatcher::Remove(const Xfer& x) {
+FERRY_HOT void DeadlineWatcher::Remove(const Xfer& x) {
   if (x.deadline_ns == 0) return;
   std::lock_guard lk(mu_);
   by_deadline_.erase({x.deadline_ns, x.deadline_token});

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "handshake.h"
+#include "hot_path.h"
 #include "log.h"
 #include "wire.h"
 
@@ -291,7 +292,7 @@ void Instance::MemRelease(void* handle) {
   if (remotes_.erase(h) != 0) delete h;
 }
 
-int Instance::Post(const ferry_xfer_v1* x) {
+FERRY_HOT int Instance::Post(const ferry_xfer_v1* x) {
   if (x == nullptr || !FERRY_HAS_FIELD(ferry_xfer_v1, x, xfer_ctx)) return FERRY_ERR_INVALID_ARGS;
   auto* peer = static_cast<PeerHandle*>(x->peer);
   auto* local = static_cast<LocalMem*>(x->local_mem);

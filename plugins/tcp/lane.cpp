@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "handshake.h"
+#include "hot_path.h"
 #include "log.h"
 #include "responses.h"
 #include "ring_handover.h"
@@ -212,7 +213,7 @@ void Lane::Stop(int status, const std::string& msg) {
   if (info_->reaper != nullptr) info_->reaper->Unwatch(this);
 }
 
-int Lane::SendOne(Frame& f, int flags) {
+FERRY_HOT int Lane::SendOne(Frame& f, int flags) {
   std::optional<RegionUse> use;
   if (f.is_write) {
     use.emplace(f.xfer->local.get(), fd_);
@@ -279,7 +280,7 @@ void Lane::AfterSendLocked(const FramePtr& f, int err, Doomed* doomed) {
   }
 }
 
-void Lane::Submit(FramePtr f, bool try_direct) {
+FERRY_HOT void Lane::Submit(FramePtr f, bool try_direct) {
   if (try_direct && send_mu_.try_lock()) {
     std::unique_lock s(send_mu_, std::adopt_lock);
     std::unique_lock lk(mu_);

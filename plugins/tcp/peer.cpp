@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "deadline.h"
+#include "hot_path.h"
 #include "planner.h"
 #include "wire.h"
 
@@ -54,14 +55,15 @@ void Peer::Stop(int status, const std::string& msg) {
   for (auto& l : lanes_) l->Stop(status, msg);
 }
 
-void Peer::Finished(const Xfer& x) {
+FERRY_HOT void Peer::Finished(const Xfer& x) {
   if (!x.notify) return;
   std::lock_guard lk(seq_mu_);
   notify_inflight_.erase(x.seq);
 }
 
-int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uint64_t remote_id,
-               uint64_t remote_key, bool remote_host, std::string* why) {
+FERRY_HOT int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local,
+                         uint64_t remote_id, uint64_t remote_key, bool remote_host,
+                         std::string* why) {
   if (stopped_) {
     *why = "peer " + info_.key + " was removed";
     return FERRY_ERR_BAD_STATE;
@@ -233,7 +235,7 @@ int Peer::Post(const ferry_xfer_v1& x, const std::shared_ptr<Region>& local, uin
 
 void Peer::Handover::Deliver() noexcept { peer->Deliver(*this); }
 
-void Peer::Deliver(Handover& h) noexcept {
+FERRY_HOT void Peer::Deliver(Handover& h) noexcept {
   std::vector<FramePtr>& frames = h.frames;
   const uint64_t first_lane = h.first_lane;
   const size_t used_lanes = h.used_lanes;

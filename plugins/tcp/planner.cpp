@@ -3,10 +3,13 @@
 
 #include <algorithm>
 
+#include "hot_path.h"
+
 namespace ferry_tcp {
 
-std::vector<PlannedFrame> PlanFrames(const ferry_iov_v1* iov, uint32_t n, uint8_t* local_base,
-                                     uint64_t chunk_bytes, uint32_t max_items) {
+FERRY_HOT std::vector<PlannedFrame> PlanFrames(const ferry_iov_v1* iov, uint32_t n,
+                                               uint8_t* local_base, uint64_t chunk_bytes,
+                                               uint32_t max_items) {
   // Order is kept: overlapping WRITE items must land in the order given.
   // Items contiguous on both sides merge into `run` as they come (no copy of
   // the item list: a one-item post allocates only its frame's two vectors).

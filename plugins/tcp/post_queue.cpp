@@ -8,6 +8,8 @@
 #include <system_error>
 #include <utility>
 
+#include "hot_path.h"
+
 namespace ferry_tcp {
 namespace {
 // A queue this long hands over on the posting thread (Push).
@@ -64,7 +66,7 @@ void PostQueue::Barrier() {
   }
 }
 
-void PostQueue::Push(JobPtr job) noexcept {
+FERRY_HOT void PostQueue::Push(JobPtr job) noexcept {
   bool wake = false;
   bool full = false;
   {
@@ -101,7 +103,7 @@ size_t PostQueue::Flush() {
   return Drain(&by_waiters_);
 }
 
-size_t PostQueue::Drain(std::atomic<uint64_t>* count) {
+FERRY_HOT size_t PostQueue::Drain(std::atomic<uint64_t>* count) {
   if (delivering_.exchange(true, std::memory_order_acquire)) return 0;
   size_t n = 0;
   uint64_t limit = 0;

@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "hot_path.h"
+
 namespace ferry_tcp::wire {
 namespace {
 
@@ -186,7 +188,7 @@ bool DecodeItems(const uint8_t* in, uint32_t n, std::vector<Item>* items, uint64
   return true;
 }
 
-std::vector<uint8_t> EncodeFrameHead(const Header& h, const std::vector<Item>& items) {
+FERRY_HOT std::vector<uint8_t> EncodeFrameHead(const Header& h, const std::vector<Item>& items) {
   std::vector<uint8_t> out(kHeaderSize + items.size() * kItemSize);
   EncodeHeader(h, out.data());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -195,7 +197,7 @@ std::vector<uint8_t> EncodeFrameHead(const Header& h, const std::vector<Item>& i
   return out;
 }
 
-void MakeDirect(std::vector<uint8_t>* frame_head, const iovec* local, size_t n) {
+FERRY_HOT void MakeDirect(std::vector<uint8_t>* frame_head, const iovec* local, size_t n) {
   uint8_t* h = frame_head->data();
   Put16(h + 6, static_cast<uint16_t>(Get16(h + 6) | kFlagDirect));
   Put64(h + 32, n * kAddrSize);

@@ -4,11 +4,12 @@
 #include <algorithm>
 
 #include "deadline.h"
+#include "hot_path.h"
 #include "peer.h"
 
 namespace ferry_tcp {
 
-void Xfer::FrameDone(int status, const std::string& msg) {
+FERRY_HOT void Xfer::FrameDone(int status, const std::string& msg) {
   int final_status;
   std::string final_msg;
   {
@@ -48,15 +49,15 @@ void Xfer::Error(int* status, std::string* msg) const {
   *msg = msg_;
 }
 
-void Frame::Resolve(int status, const std::string& msg) {
+FERRY_HOT void Frame::Resolve(int status, const std::string& msg) {
   if (resolved.exchange(true)) return;
   // The last FrameDone may complete the transfer: count is read before any.
   for (uint32_t i = count; i > 0; --i) xfer->FrameDone(status, msg);
 }
 
-FramePtr MakeFrame(const std::shared_ptr<Xfer>& xfer, wire::Header head, uint64_t req_id,
-                   const std::vector<wire::Item>& remote, std::vector<iovec> local,
-                   uint64_t bytes) {
+FERRY_HOT FramePtr MakeFrame(const std::shared_ptr<Xfer>& xfer, wire::Header head, uint64_t req_id,
+                             const std::vector<wire::Item>& remote, std::vector<iovec> local,
+                             uint64_t bytes) {
   auto f = std::make_shared<Frame>();
   f->xfer = xfer;
   f->req_id = req_id;
@@ -77,7 +78,7 @@ FramePtr FrameRun::Build(uint64_t k) const {
                    {{local + off, static_cast<size_t>(bytes)}}, bytes);
 }
 
-void Frame::MakeDirect() {
+FERRY_HOT void Frame::MakeDirect() {
   wire::MakeDirect(&head, local.data(), local.size());
   direct = true;
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cpu_relax.h"
+#include "hot_path.h"
 #include "process_tag.h"
 
 namespace ferry_xgmi {
@@ -233,7 +234,7 @@ constexpr int64_t kWaiterActiveNs = 20000;
 // expected duration (at ~300 GB/s) plus spin_us, so a large copy is not waited
 // for through a sleep/wake-up cycle. Ends early (kTaken) when a waiter's
 // progress() reported p; leaves the event to a waiter that is polling it.
-int Instance::WaitCopies(const Pending& p) {
+FERRY_HOT int Instance::WaitCopies(const Pending& p) {
   int rc = 1;
   auto expected = std::chrono::nanoseconds(p.bytes / 300);
   auto seen = [&] {
@@ -259,7 +260,7 @@ int Instance::WaitCopies(const Pending& p) {
                  : gpu_->stream_sync(gpu_->gpu_ctx, p.stream);
 }
 
-int Instance::QueryCopies(const Pending& p) {
+FERRY_HOT int Instance::QueryCopies(const Pending& p) {
   if (p.event) return gpu_->event_query(gpu_->gpu_ctx, p.event);
   // No event: a copy alone on its stream (only where stream_query exists) or
   // a failed launch's stream, which a runtime without the query is waited on.
@@ -267,13 +268,13 @@ int Instance::QueryCopies(const Pending& p) {
   return gpu_->stream_sync(gpu_->gpu_ctx, p.stream);
 }
 
-void Instance::PublishFrontLocked() {
+FERRY_HOT void Instance::PublishFrontLocked() {
   pending_count_.store(pending_.size(), std::memory_order_release);
   front_seq_.store(pending_.empty() ? 0 : pending_.front().seq, std::memory_order_release);
 }
 
-bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc,
-                      Clock::time_point watched, Clock::time_point done, bool by_waiter) {
+FERRY_HOT bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending& p, int rc,
+                                Clock::time_point watched, Clock::time_point done, bool by_waiter) {
   if (pending_.empty() || pending_.front().seq != p.seq) return false;
   // Its target is told before the transfer is reported (the core takes a
   // plain FERRY_OK to mean the plugin told it) - unless the copy failed.
@@ -374,7 +375,7 @@ void Instance::SendTellLocked(std::unique_lock<std::mutex>& lk, size_t i) {
     }
 }
 
-void Instance::PushPendingLocked(Pending p, bool notify, bool by_event) {
+FERRY_HOT void Instance::PushPendingLocked(Pending p, bool notify, bool by_event) {
   p.tell = !notify ? kTellNone : by_event ? kTellToSend : kTellByCore;
   pending_.push_back(p);
   // Counted once it is there (a push that throws leaves no count behind).
@@ -383,7 +384,7 @@ void Instance::PushPendingLocked(Pending p, bool notify, bool by_event) {
 
 // A waiting thread's turn: report, in order, the front copies that are done.
 // Never waits for mu_ (post() and the completion thread hold it briefly).
-int Instance::Progress() {
+FERRY_HOT int Instance::Progress() {
   driven_at_ns_.store(now_ns(), std::memory_order_relaxed);
   if (pending_count_.load(std::memory_order_acquire) == 0) return 0;
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
@@ -540,7 +541,7 @@ void Instance::MemRelease(void* h) {
   for (char* base : unused) gpu_->ipc_close(gpu_->gpu_ctx, base);
 }
 
-char* Instance::RemoteBase(Remote& r, int device, std::string* why) {
+FERRY_HOT char* Instance::RemoteBase(Remote& r, int device, std::string* why) {
   if (r.same_process) return reinterpret_cast<char*>(r.blob.addr);
   const auto d = static_cast<size_t>(device);
   if (d < r.base.size() && r.base[d] != nullptr) return r.base[d];
@@ -566,8 +567,8 @@ char* Instance::RemoteBase(Remote& r, int device, std::string* why) {
 // merged, then one batched call (a gather launch for many small pieces) or
 // one copy per piece. The vectors are per thread, so a post allocates nothing
 // once warm.
-int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, uint64_t rsize,
-                      void* stream, Clock::time_point* merged) {
+FERRY_HOT int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase,
+                                uint64_t rsize, void* stream, Clock::time_point* merged) {
   const bool write = x->op == FERRY_OP_WRITE;
   if (x->n_iov == 1) {
     // Through the batch call too, so the benches' --method gather can send a
@@ -599,7 +600,8 @@ int Instance::Enqueue(const ferry_xfer_v1* x, const Local& local, char* rbase, u
   return CopyPieces(sc.dsts.data(), sc.srcs.data(), sc.sizes.data(), k, stream);
 }
 
-int Instance::CopySegments(uint32_t op, const ferry_gpu_seg_v1* segs, size_t n, void* stream) {
+FERRY_HOT int Instance::CopySegments(uint32_t op, const ferry_gpu_seg_v1* segs, size_t n,
+                                     void* stream) {
   if (!has_segments_ || !batch_copy_) return FERRY_ERR_UNSUPPORTED;
   const int rc = gpu_->copy_segments_async(gpu_->gpu_ctx, op, segs, n, stream);
   return rc == FERRY_ERR_INVALID_ARGS ? kPieceOutside : rc;
@@ -617,7 +619,7 @@ int Instance::CopyPieces(void* const* dsts, const void* const* srcs, const size_
   return rc;
 }
 
-int Instance::ChooseStreamLocked(int dev, size_t* si_out, void** event_out) {
+FERRY_HOT int Instance::ChooseStreamLocked(int dev, size_t* si_out, void** event_out) {
   const auto d = static_cast<size_t>(dev);
   auto& pool = streams_[d];
   auto& copies = stream_copies_[d];
@@ -647,7 +649,7 @@ int Instance::ChooseStreamLocked(int dev, size_t* si_out, void** event_out) {
   return FERRY_OK;
 }
 
-void Instance::ReleaseStreamLocked(int dev, size_t si, void* event, int64_t slot) {
+FERRY_HOT void Instance::ReleaseStreamLocked(int dev, size_t si, void* event, int64_t slot) {
   const auto d = static_cast<size_t>(dev);
   if (slot >= 0)
     events_->Give(static_cast<uint32_t>(slot));
@@ -656,7 +658,7 @@ void Instance::ReleaseStreamLocked(int dev, size_t si, void* event, int64_t slot
   --stream_copies_[d][si];
 }
 
-void* Instance::EventForLocked(int dev, void* event, int rc, int64_t* slot) {
+FERRY_HOT void* Instance::EventForLocked(int dev, void* event, int rc, int64_t* slot) {
   if (rc == FERRY_OK || event == nullptr) return event;
   if (slot != nullptr && *slot >= 0) {
     events_->Give(static_cast<uint32_t>(*slot));
@@ -667,8 +669,8 @@ void* Instance::EventForLocked(int dev, void* event, int rc, int64_t* slot) {
   return nullptr;
 }
 
-int64_t Instance::TakeNotifySlotLocked(const ferry_xfer_v1* x, const Remote& remote, int dev,
-                                       void** event) {
+FERRY_HOT int64_t Instance::TakeNotifySlotLocked(const ferry_xfer_v1* x, const Remote& remote,
+                                                 int dev, void** event) {
   uint32_t slot = 0;
   if (!(x->flags & FERRY_XFER_NOTIFY) || !events_ || !(remote.blob.flags & kMemWatchesEvents) ||
       !events_->Take(dev, &slot))
@@ -777,7 +779,7 @@ int Instance::LaunchHeld(std::unique_lock<std::mutex>& lk) {
   return rc == FERRY_OK ? FERRY_OK : FERRY_ERR_GPU;
 }
 
-void Instance::Posted(std::unique_lock<std::mutex>& lk, const PostTimes& t) {
+FERRY_HOT void Instance::Posted(std::unique_lock<std::mutex>& lk, const PostTimes& t) {
   PublishFrontLocked();
   stages_.post_ns += ns_between(t.entered, t.recorded);
   stages_.setup_ns += ns_between(t.entered, t.ready);
@@ -959,7 +961,7 @@ int Instance::PostPairs(const ferry_xfer_v1* x) {
   return FERRY_OK;
 }
 
-int Instance::Post(const ferry_xfer_v1* x) {
+FERRY_HOT int Instance::Post(const ferry_xfer_v1* x) {
   if (!FERRY_HAS_FIELD(ferry_xfer_v1, x, total_bytes)) return FERRY_ERR_INVALID_ARGS;
   if (FERRY_HAS_FIELD(ferry_xfer_v1, x, pairs) && x->n_pairs > 0) return PostPairs(x);
   auto* local = static_cast<Local*>(x->local_mem);
