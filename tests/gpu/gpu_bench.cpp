@@ -37,8 +37,9 @@
 // batch rows: the gather table written and the kernel launched); **faults**, the
 // minor page faults per transfer in this process (memory the allocator handed
 // back to the system and touched again). `--rows
-// blocks|batches` runs only those rows. Data of the last iteration of each
-// WRITE row is verified (hash of the target's region vs ours).
+// blocks|batches` runs only those rows; `--counters` prints under each row how
+// the backend's other counters and the engine's NOTIFY counters moved. Data of the last iteration
+// of each WRITE row is verified (hash of the target's region vs ours).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -205,10 +206,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> pos;
   int runs = 5;
   std::string settings, method = "auto", rows = "all";
-  bool cpu_reference = true;
+  bool cpu_reference = true, counters = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-cpu-reference") == 0)
       cpu_reference = false;
+    else if (std::strcmp(argv[i], "--counters") == 0)
+      counters = true;
     else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
       runs = std::max(1, std::stoi(argv[++i]));
     else if (std::strcmp(argv[i], "--settings") == 0 && i + 1 < argc)
@@ -224,7 +227,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: %s BACKEND[,BACKEND...] [INITIATOR_DEVICE] [TARGET_DEVICE] [--runs N] "
                  "[--settings JSON] [--method auto|gather|runtime|copies] "
-                 "[--rows all|blocks|batches] [--no-cpu-reference]\n",
+                 "[--rows all|blocks|batches] [--no-cpu-reference] [--counters]\n",
                  argv[0]);
     return 2;
   }
@@ -307,6 +310,18 @@ int main(int argc, char** argv) {
     }
     return v;
   };
+  // --counters: the backend's own counters other than its stage times, and the
+  // engine's NOTIFY counters, so a row's path shows (how its targets were told).
+  auto path_counters = [&] {
+    std::map<std::string, uint64_t> out;
+    const auto st = engine.stats();
+    if (auto it = st.backends.find(first_backend); it != st.backends.end())
+      for (const auto& [k, v] : it->second.plugin)
+        if (k.rfind("stage_", 0) != 0 && k.rfind("gpu_", 0) != 0) out[k] = v;
+    out["engine.notifies_resent"] = st.notifies_resent;
+    out["engine.notifies_unanswered"] = st.notifies_unanswered;
+    return out;
+  };
   // tcp's staging counters (gpu_*): where a staged frame's time goes, per frame.
   auto staging = [&] {
     std::map<std::string, uint64_t> out;
@@ -360,6 +375,7 @@ int main(int argc, char** argv) {
     double wake = 0, call = 0, raw_call = 0, ipc_call = 0, faults = 0;
     const auto before = stage_totals();
     const auto staged_before = staging();
+    const auto path_before = counters ? path_counters() : std::map<std::string, uint64_t>{};
     for (int r = 0; r < runs; ++r) {
       // Alternate the reference and ferry, so both see the same machine state.
       if (raw) raw_gbs.push_back(raw->measure(op, p, iters, &raw_call));
@@ -418,6 +434,14 @@ int main(int argc, char** argv) {
       std::printf(" %8.1f %6.2f", c.median, f.median / c.median);
     }
     std::printf("\n");
+    if (counters) {
+      std::printf("       counters:");
+      for (const auto& [k, v] : path_counters()) {
+        const uint64_t was = path_before.count(k) ? path_before.at(k) : 0;
+        if (v != was) std::printf(" %s+%lld", k.c_str(), static_cast<long long>(v - was));
+      }
+      std::printf("\n");
+    }
     auto staged = staging();
     for (auto& [k, v] : staged) v -= staged_before.count(k) ? staged_before.at(k) : 0;
     auto per = [&](const char* k, const char* frames) {
