@@ -3,7 +3,7 @@
 // copy_segments_async): each piece checked, merged into the row before where
 // contiguous on both sides, split where longer than a row. No GPU here: the
 // GPU shim (gpu_runtime.cpp) hands it the pinned table and a way to grow it,
-// and a CPU test (gather_rows_test.cpp) hands it plain memory.
+// and a CPU test (tests/item_pass_test.cpp) hands it plain memory.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -302,10 +302,7 @@ struct TableSlot {
   void* event = nullptr;
   bool in_use = false;
   // The kernel's three columns, cap entries each.
-  struct Rows {
-    unsigned long long *dsts, *srcs, *sizes;
-  };
-  Rows rows() const { return {host, host + cap, host + 2 * cap}; }
+  gather::Table rows() const { return {host, host + cap, host + 2 * cap, cap}; }
 };
 constexpr size_t kTableSlots = 4;
 struct GatherState {
@@ -402,7 +399,7 @@ using gather::kRowBytes;
 // Launches the kernel over the first `rows` rows of table t and records the
 // event that frees the table (gather mutex held).
 int launch_table(void* fn, TableSlot* t, size_t rows, void* stream) {
-  TableSlot::Rows table = t->rows();
+  gather::Table table = t->rows();
   unsigned long long n = rows;
   void* params[] = {&table.dsts, &table.srcs, &table.sizes, &n};
   unsigned grid = static_cast<unsigned>(std::min<size_t>(rows, 65535));
@@ -429,7 +426,7 @@ int gather_copy(void* const* dsts, const void* const* srcs, const size_t* sizes,
   for (size_t i = 0; i < count; ++i) rows += (sizes[i] + kRowBytes - 1) / kRowBytes;
   TableSlot* t = nullptr;
   if (int rc = table_for(stream, rows, &t); rc != FERRY_OK) return rc;
-  const TableSlot::Rows table = t->rows();
+  const gather::Table table = t->rows();
   size_t r = 0;
   for (size_t i = 0; i < count; ++i) {
     const auto d = reinterpret_cast<unsigned long long>(dsts[i]);
@@ -476,13 +473,11 @@ FERRY_HOT int g_copy_segments(void*, uint32_t op, const ferry_gpu_seg_v1* segs, 
   if (pieces == 0) return FERRY_OK;  // no pieces: nothing to copy
   TableSlot* t = nullptr;
   if (int rc = table_for(stream, pieces, &t); rc != FERRY_OK) return rc;
-  const TableSlot::Rows cols = t->rows();
-  gather::Table table{cols.dsts, cols.srcs, cols.sizes, t->cap};
+  gather::Table table = t->rows();
   const auto grow = [](void* slot, size_t need, size_t keep, gather::Table* g) {
     auto* ts = static_cast<TableSlot*>(slot);
     if (int rc = grow_table(ts, need, keep); rc != FERRY_OK) return rc;
-    const TableSlot::Rows c = ts->rows();
-    *g = {c.dsts, c.srcs, c.sizes, ts->cap};
+    *g = ts->rows();
     return FERRY_OK;
   };
   const gather::Written w = gather::write_rows(op, segs, n_segs, pieces, &table, grow, t, true);
