@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "thread_name.h"
+
 namespace ferry {
 
 AsyncRunner::~AsyncRunner() {
@@ -33,7 +35,10 @@ void AsyncRunner::run(std::function<void()> fn) {
   workers_.emplace_back();
   Worker* w = &workers_.back();
   try {
-    w->thread = std::thread([this, w] { loop(w); });
+    w->thread = std::thread([this, w] {
+      ferry::name_this_thread("ferry-runner");
+      loop(w);
+    });
   } catch (...) {
     workers_.pop_back();
     throw;

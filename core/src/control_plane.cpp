@@ -22,6 +22,7 @@
 #include "ferry/plugin.h"
 #include "hex.h"
 #include "log.h"
+#include "thread_name.h"
 
 namespace ferry {
 
@@ -330,8 +331,14 @@ ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16
   ev.data.fd = wake_fd_;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
   resends_ = std::make_unique<AsyncRunner>();
-  thread_ = std::thread([this] { io_loop(); });
-  fence_thread_ = std::thread([this] { fence_loop(); });
+  thread_ = std::thread([this] {
+    ferry::name_this_thread("ferry-ctrl");
+    io_loop();
+  });
+  fence_thread_ = std::thread([this] {
+    ferry::name_this_thread("ferry-fence");
+    fence_loop();
+  });
 }
 
 ControlPlane::~ControlPlane() {

@@ -6,6 +6,7 @@
 
 #include "log.h"
 #include "policy.h"
+#include "thread_name.h"
 
 namespace ferry {
 
@@ -129,8 +130,14 @@ MetadataSync::MetadataSync(Config config, std::string self_key, Hooks hooks)
       FERRY_LOG(WARN, self_key_,
                 "metadata store: " + r.message + "; publishing when it answers (retried)");
   }
-  keeper_ = std::thread([this] { keeper(); });
-  watcher_ = std::thread([this] { watcher(); });
+  keeper_ = std::thread([this] {
+    ferry::name_this_thread("ferry-md-keep");
+    keeper();
+  });
+  watcher_ = std::thread([this] {
+    ferry::name_this_thread("ferry-md-watch");
+    watcher();
+  });
 }
 
 MetadataSync::~MetadataSync() {

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "ferry/ferry.hpp"
+#include "thread_name.h"
 
 namespace ferry {
 
@@ -62,6 +63,7 @@ MetricsServer::MetricsServer(const std::string& address, std::function<std::stri
       (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(bound);
   auto ended = std::make_shared<std::atomic<bool>>(false);
   thread_ = std::thread([this, ended] {
+    ferry::name_this_thread("ferry-metrics");
     server_->listen_after_bind();
     ended->store(true);
   });

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "thread_name.h"
+
 namespace ferry {
 namespace {
 
@@ -125,7 +127,10 @@ StatsServer::StatsServer(std::string path, std::function<std::string()> render)
     ::unlink(path_.c_str());
     throw Error(StatusCode::ERR_TRANSPORT, errno_text("eventfd", e));
   }
-  thread_ = std::thread([this] { Serve(); });
+  thread_ = std::thread([this] {
+    ferry::name_this_thread("ferry-stats");
+    Serve();
+  });
 }
 
 StatsServer::~StatsServer() {

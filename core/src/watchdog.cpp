@@ -2,6 +2,7 @@
 #include "watchdog.h"
 
 #include "hot_path.h"
+#include "thread_name.h"
 
 namespace ferry {
 
@@ -10,7 +11,11 @@ namespace {
 constexpr auto kIdleLinger = std::chrono::seconds(1);
 }  // namespace
 
-Watchdog::Watchdog() : thread_([this] { loop(); }) {}
+Watchdog::Watchdog()
+    : thread_([this] {
+        ferry::name_this_thread("ferry-watchdog");
+        loop();
+      }) {}
 
 Watchdog::~Watchdog() {
   {

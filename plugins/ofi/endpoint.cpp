@@ -19,6 +19,7 @@
 #include <random>
 
 #include "log.h"
+#include "thread_name.h"
 
 namespace ferry_ofi {
 namespace {
@@ -216,9 +217,13 @@ void Endpoint::Start() {
   // a staged piece, a failure to start it (thread limits) ended the process.
   if (pool_) {
     std::lock_guard lk(gpu_mu_);
-    gpu_thread_ = std::thread([this] { GpuMain(); });
+    gpu_thread_ = std::thread([this] {
+      ferry::name_this_thread("ofi-gpu");
+      GpuMain();
+    });
   }
   thread_ = std::thread([this] {
+    ferry::name_this_thread("ofi-progress");
     // The life mark (doorbell.h) is this thread's: it ends with the endpoint.
     if (doorbell_) doorbell_->HoldLife();
     try {

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "thread_name.h"
+
 namespace ferry_tcp {
 
 bool Connector::Queue(Client* c) {
@@ -13,7 +15,10 @@ bool Connector::Queue(Client* c) {
     return true;  // a thread takes it when it is done with the one it has
   JoinExitedLocked();
   try {
-    threads_.emplace_back([this] { Main(); });
+    threads_.emplace_back([this] {
+      ferry::name_this_thread("tcp-connect");
+      Main();
+    });
   } catch (...) {
     pending_.pop_back();
     throw;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "hot_path.h"
+#include "thread_name.h"
 #include "xfer.h"
 
 namespace ferry_tcp {
@@ -19,7 +20,10 @@ DeadlineWatcher::DeadlineWatcher(const ferry_host_v1* host, Expire on_expire)
 DeadlineWatcher::~DeadlineWatcher() { Stop(); }
 
 void DeadlineWatcher::Start() {
-  thread_ = std::thread([this] { Main(); });
+  thread_ = std::thread([this] {
+    ferry::name_this_thread("tcp-deadline");
+    Main();
+  });
 }
 
 void DeadlineWatcher::Stop() {

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "thread_name.h"
+
 namespace ferry_tcp {
 
 IdleReaper::IdleReaper(std::chrono::milliseconds idle)
@@ -16,7 +18,10 @@ IdleReaper::~IdleReaper() { Stop(); }
 bool IdleReaper::Start(std::string* err) {
   if (idle_.count() <= 0) return true;
   try {
-    thread_ = std::thread([this] { Main(); });
+    thread_ = std::thread([this] {
+      ferry::name_this_thread("tcp-reaper");
+      Main();
+    });
   } catch (const std::exception& e) {
     *err = std::string("cannot start the idle-lane thread: ") + e.what();
     return false;

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "thread_name.h"
+
 namespace ferry_tcp {
 namespace {
 
@@ -62,7 +64,11 @@ bool IoPool::Start(std::string* err) {
     return false;
   }
   try {
-    for (int i = 0; i < want_threads_; ++i) threads_.emplace_back([this] { Main(); });
+    for (int i = 0; i < want_threads_; ++i)
+      threads_.emplace_back([this] {
+        ferry::name_this_thread("tcp-io");
+        Main();
+      });
   } catch (const std::exception& e) {
     *err = std::string("cannot start I/O threads: ") + e.what();
     Stop();

@@ -18,6 +18,7 @@
 #include "log.h"
 #include "responses.h"
 #include "ring_handover.h"
+#include "thread_name.h"
 #include "wire.h"
 
 namespace ferry_tcp {
@@ -104,7 +105,10 @@ void Lane::StartLocked() {
   // nothing after releasing it: joining here cannot wait on us.
   if (sender_.joinable()) sender_.join();
   last_used_ = std::chrono::steady_clock::now();  // a fresh thread waits for its first frame
-  sender_ = std::thread([this] { SenderMain(); });
+  sender_ = std::thread([this] {
+    ferry::name_this_thread("tcp-send");
+    SenderMain();
+  });
   started_ = true;
 }
 
@@ -637,12 +641,18 @@ void Lane::StartReceiverLocked(Channel* chan) {
   if (chan->on_rings() && info_->progress != nullptr) {
     // The receiver thread shares the ring with waiting threads (progress()).
     auto ring = std::make_shared<RingResponses>(this, chan->Reader(), chan->fd());
-    receiver_ = std::thread([ring, chan] { ring->Run(chan); });
+    receiver_ = std::thread([ring, chan] {
+      ferry::name_this_thread("tcp-ring");
+      ring->Run(chan);
+    });
     pumped_ = std::move(ring);
     SyncProgressLocked();
     return;
   }
-  receiver_ = std::thread([this, chan] { ReceiverMain(chan); });
+  receiver_ = std::thread([this, chan] {
+    ferry::name_this_thread("tcp-recv");
+    ReceiverMain(chan);
+  });
 }
 
 void Lane::ReceiverMain(Channel* chan) {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "hot_path.h"
+#include "thread_name.h"
 
 namespace ferry_tcp {
 namespace {
@@ -30,7 +31,10 @@ PostQueue::~PostQueue() { Stop(); }
 bool PostQueue::Start(std::string* err) {
   std::lock_guard lk(mu_);
   try {
-    thread_ = std::thread([this] { Main(); });
+    thread_ = std::thread([this] {
+      ferry::name_this_thread("tcp-postq");
+      Main();
+    });
   } catch (const std::system_error& e) {
     *err = std::string("post flusher thread: ") + e.what();
     return false;

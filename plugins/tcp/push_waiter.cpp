@@ -3,6 +3,7 @@
 
 #include "direct_copy.h"
 #include "log.h"
+#include "thread_name.h"
 
 namespace ferry_tcp {
 namespace {
@@ -31,7 +32,11 @@ void PushWaiter::Resolve(FramePtr f, int status, std::string msg) {
     if (!stopping) {
       try {
         held_.reserve(held_.size() + 1);  // the push_back below cannot throw
-        if (!thread_.joinable()) thread_ = std::thread([this] { Main(); });
+        if (!thread_.joinable())
+          thread_ = std::thread([this] {
+            ferry::name_this_thread("tcp-push");
+            Main();
+          });
         const auto peer = f->xfer->peer.lock();
         held_.push_back({std::move(f), status, std::move(msg), peer.get()});
         ++held_total_;

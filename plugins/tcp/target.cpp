@@ -17,6 +17,7 @@
 #include "polled_lane.h"
 #include "ring_handover.h"
 #include "socket_util.h"
+#include "thread_name.h"
 
 namespace ferry_tcp {
 
@@ -54,7 +55,10 @@ bool TargetServer::Start(std::string* err) {
     if (ListenUnix(&unix_fd_, &unix_name_, &why) != 0)
       Log(host_, FERRY_LOG_WARN, "same-host lanes over shared rings are off: %s", why.c_str());
   }
-  accept_thread_ = std::thread([this] { AcceptMain(); });
+  accept_thread_ = std::thread([this] {
+    ferry::name_this_thread("tcp-accept");
+    AcceptMain();
+  });
   return true;
 }
 
@@ -237,7 +241,10 @@ void TargetServer::AcceptMain() {
       c->fd = fd;
       c->local = local;
       c->source = source;
-      c->thread = std::thread([this, c] { Serve(c); });
+      c->thread = std::thread([this, c] {
+        ferry::name_this_thread("tcp-serve");
+        Serve(c);
+      });
     } catch (const std::exception& e) {
       if (!conns_.empty() && conns_.back()->fd == fd && !conns_.back()->thread.joinable()) {
         conns_.pop_back();

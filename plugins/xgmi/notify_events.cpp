@@ -10,6 +10,7 @@
 #include "cpu_relax.h"
 #include "ferry/plugin_kit.hpp"
 #include "process_tag.h"
+#include "thread_name.h"
 
 namespace ferry_xgmi {
 
@@ -232,7 +233,11 @@ void InboundWatch::OnMessage(const char* peer_key, const void* msg, size_t len) 
   ++counts_.watched;
   ++peers_[e.peer].watched;
   incoming_.push_back(std::move(e));
-  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+  if (!thread_.joinable())
+    thread_ = std::thread([this] {
+      ferry::name_this_thread("xgmi-watch");
+      Loop();
+    });
   lk.unlock();
   cv_.notify_one();
 }

@@ -24,4 +24,18 @@ size_t thread_count() {
   return n;
 }
 
+std::map<long, std::string> thread_names() {
+  std::map<long, std::string> out;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string name;
+      if (std::getline(in, name)) out[std::stol(e->d_name)] = name;  // a thread that ended: skipped
+    }
+    closedir(d);
+  }
+  return out;
+}
+
 }  // namespace ferry::test
