@@ -10,6 +10,7 @@
 #include "cpu_relax.h"
 #include "hot_path.h"
 #include "process_tag.h"
+#include "thread_name.h"
 
 namespace ferry_xgmi {
 
@@ -52,15 +53,21 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
     } else if (key == "notify_by_event") {
       if (!ferry::plugin_kit::GetBool(v, "notify_by_event", &in->notify_by_event_, why))
         return nullptr;
+    } else if (key == "waiter_drives") {
+      if (!ferry::plugin_kit::GetBool(v, "waiter_drives", &in->waiter_drives_, why)) return nullptr;
     } else {
       *why = "unknown setting '" + key +
-             "' (known: num_streams, batch_copy, spin_us, idle_spin_us, hold_us, notify_by_event)";
+             "' (known: num_streams, batch_copy, spin_us, idle_spin_us, hold_us, notify_by_event, "
+             "waiter_drives)";
       return nullptr;
     }
   }
   if (in->notify_by_event_) in->events_ = EventPool::Create(in->gpu_);
   in->inbound_ = std::make_unique<InboundWatch>(a.host, in->spin_);
-  in->completer_ = std::thread([raw = in.get()] { raw->CompleteLoop(); });
+  in->completer_ = std::thread([raw = in.get()] {
+    ferry::name_this_thread("xgmi-compl");
+    raw->CompleteLoop();
+  });
   return in;
 }
 
@@ -228,6 +235,11 @@ int64_t now_ns() {
 // A waiter that ran progress() this recently is polling the events itself.
 constexpr int64_t kWaiterActiveNs = 20000;
 
+FERRY_HOT bool Instance::WaiterActive() const {
+  return waiters_inside_.load(std::memory_order_acquire) > 0 ||
+         now_ns() - driven_at_ns_.load(std::memory_order_relaxed) < kWaiterActiveNs;
+}
+
 // Poll briefly (a copy of a few MiB ends within microseconds and a sleeping
 // thread's wake-up costs tens of them), then block: events are created with
 // blocking sync, so a slow wait does not burn a core. Spin for the copy's
@@ -242,6 +254,7 @@ FERRY_HOT int Instance::WaitCopies(const Pending& p) {
       rc = kTaken;
       return true;
     }
+    if (waiter_drives_ && WaiterActive()) return false;
     if (to_send_.load(std::memory_order_acquire) != 0) {
       rc = kSendFirst;
       return true;
@@ -344,9 +357,11 @@ FERRY_HOT bool Instance::Report(std::unique_lock<std::mutex>& lk, const Pending&
 void Instance::CompleteLoop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (NextPending(lk)) {
-    // Messages first: they leave while their copies run.
-    for (size_t i = 0; to_send_.load(std::memory_order_relaxed) != 0 && i < pending_.size(); ++i)
-      if (pending_[i].tell == kTellToSend) SendTellLocked(lk, i);
+    // Messages first: they leave while their copies run. A waiter that is
+    // polling sends them itself (Progress).
+    if (!waiter_drives_ || !WaiterActive())
+      for (size_t i = 0; to_send_.load(std::memory_order_relaxed) != 0 && i < pending_.size(); ++i)
+        if (pending_[i].tell == kTellToSend) SendTellLocked(lk, i);
     const Pending p = pending_.front();
     lk.unlock();
     const auto watched = Clock::now();
@@ -365,8 +380,14 @@ void Instance::SendTellLocked(std::unique_lock<std::mutex>& lk, size_t i) {
   const int64_t slot = e.slot;
   const Peer* peer = e.peer;  // lives while the entry does (peer_remove waits for it)
   lk.unlock();
+  const auto t0 = Clock::now();
   const bool sent = SendAfterEvent(*peer, uid, slot);
+  const uint64_t took = ns_between(t0, Clock::now());
   lk.lock();
+  // Its own counters, not a stage: a send runs on the completion thread
+  // while the copy runs, or inside a report; a slow one shows here.
+  stages_.tell_ns += took;
+  stages_.tells_over_10us += took > 10'000;
   // Still pending: nobody reports an entry that is being sent.
   for (Pending& q : pending_)
     if (q.seq == seq) {
@@ -387,10 +408,27 @@ FERRY_HOT void Instance::PushPendingLocked(Pending p, bool notify, bool by_event
 FERRY_HOT int Instance::Progress() {
   driven_at_ns_.store(now_ns(), std::memory_order_relaxed);
   if (pending_count_.load(std::memory_order_acquire) == 0) return 0;
+  // Inside: the completion thread keeps off the runtime and the messages
+  // until this returns (and kWaiterActiveNs after).
+  struct Inside {
+    Instance& in;
+    explicit Inside(Instance& i) : in(i) { in.waiters_inside_.fetch_add(1); }
+    ~Inside() {
+      if (in.waiter_drives_) in.driven_at_ns_.store(now_ns(), std::memory_order_relaxed);
+      in.waiters_inside_.fetch_sub(1);
+    }
+  } inside(*this);
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return 0;
   int reported = 0;
   while (!pending_.empty()) {
+    // Messages first, while their copies run (the completion thread leaves
+    // them to a polling waiter).
+    for (size_t i = 0;
+         waiter_drives_ && to_send_.load(std::memory_order_relaxed) != 0 && i < pending_.size();
+         ++i)
+      if (pending_[i].tell == kTellToSend) SendTellLocked(lk, i);
+    if (pending_.empty()) break;
     const Pending p = pending_.front();
     // Only a blocking stream_sync would tell (no event, no stream_query): the
     // completion thread's to do, not the waiting thread's, which progress()
@@ -403,6 +441,8 @@ FERRY_HOT int Instance::Progress() {
     if (rc == 1) break;  // not finished (or p was reported and its event reused: next time)
     // Its message is being sent by the completion thread: wait for that
     // (microseconds) rather than return and let the waiter sleep.
+    if (!pending_.empty() && pending_.front().seq == p.seq && pending_.front().tell == kTellSending)
+      ++stages_.tell_waits;
     while (!pending_.empty() && pending_.front().seq == p.seq &&
            pending_.front().tell == kTellSending) {
       lk.unlock();
@@ -1101,6 +1141,9 @@ int Instance::Counters(char* buf, size_t len) {
       {"stage_complete_ns", st.complete_ns},
       {"completer_sleeps", st.sleeps},
       {"event_blocks", st.event_blocks},
+      {"tell_ns", st.tell_ns},
+      {"tells_over_10us", st.tells_over_10us},
+      {"tell_waits", st.tell_waits},
       {"stage_by_waiter", st.by_waiter},
       {"held_launches", held_launches},
       {"held_parts", held_parts},

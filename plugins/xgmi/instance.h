@@ -141,17 +141,21 @@ class Instance {
   // Nanoseconds summed per stage over every transfer (guarded by mu_).
   struct Stages {
     uint64_t transfers = 0;
-    uint64_t post_ns = 0;       // post() entry -> copies enqueued and event recorded
-    uint64_t setup_ns = 0;      //   of which: mapping, stream and event chosen (under mu_)
-    uint64_t enqueue_ns = 0;    //   of which: the copy calls (the event record is the rest)
-    uint64_t merge_ns = 0;      //     of which: merging a batch's pieces (before the batch call)
-    uint64_t pickup_ns = 0;     // event recorded -> the completion thread watches it
-    uint64_t gpu_ns = 0;        // watched -> the event says the copies are done
-    uint64_t complete_ns = 0;   // the core's complete() (status, notification) returned
-    uint64_t by_waiter = 0;     // reported by a waiting thread's progress() (its pickup is 0,
-                                // recorded -> seen done counts as gpu)
-    uint64_t sleeps = 0;        // times the completion thread blocked waiting for work
-    uint64_t event_blocks = 0;  // copies not done within the poll: waited blocking
+    uint64_t post_ns = 0;          // post() entry -> copies enqueued and event recorded
+    uint64_t setup_ns = 0;         //   of which: mapping, stream and event chosen (under mu_)
+    uint64_t enqueue_ns = 0;       //   of which: the copy calls (the event record is the rest)
+    uint64_t merge_ns = 0;         //     of which: merging a batch's pieces (before the batch call)
+    uint64_t pickup_ns = 0;        // event recorded -> the completion thread watches it
+    uint64_t gpu_ns = 0;           // watched -> the event says the copies are done
+    uint64_t complete_ns = 0;      // the core's complete() (status, notification) returned
+    uint64_t by_waiter = 0;        // reported by a waiting thread's progress() (its pickup is 0,
+                                   // recorded -> seen done counts as gpu)
+    uint64_t sleeps = 0;           // times the completion thread blocked waiting for work
+    uint64_t event_blocks = 0;     // copies not done within the poll: waited blocking
+    uint64_t tell_ns = 0;          // sending notification messages (SendAfterEvent), summed
+    uint64_t tells_over_10us = 0;  // of those sends, the ones that took over 10 us
+    uint64_t tell_waits = 0;       // a waiter's progress() found its front copy's message
+                                   // being sent and polled until it was
   };
   struct Opened {
     char* base = nullptr;
@@ -243,6 +247,7 @@ class Instance {
   std::chrono::microseconds idle_spin_{200};  // poll for the next post this long before blocking
   std::chrono::microseconds hold_{100};       // held parts wait at most this long for the next part
   bool notify_by_event_ = true;               // notify_events.h; false: the core tells every target
+  bool waiter_drives_ = false;  // a polling waiter does the messages and queries alone
 
   std::mutex mu_;
   std::condition_variable cv_;                   // pending work for the completion thread
@@ -259,6 +264,10 @@ class Instance {
   // When a waiter last ran progress(): while waiters poll the events, the
   // completion thread does not query them too (both would take the runtime's lock).
   std::atomic<int64_t> driven_at_ns_{0};
+  std::atomic<int> waiters_inside_{0};  // threads in progress() now
+  // A waiter polls now (in progress(), or within kWaiterActiveNs): with
+  // waiter_drives_ the completion thread then neither queries nor sends.
+  bool WaiterActive() const;
   bool completer_sleeping_ = false;  // guarded by mu_: post() notifies only then
   Held held_;                        // guarded by mu_
   // A multi-pair transfer's entries before its last (one per device): the

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -58,8 +59,7 @@ class Xgmi : public PairTest<> {
   // completion thread to launch them first, the outcomes checked are the
   // same); idle_spin_us 0, so it sleeps between tests.
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(
-        Connect(R"({"hold_us":100000,"idle_spin_us":0})", gpu_.table(), gpu_.table()));
+    ASSERT_NO_FATAL_FAILURE(Connect(settings_, gpu_.table(), gpu_.table()));
     src_ = a_->Register(1, kSize, 0);
     dst_ = b_->Register(2, kSize, 0);
     Fill(src_->data, 7);
@@ -132,6 +132,7 @@ class Xgmi : public PairTest<> {
   }
 
   static constexpr size_t kSize = 1 << 20;
+  std::string settings_ = R"({"hold_us":100000,"idle_spin_us":0})";  // both instances'
   ferry_test::FakeGpu gpu_;
   Mem* src_ = nullptr;
   Mem* dst_ = nullptr;
@@ -484,6 +485,9 @@ class XgmiNotify : public Xgmi {
   void OnCtrl(const void* msg, size_t len) {
     b_->plugin().on_ctrl(b_->ctx(), a_->key().c_str(), msg, len);
   }
+  // 200 notify WRITEs and READs, each waited for, while another thread polls
+  // progress() throughout.
+  void WithAWaiterPolling();
 };
 
 TEST_F(XgmiNotify, TheTargetReportsWritesAndReadsOnceTheirEventsFired) {
@@ -502,6 +506,56 @@ TEST_F(XgmiNotify, TheTargetReportsWritesAndReadsOnceTheirEventsFired) {
   EXPECT_EQ(Counter(*a_, "notified_by_event"), 2u);
   EXPECT_EQ(Counter(*a_, "notified_by_core"), 0u);
   EXPECT_EQ(Counter(*b_, "inbound_reported"), 2u);
+}
+
+// A waiter polls progress() throughout, as the core's Wait() does, so it and
+// the completion thread race for each transfer's message and report (with
+// waiter_drives the waiter does both alone). Every transfer completes only
+// once its copy has run - the fake runtime runs a copy only when something
+// waits for it, so a READ reported early has not brought its bytes - and its
+// target is told of it once.
+void XgmiNotify::WithAWaiterPolling() {
+  std::atomic<bool> stop{false};
+  std::thread waiter([&] {
+    while (!stop.load()) a_->plugin().progress(a_->ctx());
+  });
+  struct Joined {  // also when an assertion below returns early
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Joined() {
+      stop = true;
+      t.join();
+    }
+  } joined{stop, waiter};
+  const auto iov = Pieces(0, 4);
+  for (uint64_t i = 0; i < 200; ++i) {
+    const bool read = i % 2 == 1;
+    Fill(read ? dst_->data : src_->data, static_cast<uint8_t>(i));
+    const Observed o = Notify(read ? FERRY_OP_READ : FERRY_OP_WRITE, 1000 + i, iov);
+    ASSERT_EQ(o.status, FERRY_OK) << "transfer " << i;
+    for (const auto& v : iov) ASSERT_TRUE(Landed(v)) << "transfer " << i << " reported early";
+  }
+  for (uint64_t i = 0; i < 200; ++i) ASSERT_TRUE(b_->host().WaitInbound(a_->key(), 1000 + i));
+  for (uint64_t i = 0; i < 200; ++i) EXPECT_EQ(b_->host().CountInbound(1000 + i), 1);
+  EXPECT_EQ(Counter(*a_, "notified_by_event"), 200u);
+  EXPECT_EQ(Counter(*b_, "inbound_reported"), 200u);
+}
+
+TEST_F(XgmiNotify, WithAWaiterPollingEveryTransferLandsAndItsTargetIsToldOnce) {
+  WithAWaiterPolling();
+}
+
+// The same where the polling waiter sends the messages and queries the
+// events alone (waiter_drives).
+class XgmiNotifyWaiterDrives : public XgmiNotify {
+ protected:
+  XgmiNotifyWaiterDrives() {
+    settings_ = R"({"hold_us":100000,"idle_spin_us":0,"waiter_drives":true})";
+  }
+};
+
+TEST_F(XgmiNotifyWaiterDrives, WithAWaiterPollingEveryTransferLandsAndItsTargetIsToldOnce) {
+  WithAWaiterPolling();
 }
 
 // The target watches an event of another process (opened from its handle)
