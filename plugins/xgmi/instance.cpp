@@ -359,9 +359,7 @@ void Instance::CompleteLoop() {
   while (NextPending(lk)) {
     // Messages first: they leave while their copies run. A waiter that is
     // polling sends them itself (Progress).
-    if (!waiter_drives_ || !WaiterActive())
-      for (size_t i = 0; to_send_.load(std::memory_order_relaxed) != 0 && i < pending_.size(); ++i)
-        if (pending_[i].tell == kTellToSend) SendTellLocked(lk, i);
+    if (!waiter_drives_ || !WaiterActive()) SendTellsLocked(lk);
     const Pending p = pending_.front();
     lk.unlock();
     const auto watched = Clock::now();
@@ -370,6 +368,11 @@ void Instance::CompleteLoop() {
     lk.lock();
     if (rc != kTaken && rc != kSendFirst) Report(lk, p, rc, watched, done, false);
   }
+}
+
+void Instance::SendTellsLocked(std::unique_lock<std::mutex>& lk) {
+  for (size_t i = 0; to_send_.load(std::memory_order_relaxed) != 0 && i < pending_.size(); ++i)
+    if (pending_[i].tell == kTellToSend) SendTellLocked(lk, i);
 }
 
 void Instance::SendTellLocked(std::unique_lock<std::mutex>& lk, size_t i) {
@@ -408,26 +411,27 @@ FERRY_HOT void Instance::PushPendingLocked(Pending p, bool notify, bool by_event
 FERRY_HOT int Instance::Progress() {
   driven_at_ns_.store(now_ns(), std::memory_order_relaxed);
   if (pending_count_.load(std::memory_order_acquire) == 0) return 0;
-  // Inside: the completion thread keeps off the runtime and the messages
-  // until this returns (and kWaiterActiveNs after).
+  // With waiter_drives, inside: the completion thread keeps off the runtime
+  // and the messages until this returns (and kWaiterActiveNs after). Without
+  // it nobody reads the mark, so none is made.
   struct Inside {
-    Instance& in;
-    explicit Inside(Instance& i) : in(i) { in.waiters_inside_.fetch_add(1); }
-    ~Inside() {
-      if (in.waiter_drives_) in.driven_at_ns_.store(now_ns(), std::memory_order_relaxed);
-      in.waiters_inside_.fetch_sub(1);
+    Instance* in;
+    explicit Inside(Instance* i) : in(i) {
+      if (in) in->waiters_inside_.fetch_add(1);
     }
-  } inside(*this);
+    ~Inside() {
+      if (!in) return;
+      in->driven_at_ns_.store(now_ns(), std::memory_order_relaxed);
+      in->waiters_inside_.fetch_sub(1);
+    }
+  } inside(waiter_drives_ ? this : nullptr);
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return 0;
   int reported = 0;
   while (!pending_.empty()) {
     // Messages first, while their copies run (the completion thread leaves
     // them to a polling waiter).
-    for (size_t i = 0;
-         waiter_drives_ && to_send_.load(std::memory_order_relaxed) != 0 && i < pending_.size();
-         ++i)
-      if (pending_[i].tell == kTellToSend) SendTellLocked(lk, i);
+    if (waiter_drives_) SendTellsLocked(lk);
     if (pending_.empty()) break;
     const Pending p = pending_.front();
     // Only a blocking stream_sync would tell (no event, no stream_query): the
@@ -441,13 +445,17 @@ FERRY_HOT int Instance::Progress() {
     if (rc == 1) break;  // not finished (or p was reported and its event reused: next time)
     // Its message is being sent by the completion thread: wait for that
     // (microseconds) rather than return and let the waiter sleep.
-    if (!pending_.empty() && pending_.front().seq == p.seq && pending_.front().tell == kTellSending)
+    auto being_sent = [&] {
+      return !pending_.empty() && pending_.front().seq == p.seq &&
+             pending_.front().tell == kTellSending;
+    };
+    if (being_sent()) {
       ++stages_.tell_waits;
-    while (!pending_.empty() && pending_.front().seq == p.seq &&
-           pending_.front().tell == kTellSending) {
-      lk.unlock();
-      for (int i = 0; i < 16; ++i) cpu_relax();
-      lk.lock();
+      do {
+        lk.unlock();
+        for (int i = 0; i < 16; ++i) cpu_relax();
+        lk.lock();
+      } while (being_sent());
     }
     if (Report(lk, p, rc, p.posted, done, true)) ++reported;
   }

@@ -198,6 +198,9 @@ class Instance {
   // mu_ held on entry and exit (released while sending): sends the message
   // of the pending entry at index i (kTellToSend), which stays pending meanwhile.
   void SendTellLocked(std::unique_lock<std::mutex>& lk, size_t i);
+  // mu_ held on entry and exit: sends every pending entry's message still to
+  // send, in order (SendTellLocked each).
+  void SendTellsLocked(std::unique_lock<std::mutex>& lk);
   // mu_ held: queues p for completion; a notify transfer's target is told by
   // its event (by_event: p's message still to send) or by the core.
   void PushPendingLocked(Pending p, bool notify, bool by_event);
