@@ -35,10 +35,7 @@ void AsyncRunner::run(std::function<void()> fn) {
   workers_.emplace_back();
   Worker* w = &workers_.back();
   try {
-    w->thread = std::thread([this, w] {
-      ferry::name_this_thread("ferry-runner");
-      loop(w);
-    });
+    w->thread = ferry::named_thread("ferry-runner", [this, w] { loop(w); });
   } catch (...) {
     workers_.pop_back();
     throw;

@@ -331,14 +331,8 @@ ControlPlane::ControlPlane(std::string self_key, const std::string& host, uint16
   ev.data.fd = wake_fd_;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
   resends_ = std::make_unique<AsyncRunner>();
-  thread_ = std::thread([this] {
-    ferry::name_this_thread("ferry-ctrl");
-    io_loop();
-  });
-  fence_thread_ = std::thread([this] {
-    ferry::name_this_thread("ferry-fence");
-    fence_loop();
-  });
+  thread_ = ferry::named_thread("ferry-ctrl", [this] { io_loop(); });
+  fence_thread_ = ferry::named_thread("ferry-fence", [this] { fence_loop(); });
 }
 
 ControlPlane::~ControlPlane() {

@@ -130,14 +130,8 @@ MetadataSync::MetadataSync(Config config, std::string self_key, Hooks hooks)
       FERRY_LOG(WARN, self_key_,
                 "metadata store: " + r.message + "; publishing when it answers (retried)");
   }
-  keeper_ = std::thread([this] {
-    ferry::name_this_thread("ferry-md-keep");
-    keeper();
-  });
-  watcher_ = std::thread([this] {
-    ferry::name_this_thread("ferry-md-watch");
-    watcher();
-  });
+  keeper_ = ferry::named_thread("ferry-md-keep", [this] { keeper(); });
+  watcher_ = ferry::named_thread("ferry-md-watch", [this] { watcher(); });
 }
 
 MetadataSync::~MetadataSync() {

@@ -62,8 +62,7 @@ MetricsServer::MetricsServer(const std::string& address, std::function<std::stri
   address_ =
       (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(bound);
   auto ended = std::make_shared<std::atomic<bool>>(false);
-  thread_ = std::thread([this, ended] {
-    ferry::name_this_thread("ferry-metrics");
+  thread_ = ferry::named_thread("ferry-metrics", [this, ended] {
     server_->listen_after_bind();
     ended->store(true);
   });

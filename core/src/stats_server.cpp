@@ -127,10 +127,7 @@ StatsServer::StatsServer(std::string path, std::function<std::string()> render)
     ::unlink(path_.c_str());
     throw Error(StatusCode::ERR_TRANSPORT, errno_text("eventfd", e));
   }
-  thread_ = std::thread([this] {
-    ferry::name_this_thread("ferry-stats");
-    Serve();
-  });
+  thread_ = ferry::named_thread("ferry-stats", [this] { Serve(); });
 }
 
 StatsServer::~StatsServer() {

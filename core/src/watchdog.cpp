@@ -11,11 +11,7 @@ namespace {
 constexpr auto kIdleLinger = std::chrono::seconds(1);
 }  // namespace
 
-Watchdog::Watchdog()
-    : thread_([this] {
-        ferry::name_this_thread("ferry-watchdog");
-        loop();
-      }) {}
+Watchdog::Watchdog() : thread_(ferry::named_thread("ferry-watchdog", [this] { loop(); })) {}
 
 Watchdog::~Watchdog() {
   {

@@ -9,6 +9,9 @@
 #include <pthread.h>
 
 #include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
 
 namespace ferry {
 
@@ -17,6 +20,16 @@ inline void name_this_thread(const char* name) noexcept {
   std::strncpy(cut, name, sizeof cut - 1);
   cut[sizeof cut - 1] = '\0';
   (void)pthread_setname_np(pthread_self(), cut);
+}
+
+// A thread that names itself before it runs f: where every thread ferry
+// starts is made, so none starts without a name.
+template <class F>
+std::thread named_thread(const char* name, F f) {
+  return std::thread([n = std::string(name), f = std::move(f)]() mutable {
+    name_this_thread(n.c_str());
+    f();
+  });
 }
 
 }  // namespace ferry

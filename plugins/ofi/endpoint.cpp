@@ -217,13 +217,9 @@ void Endpoint::Start() {
   // a staged piece, a failure to start it (thread limits) ended the process.
   if (pool_) {
     std::lock_guard lk(gpu_mu_);
-    gpu_thread_ = std::thread([this] {
-      ferry::name_this_thread("ofi-gpu");
-      GpuMain();
-    });
+    gpu_thread_ = ferry::named_thread("ofi-gpu", [this] { GpuMain(); });
   }
-  thread_ = std::thread([this] {
-    ferry::name_this_thread("ofi-progress");
+  thread_ = ferry::named_thread("ofi-progress", [this] {
     // The life mark (doorbell.h) is this thread's: it ends with the endpoint.
     if (doorbell_) doorbell_->HoldLife();
     try {

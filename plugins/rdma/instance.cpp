@@ -60,15 +60,9 @@ bool Instance::Start(int* code, std::string* err) {
     ev.data.u64 = kAsyncTag | static_cast<uint64_t>(d->index);
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, d->ctx->async_fd, &ev);
   }
-  cq_thread_ = std::thread([this] {
-    ferry::name_this_thread("rdma-cq");
-    CqMain();
-  });
+  cq_thread_ = ferry::named_thread("rdma-cq", [this] { CqMain(); });
   for (int i = 0; i < kWorkers; ++i)
-    workers_.emplace_back([this] {
-      ferry::name_this_thread("rdma-work");
-      WorkerMain();
-    });
+    workers_.push_back(ferry::named_thread("rdma-work", [this] { WorkerMain(); }));
   Log(host_, FERRY_LOG_INFO, "using %s", devices_.Describe().c_str());
   return true;
 }

@@ -15,10 +15,7 @@ bool Connector::Queue(Client* c) {
     return true;  // a thread takes it when it is done with the one it has
   JoinExitedLocked();
   try {
-    threads_.emplace_back([this] {
-      ferry::name_this_thread("tcp-connect");
-      Main();
-    });
+    threads_.push_back(ferry::named_thread("tcp-connect", [this] { Main(); }));
   } catch (...) {
     pending_.pop_back();
     throw;

@@ -20,10 +20,7 @@ DeadlineWatcher::DeadlineWatcher(const ferry_host_v1* host, Expire on_expire)
 DeadlineWatcher::~DeadlineWatcher() { Stop(); }
 
 void DeadlineWatcher::Start() {
-  thread_ = std::thread([this] {
-    ferry::name_this_thread("tcp-deadline");
-    Main();
-  });
+  thread_ = ferry::named_thread("tcp-deadline", [this] { Main(); });
 }
 
 void DeadlineWatcher::Stop() {

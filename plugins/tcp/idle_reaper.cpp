@@ -18,10 +18,7 @@ IdleReaper::~IdleReaper() { Stop(); }
 bool IdleReaper::Start(std::string* err) {
   if (idle_.count() <= 0) return true;
   try {
-    thread_ = std::thread([this] {
-      ferry::name_this_thread("tcp-reaper");
-      Main();
-    });
+    thread_ = ferry::named_thread("tcp-reaper", [this] { Main(); });
   } catch (const std::exception& e) {
     *err = std::string("cannot start the idle-lane thread: ") + e.what();
     return false;

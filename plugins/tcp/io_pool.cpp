@@ -65,10 +65,7 @@ bool IoPool::Start(std::string* err) {
   }
   try {
     for (int i = 0; i < want_threads_; ++i)
-      threads_.emplace_back([this] {
-        ferry::name_this_thread("tcp-io");
-        Main();
-      });
+      threads_.push_back(ferry::named_thread("tcp-io", [this] { Main(); }));
   } catch (const std::exception& e) {
     *err = std::string("cannot start I/O threads: ") + e.what();
     Stop();

@@ -105,10 +105,7 @@ void Lane::StartLocked() {
   // nothing after releasing it: joining here cannot wait on us.
   if (sender_.joinable()) sender_.join();
   last_used_ = std::chrono::steady_clock::now();  // a fresh thread waits for its first frame
-  sender_ = std::thread([this] {
-    ferry::name_this_thread("tcp-send");
-    SenderMain();
-  });
+  sender_ = ferry::named_thread("tcp-send", [this] { SenderMain(); });
   started_ = true;
 }
 
@@ -641,18 +638,12 @@ void Lane::StartReceiverLocked(Channel* chan) {
   if (chan->on_rings() && info_->progress != nullptr) {
     // The receiver thread shares the ring with waiting threads (progress()).
     auto ring = std::make_shared<RingResponses>(this, chan->Reader(), chan->fd());
-    receiver_ = std::thread([ring, chan] {
-      ferry::name_this_thread("tcp-ring");
-      ring->Run(chan);
-    });
+    receiver_ = ferry::named_thread("tcp-ring", [ring, chan] { ring->Run(chan); });
     pumped_ = std::move(ring);
     SyncProgressLocked();
     return;
   }
-  receiver_ = std::thread([this, chan] {
-    ferry::name_this_thread("tcp-recv");
-    ReceiverMain(chan);
-  });
+  receiver_ = ferry::named_thread("tcp-recv", [this, chan] { ReceiverMain(chan); });
 }
 
 void Lane::ReceiverMain(Channel* chan) {

@@ -31,10 +31,7 @@ PostQueue::~PostQueue() { Stop(); }
 bool PostQueue::Start(std::string* err) {
   std::lock_guard lk(mu_);
   try {
-    thread_ = std::thread([this] {
-      ferry::name_this_thread("tcp-postq");
-      Main();
-    });
+    thread_ = ferry::named_thread("tcp-postq", [this] { Main(); });
   } catch (const std::system_error& e) {
     *err = std::string("post flusher thread: ") + e.what();
     return false;

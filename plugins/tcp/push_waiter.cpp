@@ -32,11 +32,7 @@ void PushWaiter::Resolve(FramePtr f, int status, std::string msg) {
     if (!stopping) {
       try {
         held_.reserve(held_.size() + 1);  // the push_back below cannot throw
-        if (!thread_.joinable())
-          thread_ = std::thread([this] {
-            ferry::name_this_thread("tcp-push");
-            Main();
-          });
+        if (!thread_.joinable()) thread_ = ferry::named_thread("tcp-push", [this] { Main(); });
         const auto peer = f->xfer->peer.lock();
         held_.push_back({std::move(f), status, std::move(msg), peer.get()});
         ++held_total_;

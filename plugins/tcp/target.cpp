@@ -55,10 +55,7 @@ bool TargetServer::Start(std::string* err) {
     if (ListenUnix(&unix_fd_, &unix_name_, &why) != 0)
       Log(host_, FERRY_LOG_WARN, "same-host lanes over shared rings are off: %s", why.c_str());
   }
-  accept_thread_ = std::thread([this] {
-    ferry::name_this_thread("tcp-accept");
-    AcceptMain();
-  });
+  accept_thread_ = ferry::named_thread("tcp-accept", [this] { AcceptMain(); });
   return true;
 }
 
@@ -241,10 +238,7 @@ void TargetServer::AcceptMain() {
       c->fd = fd;
       c->local = local;
       c->source = source;
-      c->thread = std::thread([this, c] {
-        ferry::name_this_thread("tcp-serve");
-        Serve(c);
-      });
+      c->thread = ferry::named_thread("tcp-serve", [this, c] { Serve(c); });
     } catch (const std::exception& e) {
       if (!conns_.empty() && conns_.back()->fd == fd && !conns_.back()->thread.joinable()) {
         conns_.pop_back();

@@ -64,10 +64,7 @@ std::unique_ptr<Instance> Instance::Create(const ferry::plugin_kit::InitArgs& a,
   }
   if (in->notify_by_event_) in->events_ = EventPool::Create(in->gpu_);
   in->inbound_ = std::make_unique<InboundWatch>(a.host, in->spin_);
-  in->completer_ = std::thread([raw = in.get()] {
-    ferry::name_this_thread("xgmi-compl");
-    raw->CompleteLoop();
-  });
+  in->completer_ = ferry::named_thread("xgmi-compl", [raw = in.get()] { raw->CompleteLoop(); });
   return in;
 }
 

@@ -233,11 +233,7 @@ void InboundWatch::OnMessage(const char* peer_key, const void* msg, size_t len) 
   ++counts_.watched;
   ++peers_[e.peer].watched;
   incoming_.push_back(std::move(e));
-  if (!thread_.joinable())
-    thread_ = std::thread([this] {
-      ferry::name_this_thread("xgmi-watch");
-      Loop();
-    });
+  if (!thread_.joinable()) thread_ = ferry::named_thread("xgmi-watch", [this] { Loop(); });
   lk.unlock();
   cv_.notify_one();
 }
